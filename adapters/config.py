@@ -1,0 +1,121 @@
+"""Configuration: ``TURNLOG_*`` environment variables over an optional TOML file.
+
+Secrets (API keys) live here and only here: nothing in this object is ever
+written to the event log.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+
+class ModelSettings(BaseModel):
+    """Per-model settings from the TOML file (``[models."name"]``)."""
+
+    system: str | None = None
+    function_calling: Literal["native", "default"] | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    capabilities: dict[str, Any] = Field(default_factory=dict)
+    knowledge: list[str] = Field(default_factory=list)
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="TURNLOG_", extra="ignore")
+
+    database_url: str = "sqlite+aiosqlite:///./turnlog.db"
+    openai_base_url: str | None = None
+    openai_api_key: SecretStr | None = None
+    openai_api_mode: Literal["chat", "responses"] = "chat"
+    ollama_base_url: str | None = None
+    tools_dir: str | None = None
+    filters_dir: str | None = None
+    max_tool_call_iterations: int = 256
+    responses_stateful: bool = False
+    rag_system_context: bool = False
+    auth: Literal["on", "off"] | None = None  # None: off on loopback, on elsewhere
+    allow_insecure: bool = False
+    task_model: str | None = None
+    lease_seconds: float = 10.0
+    auto_resume: bool = True
+    max_body_bytes: int = 10 * 1024 * 1024
+    host: str = "127.0.0.1"
+    port: int = 8080
+    # Upstream timeouts: connecting, and silence between two reads of a stream.
+    upstream_connect_timeout: float = 10.0
+    upstream_idle_timeout: float = 300.0
+    # Group commit window for token deltas (seconds) and its size cap (chunks).
+    flush_interval: float = 0.05
+    flush_max_chunks: int = 512
+    models: dict[str, ModelSettings] = Field(default_factory=dict)
+
+    @field_validator("auth", mode="before")
+    @classmethod
+    def _auth(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip().lower()
+            if value in ("", "auto"):
+                return None
+            if value in ("1", "true", "yes"):
+                return "on"
+            if value in ("0", "false", "no"):
+                return "off"
+        return value
+
+    def auth_enabled(self) -> bool:
+        if self.auth is not None:
+            return self.auth == "on"
+        return not is_loopback(self.host)
+
+    def check_startable(self) -> None:
+        """Refuse an unauthenticated service on a non-loopback address (API.md §1)."""
+        if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
+            raise ValueError(
+                f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "
+                "or TURNLOG_ALLOW_INSECURE=1"
+            )
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Environment first: it wins over the TOML file passed as init kwargs.
+        return (env_settings, init_settings)
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
+    """``overrides`` over the environment over ``config_file`` (TOML)."""
+    values: dict[str, Any] = {}
+    if config_file:
+        with open(config_file, "rb") as fh:
+            raw = tomllib.load(fh)
+        section = raw.get("turnlog", raw)
+        values.update({k.lower(): v for k, v in section.items()})
+    settings = Settings(**values)
+    # Explicit overrides (command-line flags, tests) win over everything; they are
+    # re-validated by building a new object.
+    explicit = {k: v for k, v in overrides.items() if v is not None}
+    if explicit:
+        merged = settings.model_dump()
+        merged.update(explicit)
+        settings = Settings.model_validate(merged)
+    return settings

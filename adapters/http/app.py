@@ -1,0 +1,87 @@
+"""The aiohttp application factory.
+
+Everything the service needs is built in one cleanup context, in order: the
+store (migrated), the upstream providers, the model catalog, the supervisor
+(which records interrupted turns and resumes them) — and torn down in reverse.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+from aiohttp import web
+
+from adapters.catalog import Catalog
+from adapters.config import Settings
+from adapters.http import chat_routes, turn_routes, ws_routes
+from adapters.http.auth import auth_middleware
+from adapters.http.context import SERVICES, Services
+from adapters.http.errors import error_middleware
+from adapters.providers.openai_chat import OpenAIChatProvider
+from adapters.store import open_store
+from adapters.store.migrate import migrate
+from engine.live import InProcessBus
+from engine.ports import ChatProvider, EventStore
+from engine.supervisor import Supervisor, SupervisorConfig
+
+log = logging.getLogger("turnlog")
+
+
+def create_app(settings: Settings) -> web.Application:
+    holder: dict[str, Services] = {}
+
+    async def lookup(token: str) -> str | None:
+        return await holder["services"].store.user_for_api_key(token)
+
+    app = web.Application(
+        client_max_size=settings.max_body_bytes,
+        middlewares=[error_middleware, auth_middleware(settings.auth_enabled(), lookup)],
+    )
+
+    async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        await migrate(settings.database_url)
+        store = await open_store(settings.database_url)
+        providers: dict[str, ChatProvider] = {}
+        if settings.openai_base_url:
+            key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+            providers["openai"] = OpenAIChatProvider(
+                settings.openai_base_url,
+                key,
+                connect_timeout=settings.upstream_connect_timeout,
+                idle_timeout=settings.upstream_idle_timeout,
+            )
+        catalog = Catalog(settings, providers)
+        supervisor = Supervisor(
+            store=store,
+            bus=InProcessBus(),
+            models=catalog,
+            config=SupervisorConfig(
+                lease_seconds=settings.lease_seconds,
+                auto_resume=settings.auto_resume,
+                flush_interval=settings.flush_interval,
+                flush_max_chunks=settings.flush_max_chunks,
+            ),
+        )
+        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
+        holder["services"] = svc
+        app[SERVICES] = svc
+        await supervisor.start()
+        try:
+            yield
+        finally:
+            await supervisor.stop()
+            for provider in providers.values():
+                await provider.close()  # type: ignore[attr-defined]
+            await store.close()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_get("/healthz", health)
+    chat_routes.setup(app)
+    turn_routes.setup(app)
+    ws_routes.setup(app)
+    return app
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})

@@ -1,0 +1,103 @@
+"""``POST /v1/chat/completions`` and ``GET /v1/models`` (API.md §2)."""
+
+from __future__ import annotations
+
+import asyncio
+from aiohttp import web
+
+from adapters.http.auth import USER
+from adapters.http.context import services
+from adapters.http.errors import ApiError, error_response
+from adapters.http.openai_format import ChunkRenderer, completion_body
+from adapters.http.schemas import parse_chat_request, read_json
+from engine.follow import follow
+from engine.projection import fold
+
+KEEPALIVE = b": keep-alive\n\n"
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    svc = services(request)
+    user = request[USER]
+    body = parse_chat_request(await read_json(request))
+    if await svc.catalog.resolve(body.model) is None:
+        raise ApiError(404, f"model '{body.model}' not found", "not_found_error", "model_not_found", "model")
+    if body.chat_id:
+        chat = await svc.store.get_chat(body.chat_id)
+        if chat is not None and chat.user_id != user:
+            raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
+    actor = await svc.supervisor.start_turn(request=body.recorded(), user_id=user, model=body.model)
+    headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
+    if body.stream:
+        return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
+    await asyncio.shield(actor.done)
+    view = fold(actor.turn_id, await svc.store.read(actor.turn_id))
+    if view.status == "failed":
+        error = view.error or {}
+        return error_response(
+            502,
+            error.get("message", "upstream failed"),
+            error.get("type", "upstream_error"),
+            str(error.get("status")) if error.get("status") else None,
+            headers=headers,
+        )
+    return web.json_response(completion_body(view), headers=headers)
+
+
+async def stream_turn(
+    request: web.Request,
+    turn_id: str,
+    *,
+    headers: dict[str, str],
+    after: int = 0,
+    include_usage: bool = False,
+) -> web.StreamResponse:
+    """SSE of a turn: catch-up after position ``after``, then live, until it ends.
+
+    The client going away only ends this response; the turn runs on.
+    """
+    svc = services(request)
+    response = web.StreamResponse(
+        headers={
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "X-Accel-Buffering": "no",
+            **headers,
+        }
+    )
+    await response.prepare(request)
+    renderer: ChunkRenderer | None = None
+    idle = 0
+    try:
+        async for follower, outs in follow(svc.store, svc.supervisor.subscribe, turn_id):
+            if renderer is None:
+                renderer = ChunkRenderer(follower.view, after=after, include_usage=include_usage)
+            renderer.view = follower.view
+            data = renderer.render(outs)
+            if data:
+                idle = 0
+                await response.write(data)
+            elif not outs:
+                idle += 1
+                if idle >= 15:  # about every 15 s of silence
+                    idle = 0
+                    await response.write(KEEPALIVE)
+            if renderer.done:
+                break
+    except (ConnectionResetError, ConnectionError):
+        return response
+    try:
+        await response.write_eof()
+    except (ConnectionResetError, ConnectionError):
+        pass
+    return response
+
+
+async def list_models(request: web.Request) -> web.Response:
+    svc = services(request)
+    return web.json_response({"object": "list", "data": await svc.catalog.list_models()})
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_get("/v1/models", list_models)

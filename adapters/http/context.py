@@ -1,0 +1,28 @@
+"""What every handler reaches through the application: the services of the process."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from aiohttp import web
+
+from adapters.catalog import Catalog
+from adapters.config import Settings
+from engine.ports import ChatProvider, EventStore
+from engine.supervisor import Supervisor
+
+
+@dataclass
+class Services:
+    settings: Settings
+    store: EventStore
+    catalog: Catalog
+    supervisor: Supervisor
+    providers: dict[str, ChatProvider]
+
+
+SERVICES = web.AppKey("turnlog_services", Services)
+
+
+def services(request: web.Request) -> Services:
+    return request.app[SERVICES]

@@ -1,0 +1,84 @@
+"""Errors in the OpenAI JSON shape, and the middleware that guarantees them.
+
+Whatever a client sends, the answer is JSON ``{"error": {"message", "type",
+"code"}}`` with a 4xx status that names the problem. A 500 is a bug: it is
+logged with its traceback and still answered in the same shape.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+log = logging.getLogger("turnlog.http")
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+        self.param = param
+
+
+def error_body(message: str, type_: str, code: str | None = None, param: str | None = None) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type_, "code": code, "param": param}}
+
+
+def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response(error_body(message, type_, code, param), status=status, headers=headers)
+
+
+def not_found(what: str) -> ApiError:
+    return ApiError(404, f"{what} not found", "not_found_error", "not_found")
+
+
+def validation_message(exc: ValidationError) -> tuple[str, str | None]:
+    """One readable sentence naming the first offending field."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p != "__root__")
+    msg = first.get("msg", "invalid value")
+    if first.get("type") == "missing":
+        return f"missing required field '{loc}'", loc or None
+    return (f"invalid field '{loc}': {msg}" if loc else msg), loc or None
+
+
+_STATUS_TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    405: "invalid_request_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
+}
+
+
+@web.middleware
+async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param)
+    except web.HTTPRequestEntityTooLarge:
+        limit = getattr(request, "_client_max_size", None)
+        return error_response(413, f"request body too large (limit {limit} bytes)", "invalid_request_error", "body_too_large")
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        message = exc.reason if exc.text is None or exc.text.startswith(f"{exc.status}:") else exc.text
+        return error_response(exc.status, message or exc.reason, _STATUS_TYPES.get(exc.status, "api_error"))
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        return error_response(400, message, "invalid_request_error", "invalid_value", param)
+    except (ConnectionResetError, web.HTTPClientError):
+        raise
+    except Exception:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(500, "internal server error", "api_error", "internal_error")

@@ -1,0 +1,76 @@
+"""Request validation: what a client may send, checked before anything is recorded."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from aiohttp import web
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from adapters.http.errors import ApiError, validation_message
+
+ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatRequest(BaseModel):
+    """An OpenAI Chat Completions body plus turnlog's extensions (API.md §2)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(min_length=1)
+    messages: list[Message] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    chat_id: str | None = Field(default=None, pattern=ID_PATTERN)
+    features: dict[str, bool] | None = None
+    files: list[dict[str, Any]] | None = None
+    tool_ids: list[str] | None = None
+    params: dict[str, Any] | None = None
+    direct_tools: list[dict[str, Any]] | None = None
+    background_tasks: dict[str, bool] | None = None
+    tools: list[dict[str, Any]] | None = None
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_content(cls, value: list[Message]) -> list[Message]:
+        for i, message in enumerate(value):
+            if message.role in ("user", "system", "developer") and message.content is None:
+                raise ValueError(f"messages[{i}] ({message.role}) needs content")
+        return value
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+    def recorded(self) -> dict[str, Any]:
+        """The body as recorded in ``turn.started``: exactly what the client sent
+        (a request body carries no credentials; headers are never recorded)."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+async def read_json(request: web.Request) -> Any:
+    """The JSON body, or a 400/413/415 that says what is wrong with it."""
+    raw = await request.read()  # raises 413 past client_max_size
+    if not raw:
+        raise ApiError(400, "request body is empty; expected a JSON object", code="empty_body")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
+    try:
+        return ChatRequest.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise ApiError(400, message, code="invalid_value", param=param) from exc

@@ -1,0 +1,197 @@
+"""``GET /v1/ws``: chat, subscribe with a cursor, cancel (API.md §4).
+
+Each subscription is a pump task: durable events after the client's cursor from
+the log, then the live tail. ``event`` messages go out in seq order, exactly
+once; ``delta`` messages are a live preview tagged with the seq of the durable
+event that will carry them, so a client drops a delta whose seq it already has
+as an event. Closing the socket stops the pumps, never the turns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import WSMsgType, web
+
+from adapters.http.auth import USER
+from adapters.http.context import Services, services
+from adapters.http.errors import ApiError
+from adapters.http.schemas import parse_chat_request
+from engine.events import TERMINAL_TYPES, Event
+from engine.live import LiveDelta, LiveEvent
+from engine.supervisor import TurnConflict
+
+log = logging.getLogger("turnlog.ws")
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+class Connection:
+    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str) -> None:
+        self.ws = ws
+        self.svc = svc
+        self.user = user
+        self.pumps: dict[str, asyncio.Task[None]] = {}
+        self._lock = asyncio.Lock()
+
+    async def send(self, payload: dict[str, Any]) -> None:
+        async with self._lock:
+            await self.ws.send_str(_dumps(payload))
+
+    async def error(self, message: str, code: str) -> None:
+        await self.send({"type": "error", "message": message, "code": code})
+
+    async def handle(self, raw: str) -> None:
+        try:
+            message = json.loads(raw)
+        except ValueError:
+            await self.error("message is not valid JSON", "invalid_json")
+            return
+        if not isinstance(message, dict) or not isinstance(message.get("type"), str):
+            await self.error("message must be a JSON object with a string 'type'", "invalid_message")
+            return
+        kind = message["type"]
+        try:
+            if kind == "chat":
+                await self.on_chat(message)
+            elif kind == "subscribe":
+                await self.on_subscribe(message)
+            elif kind == "cancel":
+                await self.on_cancel(message)
+            elif kind == "tool_result":
+                await self.error("no direct tool call is waiting for this result", "unexpected_tool_result")
+            else:
+                await self.error(f"unknown message type '{kind}'", "unknown_type")
+        except ApiError as exc:
+            await self.error(exc.message, exc.code or "invalid_request")
+
+    async def _own_turn(self, turn_id: Any) -> str:
+        if not isinstance(turn_id, str) or not turn_id:
+            raise ApiError(400, "'turn_id' must be a non-empty string", code="invalid_value")
+        record = await self.svc.store.get_turn(turn_id)
+        if record is None or record.user_id != self.user:
+            raise ApiError(404, "turn not found", code="not_found")
+        return record.id
+
+    async def on_chat(self, message: dict[str, Any]) -> None:
+        body = parse_chat_request(message.get("request"))
+        if await self.svc.catalog.resolve(body.model) is None:
+            raise ApiError(404, f"model '{body.model}' not found", code="model_not_found")
+        if body.chat_id:
+            chat = await self.svc.store.get_chat(body.chat_id)
+            if chat is not None and chat.user_id != self.user:
+                raise ApiError(404, "chat not found", code="not_found")
+        actor = await self.svc.supervisor.start_turn(request=body.recorded(), user_id=self.user, model=body.model)
+        await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": actor.view.chat_id})
+        self._start_pump(actor.turn_id, 0)
+
+    async def on_subscribe(self, message: dict[str, Any]) -> None:
+        after = message.get("after", 0)
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise ApiError(400, "'after' must be a non-negative integer seq", code="invalid_value")
+        if message.get("chat_id") and not message.get("turn_id"):
+            chat = await self.svc.store.get_chat(str(message["chat_id"]))
+            if chat is None or chat.user_id != self.user:
+                raise ApiError(404, "chat not found", code="not_found")
+            for record in await self.svc.store.list_turns(chat_id=chat.id, status="running"):
+                self._start_pump(record.id, 0)
+            return
+        turn_id = await self._own_turn(message.get("turn_id"))
+        self._start_pump(turn_id, after)
+
+    async def on_cancel(self, message: dict[str, Any]) -> None:
+        turn_id = await self._own_turn(message.get("turn_id"))
+        try:
+            status = await self.svc.supervisor.cancel(turn_id, by=self.user)
+        except TurnConflict as exc:
+            raise ApiError(409, str(exc), code="turn_not_running") from exc
+        await self.send({"type": "cancelled", "turn_id": turn_id, "status": status})
+
+    def _start_pump(self, turn_id: str, after: int) -> None:
+        old = self.pumps.pop(turn_id, None)
+        if old is not None:
+            old.cancel()
+        self.pumps[turn_id] = asyncio.create_task(self.pump(turn_id, after))
+
+    async def pump(self, turn_id: str, after: int) -> None:
+        store = self.svc.store
+        sub, _window = self.svc.supervisor.subscribe(turn_id)
+        last = after
+
+        async def send_events(events: list[Event]) -> bool:
+            nonlocal last
+            for event in events:
+                if event.seq <= last:
+                    continue
+                await self.send({"type": "event", "turn_id": turn_id, "seq": event.seq, "event": {"type": event.type, "at": event.at, "data": event.data}})
+                last = event.seq
+                if event.type in TERMINAL_TYPES:
+                    return True
+            return False
+
+        try:
+            if await send_events(await store.read(turn_id, after=after)):
+                return
+            while True:
+                messages = sub.drain()
+                if not messages:
+                    try:
+                        async with asyncio.timeout(1.0):
+                            item = await sub.get()
+                    except TimeoutError:
+                        item = None
+                    if item is None:
+                        if sub.closed:
+                            return
+                        sub.reset()
+                        if await send_events(await store.read(turn_id, after=last)):
+                            return
+                        continue
+                    messages = [item, *sub.drain()]
+                for item in messages:
+                    if isinstance(item, LiveDelta):
+                        if item.seq > last:
+                            for piece in item.pieces:
+                                await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                    elif isinstance(item, LiveEvent):
+                        event = item.event
+                        if event.seq > last + 1:  # missed something: the log has it
+                            if await send_events(await store.read(turn_id, after=last)):
+                                return
+                        elif await send_events([event]):
+                            return
+        except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
+            pass
+        except Exception:
+            log.exception("ws pump for %s failed", turn_id)
+        finally:
+            sub.close()
+            if self.pumps.get(turn_id) is asyncio.current_task():
+                del self.pumps[turn_id]
+
+    def close(self) -> None:
+        for task in self.pumps.values():
+            task.cancel()
+
+
+async def websocket(request: web.Request) -> web.WebSocketResponse:
+    ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
+    await ws.prepare(request)
+    conn = Connection(ws, services(request), request[USER])
+    try:
+        async for msg in ws:
+            if msg.type == WSMsgType.TEXT:
+                await conn.handle(msg.data)
+            elif msg.type == WSMsgType.BINARY:
+                await conn.error("binary messages are not supported; send JSON text", "invalid_message")
+            elif msg.type == WSMsgType.ERROR:
+                break
+    finally:
+        conn.close()
+    return ws
+
+
+def setup(app: web.Application) -> None:
+    app.router.add_get("/v1/ws", websocket)

@@ -1,0 +1,73 @@
+"""The event store: one SQL implementation of ``engine.ports.EventStore``.
+
+Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
+(SQLite engines and pragmas), ``migrate`` (programmatic Alembic upgrade).
+
+Typical start-up::
+
+    await migrate(url)
+    store = await open_store(url)
+    ...
+    await store.close()
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from adapters.store.migrate import migrate
+from adapters.store.sql import SqlEventStore, hash_api_key
+from adapters.store.sqlite import sqlite_engine, sqlite_writer_engine
+
+__all__ = [
+    "SqlEventStore",
+    "create_engine",
+    "hash_api_key",
+    "migrate",
+    "open_store",
+    "sqlite_engine",
+    "sqlite_writer_engine",
+]
+
+
+def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for ``url``, configured for its dialect.
+
+    ``sqlite+aiosqlite://`` gets :func:`sqlite_engine` (``kwargs`` go to it, e.g.
+    ``synchronous="NORMAL"``); anything else (``postgresql+asyncpg://``) a plain
+    async engine.
+    """
+    if make_url(url).get_backend_name() == "sqlite":
+        return sqlite_engine(url, **kwargs)
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_async_engine(url, **kwargs)
+
+
+async def open_store(
+    url: str,
+    *,
+    synchronous: str = "FULL",
+    clock: Callable[[], float] = time.time,
+    max_batch: int = 1000,
+    **engine_kwargs: Any,
+) -> SqlEventStore:
+    """Open the store at ``url`` (already migrated: call :func:`migrate` first).
+
+    SQLite: ``synchronous`` is its PRAGMA (see ``adapters.store.sqlite``), and
+    group commits run on a sync writer engine in a thread. Other dialects: a
+    plain async engine (``engine_kwargs`` go to the engine factory).
+    """
+    if make_url(url).get_backend_name() == "sqlite":
+        engine = sqlite_engine(url, synchronous=synchronous, **engine_kwargs)
+        writer = sqlite_writer_engine(
+            url,
+            synchronous=synchronous,
+            busy_timeout_ms=engine_kwargs.get("busy_timeout_ms", 5000),
+        )
+        return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch)
+    return SqlEventStore(create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch)

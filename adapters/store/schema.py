@@ -1,0 +1,83 @@
+"""The tables of the event store (SQLAlchemy Core).
+
+One table is the log (``events``); the others are small indexes next to it
+(``turns``, ``chats``) and the API keys. JSON goes into TEXT columns so that the
+same schema runs on SQLite and PostgreSQL; times are epoch seconds (float).
+
+``migrations/versions/0001_initial.py`` creates exactly this schema by hand;
+``tests/test_store_contract.py`` checks that the two agree.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+)
+
+metadata = MetaData()
+
+# BIGINT on PostgreSQL (a BIGSERIAL), INTEGER on SQLite so that the column is the
+# rowid alias; ``sqlite_autoincrement`` makes positions never reused.
+_Position = BigInteger().with_variant(Integer(), "sqlite")
+
+events = Table(
+    "events",
+    metadata,
+    # Global position: the order in which events were committed across turns.
+    Column("id", _Position, primary_key=True, autoincrement=True),
+    Column("turn_id", Text, nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("type", Text, nullable=False),
+    Column("at", Float, nullable=False),
+    Column("data", Text, nullable=False),  # compact JSON
+    # Optimistic concurrency: a second writer at the same (turn_id, seq) fails.
+    UniqueConstraint("turn_id", "seq", name="uq_events_turn_seq"),
+    sqlite_autoincrement=True,
+)
+
+turns = Table(
+    "turns",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("chat_id", Text, nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("model", Text, nullable=False),
+    Column("status", Text, nullable=False),
+    Column("created_at", Float),
+    Column("updated_at", Float),
+    Column("owner", Text, nullable=True),
+    Column("lease_until", Float, nullable=True),
+    Column("fencing", Integer, nullable=False, server_default="0"),
+    Column("view", Text, nullable=True),  # JSON of the last stored projection
+    Index("ix_turns_chat_created", "chat_id", "created_at"),
+    Index("ix_turns_user_created", "user_id", "created_at"),
+    Index("ix_turns_status_lease", "status", "lease_until"),
+)
+
+chats = Table(
+    "chats",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("user_id", Text, nullable=False),
+    Column("title", Text, nullable=True),
+    Column("tags", Text, nullable=False, server_default="[]"),  # JSON list
+    Column("created_at", Float),
+    Column("updated_at", Float),
+    Index("ix_chats_user_updated", "user_id", "updated_at"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_hash", Text, primary_key=True),  # sha256 hex of the key, never the key
+    Column("user_id", Text, nullable=False),
+    Column("created_at", Float),
+)

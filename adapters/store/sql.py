@@ -1,0 +1,664 @@
+"""``SqlEventStore``: the event store on SQLAlchemy Core.
+
+Writes: group commit
+--------------------
+Every write (append, start_turn, leases, chat meta, API keys) is a request on
+one asyncio queue, consumed by one writer task per store. The writer takes all
+queued requests (up to ``max_batch``) and writes them in ONE transaction, each
+request isolated in its own SAVEPOINT, then commits once and resolves the
+callers' futures. So:
+
+* one fsync serves a whole batch (appends are on the per-token path);
+* writes are serialized: no "database is locked" between our own writers, and
+  global positions (``events.id``) are handed out in commit order, gap-free on
+  SQLite (a savepoint rolled back gives its ids back);
+* a request that fails (``ConcurrencyError``, ``LeaseLost``) fails alone;
+  the others in its batch commit.
+
+Consecutive appends in a batch take a fast path: one fencing SELECT for all of
+them, one executemany INSERT of all their events and one executemany UPDATE of
+their index rows, inside one savepoint. If that savepoint hits a unique
+violation (or the batch holds the same ``(turn_id, seq)`` twice) the run is
+redone request by request, one savepoint each, which finds the culprit(s).
+Anything else (start_turn, claim...) gets its own savepoint in queue order.
+
+The batch itself is synchronous SQLAlchemy Core code run either
+
+* on the writer engine (a sync ``Engine``, SQLite) in a dedicated thread:
+  one thread hop per group commit; or
+* through ``AsyncConnection.run_sync`` on the ``AsyncEngine`` (any async
+  driver, e.g. asyncpg) when no writer engine is given.
+
+A caller's future resolves only after COMMIT returned. A caller cancelled while
+waiting does not withdraw its request: it may still be committed.
+
+Reads go straight to pooled connections of the ``AsyncEngine`` (WAL lets them
+run while the writer writes) and see everything whose write call has returned.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import Float, Text, bindparam, case, func, or_, select, update
+from sqlalchemy.engine import Connection, Engine, Row
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from adapters.store.schema import api_keys, chats, events, turns
+from adapters.store.sqlite import SQLITE_BEGIN
+from engine.events import Event
+from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
+
+log = logging.getLogger(__name__)
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_loads = json.loads
+
+_STOP = object()
+
+#: A write other than an append: runs in its own savepoint inside a group commit.
+Op = Callable[[Connection], Any]
+
+#: Per request: (True, result) or (False, exception).
+Results = list[tuple[bool, Any]]
+
+# What a failing request may raise without failing its batch.
+_REQUEST_ERRORS = (ConcurrencyError, LeaseLost, IntegrityError, ValueError)
+
+
+def hash_api_key(key: str) -> str:
+    """What ``api_keys.key_hash`` holds for ``key``: its sha256, hex."""
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+class _Append:
+    __slots__ = ("rows", "turn_id", "fencing", "index", "future")
+
+    def __init__(
+        self,
+        rows: list[tuple[Any, ...]],
+        turn_id: str | None,
+        fencing: int | None,
+        index: dict[str, Any] | None,
+        future: asyncio.Future[Any],
+    ) -> None:
+        self.rows = rows
+        self.turn_id = turn_id
+        self.fencing = fencing
+        self.index = index
+        self.future = future
+
+
+class _Op:
+    __slots__ = ("fn", "future")
+
+    def __init__(self, fn: Op, future: asyncio.Future[Any]) -> None:
+        self.fn = fn
+        self.future = future
+
+
+# executemany-able statements, compiled once and cached by SQLAlchemy.
+_EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data")
+_INSERT_EVENTS = events.insert()
+# SQLite: the same INSERT at the driver level, fed tuples (SQLAlchemy's
+# per-row parameter processing of an executemany is a third of its cost).
+_SQLITE_INSERT_EVENTS = (
+    f"INSERT INTO {events.name} ({', '.join(_EVENT_COLUMNS)}) "
+    f"VALUES ({', '.join('?' * len(_EVENT_COLUMNS))})"
+)
+_UPDATE_INDEX = (
+    update(turns)
+    .where(turns.c.id == bindparam("i_id", type_=Text))
+    .values(
+        status=func.coalesce(bindparam("i_status", type_=Text), turns.c.status),
+        view=func.coalesce(bindparam("i_view", type_=Text), turns.c.view),
+        updated_at=bindparam("i_updated_at", type_=Float),
+    )
+)
+_SELECT_FENCING = select(turns.c.id, turns.c.fencing).where(
+    turns.c.id.in_(bindparam("ids", expanding=True))
+)
+# SQLite: one JSON array parameter instead of an IN list re-rendered per batch.
+_SELECT_FENCING_SQLITE = select(turns.c.id, turns.c.fencing).where(
+    turns.c.id.in_(
+        select(func.json_each(bindparam("ids_json", type_=Text)).table_valued("value").c.value)
+    )
+)
+
+
+class SqlEventStore:
+    """``engine.ports.EventStore`` on SQLite or PostgreSQL.
+
+    ``engine`` (async) serves reads, and writes too unless ``writer_engine``
+    (sync, SQLite: see ``adapters.store.sqlite.sqlite_writer_engine``) is given;
+    then group commits run on it in a dedicated thread.
+
+    Beyond the protocol: :meth:`set_chat_meta`, the ``stats`` counters of the
+    group commit, and the constructor's ``clock`` (for leases and expiry; tests
+    pass a fake) and ``max_batch``.
+    """
+
+    def __init__(
+        self,
+        engine: AsyncEngine,
+        *,
+        writer_engine: Engine | None = None,
+        clock: Callable[[], float] = time.time,
+        max_batch: int = 1000,
+    ) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._max_batch = max_batch
+        self._dialect = engine.dialect.name
+        self._sqlite = self._dialect == "sqlite"
+        # The writer takes the write lock when it begins (SQLite); one-statement
+        # reads need no transaction. Both options are ignored by other dialects.
+        self._write_engine = engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"})
+        self._read_engine = engine.execution_options(**{SQLITE_BEGIN: None})
+        self._writer_engine = writer_engine
+        self._executor: ThreadPoolExecutor | None = None
+        self._sync_conn: Connection | None = None  # used only in the executor thread
+        self._async_conn: AsyncConnection | None = None
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Group-commit counters: committed transactions, requests and events.
+        self.stats = {"batches": 0, "requests": 0, "events": 0}
+
+    # ------------------------------------------------------------------ writes
+
+    async def start_turn(
+        self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float
+    ) -> int:
+        rows = _event_rows(events)
+        if any(row[0] != turn.id for row in rows):
+            raise ValueError("start_turn: events of another turn")
+        view = None if turn.view is None else _dumps(turn.view)
+        insert_chat = self._insert_ignore(chats).values(
+            id=turn.chat_id,
+            user_id=turn.user_id,
+            title=None,
+            tags="[]",
+            created_at=turn.created_at,
+            updated_at=turn.created_at,
+        )
+        bump_chat = (
+            update(chats)
+            .where(chats.c.id == turn.chat_id)
+            .values(
+                updated_at=case(
+                    (
+                        or_(chats.c.updated_at.is_(None), chats.c.updated_at < turn.created_at),
+                        turn.created_at,
+                    ),
+                    else_=chats.c.updated_at,
+                )
+            )
+        )
+
+        def op(conn: Connection) -> int:
+            if conn.execute(insert_chat).rowcount == 0:
+                conn.execute(bump_chat)
+            try:
+                conn.execute(
+                    turns.insert().values(
+                        id=turn.id,
+                        chat_id=turn.chat_id,
+                        user_id=turn.user_id,
+                        model=turn.model,
+                        status=turn.status,
+                        created_at=turn.created_at,
+                        updated_at=turn.updated_at,
+                        owner=turn.owner,
+                        lease_until=self._clock() + lease_seconds,
+                        fencing=1,
+                        view=view,
+                    )
+                )
+            except IntegrityError as exc:
+                raise ConcurrencyError(f"turn {turn.id} already exists") from exc
+            if rows:
+                try:
+                    self._insert_events(conn, rows)
+                except IntegrityError as exc:
+                    raise ConcurrencyError(f"turn {turn.id}: event seq already taken") from exc
+            return 1
+
+        return await self._submit(_Op, op)
+
+    async def append(
+        self,
+        events: Sequence[Event],
+        *,
+        fencing: int | None = None,
+        index: IndexUpdate | None = None,
+    ) -> None:
+        rows = _event_rows(events)
+        turn_ids = {row[0] for row in rows}
+        turn_id = next(iter(turn_ids)) if len(turn_ids) == 1 else None
+        if (fencing is not None or index is not None) and turn_id is None:
+            raise ValueError("append: fencing/index need events of exactly one turn")
+        index_row = None
+        if index is not None:
+            index_row = {
+                "i_id": turn_id,
+                "i_status": index.status,
+                "i_view": None if index.view is None else _dumps(index.view),
+                "i_updated_at": rows[-1][3],
+            }
+        await self._submit(_Append, rows, turn_id, fencing, index_row)
+
+    async def set_chat_meta(
+        self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None
+    ) -> None:
+        """Set a chat's title and/or tags (None leaves a field as it is)."""
+        values: dict[str, Any] = {}
+        if title is not None:
+            values["title"] = title
+        if tags is not None:
+            values["tags"] = _dumps(list(tags))
+        if not values:
+            return
+        stmt = update(chats).where(chats.c.id == chat_id).values(**values)
+        await self._submit(_Op, _executing(stmt))
+
+    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float) -> int | None:
+        def op(conn: Connection) -> int | None:
+            now = self._clock()
+            return conn.execute(
+                update(turns)
+                .where(
+                    turns.c.id == turn_id,
+                    or_(
+                        turns.c.owner == owner,
+                        turns.c.lease_until.is_(None),
+                        turns.c.lease_until < now,
+                    ),
+                )
+                .values(fencing=turns.c.fencing + 1, owner=owner, lease_until=now + lease_seconds)
+                .returning(turns.c.fencing)
+            ).scalar_one_or_none()
+
+        return await self._submit(_Op, op)
+
+    async def renew_leases(
+        self, owner: str, turn_ids: Sequence[str], *, lease_seconds: float
+    ) -> None:
+        ids = list(turn_ids)
+        if not ids:
+            return
+
+        def op(conn: Connection) -> None:
+            conn.execute(
+                update(turns)
+                .where(turns.c.owner == owner, turns.c.id.in_(ids))
+                .values(lease_until=self._clock() + lease_seconds)
+            )
+
+        await self._submit(_Op, op)
+
+    async def release_turn(self, turn_id: str, owner: str) -> None:
+        stmt = (
+            update(turns)
+            .where(turns.c.id == turn_id, turns.c.owner == owner)
+            .values(owner=None, lease_until=None)
+        )
+        await self._submit(_Op, _executing(stmt))
+
+    async def create_api_key(self, user_id: str) -> str:
+        key = "tl-" + secrets.token_urlsafe(32)
+        stmt = api_keys.insert().values(
+            key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock()
+        )
+        await self._submit(_Op, _executing(stmt))
+        return key
+
+    # ------------------------------------------------------------------- reads
+
+    async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        stmt = (
+            select(events.c.seq, events.c.type, events.c.at, events.c.data)
+            .where(events.c.turn_id == turn_id, events.c.seq > after)
+            .order_by(events.c.seq)
+        )
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        rows = await self._fetch(stmt)
+        construct = Event.model_construct
+        return [
+            construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data))
+            for seq, type_, at, data in rows
+        ]
+
+    async def get_turn(self, turn_id: str) -> TurnRecord | None:
+        rows = await self._fetch(select(turns).where(turns.c.id == turn_id))
+        return _turn(rows[0]) if rows else None
+
+    async def list_turns(
+        self,
+        *,
+        user_id: str | None = None,
+        chat_id: str | None = None,
+        status: str | None = None,
+        limit: int = 100,
+    ) -> list[TurnRecord]:
+        stmt = select(turns)
+        if user_id is not None:
+            stmt = stmt.where(turns.c.user_id == user_id)
+        if chat_id is not None:
+            stmt = stmt.where(turns.c.chat_id == chat_id)
+        if status is not None:
+            stmt = stmt.where(turns.c.status == status)
+        stmt = stmt.order_by(turns.c.created_at.desc(), turns.c.id.desc()).limit(limit)
+        return [_turn(row) for row in await self._fetch(stmt)]
+
+    async def get_chat(self, chat_id: str) -> ChatRecord | None:
+        rows = await self._fetch(select(chats).where(chats.c.id == chat_id))
+        return _chat(rows[0]) if rows else None
+
+    async def list_chats(
+        self, user_id: str, *, limit: int = 50, before: float | None = None
+    ) -> list[ChatRecord]:
+        stmt = select(chats).where(chats.c.user_id == user_id)
+        if before is not None:
+            stmt = stmt.where(chats.c.updated_at < before)
+        stmt = stmt.order_by(chats.c.updated_at.desc(), chats.c.id.desc()).limit(limit)
+        return [_chat(row) for row in await self._fetch(stmt)]
+
+    async def orphaned_turns(self, now: float) -> list[TurnRecord]:
+        stmt = (
+            select(turns)
+            .where(
+                turns.c.status == "running",
+                or_(turns.c.lease_until.is_(None), turns.c.lease_until < now),
+            )
+            .order_by(turns.c.created_at, turns.c.id)
+        )
+        return [_turn(row) for row in await self._fetch(stmt)]
+
+    async def user_for_api_key(self, key: str) -> str | None:
+        rows = await self._fetch(
+            select(api_keys.c.user_id).where(api_keys.c.key_hash == hash_api_key(key))
+        )
+        return rows[0][0] if rows else None
+
+    async def _fetch(self, stmt: Any) -> list[Row[Any]]:
+        async with self._read_engine.connect() as conn:
+            return list((await conn.execute(stmt)).all())
+
+    # --------------------------------------------------------------- lifecycle
+
+    async def close(self) -> None:
+        """Finish every queued write, stop the writer, dispose of the engines."""
+        if not self._closed:
+            self._closed = True
+            if self._writer is not None and not self._writer.done():
+                self._queue.put_nowait(_STOP)
+                await asyncio.shield(self._writer)
+        if self._executor is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        if self._writer_engine is not None:
+            self._writer_engine.dispose()
+        await self.engine.dispose()
+
+    # ------------------------------------------------------------ group commit
+
+    def _submit(self, kind: type, *args: Any) -> asyncio.Future[Any]:
+        """Queue a request for the writer; the future resolves once committed."""
+        if self._closed:
+            raise RuntimeError("event store is closed")
+        loop = asyncio.get_running_loop()
+        if self._writer is None or self._writer.done():
+            self._writer = loop.create_task(self._write_loop(), name="turnlog-store-writer")
+        future = loop.create_future()
+        self._queue.put_nowait(kind(*args, future))
+        return future
+
+    async def _write_loop(self) -> None:
+        queue = self._queue
+        stop = False
+        try:
+            while not stop:
+                batch: list[Any] = []
+                item = await queue.get()
+                while True:
+                    if item is _STOP:
+                        stop = True
+                        break
+                    batch.append(item)
+                    if len(batch) >= self._max_batch or queue.empty():
+                        break
+                    item = queue.get_nowait()
+                if batch:
+                    await self._commit(batch)
+        finally:
+            # Not a clean stop (cancelled, crashed): fail whatever is still queued.
+            while not queue.empty():
+                item = queue.get_nowait()
+                if item is not _STOP and not item.future.done():
+                    item.future.set_exception(RuntimeError("event store writer stopped"))
+            if self._async_conn is not None:
+                await self._async_conn.close()
+                self._async_conn = None
+
+    async def _commit(self, batch: list[Any]) -> None:
+        """Write one batch in one transaction and resolve its futures."""
+        try:
+            if self._writer_engine is not None:
+                if self._executor is None:
+                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="turnlog-writer")
+                results = await asyncio.get_running_loop().run_in_executor(
+                    self._executor, self._commit_in_thread, batch
+                )
+            else:
+                results = await self._commit_async(batch)
+        except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
+            log.exception("event store: group commit of %d requests failed", len(batch))
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
+            return
+        except BaseException:
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(RuntimeError("event store writer cancelled"))
+            raise
+        n_events = 0
+        for item, (ok, value) in zip(batch, results):
+            if ok and type(item) is _Append:
+                n_events += len(item.rows)
+            if item.future.done():  # the caller was cancelled
+                continue
+            if ok:
+                item.future.set_result(value)
+            else:
+                item.future.set_exception(value)
+        stats = self.stats
+        stats["batches"] += 1
+        stats["requests"] += len(batch)
+        stats["events"] += n_events
+
+    def _commit_in_thread(self, batch: list[Any]) -> Results:
+        assert self._writer_engine is not None
+        if self._sync_conn is None:
+            self._sync_conn = self._writer_engine.connect()
+        conn = self._sync_conn
+        try:
+            with conn.begin():
+                return self._write_batch(conn, batch)
+        except BaseException:
+            self._sync_conn = None
+            try:
+                conn.invalidate()
+                conn.close()
+            except Exception:  # pragma: no cover
+                pass
+            raise
+
+    async def _commit_async(self, batch: list[Any]) -> Results:
+        if self._async_conn is None:
+            self._async_conn = await self._write_engine.connect()
+        conn = self._async_conn
+        try:
+            async with conn.begin():
+                return await conn.run_sync(self._write_batch, batch)
+        except BaseException:
+            self._async_conn = None
+            try:
+                await conn.invalidate()
+                await conn.close()
+            except Exception:  # pragma: no cover
+                pass
+            raise
+
+    def _close_sync(self) -> None:
+        if self._sync_conn is not None:
+            self._sync_conn.close()
+            self._sync_conn = None
+
+    def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
+        """The body of a group commit (sync; runs inside the open transaction)."""
+        results: Results = [(True, None)] * len(batch)
+        i, n = 0, len(batch)
+        while i < n:
+            if type(batch[i]) is _Append:
+                j = i + 1
+                while j < n and type(batch[j]) is _Append:
+                    j += 1
+                self._append_run(conn, batch, i, j, results)
+                i = j
+            else:
+                try:
+                    with conn.begin_nested():
+                        results[i] = (True, batch[i].fn(conn))
+                except _REQUEST_ERRORS as exc:
+                    results[i] = (False, exc)
+                i += 1
+        return results
+
+    def _append_run(
+        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """Appends ``batch[start:end]``: fencing check, then fast or careful path."""
+        live: list[int] = []
+        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        if fenced:
+            if self._sqlite:  # BEGIN IMMEDIATE: we hold the write lock already
+                current = dict(
+                    conn.execute(_SELECT_FENCING_SQLITE, {"ids_json": _dumps(list(fenced))}).all()
+                )
+            else:
+                current = dict(
+                    conn.execute(_SELECT_FENCING.with_for_update(), {"ids": list(fenced)}).all()
+                )
+            for i in range(start, end):
+                req = batch[i]
+                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
+                    results[i] = (
+                        False,
+                        LeaseLost(
+                            f"turn {req.turn_id}: fencing token {req.fencing} is stale "
+                            f"(current: {current.get(req.turn_id)})"
+                        ),
+                    )
+                else:
+                    live.append(i)
+        else:
+            live = list(range(start, end))
+
+        # Fast path: everything in one savepoint, unless the batch itself
+        # repeats a (turn_id, seq) (then some request must fail: go one by one).
+        rows = [row for i in live for row in batch[i].rows]
+        if len({(row[0], row[1]) for row in rows}) == len(rows):
+            updates = [batch[i].index for i in live if batch[i].index is not None]
+            try:
+                with conn.begin_nested():
+                    if rows:
+                        self._insert_events(conn, rows)
+                    if updates:
+                        conn.execute(_UPDATE_INDEX, updates)
+                return
+            except IntegrityError:
+                pass
+
+        for i in live:
+            req = batch[i]
+            try:
+                with conn.begin_nested():
+                    if req.rows:
+                        self._insert_events(conn, req.rows)
+                    if req.index is not None:
+                        conn.execute(_UPDATE_INDEX, [req.index])
+            except IntegrityError as exc:
+                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
+                error.__cause__ = exc
+                results[i] = (False, error)
+
+    def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+        if self._sqlite:
+            conn.exec_driver_sql(_SQLITE_INSERT_EVENTS, rows)
+        else:
+            conn.execute(_INSERT_EVENTS, [dict(zip(_EVENT_COLUMNS, row)) for row in rows])
+
+    def _insert_ignore(self, table: Any) -> Any:
+        """``INSERT … ON CONFLICT DO NOTHING`` for this dialect."""
+        if self._dialect == "sqlite":
+            from sqlalchemy.dialects.sqlite import insert
+        elif self._dialect == "postgresql":
+            from sqlalchemy.dialects.postgresql import insert
+        else:  # pragma: no cover
+            raise NotImplementedError(f"dialect {self._dialect}")
+        return insert(table).on_conflict_do_nothing()
+
+
+def _executing(stmt: Any) -> Op:
+    def op(conn: Connection) -> None:
+        conn.execute(stmt)
+
+    return op
+
+
+def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
+    """Rows of ``events`` in ``_EVENT_COLUMNS`` order, data as compact JSON."""
+    return [(e.turn_id, e.seq, e.type, e.at, _dumps(e.data)) for e in events]
+
+
+def _turn(row: Row[Any]) -> TurnRecord:
+    m = row._mapping
+    view = m["view"]
+    return TurnRecord(
+        id=m["id"],
+        chat_id=m["chat_id"],
+        user_id=m["user_id"],
+        model=m["model"],
+        status=m["status"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        owner=m["owner"],
+        lease_until=m["lease_until"],
+        fencing=m["fencing"],
+        view=None if view is None else _loads(view),
+    )
+
+
+def _chat(row: Row[Any]) -> ChatRecord:
+    m = row._mapping
+    return ChatRecord(
+        id=m["id"],
+        user_id=m["user_id"],
+        title=m["title"],
+        created_at=m["created_at"],
+        updated_at=m["updated_at"],
+        tags=_loads(m["tags"]) if m["tags"] else [],
+    )

@@ -1,0 +1,58 @@
+"""The chat projection: a conversation is the fold of its turns, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.ports import EventStore, TurnRecord
+from engine.projection import TurnView, fold
+
+
+def assistant_message(view: TurnView) -> dict[str, Any] | None:
+    """The assistant message a finished (or stopped) turn leaves in its chat."""
+    if not view.output and not view.content:
+        return None
+    return {
+        "role": "assistant",
+        "content": view.content,
+        "output": view.output,
+        "turn_id": view.id,
+        "status": view.status,
+    }
+
+
+async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | None = None) -> list[TurnView]:
+    """The chat's turns, oldest first, each folded from its log."""
+    records: list[TurnRecord] = await store.list_turns(chat_id=chat_id, limit=10_000)
+    records.sort(key=lambda r: (r.created_at, r.id))
+    views = []
+    for record in records:
+        if before is not None and record.created_at >= before:
+            continue
+        views.append(fold(record.id, await store.read(record.id)))
+    return views
+
+
+def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+    """Upstream-ready history: each turn's new messages and its answer text.
+
+    Failed turns with no output contribute only their user messages, so a retry
+    does not see a phantom answer.
+    """
+    out: list[dict[str, Any]] = []
+    for view in views:
+        out.extend(view.new_messages)
+        if view.content:
+            out.append({"role": "assistant", "content": view.content})
+    return out
+
+
+def chat_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+    """The chat as ``GET /v1/chats/{id}`` shows it."""
+    out: list[dict[str, Any]] = []
+    for view in views:
+        out.extend(view.new_messages)
+        message = assistant_message(view)
+        if message is not None:
+            out.append(message)
+    return out

@@ -1,0 +1,238 @@
+"""Domain events: the only way a turn changes.
+
+An event is an immutable envelope ``{turn_id, seq, type, at, data}``. ``data`` is
+a plain dict on the envelope (cheap to fold, cheap to store) and each type has a
+small pydantic model that builds and validates it. Every data model carries a
+version ``v`` so that old logs stay readable: ``upcast`` is where a reader turns
+an old version into the current shape.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Event(BaseModel):
+    """One appended fact about one turn; ``(turn_id, seq)`` is unique."""
+
+    model_config = ConfigDict(frozen=True)
+
+    turn_id: str
+    seq: int
+    type: str
+    at: float
+    data: dict[str, Any]
+
+    def public(self) -> dict[str, Any]:
+        """The shape clients see (API.md §3 events listing)."""
+        return {"seq": self.seq, "type": self.type, "at": self.at, "data": self.data}
+
+
+class EventData(BaseModel):
+    """Base of every event payload; ``TYPE`` names the event it builds."""
+
+    model_config = ConfigDict(extra="allow")
+    TYPE: ClassVar[str] = ""
+    v: int = 1
+
+
+# --- lifecycle -------------------------------------------------------------
+
+
+class TurnStarted(EventData):
+    TYPE: ClassVar[str] = "turn.started"
+    chat_id: str
+    user_id: str
+    model: str
+    stream: bool = True
+    # The client's request body without secrets (no auth header, no keys).
+    request: dict[str, Any]
+
+
+class AssemblyStep(EventData):
+    TYPE: ClassVar[str] = "assembly.step"
+    step: str
+    detail: dict[str, Any] = Field(default_factory=dict)
+
+
+class AssemblyCompleted(EventData):
+    """The assembled upstream request: the recorded result of context assembly."""
+
+    TYPE: ClassVar[str] = "assembly.completed"
+    messages: list[dict[str, Any]]
+    # Parameters for the upstream call (temperature, tools, ...), never credentials.
+    params: dict[str, Any] = Field(default_factory=dict)
+    # How many leading messages came from the stored chat history.
+    history_len: int = 0
+    # The messages this turn adds to the chat (the new user message, tool results...).
+    new_messages: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ModelRequested(EventData):
+    """Write-ahead for the upstream call: durable before the request leaves."""
+
+    TYPE: ClassVar[str] = "model.requested"
+    iteration: int = 0
+    provider: str = "openai"
+    api: str = "chat"
+    # Only what differs from assembly: a resumed request carries the prefill.
+    prefill: str | None = None
+    resumed: bool = False
+
+
+class ModelDelta(EventData):
+    """A flush window of upstream text chunks, stored compactly.
+
+    ``text`` is the concatenation of ``n`` raw chunks; ``lens`` gives each chunk's
+    length so that a reader can cut the text back into chunks and give each its
+    own stream position (``pos`` is the first chunk's). Live subscribers already
+    saw these chunks one by one; this event is the durable record.
+    """
+
+    TYPE: ClassVar[str] = "model.delta"
+    kind: Literal["text", "reasoning"] = "text"
+    pos: int
+    text: str
+    lens: list[int]
+
+
+class ModelItem(EventData):
+    """An output item that did not arrive as text deltas (e.g. a function call)."""
+
+    TYPE: ClassVar[str] = "model.item"
+    item: dict[str, Any]
+
+
+class ModelCompleted(EventData):
+    TYPE: ClassVar[str] = "model.completed"
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    response_id: str | None = None
+
+
+class ModelWarning(EventData):
+    TYPE: ClassVar[str] = "model.warning"
+    message: str
+    raw: str | None = None
+
+
+class TurnFinalized(EventData):
+    TYPE: ClassVar[str] = "turn.finalized"
+    finish_reason: str | None = None
+
+
+class OutletApplied(EventData):
+    TYPE: ClassVar[str] = "outlet.applied"
+    filters: list[str] = Field(default_factory=list)
+    content: str | None = None
+
+
+class BackgroundStarted(EventData):
+    TYPE: ClassVar[str] = "background.started"
+    tasks: list[str] = Field(default_factory=list)
+
+
+class BackgroundResult(EventData):
+    TYPE: ClassVar[str] = "background.result"
+    task: str
+    result: Any = None
+    error: str | None = None
+
+
+class TurnCompleted(EventData):
+    TYPE: ClassVar[str] = "turn.completed"
+
+
+class TurnCancelRequested(EventData):
+    TYPE: ClassVar[str] = "turn.cancel_requested"
+    by: str | None = None
+
+
+class TurnCancelled(EventData):
+    TYPE: ClassVar[str] = "turn.cancelled"
+    reason: str = "cancelled by request"
+
+
+class TurnFailed(EventData):
+    TYPE: ClassVar[str] = "turn.failed"
+    error: dict[str, Any]
+
+
+class TurnInterrupted(EventData):
+    """Recorded by a supervisor that found no live owner for a running turn."""
+
+    TYPE: ClassVar[str] = "turn.interrupted"
+    reason: str = "owner lost"
+    last_owner: str | None = None
+
+
+class TurnResumed(EventData):
+    """A new owner continues the turn from its last durable event.
+
+    ``from_seq``/``from_pos`` say what was durable; anything a client saw after
+    ``from_pos`` was lost with the old owner and must be dropped. ``epoch`` moves
+    stream positions past anything the old owner could have handed out.
+    """
+
+    TYPE: ClassVar[str] = "turn.resumed"
+    from_seq: int
+    from_pos: int
+    epoch: int
+    owner: str | None = None
+
+
+EVENT_TYPES: dict[str, type[EventData]] = {
+    cls.TYPE: cls
+    for cls in (
+        TurnStarted,
+        AssemblyStep,
+        AssemblyCompleted,
+        ModelRequested,
+        ModelDelta,
+        ModelItem,
+        ModelCompleted,
+        ModelWarning,
+        TurnFinalized,
+        OutletApplied,
+        BackgroundStarted,
+        BackgroundResult,
+        TurnCompleted,
+        TurnCancelRequested,
+        TurnCancelled,
+        TurnFailed,
+        TurnInterrupted,
+        TurnResumed,
+    )
+}
+
+TERMINAL_TYPES = frozenset({"turn.completed", "turn.cancelled", "turn.failed"})
+
+
+def make_event(turn_id: str, seq: int, data: EventData, at: float | None = None) -> Event:
+    """Validate ``data`` against its type and wrap it in an envelope."""
+    return Event(
+        turn_id=turn_id,
+        seq=seq,
+        type=data.TYPE,
+        at=time.time() if at is None else at,
+        data=data.model_dump(mode="json", exclude_none=False),
+    )
+
+
+def upcast(event: Event) -> Event:
+    """Bring an event read from the log to the current data version.
+
+    Version 1 is the only version so far; this is the seam for later ones.
+    """
+    return event
+
+
+def parse_data(event: Event) -> EventData:
+    """The typed payload of an event (unknown types keep their raw dict)."""
+    cls = EVENT_TYPES.get(event.type)
+    if cls is None:
+        return EventData.model_validate(event.data)
+    return cls.model_validate(event.data)

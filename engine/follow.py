@@ -1,0 +1,201 @@
+"""Following a turn: catch-up from the log, then the live tail, in position order.
+
+A follower is what every streaming client connection runs. It folds the turn's
+durable events with its own ``TurnView`` and lets live deltas run ahead of their
+(later) durable event, but only contiguously: a delta whose position is not the
+next one waits in a small buffer until the events before it arrive. The output is
+therefore the same sequence whether a client follows from the first byte, joins
+mid-stream, or reconnects: each position exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from engine.events import Event
+from engine.live import LiveDelta, LiveEvent
+from engine.projection import ChunkOut, TurnView
+from engine.stream import Piece
+
+
+@dataclass(frozen=True)
+class EventOut:
+    """A durable non-delta event at its stream position."""
+
+    pos: int
+    event: Event
+    # Text the event released (a held-back tag prefix at the end of a stream).
+    pieces: tuple[Piece, ...] = ()
+
+
+Out = ChunkOut | EventOut
+
+
+class Gap(Exception):
+    """An event arrived out of order (a lagged subscription): re-read from the log."""
+
+
+class TurnFollower:
+    def __init__(self, turn_id: str) -> None:
+        self.view = TurnView(turn_id)
+        self._ahead: dict[int, LiveDelta] = {}
+        self._fed_live = 0  # chunks fed from live deltas beyond the durable log
+
+    @property
+    def last_seq(self) -> int:
+        return self.view.last_seq
+
+    @property
+    def finished(self) -> bool:
+        return self.view.machine.terminal
+
+    def on_event(self, event: Event) -> list[Out]:
+        v = self.view
+        if event.seq <= v.last_seq:
+            return []
+        if event.seq != v.last_seq + 1:
+            raise Gap(f"expected seq {v.last_seq + 1}, got {event.seq}")
+        if event.type == "model.delta":
+            out = self._delta_event(event)
+        elif event.type == "turn.resumed" and self._fed_live:
+            # Live text of a dead owner that never became durable: the view must be
+            # rebuilt from the log, and the client told where the log ends.
+            raise Gap("resumed after a lost tail")
+        else:
+            released = tuple(p for chunk in v.apply(event) for p in chunk.pieces)
+            out = [EventOut(v.last_event_pos, event, released)]
+            if event.type == "turn.resumed":
+                self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
+        out.extend(self._drain())
+        return out
+
+    def _delta_event(self, event: Event) -> list[Out]:
+        v = self.view
+        data = event.data
+        first = data["pos"]
+        lens: list[int] = data["lens"]
+        already = max(0, min(len(lens), v.next_pos - first))  # chunks fed live
+        if already == 0:
+            return list(v.apply(event))
+        # Some chunks were shown from live deltas: feed only the rest, then let the
+        # view record the event as applied.
+        out: list[Out] = []
+        text: str = data["text"]
+        offset = sum(lens[:already])
+        for n in lens[already:]:
+            pos = v.next_pos
+            out.append(ChunkOut(pos, v.feed_chunk(data.get("kind", "text"), text[offset : offset + n])))
+            offset += n
+        self._fed_live = max(0, self._fed_live - already)
+        v.apply(event, live_applied=True)
+        return out
+
+    def on_delta(self, delta: LiveDelta) -> list[Out]:
+        v = self.view
+        if delta.pos < v.next_pos:
+            return []
+        if delta.pos > v.next_pos:
+            self._ahead[delta.pos] = delta
+            return []
+        out: list[Out] = [self._feed(delta)]
+        out.extend(self._drain())
+        return out
+
+    def _feed(self, delta: LiveDelta) -> ChunkOut:
+        pos = self.view.next_pos
+        pieces: tuple[Piece, ...] = self.view.feed_chunk(delta.kind, delta.text)
+        self._fed_live += 1
+        return ChunkOut(pos, pieces)
+
+    def _drain(self) -> list[Out]:
+        out: list[Out] = []
+        while self._ahead:
+            delta = self._ahead.pop(self.view.next_pos, None)
+            if delta is None:
+                break
+            out.append(self._feed(delta))
+        return out
+
+
+def describe(out: Out) -> dict[str, Any]:
+    """A debugging shape of an output element."""
+    if isinstance(out, ChunkOut):
+        return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
+    return {"pos": out.pos, "event": out.event.type}
+
+
+POLL_SECONDS = 1.0
+
+
+async def follow(
+    store: Any,
+    subscribe: Any,
+    turn_id: str,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
+    """Catch up from the log, then tail the turn live until it ends.
+
+    ``subscribe(turn_id)`` returns ``(subscription, open_window)`` taken together.
+    The log stays the source of truth: a lagged subscription, an out-of-order
+    event or a quiet second (a turn owned elsewhere, or interrupted) each lead to
+    a re-read of the log after the follower's last seq, so a missed live message
+    delays output but never loses it. Yields ``(follower, outs)``; an empty
+    ``outs`` is a heartbeat (the caller may send a keep-alive).
+    """
+    sub, window = subscribe(turn_id)
+    follower = TurnFollower(turn_id)
+    try:
+        outs = _catch_up(follower, await store.read(turn_id))
+        for delta in window:
+            outs.extend(follower.on_delta(delta))
+        yield follower, outs
+        while not follower.finished:
+            messages = sub.drain()
+            if not messages:
+                try:
+                    async with asyncio.timeout(poll_seconds):
+                        message = await sub.get()
+                except TimeoutError:
+                    message = None
+                if message is None:
+                    if sub.closed:
+                        break
+                    sub.reset()
+                    follower, outs = await _resync(store, follower, turn_id)
+                    yield follower, outs
+                    continue
+                messages = [message, *sub.drain()]
+            outs = []
+            try:
+                for item in messages:
+                    if isinstance(item, LiveDelta):
+                        outs.extend(follower.on_delta(item))
+                    elif isinstance(item, LiveEvent):
+                        outs.extend(follower.on_event(item.event))
+            except Gap:
+                yield follower, outs
+                follower, outs = await _resync(store, follower, turn_id)
+            yield follower, outs
+    finally:
+        sub.close()
+
+
+def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
+    outs: list[Out] = []
+    for event in events:
+        outs.extend(follower.on_event(event))
+    return outs
+
+
+async def _resync(store: Any, follower: TurnFollower, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+    """Re-read the log after the follower; rebuild it if live text was lost."""
+    events = await store.read(turn_id, after=follower.last_seq)
+    try:
+        return follower, _catch_up(follower, events)
+    except Gap:
+        fresh = TurnFollower(turn_id)
+        return fresh, _catch_up(fresh, await store.read(turn_id))

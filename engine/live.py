@@ -1,0 +1,134 @@
+"""In-process live fan-out: what a running turn tells its subscribers.
+
+The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk (sent
+at once, before it is durable) and a ``LiveEvent`` per committed event (sent in
+seq order after its commit). Subscribers are a convenience, never the truth: a
+subscriber that falls behind is marked ``lagged`` and catches up from the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from engine.events import Event
+from engine.stream import Piece
+
+
+@dataclass(frozen=True)
+class LiveDelta:
+    """One upstream chunk, shown live. ``seq`` is the durable event it will belong to.
+
+    ``kind``/``text`` are the raw chunk (what the durable ``model.delta`` will hold);
+    ``pieces`` are what the sender's accumulator made of it (for WebSocket clients).
+    """
+
+    seq: int
+    pos: int
+    kind: str
+    text: str
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True)
+class LiveEvent:
+    event: Event
+
+
+@dataclass(frozen=True)
+class LiveRequest:
+    """Something the turn asks of a client (e.g. ``execute:tool``)."""
+
+    payload: dict[str, Any]
+
+
+class Subscription:
+    """A bounded mailbox for one subscriber of one turn."""
+
+    def __init__(self, bus: "InProcessBus", turn_id: str, limit: int) -> None:
+        self._bus = bus
+        self.turn_id = turn_id
+        self._items: deque[Any] = deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._limit = limit
+        self.lagged = False
+        self.closed = False
+
+    def put(self, message: Any) -> None:
+        if self.lagged:
+            return
+        if len(self._items) >= self._limit:
+            # A slow reader: stop buffering; it must re-read from the log.
+            self.lagged = True
+            self._items.clear()
+        else:
+            self._items.append(message)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def get(self) -> Any:
+        """The next message, or None once the subscription is lagged or closed."""
+        while not self._items:
+            if self.lagged or self.closed:
+                return None
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def drain(self) -> list[Any]:
+        items = list(self._items)
+        self._items.clear()
+        return items
+
+    def reset(self) -> None:
+        """After a catch-up from the log, start buffering again."""
+        self.lagged = False
+        self._items.clear()
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self._bus._remove(self)
+            waiter = self._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+
+class InProcessBus:
+    """Fan-out inside one process (the PostgreSQL deployment adds a cross-process one)."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._subs: dict[str, list[Subscription]] = {}
+        self._limit = limit
+
+    def subscribe(self, turn_id: str) -> Subscription:
+        sub = Subscription(self, turn_id, self._limit)
+        self._subs.setdefault(turn_id, []).append(sub)
+        return sub
+
+    def publish(self, turn_id: str, message: Any) -> None:
+        subs = self._subs.get(turn_id)
+        if subs:
+            for sub in subs:
+                sub.put(message)
+
+    def close_turn(self, turn_id: str) -> None:
+        """Wake every subscriber of a turn that will publish no more (shutdown)."""
+        for sub in list(self._subs.get(turn_id, ())):
+            sub.closed = True
+            waiter = sub._waiter
+            if waiter is not None and not waiter.done():
+                waiter.set_result(None)
+
+    def _remove(self, sub: Subscription) -> None:
+        subs = self._subs.get(sub.turn_id)
+        if subs and sub in subs:
+            subs.remove(sub)
+            if not subs:
+                del self._subs[sub.turn_id]

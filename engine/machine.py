@@ -1,0 +1,116 @@
+"""The turn state machine, declared once as data.
+
+Triggers are event types: an event either moves the turn to another state or is
+an *internal* event that is only legal in some states (a ``model.delta`` outside
+``streaming`` is a bug, and raises). The live engine and the projection both go
+through ``TurnMachine.apply``, so the state a reader derives from the log is the
+state the writer was in.
+
+State-changing events go through a ``transitions.Machine``; internal events are
+checked against a dict built from the same table, because a replay folds
+thousands of deltas and must not pay the library's per-trigger cost for them.
+"""
+
+from __future__ import annotations
+
+from transitions import Machine, MachineError
+
+ACTIVE = ["assembling", "streaming", "executing_tools", "reinjecting", "finalizing", "outlet", "background"]
+TERMINAL = ["done", "cancelled", "failed"]
+STATES = ["new", *ACTIVE, *TERMINAL]
+
+# (event type, sources, destination); destination None = internal (no state change).
+TRANSITIONS: list[tuple[str, list[str], str | None]] = [
+    ("turn.started", ["new"], "assembling"),
+    ("assembly.step", ["assembling"], None),
+    ("assembly.completed", ["assembling"], None),
+    # streaming -> streaming only after a resume re-requests the model.
+    ("model.requested", ["assembling", "reinjecting", "streaming"], "streaming"),
+    ("model.delta", ["streaming"], None),
+    ("model.item", ["streaming"], None),
+    ("model.warning", ["streaming"], None),
+    ("model.completed", ["streaming"], None),
+    ("tools.batch", ["streaming"], "executing_tools"),
+    ("tool.started", ["executing_tools"], None),
+    ("tool.event", ["executing_tools"], None),
+    ("tool.completed", ["executing_tools"], None),
+    ("context.reinjected", ["executing_tools"], "reinjecting"),
+    ("turn.iteration_limit", ["streaming", "executing_tools", "reinjecting"], None),
+    ("turn.finalized", ["streaming", "executing_tools", "reinjecting"], "finalizing"),
+    ("outlet.applied", ["finalizing"], "outlet"),
+    ("background.started", ["finalizing", "outlet"], "background"),
+    ("background.result", ["background"], None),
+    ("turn.completed", ["finalizing", "outlet", "background"], "done"),
+    ("turn.cancel_requested", ACTIVE, None),
+    ("turn.interrupted", ACTIVE, None),
+    ("turn.resumed", ACTIVE, None),
+    ("turn.cancelled", ACTIVE, "cancelled"),
+    ("turn.failed", ACTIVE, "failed"),
+]
+
+_INTERNAL: dict[str, frozenset[str]] = {t: frozenset(src) for t, src, dest in TRANSITIONS if dest is None}
+_CHANGING = {t for t, _, dest in TRANSITIONS if dest is not None}
+_MACHINE_TRANSITIONS = [
+    {"trigger": "on_" + t.replace(".", "_"), "source": src, "dest": dest}
+    for t, src, dest in TRANSITIONS
+    if dest is not None
+]
+
+
+class IllegalTransition(Exception):
+    """An event that the turn's current state does not allow."""
+
+
+def _trigger_name(event_type: str) -> str:
+    return "on_" + event_type.replace(".", "_")
+
+
+class TurnMachine:
+    """Holds one turn's state; ``apply`` validates and performs one event's effect."""
+
+    state: str
+    trigger: object  # set by transitions.Machine
+
+    def __init__(self, state: str = "new") -> None:
+        self.state = state
+        self._machine: Machine | None = None
+
+    def _ensure_machine(self) -> Machine:
+        # Built on the first state change, not per internal event: most events a
+        # replay folds are deltas that never need it.
+        if self._machine is None:
+            self._machine = Machine(
+                model=self,
+                states=STATES,
+                transitions=_MACHINE_TRANSITIONS,
+                initial=self.state,
+                auto_transitions=False,
+                model_attribute="state",
+            )
+        return self._machine
+
+    def apply(self, event_type: str) -> str:
+        """Validate ``event_type`` in the current state and return the new state."""
+        sources = _INTERNAL.get(event_type)
+        if sources is not None:
+            if self.state not in sources:
+                raise IllegalTransition(f"{event_type} is not allowed in state {self.state}")
+            return self.state
+        if event_type not in _CHANGING:
+            raise IllegalTransition(f"unknown event type {event_type!r}")
+        self._ensure_machine()
+        try:
+            self.trigger(_trigger_name(event_type))  # type: ignore[operator]
+        except MachineError as exc:
+            raise IllegalTransition(f"{event_type} is not allowed in state {self.state}") from exc
+        return self.state
+
+    def allows(self, event_type: str) -> bool:
+        sources = _INTERNAL.get(event_type)
+        if sources is not None:
+            return self.state in sources
+        return any(t == event_type and self.state in src for t, src, _ in TRANSITIONS)
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL

@@ -1,0 +1,348 @@
+"""The turn actor: one asyncio task per running turn.
+
+A run is an explicit sequence of nodes chosen from the folded state
+(assemble → request the model → stream → finalize → complete); every node's
+effect is an appended event, and the next node is chosen from the view again, so
+a resumed turn picks up exactly where its log ends.
+
+Durability rules:
+* state events are durable before the engine acts on them (``record`` awaits the
+  commit: ``model.requested`` is committed before the request goes out);
+* token deltas are published at once and written in batches (group commit):
+  every ``flush_interval`` seconds, every ``flush_max_chunks`` chunks, or before
+  the next non-delta event;
+* cancellation is shielded: the partial output is committed as ``cancelled``
+  before the cancel is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from engine.assembly import ModelProfile, assemble
+from engine.chats import chat_turn_views, history_messages
+from engine.events import (
+    TERMINAL_TYPES,
+    AssemblyCompleted,
+    Event,
+    EventData,
+    ModelCompleted,
+    ModelDelta,
+    ModelRequested,
+    ModelWarning,
+    TurnCancelled,
+    TurnCancelRequested,
+    TurnCompleted,
+    TurnFailed,
+    TurnFinalized,
+    TurnResumed,
+    make_event,
+)
+from engine.live import LiveDelta, LiveEvent
+from engine.ports import (
+    ConcurrencyError,
+    EventStore,
+    IndexUpdate,
+    LeaseLost,
+    LiveBus,
+    ModelCatalog,
+    RawWarning,
+    UpstreamError,
+)
+from engine.projection import TurnView
+from engine.stream import parse_chat_chunk
+
+log = logging.getLogger("turnlog.turn")
+
+STATUS_EVENTS = {
+    "turn.completed": "completed",
+    "turn.cancelled": "cancelled",
+    "turn.failed": "failed",
+    "turn.interrupted": "interrupted",
+    "turn.resumed": "running",
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    owner: str
+    lease_seconds: float = 10.0
+    flush_interval: float = 0.05
+    flush_max_chunks: int = 512
+    max_inflight_flushes: int = 4
+
+
+class TurnLost(Exception):
+    """This actor may no longer write the turn (lease lost, or a log conflict)."""
+
+
+class TurnActor:
+    def __init__(
+        self,
+        *,
+        view: TurnView,
+        fencing: int,
+        store: EventStore,
+        bus: LiveBus,
+        models: ModelCatalog,
+        config: EngineConfig,
+    ) -> None:
+        self.view = view
+        self.turn_id = view.id
+        self.fencing = fencing
+        self.store = store
+        self.bus = bus
+        self.models = models
+        self.config = config
+        self.task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        # Delta batch (group commit window).
+        self._batch: list[str] = []
+        self._batch_kind = "text"
+        self._batch_pos = 0
+        self._batch_seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight: deque[asyncio.Task[None]] = deque()
+        # In-order publication of committed events.
+        self._next_publish = view.last_seq + 1
+        self._committed: dict[int, Event] = {}
+        self._cancel_by: str | None = None
+        self._cancel_done: asyncio.Future[None] = self._loop.create_future()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        self._lost = False
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, *, resume: bool = False) -> None:
+        self.task = asyncio.create_task(self._main(resume), name=f"turn:{self.turn_id}")
+
+    async def cancel(self, by: str | None = None) -> None:
+        """Stop the turn; returns once ``turn.cancelled`` is durable."""
+        if self.task is None or self.task.done():
+            return
+        if self._cancel_by is None:
+            self._cancel_by = by or "client"
+            self.task.cancel()
+        await asyncio.shield(self._cancel_done)
+
+    def open_batch(self) -> list[LiveDelta]:
+        """The chunks already shown live but not yet sealed into an event.
+
+        A subscriber that joins mid-window takes these together with its
+        subscription (no await in between), so it misses nothing."""
+        out = []
+        pos = self._batch_pos
+        for text in self._batch:
+            out.append(LiveDelta(self._batch_seq, pos, self._batch_kind, text, ()))
+            pos += 1
+        return out
+
+    async def _main(self, resume: bool) -> None:
+        try:
+            if resume:
+                await self.record(
+                    TurnResumed(
+                        from_seq=self.view.last_seq,
+                        from_pos=self.view.last_event_pos,
+                        epoch=self.view.epoch + 1,
+                        owner=self.config.owner,
+                    )
+                )
+            await self._drive()
+        except asyncio.CancelledError:
+            if self._cancel_by is None:
+                raise  # shutdown: the turn stays running and is resumed later
+            await asyncio.shield(self._save_cancelled())
+        except TurnLost as exc:
+            log.warning("turn %s: stopped writing: %s", self.turn_id, exc)
+        except Exception as exc:  # a bug must still end the turn with a record
+            log.exception("turn %s: internal error", self.turn_id)
+            await self._fail({"message": f"internal error: {exc}", "type": "internal_error"})
+        finally:
+            self._cancel_timer()
+            if not self._cancel_done.done():
+                self._cancel_done.set_result(None)
+            if not self.done.done():
+                self.done.set_result(None)
+
+    async def _save_cancelled(self) -> None:
+        try:
+            await self.record(TurnCancelRequested(by=self._cancel_by))
+            await self.record(TurnCancelled())
+        except (TurnLost, Exception):
+            log.exception("turn %s: could not save the cancellation", self.turn_id)
+        finally:
+            if not self._cancel_done.done():
+                self._cancel_done.set_result(None)
+
+    # -- the nodes ----------------------------------------------------------------
+
+    async def _drive(self) -> None:
+        v = self.view
+        while not v.machine.terminal:
+            state = v.state
+            if state == "assembling":
+                if not v.messages:
+                    await self._assemble()
+                await self._request_model()
+            elif state == "streaming":
+                if v.model_open:
+                    await self._request_model(resume=True)
+                else:
+                    await self.record(TurnFinalized(finish_reason=v.finish_reason))
+            elif state in ("finalizing", "outlet", "background"):
+                await self.record(TurnCompleted())
+            else:  # states of later features (tools) have no node yet
+                raise RuntimeError(f"no node for state {state}")
+
+    async def _assemble(self) -> None:
+        v = self.view
+        resolved = await self.models.resolve(v.model or "")
+        profile = ModelProfile(
+            system=resolved.system if resolved else None,
+            params=resolved.params if resolved else {},
+        )
+        views = await chat_turn_views(self.store, v.chat_id or "", before=v.created_at)
+        history = history_messages([w for w in views if w.id != v.id])
+        assembled = assemble(v.request, history, profile)
+        await self.record(
+            AssemblyCompleted(
+                messages=assembled.messages,
+                params=assembled.params,
+                history_len=assembled.history_len,
+                new_messages=assembled.new_messages,
+            )
+        )
+
+    async def _request_model(self, *, resume: bool = False) -> None:
+        v = self.view
+        resolved = await self.models.resolve(v.model or "")
+        if resolved is None:
+            await self._fail({"message": f"model {v.model!r} is not available", "type": "model_not_found"})
+            return
+        prefill = v.acc.content if resume else None
+        await self.record(
+            ModelRequested(
+                iteration=v.iteration,
+                prefill=prefill or None,
+                resumed=resume,
+            )
+        )
+        messages = list(v.messages)
+        if prefill:
+            # Continue the partial answer: providers that support an assistant
+            # prefill continue it, so nothing is generated twice.
+            messages.append({"role": "assistant", "content": prefill})
+        body = {**v.params, "model": resolved.upstream_model, "messages": messages, "stream": True}
+        finish: str | None = None
+        usage: dict[str, Any] | None = None
+        response_id: str | None = None
+        try:
+            async for raw in resolved.provider.stream_chat(body):
+                if isinstance(raw, RawWarning):
+                    await self.record(ModelWarning(message=raw.message, raw=raw.raw))
+                    continue
+                parts = parse_chat_chunk(raw.data)
+                if parts.reasoning:
+                    self._chunk("reasoning", parts.reasoning)
+                if parts.content:
+                    self._chunk("text", parts.content)
+                if parts.error is not None:
+                    await self.record(ModelWarning(message=f"upstream error chunk: {parts.error}"))
+                if parts.finish_reason:
+                    finish = parts.finish_reason
+                if parts.usage:
+                    usage = parts.usage
+                if parts.response_id and response_id is None:
+                    response_id = parts.response_id
+                if len(self._inflight) > self.config.max_inflight_flushes:
+                    await self._inflight[0]
+        except UpstreamError as exc:
+            await self._fail({"message": exc.message, "type": exc.kind, "status": exc.status})
+            return
+        await self.record(ModelCompleted(finish_reason=finish, usage=usage, response_id=response_id))
+
+    async def _fail(self, error: dict[str, Any]) -> None:
+        if self.view.machine.terminal or self._lost:
+            return
+        await self.record(TurnFailed(error={k: v for k, v in error.items() if v is not None}))
+
+    # -- deltas and group commit ---------------------------------------------------
+
+    def _chunk(self, kind: str, text: str) -> None:
+        """The per-token hot path: show the chunk now, write it with its window."""
+        if self._batch and kind != self._batch_kind:
+            self._flush()
+        v = self.view
+        if not self._batch:
+            self._batch_kind = kind
+            self._batch_pos = v.next_pos
+            self._batch_seq = v.last_seq + 1
+            self._timer = self._loop.call_later(self.config.flush_interval, self._flush)
+        pos = v.next_pos
+        pieces = v.feed_chunk(kind, text)
+        self._batch.append(text)
+        self.bus.publish(self.turn_id, LiveDelta(self._batch_seq, pos, kind, text, pieces))
+        if len(self._batch) >= self.config.flush_max_chunks:
+            self._flush()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _flush(self) -> None:
+        """Seal the open batch as one ``model.delta`` event and start writing it."""
+        self._cancel_timer()
+        if not self._batch or self._lost:
+            return
+        texts, self._batch = self._batch, []
+        data = ModelDelta(kind=self._batch_kind, pos=self._batch_pos, text="".join(texts), lens=[len(t) for t in texts])
+        event = make_event(self.turn_id, self._batch_seq, data)
+        self.view.apply(event, live_applied=True)
+        task = self._loop.create_task(self._persist(event, None))
+        self._inflight.append(task)
+        task.add_done_callback(self._flush_done)
+
+    def _flush_done(self, task: asyncio.Task[None]) -> None:
+        try:
+            self._inflight.remove(task)
+        except ValueError:
+            pass
+        if not task.cancelled() and task.exception() is not None:
+            log.error("turn %s: delta batch not written: %s", self.turn_id, task.exception())
+
+    # -- appending ------------------------------------------------------------------
+
+    async def record(self, data: EventData) -> Event:
+        """Append one event and wait until it is durable."""
+        if self._lost:
+            raise TurnLost("this actor lost the turn")
+        self._flush()
+        event = make_event(self.turn_id, self.view.last_seq + 1, data)
+        self.view.apply(event)  # raises IllegalTransition before anything is written
+        index = None
+        status = STATUS_EVENTS.get(event.type)
+        if status is not None:
+            index = IndexUpdate(
+                status=status,
+                view=self.view.public() if event.type in TERMINAL_TYPES else None,
+            )
+        await self._persist(event, index)
+        return event
+
+    async def _persist(self, event: Event, index: IndexUpdate | None) -> None:
+        try:
+            await self.store.append([event], fencing=self.fencing, index=index)
+        except (LeaseLost, ConcurrencyError) as exc:
+            self._lost = True
+            raise TurnLost(str(exc)) from exc
+        self._committed[event.seq] = event
+        while self._next_publish in self._committed:
+            committed = self._committed.pop(self._next_publish)
+            self._next_publish += 1
+            self.bus.publish(self.turn_id, LiveEvent(committed))

@@ -1,0 +1,136 @@
+"""Test harness: the real service on loopback, against the scripted upstream.
+
+Nothing here is mocked: the service is the real aiohttp app with a real SQLite
+file, and the upstream is a real HTTP server speaking OpenAI's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from adapters.config import Settings, load_settings
+from adapters.http.app import create_app
+from adapters.http.context import SERVICES, Services
+from tests.upstream import ScriptedUpstream
+
+UPSTREAM_KEY = "sk-upstream-SECRET-7f3a9c"
+
+
+@dataclass
+class Service:
+    """A running turnlog with its upstream."""
+
+    url: str  # http://127.0.0.1:PORT
+    upstream: ScriptedUpstream
+    settings: Settings
+    runner: web.AppRunner
+    http: aiohttp.ClientSession
+    headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def v1(self) -> str:
+        return f"{self.url}/v1"
+
+    @property
+    def services(self) -> Services:
+        return self.runner.app[SERVICES]
+
+    async def post(self, path: str, body: Any = None, **kw: Any) -> tuple[int, Any, dict[str, str]]:
+        async with self.http.post(self.url + path, json=body, headers=self.headers, **kw) as resp:
+            text = await resp.text()
+            try:
+                data = json.loads(text)
+            except ValueError:
+                data = text
+            return resp.status, data, dict(resp.headers)
+
+    async def get(self, path: str, **kw: Any) -> tuple[int, Any]:
+        async with self.http.get(self.url + path, headers={**self.headers, **kw.pop("headers", {})}, **kw) as resp:
+            text = await resp.text()
+            try:
+                return resp.status, json.loads(text)
+            except ValueError:
+                return resp.status, text
+
+    async def turn(self, turn_id: str) -> dict[str, Any]:
+        status, body = await self.get(f"/v1/turns/{turn_id}")
+        assert status == 200, body
+        return body
+
+    async def events(self, turn_id: str) -> list[dict[str, Any]]:
+        status, body = await self.get(f"/v1/turns/{turn_id}/events?limit=10000")
+        assert status == 200, body
+        return body["events"]
+
+    async def wait_status(self, turn_id: str, *statuses: str, timeout: float = 10.0) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            view = await self.turn(turn_id)
+            if view["status"] in statuses:
+                return view
+            if time.monotonic() > deadline:
+                raise AssertionError(f"turn {turn_id} stayed {view['status']} (wanted {statuses})")
+            await asyncio.sleep(0.02)
+
+
+def make_settings(tmp_path: Path, upstream_url: str | None, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}",
+        "openai_base_url": upstream_url,
+        "openai_api_key": UPSTREAM_KEY,
+        "lease_seconds": 2.0,
+    }
+    values.update(overrides)
+    return load_settings(None, **values)
+
+
+async def start_service(settings: Settings, upstream: ScriptedUpstream) -> Service:
+    app = create_app(settings)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    http = aiohttp.ClientSession()
+    return Service(url=f"http://127.0.0.1:{port}", upstream=upstream, settings=settings, runner=runner, http=http)
+
+
+async def stop_service(service: Service) -> None:
+    await service.http.close()
+    await service.runner.cleanup()
+
+
+def sse_messages(raw: str) -> list[tuple[int | None, str]]:
+    """(id, data) of each SSE message in a body."""
+    out: list[tuple[int | None, str]] = []
+    for block in raw.split("\n\n"):
+        ident: int | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            if line.startswith("id: "):
+                ident = int(line[4:])
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        if data:
+            out.append((ident, "\n".join(data)))
+    return out
+
+
+def sse_text(raw: str) -> str:
+    """The answer text carried by a chat.completion.chunk SSE body."""
+    text = []
+    for _ident, data in sse_messages(raw):
+        if data == "[DONE]":
+            continue
+        chunk = json.loads(data)
+        for choice in chunk.get("choices") or []:
+            text.append((choice.get("delta") or {}).get("content") or "")
+    return "".join(text)

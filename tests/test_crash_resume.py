@@ -1,0 +1,168 @@
+"""kill -9 of a real ``turnlog serve`` mid-stream, restart on the same database, resume."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from tests.harness import sse_text
+from tests.upstream import Reply, ScriptedUpstream
+
+ROOT = Path(__file__).resolve().parents[1]
+TEXT = "".join(f"word{i:03d} " for i in range(150))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, db: Path, upstream_url: str, *, auto_resume: bool) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = {
+            **os.environ,
+            "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}",
+            "TURNLOG_OPENAI_BASE_URL": upstream_url,
+            "TURNLOG_OPENAI_API_KEY": "sk-test",
+            "TURNLOG_LEASE_SECONDS": "1",
+            "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
+        }
+        self.log = open(db.parent / f"serve-{self.port}.log", "wb")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "adapters.cli", "serve", "--port", str(self.port)],
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+        )
+
+    async def ready(self, http: aiohttp.ClientSession) -> None:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, "turnlog serve exited"
+            try:
+                async with http.get(self.url + "/healthz") as resp:
+                    if resp.status == 200:
+                        return
+            except aiohttp.ClientError:
+                pass
+            await asyncio.sleep(0.05)
+        raise AssertionError("turnlog serve did not become ready")
+
+    def kill9(self) -> None:
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+        self.log.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+async def get_json(http: aiohttp.ClientSession, url: str) -> dict:
+    async with http.get(url) as resp:
+        assert resp.status == 200, await resp.text()
+        return await resp.json()
+
+
+async def wait_for(http: aiohttp.ClientSession, url: str, predicate, timeout: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        body = await get_json(http, url)
+        if predicate(body):
+            return body
+        assert time.monotonic() < deadline, f"timed out; last: {body.get('status')}"
+        await asyncio.sleep(0.05)
+
+
+async def start_and_kill(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream) -> tuple[str, str, Path]:
+    db = tmp_path / "turnlog.db"
+    first = Server(db, upstream.url, auto_resume=False)
+    try:
+        await first.ready(http)
+        resp = await http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "count"}], "stream": True})
+        turn_id = resp.headers["X-Turn-Id"]
+        seen = ""
+        async for chunk in resp.content.iter_any():
+            seen += chunk.decode()
+            if len(sse_text(seen[: seen.rfind("\n\n") + 2])) > 200:
+                break
+        # at least one batch is durable before the crash
+        await wait_for(http, f"{first.url}/v1/turns/{turn_id}", lambda v: len(v["content"]) > 100)
+        first.kill9()
+        resp.close()
+    finally:
+        first.stop()
+    return turn_id, sse_text(seen[: seen.rfind("\n\n") + 2]), db
+
+
+async def test_kill9_then_resume_completes_without_duplicates(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.enqueue(Reply(text=TEXT, chunk_size=8, delay=0.01), Reply(text=TEXT, chunk_size=8))
+    turn_id, seen_live, db = await start_and_kill(http, tmp_path, upstream)
+    assert TEXT.startswith(seen_live)
+
+    second = Server(db, upstream.url, auto_resume=False)
+    try:
+        await second.ready(http)
+        turn_url = f"{second.url}/v1/turns/{turn_id}"
+        # the new process records that the old owner is gone
+        await wait_for(http, turn_url + "/events?limit=10000", lambda b: b["events"][-1]["type"] == "turn.interrupted")
+        interrupted = await get_json(http, turn_url)
+        assert interrupted["status"] == "interrupted"
+        durable = interrupted["content"]
+        assert durable and TEXT.startswith(durable)
+
+        async with http.post(turn_url + "/resume") as resp:
+            assert resp.status == 202, await resp.text()
+        done = await wait_for(http, turn_url, lambda v: v["status"] == "completed")
+        assert done["content"] == TEXT, "nothing duplicated, nothing missing"
+        events = (await get_json(http, turn_url + "/events?limit=10000"))["events"]
+        seqs = [e["seq"] for e in events]
+        assert seqs == list(range(1, len(seqs) + 1))
+        resumed = [e for e in events if e["type"] == "turn.resumed"]
+        assert len(resumed) == 1 and resumed[0]["data"]["from_seq"] == interrupted["seq"]
+        # the continuation asked the model to go on from the durable prefix
+        continuation = upstream.requests[-1]["messages"]
+        assert continuation[-1] == {"role": "assistant", "content": durable}
+        # resuming again is a conflict
+        async with http.post(turn_url + "/resume") as resp:
+            assert resp.status == 409
+        # a reconnecting SSE client gets the whole answer once
+        async with http.get(turn_url + "/stream") as resp:
+            assert sse_text(await resp.text()) == TEXT
+    finally:
+        second.stop()
+
+
+async def test_kill9_then_auto_resume_on_restart(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    upstream.enqueue(Reply(text=TEXT, chunk_size=8, delay=0.01), Reply(text=TEXT, chunk_size=8))
+    turn_id, _, db = await start_and_kill(http, tmp_path, upstream)
+    second = Server(db, upstream.url, auto_resume=True)
+    try:
+        await second.ready(http)
+        done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
+        assert done["content"] == TEXT
+        types = [e["type"] for e in (await get_json(http, f"{second.url}/v1/turns/{turn_id}/events?limit=10000"))["events"]]
+        assert types.index("turn.interrupted") < types.index("turn.resumed") < types.index("turn.completed")
+    finally:
+        second.stop()

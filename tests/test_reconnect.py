@@ -1,0 +1,123 @@
+"""Reconnecting clients: SSE Last-Event-ID and WebSocket subscribe after=SEQ."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from tests.harness import Service, sse_messages, sse_text
+from tests.upstream import Reply
+
+USER = [{"role": "user", "content": "go"}]
+TEXT = "Reconnect me without losing or repeating a single character. " * 4
+
+
+async def read_until(resp, predicate) -> str:
+    buf = ""
+    async for chunk in resp.content.iter_any():
+        buf += chunk.decode()
+        if predicate(buf):
+            break
+    return buf
+
+
+async def test_sse_reconnect_with_last_event_id_has_no_gap_and_no_duplicate(service: Service) -> None:
+    service.upstream.enqueue(Reply(text=TEXT, chunk_size=3, pause_after=20))
+    resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+    turn_id = resp.headers["X-Turn-Id"]
+    await asyncio.wait_for(service.upstream.paused.wait(), 5)
+    first = await read_until(resp, lambda b: sse_text(b.rsplit("\n\n", 1)[0] + "\n\n").__len__() >= 30)
+    first = first[: first.rfind("\n\n") + 2]  # only complete messages
+    resp.close()
+    last_id = [i for i, _ in sse_messages(first) if i is not None][-1]
+    service.upstream.release()
+    async with service.http.get(f"{service.v1}/turns/{turn_id}/stream", headers={"Last-Event-ID": str(last_id)}) as again:
+        assert again.status == 200
+        second = await again.text()
+    ids = [i for i, _ in sse_messages(first + second) if i is not None]
+    assert ids == sorted(set(ids)), "positions strictly increasing across both connections"
+    assert sse_text(first) + sse_text(second) == TEXT
+    assert (await service.turn(turn_id))["content"] == TEXT
+
+
+async def test_sse_stream_of_a_finished_turn_replays_it(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="short answer"))
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        live = await resp.text()
+    async with service.http.get(f"{service.v1}/turns/{turn_id}/stream") as again:
+        replayed = await again.text()
+    assert replayed == live  # same bytes: same positions, same chunks
+
+
+async def ws_collect(ws, *, until_terminal: bool = True, limit: int | None = None) -> list[dict]:
+    out = []
+    async for msg in ws:
+        data = json.loads(msg.data)
+        out.append(data)
+        if limit is not None and len([m for m in out if m["type"] == "event"]) >= limit:
+            break
+        if until_terminal and data["type"] == "event" and data["event"]["type"] in ("turn.completed", "turn.failed", "turn.cancelled"):
+            break
+    return out
+
+
+async def test_websocket_chat_and_resubscribe_after_seq(service: Service) -> None:
+    service.upstream.enqueue(Reply(text=TEXT, chunk_size=2, delay=0.002))
+    async with service.http.ws_connect(service.v1 + "/ws") as ws:
+        await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
+        ack = await ws.receive_json()
+        assert ack["type"] == "turn"
+        turn_id = ack["turn_id"]
+        first = await ws_collect(ws, limit=4)
+    events_first = [m for m in first if m["type"] == "event"]
+    last_seq = events_first[-1]["seq"]
+    async with service.http.ws_connect(service.v1 + "/ws") as ws:
+        await ws.send_json({"type": "subscribe", "turn_id": turn_id, "after": last_seq})
+        second = await ws_collect(ws)
+    seqs = [m["seq"] for m in events_first + [m for m in second if m["type"] == "event"]]
+    assert seqs == list(range(1, len(seqs) + 1)), "every durable event exactly once, in order"
+    text = "".join(
+        m["event"]["data"]["text"]
+        for m in events_first + second
+        if m["type"] == "event" and m["event"]["type"] == "model.delta" and m["event"]["data"]["kind"] == "text"
+    )
+    assert text == TEXT
+    # live deltas carry the seq of their durable event
+    deltas = [m for m in first + second if m["type"] == "delta"]
+    assert deltas and all(isinstance(d["seq"], int) and d["kind"] == "text" for d in deltas)
+
+
+async def test_websocket_cancel(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="stop me please now", chunk_size=3, pause_after=2))
+    async with service.http.ws_connect(service.v1 + "/ws") as ws:
+        await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
+        turn_id = (await ws.receive_json())["turn_id"]
+        await asyncio.wait_for(service.upstream.paused.wait(), 5)
+        await ws.send_json({"type": "cancel", "turn_id": turn_id})
+        got = await ws_collect(ws)
+        acks = []
+        while not acks:
+            msg = json.loads((await ws.receive()).data)
+            if msg["type"] == "cancelled":
+                acks.append(msg)
+    service.upstream.release()
+    assert got[-1]["event"]["type"] == "turn.cancelled"
+    assert acks[0]["status"] == "cancelled"
+    assert (await service.turn(turn_id))["content"] == "stop m"
+
+
+async def test_websocket_bad_messages_get_error_replies(service: Service) -> None:
+    async with service.http.ws_connect(service.v1 + "/ws") as ws:
+        for bad, code in [
+            ("not json", "invalid_json"),
+            ("[1,2]", "invalid_message"),
+            ('{"type": "dance"}', "unknown_type"),
+            ('{"type": "subscribe", "turn_id": "turn_nope"}', "not_found"),
+            ('{"type": "subscribe", "turn_id": "x", "after": -1}', "invalid_value"),
+            ('{"type": "chat", "request": {"model": "gpt-test"}}', "invalid_value"),
+            ('{"type": "chat", "request": {"model": "nope", "messages": [{"role": "user", "content": "x"}]}}', "model_not_found"),
+        ]:
+            await ws.send_str(bad)
+            reply = await ws.receive_json()
+            assert reply["type"] == "error" and reply["code"] == code, (bad, reply)

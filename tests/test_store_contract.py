@@ -1,0 +1,610 @@
+"""Contract of ``engine.ports.EventStore``, run against every backend.
+
+Like ``eventsourcing``'s recorder test cases: one class of tests, a ``backend``
+fixture that says how to open (and reopen) a migrated store. Backends:
+
+* ``sqlite``: a temp file, ``open_store`` (group commits in the writer thread);
+* ``sqlite-async``: the same file format, but group commits through
+  ``AsyncConnection.run_sync`` on aiosqlite: the code path other async
+  drivers (asyncpg) take;
+* ``postgres``: runs when ``TURNLOG_TEST_POSTGRES_URL`` points at a database
+  (``postgresql+asyncpg://...``); skipped otherwise.
+
+Tests use fresh random ids, so a shared PostgreSQL database works too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Awaitable, Callable
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import func, select, text
+
+from adapters.store import SqlEventStore, hash_api_key, migrate, open_store, sqlite_engine
+from adapters.store.schema import api_keys, events, metadata, turns
+from engine.events import Event
+from engine.ports import ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
+
+T0 = 1_800_000_000.0
+
+
+class Clock:
+    """A fake clock for leases: ``clock()`` is now, ``advance`` moves it."""
+
+    def __init__(self, now: float = T0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@dataclass
+class Backend:
+    name: str
+    url: str
+    file: Path | None
+    open: Callable[[Clock], Awaitable[SqlEventStore]]
+
+
+def _sqlite_url(tmp_path: Path) -> tuple[str, Path]:
+    path = tmp_path / "turnlog.db"
+    return f"sqlite+aiosqlite:///{path}", path
+
+
+@pytest.fixture(params=["sqlite", "sqlite-async", "postgres"])
+async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    name = request.param
+    if name == "sqlite":
+        url, path = _sqlite_url(tmp_path)
+
+        async def opener(clock: Clock) -> SqlEventStore:
+            return await open_store(url, clock=clock)
+
+    elif name == "sqlite-async":
+        url, path = _sqlite_url(tmp_path)
+
+        async def opener(clock: Clock) -> SqlEventStore:
+            return SqlEventStore(sqlite_engine(url), clock=clock)
+
+    else:
+        url = os.environ.get("TURNLOG_TEST_POSTGRES_URL", "")
+        if not url:
+            pytest.skip("set TURNLOG_TEST_POSTGRES_URL to run the postgres backend")
+        path = None
+
+        async def opener(clock: Clock) -> SqlEventStore:
+            return await open_store(url, clock=clock)
+
+    await migrate(url)
+    return Backend(name, url, path, opener)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+async def store(backend: Backend, clock: Clock) -> Any:
+    store = await backend.open(clock)
+    yield store
+    await store.close()
+
+
+@pytest.fixture
+def ids() -> Callable[[str], str]:
+    """``ids("turn")`` → a fresh id, unique across tests and runs."""
+    run = uuid.uuid4().hex[:10]
+    return lambda name: f"{name}-{run}"
+
+
+def ev(turn_id: str, seq: int, type: str = "test.event", at: float | None = None, **data: Any) -> Event:
+    return Event(turn_id=turn_id, seq=seq, type=type, at=T0 + seq if at is None else at, data=data)
+
+
+def turn_record(
+    turn_id: str,
+    *,
+    chat_id: str,
+    user_id: str,
+    owner: str | None = "w1",
+    created_at: float = T0,
+    status: str = "running",
+) -> TurnRecord:
+    return TurnRecord(
+        id=turn_id,
+        chat_id=chat_id,
+        user_id=user_id,
+        model="gpt-test",
+        status=status,
+        created_at=created_at,
+        updated_at=created_at,
+        owner=owner,
+    )
+
+
+async def start(
+    store: SqlEventStore,
+    turn_id: str,
+    *,
+    chat_id: str | None = None,
+    user_id: str = "u",
+    owner: str | None = "w1",
+    lease: float = 30.0,
+    created_at: float = T0,
+) -> int:
+    record = turn_record(
+        turn_id,
+        chat_id=chat_id or f"chat-of-{turn_id}",
+        user_id=user_id,
+        owner=owner,
+        created_at=created_at,
+    )
+    started = ev(turn_id, 1, "turn.started", chat_id=record.chat_id, user_id=user_id)
+    return await store.start_turn(record, [started], lease_seconds=lease)
+
+
+class TestEventStoreContract:
+    # ------------------------------------------------------------- the log
+
+    async def test_append_read_round_trip(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        token = await start(store, t)
+        assert token == 1
+        batch1 = [ev(t, 2, "model.delta", text="héllo ✓", lens=[3, 3]), ev(t, 3, nested={"a": [1, None, 2.5]})]
+        batch2 = [ev(t, 4, "turn.completed")]
+        await store.append(batch1, fencing=token)
+        await store.append(batch2)
+        got = await store.read(t)
+        assert [e.seq for e in got] == [1, 2, 3, 4]
+        assert got[1:] == batch1 + batch2
+        assert got[1].data == {"text": "héllo ✓", "lens": [3, 3]}
+        assert isinstance(got[0].at, float)
+
+    async def test_read_after_and_limit(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        await start(store, t)
+        await store.append([ev(t, s) for s in range(2, 11)])
+        assert [e.seq for e in await store.read(t, after=3)] == list(range(4, 11))
+        assert [e.seq for e in await store.read(t, after=3, limit=2)] == [4, 5]
+        assert [e.seq for e in await store.read(t, limit=1)] == [1]
+        assert await store.read(t, after=10) == []
+        assert await store.read(ids("unknown")) == []
+
+    async def test_events_of_other_turns_do_not_mix(self, store: SqlEventStore, ids: Any) -> None:
+        a, b = ids("a"), ids("b")
+        await start(store, a)
+        await start(store, b)
+        await asyncio.gather(store.append([ev(a, 2, x="a")]), store.append([ev(b, 2, x="b")]))
+        assert [e.data.get("x") for e in await store.read(a)] == [None, "a"]
+        assert [e.data.get("x") for e in await store.read(b)] == [None, "b"]
+
+    # ---------------------------------------------------- optimistic concurrency
+
+    async def test_same_seq_concurrently_one_wins_batchmate_commits(
+        self, store: SqlEventStore, ids: Any
+    ) -> None:
+        a, b = ids("a"), ids("b")
+        await start(store, a)
+        await start(store, b)
+        batches = store.stats["batches"]
+        results = await asyncio.gather(
+            store.append([ev(a, 2, who="first")]),
+            store.append([ev(a, 2, who="second")]),
+            store.append([ev(b, 2, who="other turn")]),
+            return_exceptions=True,
+        )
+        assert store.stats["batches"] == batches + 1, "all three in one group commit"
+        outcomes = results[:2]
+        assert sum(r is None for r in outcomes) == 1
+        assert sum(isinstance(r, ConcurrencyError) for r in outcomes) == 1
+        assert results[2] is None
+        winner = "first" if outcomes[0] is None else "second"
+        assert [e.data.get("who") for e in await store.read(a)] == [None, winner]
+        assert [e.data.get("who") for e in await store.read(b)] == [None, "other turn"]
+
+    async def test_conflict_with_committed_event_fails_alone(
+        self, store: SqlEventStore, ids: Any
+    ) -> None:
+        a, b = ids("a"), ids("b")
+        await start(store, a)
+        await start(store, b)
+        await store.append([ev(a, 2)])
+        batches = store.stats["batches"]
+        results = await asyncio.gather(
+            store.append([ev(b, 2)]),
+            store.append([ev(a, 3, part="of a failing request"), ev(a, 2)]),  # seq 2 is taken
+            store.append([ev(b, 3)]),
+            return_exceptions=True,
+        )
+        assert store.stats["batches"] == batches + 1
+        assert results[0] is None and results[2] is None
+        assert isinstance(results[1], ConcurrencyError)
+        # The failing request was atomic: its seq 3 is not there...
+        assert [e.seq for e in await store.read(a)] == [1, 2]
+        assert [e.seq for e in await store.read(b)] == [1, 2, 3]
+        # ...and can be appended afterwards.
+        await store.append([ev(a, 3)])
+        assert [e.seq for e in await store.read(a)] == [1, 2, 3]
+
+    async def test_duplicate_seq_inside_one_request(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        await start(store, t)
+        with pytest.raises(ConcurrencyError):
+            await store.append([ev(t, 2), ev(t, 2)])
+        assert [e.seq for e in await store.read(t)] == [1]
+
+    async def test_start_turn_twice_is_a_conflict(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        await start(store, t)
+        with pytest.raises(ConcurrencyError):
+            await start(store, t)
+        assert len(await store.read(t)) == 1
+
+    async def test_many_concurrent_appends_are_gap_free(
+        self, store: SqlEventStore, ids: Any
+    ) -> None:
+        n_turns, n_events = 50, 50
+        turn_ids = [ids(f"t{i}") for i in range(n_turns)]
+        tokens = {t: await start(store, t) for t in turn_ids}
+
+        async def writer(t: str) -> None:
+            for seq in range(2, n_events + 2):
+                await store.append([ev(t, seq, i=seq)], fencing=tokens[t])
+
+        await asyncio.gather(*(writer(t) for t in turn_ids))
+        for t in turn_ids:
+            got = await store.read(t)
+            assert [e.seq for e in got] == list(range(1, n_events + 2))
+            assert [e.data.get("i") for e in got[1:]] == list(range(2, n_events + 2))
+        async with store.engine.connect() as conn:
+            rows = (
+                await conn.execute(
+                    select(events.c.turn_id, events.c.seq, events.c.id)
+                    .where(events.c.turn_id.in_(turn_ids))
+                    .order_by(events.c.id)
+                )
+            ).all()
+        assert len(rows) == n_turns * (n_events + 1)
+        # Global positions follow each turn's seq order...
+        last: dict[str, int] = {}
+        for turn_id, seq, _ in rows:
+            assert seq == last.get(turn_id, 0) + 1
+            last[turn_id] = seq
+        # ...and have no holes (SQLite: one writer, ids given back on rollback).
+        if store.engine.dialect.name == "sqlite":
+            positions = [row.id for row in rows]
+            assert positions == list(range(positions[0], positions[0] + len(positions)))
+
+    # ---------------------------------------------------------------- leases
+
+    async def test_stale_fencing_token_raises_lease_lost(
+        self, store: SqlEventStore, clock: Clock, ids: Any
+    ) -> None:
+        t, other = ids("t"), ids("other")
+        old = await start(store, t, owner="w1", lease=30)
+        await start(store, other, owner="w1", lease=30)
+        clock.advance(31)
+        new = await store.claim_turn(t, "w2", lease_seconds=30)
+        assert new == old + 1
+        results = await asyncio.gather(
+            store.append([ev(t, 2, by="w1")], fencing=old),
+            store.append([ev(other, 2)], fencing=1),
+            return_exceptions=True,
+        )
+        assert isinstance(results[0], LeaseLost)
+        assert results[1] is None
+        await store.append([ev(t, 2, by="w2")], fencing=new)
+        assert [e.data.get("by") for e in await store.read(t)] == [None, "w2"]
+        turn = await store.get_turn(t)
+        assert turn is not None and (turn.owner, turn.fencing) == ("w2", new)
+        assert turn.lease_until == pytest.approx(clock() + 30)
+
+    async def test_fencing_on_unknown_turn_is_lease_lost(self, store: SqlEventStore, ids: Any) -> None:
+        with pytest.raises(LeaseLost):
+            await store.append([ev(ids("nobody"), 1)], fencing=1)
+
+    async def test_claim_refused_while_lease_live(
+        self, store: SqlEventStore, clock: Clock, ids: Any
+    ) -> None:
+        t = ids("t")
+        await start(store, t, owner="w1", lease=30)
+        clock.advance(10)
+        assert await store.claim_turn(t, "w2", lease_seconds=30) is None
+        # The owner itself may claim again (e.g. after a restart with the same id).
+        assert await store.claim_turn(t, "w1", lease_seconds=30) == 2
+        clock.advance(29)
+        assert await store.claim_turn(t, "w2", lease_seconds=30) is None
+        clock.advance(2)
+        assert await store.claim_turn(t, "w2", lease_seconds=30) == 3
+        assert await store.claim_turn(ids("unknown"), "w2", lease_seconds=30) is None
+
+    async def test_renew_and_release(self, store: SqlEventStore, clock: Clock, ids: Any) -> None:
+        a, b = ids("a"), ids("b")
+        await start(store, a, owner="w1", lease=30)
+        await start(store, b, owner="w2", lease=30)
+        clock.advance(20)
+        await store.renew_leases("w1", [a, b], lease_seconds=30)
+        ta, tb = await store.get_turn(a), await store.get_turn(b)
+        assert ta is not None and ta.lease_until == pytest.approx(clock() + 30)
+        assert tb is not None and tb.lease_until == pytest.approx(T0 + 30)  # not w1's
+        await store.renew_leases("w1", [], lease_seconds=30)
+        clock.advance(15)
+        assert await store.claim_turn(a, "w3", lease_seconds=30) is None  # renewed: live
+        await store.release_turn(a, "w2")  # not the owner: no effect
+        assert await store.claim_turn(a, "w3", lease_seconds=30) is None
+        await store.release_turn(a, "w1")
+        ta = await store.get_turn(a)
+        assert ta is not None and ta.owner is None and ta.lease_until is None
+        assert await store.claim_turn(a, "w3", lease_seconds=30) == 2
+
+    async def test_orphaned_turns(self, store: SqlEventStore, clock: Clock, ids: Any) -> None:
+        user = ids("user")
+        live, expired, done, released = ids("live"), ids("expired"), ids("done"), ids("released")
+        await start(store, live, user_id=user, lease=100)
+        await start(store, expired, user_id=user, lease=10)
+        await start(store, done, user_id=user, lease=10)
+        await start(store, released, user_id=user, lease=100)
+        await store.append([ev(done, 2, "turn.completed")], index=IndexUpdate(status="completed"))
+        await store.release_turn(released, "w1")
+        mine = {live, expired, done, released}
+        orphans = [t.id for t in await store.orphaned_turns(T0 + 5) if t.id in mine]
+        assert orphans == [released]
+        orphans = {t.id for t in await store.orphaned_turns(T0 + 11) if t.id in mine}
+        assert orphans == {expired, released}
+        clock.advance(50)
+        assert await store.claim_turn(expired, "w2", lease_seconds=30) == 2
+        orphans = {t.id for t in await store.orphaned_turns(clock()) if t.id in mine}
+        assert orphans == {released}
+
+    # ----------------------------------------------------------------- index
+
+    async def test_index_update_is_atomic_with_events(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        await start(store, t)
+        view = {"status": "completed", "content": "hi ✓", "usage": {"total": 3}}
+        await store.append(
+            [ev(t, 2, "turn.completed", at=T0 + 42)],
+            index=IndexUpdate(status="completed", view=view),
+        )
+        turn = await store.get_turn(t)
+        assert turn is not None
+        assert (turn.status, turn.view, turn.updated_at) == ("completed", view, T0 + 42)
+        # A failing append does not touch the index.
+        with pytest.raises(ConcurrencyError):
+            await store.append([ev(t, 2)], index=IndexUpdate(status="failed", view={"x": 1}))
+        turn = await store.get_turn(t)
+        assert turn is not None and (turn.status, turn.view) == ("completed", view)
+        # None leaves a field as it is.
+        await store.append([ev(t, 3, at=T0 + 50)], index=IndexUpdate(view={"v": 2}))
+        turn = await store.get_turn(t)
+        assert turn is not None and (turn.status, turn.view) == ("completed", {"v": 2})
+
+    async def test_index_update_with_lease_lost_is_not_applied(
+        self, store: SqlEventStore, clock: Clock, ids: Any
+    ) -> None:
+        t = ids("t")
+        old = await start(store, t, lease=1)
+        clock.advance(2)
+        await store.claim_turn(t, "w2", lease_seconds=30)
+        with pytest.raises(LeaseLost):
+            await store.append([ev(t, 2)], fencing=old, index=IndexUpdate(status="completed"))
+        turn = await store.get_turn(t)
+        assert turn is not None and turn.status == "running"
+        assert len(await store.read(t)) == 1
+
+    async def test_append_needs_one_turn_for_fencing_or_index(
+        self, store: SqlEventStore, ids: Any
+    ) -> None:
+        a, b = ids("a"), ids("b")
+        with pytest.raises(ValueError):
+            await store.append([ev(a, 2), ev(b, 2)], fencing=1)
+        with pytest.raises(ValueError):
+            await store.append([], index=IndexUpdate(status="completed"))
+        await store.append([])  # nothing to do, but fine
+
+    # ------------------------------------------------------- turns and chats
+
+    async def test_start_turn_creates_the_chat(self, store: SqlEventStore, ids: Any) -> None:
+        user, chat = ids("user"), ids("chat")
+        t1, t2 = ids("t1"), ids("t2")
+        await start(store, t1, chat_id=chat, user_id=user, created_at=T0 + 1)
+        got = await store.get_chat(chat)
+        assert got is not None
+        assert (got.id, got.user_id, got.title, got.tags) == (chat, user, None, [])
+        assert got.created_at == got.updated_at == T0 + 1
+        await start(store, t2, chat_id=chat, user_id=user, created_at=T0 + 5)
+        got = await store.get_chat(chat)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 1, T0 + 5)
+        turn = await store.get_turn(t1)
+        assert turn is not None
+        assert (turn.chat_id, turn.user_id, turn.model, turn.status, turn.fencing, turn.owner) == (
+            chat, user, "gpt-test", "running", 1, "w1",
+        )
+        assert await store.get_chat(ids("nochat")) is None
+        assert await store.get_turn(ids("noturn")) is None
+
+    async def test_chat_meta_and_listing(self, store: SqlEventStore, ids: Any) -> None:
+        user, other = ids("user"), ids("other")
+        chats = [ids(f"c{i}") for i in range(4)]
+        for i, chat in enumerate(chats):
+            await start(store, ids(f"t{i}"), chat_id=chat, user_id=user, created_at=T0 + i)
+        await start(store, ids("t-other"), chat_id=ids("c-other"), user_id=other)
+        await store.set_chat_meta(chats[0], title="First ✓", tags=["a", "b"])
+        await store.set_chat_meta(chats[0], tags=["c"])  # title kept
+        got = await store.get_chat(chats[0])
+        assert got is not None and (got.title, got.tags) == ("First ✓", ["c"])
+        assert got.updated_at == T0  # metadata does not reorder the list
+        listed = await store.list_chats(user)
+        assert [c.id for c in listed] == chats[::-1]
+        assert [c.id for c in await store.list_chats(user, limit=2)] == [chats[3], chats[2]]
+        page2 = await store.list_chats(user, limit=2, before=listed[1].updated_at)
+        assert [c.id for c in page2] == [chats[1], chats[0]]
+        assert [c.id for c in await store.list_chats(other)] == [ids("c-other")]
+
+    async def test_list_turns_filters(self, store: SqlEventStore, ids: Any) -> None:
+        u1, u2 = ids("u1"), ids("u2")
+        c1, c2 = ids("c1"), ids("c2")
+        specs = [  # (turn, user, chat, created)
+            (ids("a"), u1, c1, T0 + 1),
+            (ids("b"), u1, c1, T0 + 2),
+            (ids("c"), u1, c2, T0 + 3),
+            (ids("d"), u2, ids("c3"), T0 + 4),
+        ]
+        for t, user, chat, created in specs:
+            await start(store, t, chat_id=chat, user_id=user, created_at=created)
+        await store.append([ev(ids("b"), 2)], index=IndexUpdate(status="completed"))
+        assert [t.id for t in await store.list_turns(user_id=u1)] == [ids("c"), ids("b"), ids("a")]
+        assert [t.id for t in await store.list_turns(chat_id=c1)] == [ids("b"), ids("a")]
+        assert [t.id for t in await store.list_turns(user_id=u1, status="running")] == [ids("c"), ids("a")]
+        assert [t.id for t in await store.list_turns(user_id=u1, chat_id=c1, status="completed")] == [ids("b")]
+        assert [t.id for t in await store.list_turns(user_id=u1, limit=1)] == [ids("c")]
+        assert [t.id for t in await store.list_turns(user_id=u2)] == [ids("d")]
+        assert await store.list_turns(user_id=ids("nobody")) == []
+
+    # -------------------------------------------------------------- api keys
+
+    async def test_api_keys_store_only_the_hash(
+        self, store: SqlEventStore, backend: Backend, ids: Any
+    ) -> None:
+        user = ids("user")
+        key = await store.create_api_key(user)
+        assert key.startswith("tl-") and len(key) > 40
+        assert key != await store.create_api_key(user)
+        assert await store.user_for_api_key(key) == user
+        assert await store.user_for_api_key(key + "x") is None
+        assert await store.user_for_api_key("") is None
+        async with store.engine.connect() as conn:
+            rows = (await conn.execute(select(api_keys).where(api_keys.c.user_id == user))).all()
+        assert len(rows) == 2
+        assert hash_api_key(key) in {row.key_hash for row in rows}
+        assert all(key not in str(tuple(row)) for row in rows)
+        if backend.file is not None:
+            on_disk = b"".join(
+                p.read_bytes() for p in backend.file.parent.glob(backend.file.name + "*")
+            )
+            assert hash_api_key(key).encode() in on_disk
+            assert key.encode() not in on_disk
+
+    # ------------------------------------------------- migrations, durability
+
+    async def test_migrate_is_idempotent_and_matches_schema(
+        self, store: SqlEventStore, backend: Backend
+    ) -> None:
+        await migrate(backend.url)  # the fixture already migrated once
+        await migrate(backend.url)
+        async with store.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}), metadata
+                )
+            )
+        assert version == [("0001",)]
+        assert diff == []
+
+    async def test_data_survives_a_new_store_instance(
+        self, backend: Backend, clock: Clock, ids: Any
+    ) -> None:
+        t = ids("t")
+        first = await backend.open(clock)
+        token = await start(first, t, chat_id=ids("chat"))
+        await first.append([ev(t, 2, text="durable")], fencing=token, index=IndexUpdate(status="completed"))
+        key = await first.create_api_key(ids("user"))
+        await first.close()
+        second = await backend.open(clock)
+        try:
+            assert [e.data.get("text") for e in await second.read(t)] == [None, "durable"]
+            turn = await second.get_turn(t)
+            assert turn is not None and turn.status == "completed"
+            assert await second.get_chat(ids("chat")) is not None
+            assert await second.user_for_api_key(key) == ids("user")
+        finally:
+            await second.close()
+
+    async def test_close_drains_queued_writes(self, backend: Backend, clock: Clock, ids: Any) -> None:
+        t = ids("t")
+        first = await backend.open(clock)
+        await start(first, t)
+        pending = [asyncio.ensure_future(first.append([ev(t, s)])) for s in range(2, 22)]
+        await asyncio.sleep(0)  # let them queue
+        await first.close()
+        assert all(p.done() and p.exception() is None for p in pending)
+        with pytest.raises(RuntimeError):
+            await first.append([ev(t, 22)])
+        second = await backend.open(clock)
+        try:
+            assert [e.seq for e in await second.read(t)] == list(range(1, 22))
+        finally:
+            await second.close()
+
+    async def test_reads_run_while_the_writer_writes(self, store: SqlEventStore, ids: Any) -> None:
+        t = ids("t")
+        await start(store, t)
+
+        async def write() -> None:
+            for seq in range(2, 102):
+                await store.append([ev(t, seq)])
+
+        async def read() -> int:
+            seen = 0
+            while seen < 101:
+                got = await store.read(t)
+                assert [e.seq for e in got] == list(range(1, len(got) + 1))
+                seen = len(got)
+            return seen
+
+        _, seen = await asyncio.gather(write(), read())
+        assert seen == 101
+
+
+async def test_sqlite_memory_url_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        await open_store("sqlite+aiosqlite:///:memory:")
+
+
+async def test_sqlite_pragmas(tmp_path: Path) -> None:
+    url, _ = _sqlite_url(tmp_path)
+    await migrate(url)
+    store = await open_store(url, synchronous="NORMAL")
+    try:
+        async with store.engine.connect() as conn:
+            pragmas = {
+                name: (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar()
+                for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+            }
+        assert pragmas == {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 5000, "foreign_keys": 1}
+        assert (await store.get_turn("x")) is None
+    finally:
+        await store.close()
+    default = await open_store(url)
+    try:
+        async with default.engine.connect() as conn:
+            assert (await conn.exec_driver_sql("PRAGMA synchronous")).scalar() == 2  # FULL
+    finally:
+        await default.close()
+
+
+async def test_migrate_from_a_running_loop_without_alembic_ini(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no alembic.ini, no migrations/ here
+    url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
+    await migrate(url)
+    store = await open_store(url)
+    try:
+        async with store.engine.connect() as conn:
+            count = (await conn.execute(select(func.count()).select_from(turns))).scalar()
+        assert count == 0
+    finally:
+        await store.close()
