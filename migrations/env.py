@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from logging.config import fileConfig
 
 from alembic import context
 from sqlalchemy.engine import Connection
@@ -28,6 +29,9 @@ DEFAULT_URL = "sqlite+aiosqlite:///./turnlog.db"
 
 config = context.config
 target_metadata = metadata
+
+if config.config_file_name is not None and "connection" not in config.attributes:
+    fileConfig(config.config_file_name, disable_existing_loggers=False)
 
 
 def database_url() -> str:

@@ -532,6 +532,33 @@ class TestEventStoreContract:
         finally:
             await second.close()
 
+    async def test_two_store_instances_share_the_log(
+        self, store: SqlEventStore, backend: Backend, clock: Clock, ids: Any
+    ) -> None:
+        """A second process on the same database: writes interleave without
+        "database is locked", and fencing stops the one that lost the lease."""
+        other = await backend.open(clock)
+        try:
+            a, b = ids("a"), ids("b")
+            token_a = await start(store, a, owner="p1", lease=10)
+            token_b = await start(other, b, owner="p2", lease=10)
+
+            async def writer(s: SqlEventStore, t: str, token: int) -> None:
+                for seq in range(2, 42):
+                    await s.append([ev(t, seq)], fencing=token)
+
+            await asyncio.gather(writer(store, a, token_a), writer(other, b, token_b))
+            assert len(await other.read(a)) == len(await store.read(b)) == 41
+            clock.advance(11)
+            taken = await other.claim_turn(a, "p2", lease_seconds=10)
+            assert taken == token_a + 1
+            with pytest.raises(LeaseLost):
+                await store.append([ev(a, 42)], fencing=token_a)
+            await other.append([ev(a, 42)], fencing=taken)
+            assert [e.seq for e in await store.read(a, after=40)] == [41, 42]
+        finally:
+            await other.close()
+
     async def test_close_drains_queued_writes(self, backend: Backend, clock: Clock, ids: Any) -> None:
         t = ids("t")
         first = await backend.open(clock)

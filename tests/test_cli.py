@@ -1,0 +1,74 @@
+"""The ``turnlog`` command line, run as a real process against a real database."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.harness import Service
+from tests.upstream import Reply
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def turnlog(db: Path, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}", **env_extra}
+    return subprocess.run([sys.executable, "-m", "adapters.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
+def test_migrate_and_keys_create(tmp_path: Path) -> None:
+    db = tmp_path / "fresh.db"
+    assert turnlog(db, "migrate").returncode == 0
+    assert turnlog(db, "migrate").returncode == 0  # idempotent
+    out = turnlog(db, "keys", "create", "--user", "alice")
+    assert out.returncode == 0
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tl-")
+    with sqlite3.connect(db) as conn:
+        assert conn.execute("select user_id from api_keys").fetchall() == [("alice",)]
+        assert lines[0] not in json.dumps(conn.execute("select * from api_keys").fetchall())
+
+
+async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> None:
+    service.upstream.enqueue(Reply(text="cli answer"))
+    status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "chat_id": "chat-cli"})
+    assert status == 200
+    turn_id = headers["X-Turn-Id"]
+    db = tmp_path / "turnlog.db"
+
+    listing = turnlog(db, "turns", "list", "--chat", "chat-cli")
+    assert listing.returncode == 0 and turn_id in listing.stdout and "completed" in listing.stdout
+    assert turn_id not in turnlog(db, "turns", "list", "--status", "failed").stdout
+
+    shown = turnlog(db, "turns", "show", turn_id)
+    assert shown.returncode == 0 and json.loads(shown.stdout)["content"] == "cli answer"
+
+    events = turnlog(db, "turns", "events", turn_id)
+    lines = [json.loads(line) for line in events.stdout.splitlines()]
+    assert [e["seq"] for e in lines] == list(range(1, len(lines) + 1))
+    after = turnlog(db, "turns", "events", turn_id, "--after", "3")
+    assert [json.loads(line)["seq"] for line in after.stdout.splitlines()][0] == 4
+
+    replay = turnlog(db, "replay", turn_id)
+    assert replay.returncode == 0, replay.stderr
+    assert json.loads(replay.stdout)["content"] == "cli answer"
+
+    # tamper with the stored view: replay must notice
+    with sqlite3.connect(db) as conn:
+        view = json.loads(conn.execute("select view from turns where id = ?", (turn_id,)).fetchone()[0])
+        view["content"] = "forged"
+        conn.execute("update turns set view = ? where id = ?", (json.dumps(view), turn_id))
+    tampered = turnlog(db, "replay", turn_id)
+    assert tampered.returncode == 1 and "content" in tampered.stderr
+
+    missing = turnlog(db, "turns", "show", "turn_nope")
+    assert missing.returncode == 1 and "no turn" in missing.stderr
+
+
+def test_serve_refuses_insecure_non_loopback(tmp_path: Path) -> None:
+    out = turnlog(tmp_path / "x.db", "serve", "--host", "0.0.0.0", "--port", "1", TURNLOG_AUTH="off")
+    assert out.returncode == 2 and "TURNLOG_AUTH=on" in out.stderr

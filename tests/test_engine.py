@@ -1,0 +1,93 @@
+"""The engine's contract: the state machine, the fold, the log's shape."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from engine.events import Event, ModelDelta, TurnStarted, make_event
+from engine.machine import STATES, TRANSITIONS, IllegalTransition, TurnMachine
+from engine.projection import fold
+from tests.harness import Service
+from tests.upstream import Reply
+
+USER = [{"role": "user", "content": "go"}]
+LEGAL_ORDER = ["turn.started", "assembly.completed", "model.requested", "model.completed", "turn.finalized", "turn.completed"]
+
+
+def test_every_declared_transition_is_legal_and_others_raise() -> None:
+    for event_type, sources, dest in TRANSITIONS:
+        for state in STATES:
+            machine = TurnMachine(state)
+            if state in sources:
+                assert machine.apply(event_type) == (dest or state)
+            else:
+                with pytest.raises(IllegalTransition):
+                    machine.apply(event_type)
+
+
+def test_unknown_event_type_raises() -> None:
+    with pytest.raises(IllegalTransition):
+        TurnMachine("streaming").apply("model.teleported")
+
+
+def test_fold_rejects_gaps_and_illegal_orders() -> None:
+    started = make_event("t1", 1, TurnStarted(chat_id="c", user_id="u", model="m", request={}))
+    delta = make_event("t1", 3, ModelDelta(pos=2, text="x", lens=[1]))
+    with pytest.raises(ValueError):
+        fold("t1", [started, delta])  # seq 2 missing
+    early = make_event("t1", 2, ModelDelta(pos=2, text="x", lens=[1]))
+    with pytest.raises(IllegalTransition):
+        fold("t1", [started, early])  # a delta before the model was requested
+
+
+def _types(events: list[dict]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+async def test_log_order_seq_and_write_ahead(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="abc " * 50, chunk_size=2, delay=0.001))
+    status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200
+    events = await service.events(headers["X-Turn-Id"])
+    seqs = [e["seq"] for e in events]
+    assert seqs == list(range(1, len(seqs) + 1)), "seq strictly increasing, no gaps"
+    lifecycle = [t for t in _types(events) if t != "model.delta"]
+    assert lifecycle == LEGAL_ORDER
+    types = _types(events)
+    # write-ahead: the request is on the log before any output of it
+    assert types.index("model.requested") < types.index("model.delta")
+    # every state the projection passes through is legal, replayed step by step
+    states = []
+    for upto in range(1, len(events) + 1):
+        _, view = await service.get(f"/v1/turns/{headers['X-Turn-Id']}/replay?upto={upto}")
+        states.append(view["state"])
+    assert states[0] == "assembling" and states[-1] == "done"
+    assert set(states) <= {"assembling", "streaming", "finalizing", "done"}
+
+
+async def test_group_commit_keeps_the_log_compact(service: Service) -> None:
+    answer = "".join(f"tok{i} " for i in range(1000))  # ~1,000 tokens
+    service.upstream.enqueue(Reply(text=answer, chunk_size=5))
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200 and body["choices"][0]["message"]["content"] == answer
+    events = await service.events(headers["X-Turn-Id"])
+    deltas = [e for e in events if e["type"] == "model.delta"]
+    chunks = sum(len(e["data"]["lens"]) for e in deltas)
+    assert chunks == len(answer) // 5 + (1 if len(answer) % 5 else 0)
+    assert len(deltas) < chunks / 10, "deltas are batched, not one event per chunk"
+    log_bytes = sum(len(json.dumps(e["data"], separators=(",", ":"))) for e in deltas)
+    assert log_bytes <= 3 * len(answer.encode())
+
+
+async def test_replay_of_every_prefix_is_consistent(service: Service) -> None:
+    service.upstream.enqueue(Reply(chunks=["<thi", "nk>hmm", "</think>", "Answer", " here"]))
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert body["choices"][0]["message"]["content"] == "Answer here"
+    assert body["choices"][0]["message"]["reasoning_content"] == "hmm"
+    view = await service.turn(headers["X-Turn-Id"])
+    assert [i["type"] for i in view["output"]] == ["reasoning", "message"]
+    events = await service.events(headers["X-Turn-Id"])
+    replayed = fold(view["id"], [Event(turn_id=view["id"], **e) for e in events]).public()
+    assert json.loads(json.dumps(replayed)) == view
