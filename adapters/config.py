@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     max_body_bytes: int = 10 * 1024 * 1024
     host: str = "127.0.0.1"
     port: int = 8080
+    # Seconds a server tool / a client's direct tool may take before its result is an error.
+    tool_timeout: float = 60.0
+    direct_tool_timeout: float = 60.0
     # Upstream timeouts: connecting, and silence between two reads of a stream.
     upstream_connect_timeout: float = 10.0
     upstream_idle_timeout: float = 300.0

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.convert import convert_output_to_messages
 from engine.ports import EventStore, TurnRecord
 from engine.projection import TurnView, fold
 
@@ -34,16 +35,24 @@ async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | No
 
 
 def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:
-    """Upstream-ready history: each turn's new messages and its answer text.
+    """Upstream-ready history: each turn's new messages and what its output says.
 
-    Failed turns with no output contribute only their user messages, so a retry
-    does not see a phantom answer.
+    Tool rounds are replayed as assistant ``tool_calls`` and ``tool`` messages.
+    Calls left to the client (the turn ended with ``finish_reason: tool_calls``)
+    keep their assistant message without a result: the client's next request
+    brings the ``tool`` messages that answer them. Failed turns with no output
+    contribute only their user messages.
     """
     out: list[dict[str, Any]] = []
     for view in views:
         out.extend(view.new_messages)
-        if view.content:
-            out.append({"role": "assistant", "content": view.content})
+        client_ids = {c["call_id"] for c in view.client_calls}
+        items = list(view.output)
+        placeholders = [
+            {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
+        ]
+        messages = convert_output_to_messages(items + placeholders, raw=True)
+        out.extend(m for m in messages if not (m.get("role") == "tool" and m.get("tool_call_id") in client_ids))
     return out
 
 

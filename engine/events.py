@@ -81,6 +81,7 @@ class ModelRequested(EventData):
     # Only what differs from assembly: a resumed request carries the prefill.
     prefill: str | None = None
     resumed: bool = False
+    api: str = "chat"
 
 
 class ModelDelta(EventData):
@@ -111,12 +112,87 @@ class ModelCompleted(EventData):
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     response_id: str | None = None
+    status: str | None = None  # Responses API: completed | incomplete
 
 
 class ModelWarning(EventData):
     TYPE: ClassVar[str] = "model.warning"
     message: str
     raw: str | None = None
+
+
+class ToolsBatch(EventData):
+    """The model asked for tools: one batch, taken by one loop iteration.
+
+    ``calls`` are the calls turnlog runs (server and direct tools);
+    ``client_calls`` are the client's own (plain OpenAI ``tools``), returned to it.
+    """
+
+    TYPE: ClassVar[str] = "tools.batch"
+    iteration: int
+    calls: list[dict[str, Any]] = Field(default_factory=list)
+    client_calls: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class ToolStarted(EventData):
+    """Write-ahead for a tool run: durable before the tool is called."""
+
+    TYPE: ClassVar[str] = "tool.started"
+    call_id: str
+    name: str
+    arguments: str  # the JSON object the tool is called with (filtered)
+    kind: str = "server"  # server | direct | builtin
+    tool_id: str | None = None
+    idempotent: bool = False
+    attempt: int = 1
+
+
+class ToolEvent(EventData):
+    """Something a tool emitted through ``__event_emitter__`` (status, files, citations...)."""
+
+    TYPE: ClassVar[str] = "tool.event"
+    call_id: str
+    event: dict[str, Any]
+
+
+class ToolCompleted(EventData):
+    """A tool's result, as re-injected (a string or None), with what it produced."""
+
+    TYPE: ClassVar[str] = "tool.completed"
+    call_id: str
+    name: str
+    output: str | None
+    status: Literal["completed", "failed"] = "completed"
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    embeds: list[str] = Field(default_factory=list)
+    images: list[str] = Field(default_factory=list)
+    sources: list[dict[str, Any]] = Field(default_factory=list)
+    error: str | None = None
+
+
+class ContextReinjected(EventData):
+    """The messages added for the next model call (the recorded re-injection)."""
+
+    TYPE: ClassVar[str] = "context.reinjected"
+    iteration: int
+    messages: list[dict[str, Any]] = Field(default_factory=list)
+    previous_response_id: str | None = None
+    input_items: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class IterationLimit(EventData):
+    TYPE: ClassVar[str] = "turn.iteration_limit"
+    limit: int
+    pending_calls: list[dict[str, Any]] = Field(default_factory=list)
+    message: str = ""
+
+
+class ModelFallback(EventData):
+    """The upstream refused a stateful continuation; the full transcript was sent instead."""
+
+    TYPE: ClassVar[str] = "model.fallback"
+    reason: str
+    previous_response_id: str | None = None
 
 
 class TurnFinalized(EventData):
@@ -195,6 +271,13 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         ModelItem,
         ModelCompleted,
         ModelWarning,
+        ToolsBatch,
+        ToolStarted,
+        ToolEvent,
+        ToolCompleted,
+        ContextReinjected,
+        IterationLimit,
+        ModelFallback,
         TurnFinalized,
         OutletApplied,
         BackgroundStarted,

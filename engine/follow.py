@@ -29,6 +29,9 @@ class EventOut:
     event: Event
     # Text the event released (a held-back tag prefix at the end of a stream).
     pieces: tuple[Piece, ...] = ()
+    # Copies of the output items the event changed, as they were right after it
+    # (rendering later must not see later states).
+    items: tuple[dict[str, Any], ...] = ()
 
 
 Out = ChunkOut | EventOut
@@ -66,7 +69,7 @@ class TurnFollower:
             raise Gap("resumed after a lost tail")
         else:
             released = tuple(p for chunk in v.apply(event) for p in chunk.pieces)
-            out = [EventOut(v.last_event_pos, event, released)]
+            out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)))]
             if event.type == "turn.resumed":
                 self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
         out.extend(self._drain())

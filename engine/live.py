@@ -47,8 +47,10 @@ class LiveRequest:
 class Subscription:
     """A bounded mailbox for one subscriber of one turn."""
 
-    def __init__(self, bus: "InProcessBus", turn_id: str, limit: int) -> None:
+    def __init__(self, bus: "InProcessBus", turn_id: str, limit: int, *, runs_tools: bool = False) -> None:
         self._bus = bus
+        # A WebSocket client that can run direct tools (``execute:tool``).
+        self.runs_tools = runs_tools
         self.turn_id = turn_id
         self._items: deque[Any] = deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -107,8 +109,8 @@ class InProcessBus:
         self._subs: dict[str, list[Subscription]] = {}
         self._limit = limit
 
-    def subscribe(self, turn_id: str) -> Subscription:
-        sub = Subscription(self, turn_id, self._limit)
+    def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> Subscription:
+        sub = Subscription(self, turn_id, self._limit, runs_tools=runs_tools)
         self._subs.setdefault(turn_id, []).append(sub)
         return sub
 
@@ -117,6 +119,10 @@ class InProcessBus:
         if subs:
             for sub in subs:
                 sub.put(message)
+
+    def has_client(self, turn_id: str) -> bool:
+        """Whether a subscriber that runs direct tools follows this turn."""
+        return any(sub.runs_tools and not sub.closed for sub in self._subs.get(turn_id, ()))
 
     def close_turn(self, turn_id: str) -> None:
         """Wake every subscriber of a turn that will publish no more (shutdown)."""

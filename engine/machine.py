@@ -30,6 +30,7 @@ TRANSITIONS: list[tuple[str, list[str], str | None]] = [
     ("model.item", ["streaming"], None),
     ("model.warning", ["streaming"], None),
     ("model.completed", ["streaming"], None),
+    ("model.fallback", ["streaming"], None),
     ("tools.batch", ["streaming"], "executing_tools"),
     ("tool.started", ["executing_tools"], None),
     ("tool.event", ["executing_tools"], None),

@@ -184,6 +184,7 @@ class ResolvedModel:
 
     provider: ChatProvider
     upstream_model: str
+    api: str = "chat"  # chat | responses | ollama
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -194,3 +195,23 @@ class ModelCatalog(Protocol):
     async def resolve(self, model: str) -> ResolvedModel | None: ...
 
     async def list_models(self) -> list[dict[str, Any]]: ...
+
+
+class ToolCatalog(Protocol):
+    """Server tools (modules in ``TURNLOG_TOOLS_DIR``) by tool id."""
+
+    def known_ids(self) -> set[str]: ...
+
+    def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
+        """Function name -> ``engine.tools.ToolHandle`` for the selected modules."""
+        ...
+
+
+class NoTools:
+    """The catalog of a deployment without a tools folder."""
+
+    def known_ids(self) -> set[str]:
+        return set()
+
+    def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
+        return {}

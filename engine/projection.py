@@ -60,7 +60,8 @@ class TurnView:
         self.warnings: list[str] = []
         self.created_at: float | None = None
         self.updated_at: float | None = None
-        self.messages: list[dict[str, Any]] = []  # assembled upstream messages
+        self.messages: list[dict[str, Any]] = []  # the upstream transcript so far
+        self.assembled = False
         self.params: dict[str, Any] = {}
         self.history_len = 0
         self.new_messages: list[dict[str, Any]] = []
@@ -74,8 +75,32 @@ class TurnView:
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
         self._id_counter = 0
+        self._reasoning_tags: Any = None
         self.acc = self._new_accumulator()
-        self.extra_items: list[dict[str, Any]] = []
+        self.round_closed = False
+        # Output of closed rounds (and tool outputs) in order; the open round's
+        # items live in ``acc`` and ``round_calls`` until model.completed.
+        self.items: list[dict[str, Any]] = []
+        self.round_calls: list[dict[str, Any]] = []
+        self.closed_text: list[str] = []
+        self.closed_reasoning: list[str] = []
+        self.calls: dict[str, dict[str, Any]] = {}
+        self.outputs: dict[str, dict[str, Any]] = {}
+        self.provider_items: list[dict[str, Any]] = []
+        self.tool_specs: list[dict[str, Any]] = []
+        self.batch: dict[str, Any] | None = None
+        self.last_batch: dict[str, Any] | None = None
+        self.batch_started: set[str] = set()
+        self.batch_done: set[str] = set()
+        self.started_args: dict[str, dict[str, Any]] = {}
+        self.tool_events: list[dict[str, Any]] = []
+        self.sources: list[dict[str, Any]] = []
+        self.limit_hit: dict[str, Any] | None = None
+        self.stateful_broken = False
+        self.pending_stateful: tuple[str, list[dict[str, Any]]] | None = None
+        self.last_api = "chat"
+        self.last_round_calls: list[dict[str, Any]] = []
+        self.round_start = 0  # index in ``items`` where the last closed round begins
 
     # -- ids -----------------------------------------------------------------
 
@@ -123,19 +148,34 @@ class TurnView:
             params = self.request.get("params") or {}
             tags = params.get("reasoning_tags") if isinstance(params, dict) else None
             if tags is not None:
+                self._reasoning_tags = tags
                 self.acc = self._new_accumulator(tags)
         elif t == "assembly.completed":
-            self.messages = data["messages"]
+            self.assembled = True
+            self.messages = list(data["messages"])
             self.params = data.get("params", {})
             self.history_len = data.get("history_len", 0)
             self.new_messages = data.get("new_messages", [])
+            self.tool_specs = data.get("tools", [])
         elif t == "model.requested":
             self.iteration = data.get("iteration", 0)
+            self.last_api = data.get("api", "chat")
+            if not data.get("resumed") and self.round_closed:
+                self.acc = self._new_accumulator(self._reasoning_tags)
+                self.round_closed = False
             self.model_open = True
         elif t == "model.item":
-            self.extra_items.append(data["item"])
+            item = dict(data["item"])
+            if item.get("type") == "function_call":
+                self.calls[item["call_id"]] = item
+                self.round_calls.append(item)
+            else:
+                self.provider_items.append(item)
         elif t == "model.warning":
             self.warnings.append(data["message"])
+        elif t == "model.fallback":
+            self.stateful_broken = True
+            self.pending_stateful = None
         elif t == "model.completed":
             self.model_open = False
             self.finish_reason = data.get("finish_reason")
@@ -146,6 +186,36 @@ class TurnView:
             # Text held back as a possible tag start is released now.
             out = self._flushed(self.acc.flush())
             self.acc.finish(strip=False)
+            self._close_round()
+        elif t == "tools.batch":
+            self.batch = data
+            self.last_batch = data
+            self.batch_started = set()
+            self.batch_done = set()
+            for call in data.get("calls", []):
+                item = self.calls.get(call["call_id"])
+                if item is not None:
+                    item["status"] = "in_progress"
+        elif t == "tool.started":
+            self.batch_started.add(data["call_id"])
+            self.started_args[data["call_id"]] = data
+        elif t == "tool.event":
+            self.tool_events.append(data)
+        elif t == "tool.completed":
+            self._tool_completed(data)
+        elif t == "context.reinjected":
+            self.messages.extend(data.get("messages", []))
+            self.iteration = data.get("iteration", self.iteration)
+            self.pending_stateful = (
+                (data["previous_response_id"], data.get("input_items", [])) if data.get("previous_response_id") else None
+            )
+            self.batch = None
+        elif t == "turn.iteration_limit":
+            self.limit_hit = data
+            for call in data.get("pending_calls", []):
+                item = self.calls.get(call.get("call_id", ""))
+                if item is not None:
+                    item["status"] = "incomplete"
         elif t == "turn.finalized":
             self.finish_reason = data.get("finish_reason", self.finish_reason)
         elif t == "background.result":
@@ -167,10 +237,57 @@ class TurnView:
             if t == "turn.failed":
                 self.error = data["error"]
             if t != "turn.completed":
-                out = self._flushed(self.acc.flush())
-                self.acc.mark_incomplete()
+                if not self.round_closed:
+                    out = self._flushed(self.acc.flush())
+                    self.acc.mark_incomplete()
+                    self._close_round()
+                for item in self.items:
+                    # Q21: what was cut off is incomplete, never "completed".
+                    if item.get("status") == "in_progress":
+                        item["status"] = "incomplete"
                 self.model_open = False
         return out
+
+    def _close_round(self) -> None:
+        """Move the round's items (text, reasoning, calls) into the turn's output."""
+        self.round_start = len(self.items)
+        self.last_round_calls = list(self.round_calls)
+        produced = self.acc.output
+        if self.round_calls:
+            # A round that only called tools has no answer slot to keep.
+            produced = [i for i in produced if not (i.get("type") == "message" and not _item_text(i))]
+        self.items.extend(produced)
+        self.items.extend(self.round_calls)
+        self.closed_text.append(self.acc.text)
+        self.closed_reasoning.append(self.acc.reasoning_text)
+        self.round_calls = []
+        self.round_closed = True
+
+    def _tool_completed(self, data: dict[str, Any]) -> None:
+        call_id = data["call_id"]
+        self.batch_done.add(call_id)
+        status = data.get("status", "completed")
+        item = self.calls.get(call_id)
+        if item is not None:
+            item["status"] = status
+            started = self.started_args.get(call_id)
+            if started is not None:
+                # Q22: what is replayed to the model is exactly what ran.
+                item["arguments_ran"] = started["arguments"]
+        output: dict[str, Any] = {
+            "type": "function_call_output",
+            "id": self._item_id("fco"),
+            "call_id": call_id,
+            "output": data.get("output"),
+            "status": status,
+        }
+        for key in ("files", "embeds", "images"):
+            if data.get(key):
+                output[key] = data[key]
+        self.items.append(output)
+        self.outputs[call_id] = output
+        for source in data.get("sources") or []:
+            self.sources.append(source)
 
     def _flushed(self, pieces: list[Piece]) -> list[ChunkOut]:
         """Pieces released by a non-delta event belong to that event's position."""
@@ -202,11 +319,60 @@ class TurnView:
 
     @property
     def output(self) -> list[dict[str, Any]]:
-        return [*self.acc.output, *self.extra_items]
+        if self.round_closed:
+            return self.items
+        return [*self.items, *self.acc.output, *self.round_calls]
 
     @property
     def content(self) -> str:
-        return self.acc.text
+        if self.round_closed:
+            return "".join(self.closed_text)
+        return "".join(self.closed_text) + self.acc.text
+
+    @property
+    def reasoning_content(self) -> str:
+        if self.round_closed:
+            return "".join(self.closed_reasoning)
+        return "".join(self.closed_reasoning) + self.acc.reasoning_text
+
+    @property
+    def client_tool_names(self) -> set[str]:
+        """Tools the client declared in the plain OpenAI ``tools`` field."""
+        names = set()
+        for tool in self.request.get("tools") or []:
+            fn = tool.get("function") if isinstance(tool, dict) else None
+            if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+                names.add(fn["name"])
+        return names
+
+    def items_touched(self, event: Event) -> list[dict[str, Any]]:
+        """Snapshots of the items an (already applied) event created or changed."""
+        data = event.data
+        t = event.type
+        ids: list[str] = []
+        if t == "model.item" and data["item"].get("type") == "function_call":
+            ids = [data["item"]["call_id"]]
+        elif t == "tools.batch":
+            ids = [c["call_id"] for c in data.get("calls", [])]
+        elif t in ("tool.started", "tool.completed"):
+            ids = [data["call_id"]]
+        elif t == "turn.iteration_limit":
+            ids = [c["call_id"] for c in data.get("pending_calls", [])]
+        out = [dict(self.calls[i]) for i in ids if i in self.calls]
+        if t == "tool.completed" and data["call_id"] in self.outputs:
+            out.append(dict(self.outputs[data["call_id"]]))
+        return out
+
+    def round_items_with_outputs(self) -> list[dict[str, Any]]:
+        """The last round's items and the tool outputs that answered it."""
+        return list(self.items[self.round_start :])
+
+    @property
+    def client_calls(self) -> list[dict[str, Any]]:
+        """Calls the client must run (the turn ended with finish_reason tool_calls)."""
+        if self.last_batch is None:
+            return []
+        return list(self.last_batch.get("client_calls", []))
 
     def public(self) -> dict[str, Any]:
         """The turn as API.md §3 shows it."""
@@ -219,7 +385,7 @@ class TurnView:
             "model": self.model,
             "output": self.output,
             "content": self.content,
-            "reasoning_content": self.acc.reasoning_text or None,
+            "reasoning_content": self.reasoning_content or None,
             "finish_reason": self.finish_reason,
             "usage": self.usage,
             "response_ids": self.response_ids,
@@ -230,6 +396,8 @@ class TurnView:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+        if self.sources:
+            view["sources"] = self.sources
         if self.title is not None:
             view["title"] = self.title
         if self.tags is not None:
@@ -237,6 +405,10 @@ class TurnView:
         if self.follow_ups is not None:
             view["follow_ups"] = self.follow_ups
         return view
+
+
+def _item_text(item: dict[str, Any]) -> str:
+    return "".join(part.get("text") or "" for part in item.get("content") or [] if isinstance(part, dict))
 
 
 def fold(turn_id: str, events: Iterable[Event], upto: int | None = None) -> TurnView:

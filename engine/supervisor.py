@@ -18,9 +18,11 @@ from typing import Any
 
 from engine.events import TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.live import LiveDelta, LiveEvent
-from engine.ports import EventStore, IndexUpdate, LiveBus, ModelCatalog, TurnRecord
+from engine.direct_tools import DirectToolHandle, direct_tool_specs
+from engine.ports import EventStore, IndexUpdate, LiveBus, ModelCatalog, NoTools, ToolCatalog, TurnRecord
 from engine.projection import TurnView, fold
 from engine.turn import EngineConfig, TurnActor
+from engine.upstream import ModelClient
 
 log = logging.getLogger("turnlog.supervisor")
 
@@ -39,20 +41,41 @@ class SupervisorConfig:
     auto_resume: bool = True
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    max_tool_call_iterations: int = 256
+    tool_timeout: float = 60.0
+    direct_tool_timeout: float = 60.0
+    responses_stateful: bool = False
 
 
 class Supervisor:
-    def __init__(self, *, store: EventStore, bus: LiveBus, models: ModelCatalog, config: SupervisorConfig) -> None:
+    def __init__(
+        self,
+        *,
+        store: EventStore,
+        bus: LiveBus,
+        models: ModelCatalog,
+        config: SupervisorConfig,
+        tools: ToolCatalog | None = None,
+        model_client: ModelClient | None = None,
+        blobs: Any = None,
+    ) -> None:
         self.store = store
         self.bus = bus
         self.models = models
         self.config = config
+        self.tools: ToolCatalog = tools or NoTools()
+        self.model_client = model_client
+        self.blobs = blobs
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.engine_config = EngineConfig(
             owner=self.owner,
             lease_seconds=config.lease_seconds,
             flush_interval=config.flush_interval,
             flush_max_chunks=config.flush_max_chunks,
+            max_tool_call_iterations=config.max_tool_call_iterations,
+            tool_timeout=config.tool_timeout,
+            direct_tool_timeout=config.direct_tool_timeout,
+            responses_stateful=config.responses_stateful,
         )
         self.actors: dict[str, TurnActor] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -112,11 +135,26 @@ class Supervisor:
             bus=self.bus,
             models=self.models,
             config=self.engine_config,
+            model_client=self.model_client,
+            blobs=self.blobs,
         )
+        actor.tool_handles = self.tool_handles(view, actor)
         self.actors[view.id] = actor
         actor.start(resume=resume)
         actor.done.add_done_callback(lambda _f, tid=view.id: asyncio.create_task(self._retire(tid, actor)))
         return actor
+
+    def tool_handles(self, view: TurnView, actor: TurnActor) -> dict[str, Any]:
+        """The tools this turn may run: its server tools, then its direct tools."""
+        request = view.request
+        handles: dict[str, Any] = dict(self.tools.handles(list(request.get("tool_ids") or [])))
+        for spec in direct_tool_specs(request.get("direct_tools")):
+            handles[spec.name] = DirectToolHandle(spec, actor, self.config.direct_tool_timeout)
+        return handles
+
+    def deliver_tool_result(self, turn_id: str, call_id: str, result: Any) -> bool:
+        actor = self.actors.get(turn_id)
+        return actor is not None and actor.deliver(call_id, result)
 
     async def _retire(self, turn_id: str, actor: TurnActor) -> None:
         if self.actors.get(turn_id) is actor:
@@ -159,9 +197,9 @@ class Supervisor:
         view.apply(event)
         return self._spawn(view, fencing, resume=False)
 
-    def subscribe(self, turn_id: str) -> tuple[Any, list[LiveDelta]]:
+    def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> tuple[Any, list[LiveDelta]]:
         """A live subscription plus the open window of the turn's actor, taken together."""
-        sub = self.bus.subscribe(turn_id)
+        sub = self.bus.subscribe(turn_id, runs_tools=runs_tools)  # type: ignore[call-arg]
         actor = self.actors.get(turn_id)
         return sub, (actor.open_batch() if actor is not None else [])
 

@@ -144,7 +144,7 @@ def parse_arguments(raw: str | dict[str, Any] | None, name: str = "") -> dict[st
             return {}
         try:
             value: Any = json.loads(raw)
-        except ValueError:
+        except (ValueError, RecursionError):
             try:
                 value = ast.literal_eval(raw.strip())
             except Exception:  # SyntaxError, ValueError, RecursionError, MemoryError...
@@ -456,9 +456,8 @@ def is_error_result(text: str | None) -> bool:
     if isinstance(status, str) and status.lower() in ("error", "failed"):
         return True
     message = value.get("message")
-    if (value.get("success") is False or value.get("ok") is False) and message:
-        return not (isinstance(message, str) and not message.strip())
-    return False
+    has_message = bool(message.strip()) if isinstance(message, str) else bool(message)
+    return (value.get("success") is False or value.get("ok") is False) and has_message
 
 
 # --------------------------------------------------------------------------
@@ -624,8 +623,9 @@ async def execute_tool_call(
     arguments_json = json.dumps(args)
     try:
         value = await handle(dict(args), ctx)
-    except Exception as exc:
+        result = normalize_result(value, name, direct=handle.spec.kind == "direct")
+    except Exception as exc:  # from the tool, or a result whose str() fails
         error = str(exc) or type(exc).__name__
         text = json.dumps({"error": error}, indent=2, ensure_ascii=False)
         return Execution(args, arguments_json, error_result(text), error)
-    return Execution(args, arguments_json, normalize_result(value, name, direct=handle.spec.kind == "direct"))
+    return Execution(args, arguments_json, result)

@@ -23,26 +23,19 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-from engine.assembly import ModelProfile, assemble
-from engine.chats import chat_turn_views, history_messages
 from engine.events import (
     TERMINAL_TYPES,
-    AssemblyCompleted,
     Event,
     EventData,
-    ModelCompleted,
     ModelDelta,
-    ModelRequested,
-    ModelWarning,
     TurnCancelled,
     TurnCancelRequested,
     TurnCompleted,
     TurnFailed,
-    TurnFinalized,
     TurnResumed,
     make_event,
 )
-from engine.live import LiveDelta, LiveEvent
+from engine.live import LiveDelta, LiveEvent, LiveRequest
 from engine.ports import (
     ConcurrencyError,
     EventStore,
@@ -50,11 +43,9 @@ from engine.ports import (
     LeaseLost,
     LiveBus,
     ModelCatalog,
-    RawWarning,
-    UpstreamError,
 )
 from engine.projection import TurnView
-from engine.stream import parse_chat_chunk
+from engine.upstream import LiveModelClient, ModelClient
 
 log = logging.getLogger("turnlog.turn")
 
@@ -74,6 +65,12 @@ class EngineConfig:
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
     max_inflight_flushes: int = 4
+    max_tool_call_iterations: int = 256
+    tool_timeout: float = 60.0
+    direct_tool_timeout: float = 60.0
+    responses_stateful: bool = False
+    # Event payload strings above this size are stored as blobs and referenced.
+    inline_limit: int = 64 * 1024
 
 
 class TurnLost(Exception):
@@ -90,8 +87,15 @@ class TurnActor:
         bus: LiveBus,
         models: ModelCatalog,
         config: EngineConfig,
+        tool_handles: dict[str, Any] | None = None,
+        model_client: ModelClient | None = None,
+        blobs: Any = None,
     ) -> None:
         self.view = view
+        self.tool_handles: dict[str, Any] = dict(tool_handles or {})
+        self.model_client: ModelClient = model_client or LiveModelClient()
+        self.blobs = blobs
+        self._client_waits: dict[str, asyncio.Future[Any]] = {}
         self.turn_id = view.id
         self.fencing = fencing
         self.store = store
@@ -161,7 +165,10 @@ class TurnActor:
             log.warning("turn %s: stopped writing: %s", self.turn_id, exc)
         except Exception as exc:  # a bug must still end the turn with a record
             log.exception("turn %s: internal error", self.turn_id)
-            await self._fail({"message": f"internal error: {exc}", "type": "internal_error"})
+            try:
+                await self.fail({"message": f"internal error: {exc}", "type": "internal_error"})
+            except Exception:
+                log.exception("turn %s: could not record the failure", self.turn_id)
         finally:
             self._cancel_timer()
             if not self._cancel_done.done():
@@ -182,98 +189,75 @@ class TurnActor:
     # -- the nodes ----------------------------------------------------------------
 
     async def _drive(self) -> None:
+        from engine import loop
+
         v = self.view
         while not v.machine.terminal:
             state = v.state
             if state == "assembling":
-                if not v.messages:
-                    await self._assemble()
-                await self._request_model()
+                if not v.assembled:
+                    await loop.assemble_node(self)
+                await loop.call_model_node(self, resume=False)
             elif state == "streaming":
                 if v.model_open:
-                    await self._request_model(resume=True)
+                    await loop.call_model_node(self, resume=True)
                 else:
-                    await self.record(TurnFinalized(finish_reason=v.finish_reason))
+                    await loop.after_model_node(self)
+            elif state == "executing_tools":
+                await loop.run_tools_node(self)
+            elif state == "reinjecting":
+                await loop.call_model_node(self, resume=False)
             elif state in ("finalizing", "outlet", "background"):
                 await self.record(TurnCompleted())
-            else:  # states of later features (tools) have no node yet
-                raise RuntimeError(f"no node for state {state}")
 
-    async def _assemble(self) -> None:
-        v = self.view
-        resolved = await self.models.resolve(v.model or "")
-        profile = ModelProfile(
-            system=resolved.system if resolved else None,
-            params=resolved.params if resolved else {},
-        )
-        views = await chat_turn_views(self.store, v.chat_id or "", before=v.created_at)
-        history = history_messages([w for w in views if w.id != v.id])
-        assembled = assemble(v.request, history, profile)
-        await self.record(
-            AssemblyCompleted(
-                messages=assembled.messages,
-                params=assembled.params,
-                history_len=assembled.history_len,
-                new_messages=assembled.new_messages,
-            )
-        )
-
-    async def _request_model(self, *, resume: bool = False) -> None:
-        v = self.view
-        resolved = await self.models.resolve(v.model or "")
-        if resolved is None:
-            await self._fail({"message": f"model {v.model!r} is not available", "type": "model_not_found"})
-            return
-        prefill = v.acc.content if resume else None
-        await self.record(
-            ModelRequested(
-                iteration=v.iteration,
-                prefill=prefill or None,
-                resumed=resume,
-            )
-        )
-        messages = list(v.messages)
-        if prefill:
-            # Continue the partial answer: providers that support an assistant
-            # prefill continue it, so nothing is generated twice.
-            messages.append({"role": "assistant", "content": prefill})
-        body = {**v.params, "model": resolved.upstream_model, "messages": messages, "stream": True}
-        finish: str | None = None
-        usage: dict[str, Any] | None = None
-        response_id: str | None = None
-        try:
-            async for raw in resolved.provider.stream_chat(body):
-                if isinstance(raw, RawWarning):
-                    await self.record(ModelWarning(message=raw.message, raw=raw.raw))
-                    continue
-                parts = parse_chat_chunk(raw.data)
-                if parts.reasoning:
-                    self._chunk("reasoning", parts.reasoning)
-                if parts.content:
-                    self._chunk("text", parts.content)
-                if parts.error is not None:
-                    await self.record(ModelWarning(message=f"upstream error chunk: {parts.error}"))
-                if parts.finish_reason:
-                    finish = parts.finish_reason
-                if parts.usage:
-                    usage = parts.usage
-                if parts.response_id and response_id is None:
-                    response_id = parts.response_id
-                if len(self._inflight) > self.config.max_inflight_flushes:
-                    await self._inflight[0]
-        except UpstreamError as exc:
-            await self._fail({"message": exc.message, "type": exc.kind, "status": exc.status})
-            return
-        await self.record(ModelCompleted(finish_reason=finish, usage=usage, response_id=response_id))
-
-    async def _fail(self, error: dict[str, Any]) -> None:
+    async def fail(self, error: dict[str, Any]) -> None:
         if self.view.machine.terminal or self._lost:
             return
         await self.record(TurnFailed(error={k: v for k, v in error.items() if v is not None}))
 
+    async def backpressure(self) -> None:
+        """Let the writer catch up when delta batches pile up."""
+        if len(self._inflight) > self.config.max_inflight_flushes:
+            await self._inflight[0]
+
+    async def externalize(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """Large strings in a payload go to the blob store; the event keeps a reference."""
+        if self.blobs is None:
+            return payload
+        return await self.blobs.externalize(payload, limit=self.config.inline_limit)
+
+    # -- direct tools (run by the client over the WebSocket) -------------------------
+
+    async def ask_client(self, call_id: str, name: str, arguments: dict[str, Any], timeout: float) -> Any:
+        """Send ``execute:tool`` to the turn's WebSocket clients and wait for a result."""
+        if not self.bus.has_client(self.turn_id):  # type: ignore[attr-defined]
+            return {"error": f"no client is connected to run the direct tool {name}"}
+        future: asyncio.Future[Any] = self._loop.create_future()
+        self._client_waits[call_id] = future
+        self.bus.publish(
+            self.turn_id,
+            LiveRequest(
+                {"type": "execute:tool", "turn_id": self.turn_id, "call_id": call_id, "name": name, "arguments": arguments}
+            ),
+        )
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            return {"error": f"the client did not answer the direct tool {name} within {timeout:g} s"}
+        finally:
+            self._client_waits.pop(call_id, None)
+
+    def deliver(self, call_id: str, result: Any) -> bool:
+        future = self._client_waits.get(call_id)
+        if future is None or future.done():
+            return False
+        future.set_result(result)
+        return True
+
     # -- deltas and group commit ---------------------------------------------------
 
-    def _chunk(self, kind: str, text: str) -> None:
+    def chunk(self, kind: str, text: str) -> None:
         """The per-token hot path: show the chunk now, write it with its window."""
         if self._batch and kind != self._batch_kind:
             self._flush()
@@ -335,13 +319,30 @@ class TurnActor:
         await self._persist(event, index)
         return event
 
+    async def record_many(self, datas: list[EventData]) -> list[Event]:
+        """Append several events in one commit (e.g. every ``tool.started`` of a batch)."""
+        if self._lost:
+            raise TurnLost("this actor lost the turn")
+        self._flush()
+        events = []
+        for data in datas:
+            event = make_event(self.turn_id, self.view.last_seq + 1, data)
+            self.view.apply(event)
+            events.append(event)
+        await self._persist_many(events)
+        return events
+
     async def _persist(self, event: Event, index: IndexUpdate | None) -> None:
+        await self._persist_many([event], index)
+
+    async def _persist_many(self, events: list[Event], index: IndexUpdate | None = None) -> None:
         try:
-            await self.store.append([event], fencing=self.fencing, index=index)
+            await self.store.append(events, fencing=self.fencing, index=index)
         except (LeaseLost, ConcurrencyError) as exc:
             self._lost = True
             raise TurnLost(str(exc)) from exc
-        self._committed[event.seq] = event
+        for event in events:
+            self._committed[event.seq] = event
         while self._next_publish in self._committed:
             committed = self._committed.pop(self._next_publish)
             self._next_publish += 1

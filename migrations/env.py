@@ -59,9 +59,11 @@ def do_run_migrations(connection: Connection) -> None:
 async def run_async_migrations() -> None:
     from adapters.store import create_engine
 
+    from adapters.store.sqlite import SQLITE_BEGIN
+
     engine = create_engine(database_url())
     try:
-        async with engine.begin() as connection:
+        async with engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"}).begin() as connection:
             await connection.run_sync(do_run_migrations)
     finally:
         await engine.dispose()

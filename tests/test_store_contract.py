@@ -635,3 +635,15 @@ async def test_migrate_from_a_running_loop_without_alembic_ini(
         assert count == 0
     finally:
         await store.close()
+
+
+async def test_concurrent_migrations_of_a_fresh_sqlite_file(tmp_path: Path) -> None:
+    url, _ = _sqlite_url(tmp_path)
+    await asyncio.gather(*(migrate(url) for _ in range(3)))
+    store = await open_store(url)
+    try:
+        async with store.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
+        assert version == [("0001",)]
+    finally:
+        await store.close()

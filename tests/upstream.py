@@ -1,8 +1,11 @@
-"""A scripted OpenAI-compatible upstream: a real aiohttp server on loopback.
+"""A scripted model upstream: a real aiohttp server on loopback.
 
-It speaks the exact Chat Completions wire format (checked against the official
-``openai`` SDK in ``tests/test_provider_openai_chat.py``), and each request is
-answered by the next scripted ``Reply``. Use it wherever a test needs a model::
+It speaks the exact wire formats of OpenAI Chat Completions, the OpenAI
+Responses API and Ollama's native chat (the OpenAI ones checked against the
+official ``openai`` SDK in ``tests/test_provider_openai_chat.py`` and
+``tests/test_provider_responses.py``), and each request is answered by the next
+scripted ``Reply``, whichever endpoint it came to. Use it wherever a test needs
+a model::
 
     from tests.upstream import Reply, ScriptedUpstream
 
@@ -12,12 +15,19 @@ answered by the next scripted ``Reply``. Use it wherever a test needs a model::
         ...
         assert up.requests[0]["messages"][-1]["content"] == "hi"
 
-Endpoints (under the base URL ``http://127.0.0.1:PORT/v1``):
+Endpoints (``up.url`` is ``http://127.0.0.1:PORT/v1``; ``up.root`` is the same
+without ``/v1``, the base URL of an Ollama server):
 
 * ``POST /v1/chat/completions`` – streaming (``"stream": true``) or not.
+* ``POST /v1/responses`` – Responses API, streaming or not (see below).
 * ``GET  /v1/models`` – ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "scripted"}]}``.
+* ``POST /api/chat`` – Ollama chat, NDJSON stream unless ``"stream": false`` (see below).
+* ``GET  /api/tags`` – Ollama's model list, ``{"models": [{"name", "model", …}]}``.
 
-Streaming bytes, in order (each event is ``data: <compact JSON>\\n\\n``):
+Every POST body is appended to ``requests``, its headers to ``request_headers``
+and its path (e.g. ``/v1/responses``) to ``request_paths``.
+
+Chat Completions streaming bytes, in order (each event is ``data: <compact JSON>\\n\\n``):
 
 1. a role chunk ``delta: {"role": "assistant", "content": ""}``;
 2. ``reasoning`` pieces as ``delta: {"reasoning_content": …}``;
@@ -28,23 +38,72 @@ Streaming bytes, in order (each event is ``data: <compact JSON>\\n\\n``):
    ``choices: []`` (and, as OpenAI does, ``"usage": null`` on every other chunk);
 7. ``data: [DONE]``.
 
+Responses API streaming bytes (each event is ``event: <type>\\ndata: <compact
+JSON>\\n\\n``, the JSON starting with ``"type"`` and ending with
+``"sequence_number"`` 0, 1, 2, …; no ``[DONE]``):
+
+1. ``response.created`` and ``response.in_progress`` (``response.status: "in_progress"``, empty output);
+2. ``reasoning`` (if any): an ``output_item.added`` reasoning item (id ``rs_…``),
+   ``reasoning_summary_part.added``, one ``reasoning_summary_text.delta`` per
+   piece, ``reasoning_summary_text.done``, ``reasoning_summary_part.done``,
+   ``output_item.done``;
+3. the message (unless the reply has tool calls and no text): ``output_item.added``
+   (id ``msg_…``), ``content_part.added``, one ``output_text.delta`` per content
+   piece, ``output_text.done``, ``content_part.done``, ``output_item.done``;
+4. per tool call: ``output_item.added`` (``function_call``, id ``fc_…``, ``call_id``
+   = the tool call's ``id`` or ``call_…``), ``function_call_arguments.delta`` per
+   ``chunk_size`` fragment, ``function_call_arguments.done``, ``output_item.done``;
+5. the terminal event with the whole ``response`` (id ``resp_…`` or
+   ``Reply.response_id``, ``output`` and ``usage: {input_tokens,
+   input_tokens_details, output_tokens, output_tokens_details, total_tokens}``):
+   ``response.completed``; or, for ``finish_reason`` ``"length"`` /
+   ``"content_filter"``, ``response.incomplete`` (``incomplete_details.reason``
+   ``max_output_tokens`` / ``content_filter``); or, for ``finish_reason="failed"``,
+   ``response.failed`` with ``error: {code: "server_error", message: error_message}``.
+
+``previous_response_id``: the server remembers the ids of the responses it
+created (unless the request had ``"store": false``). A request naming one it does
+not know is answered HTTP 400 ``{"error": {"message": "Previous response with id
+'X' not found.", "type": "invalid_request_error", "param": "previous_response_id",
+"code": "previous_response_not_found"}}``; the request is recorded but *no reply
+is used up*. ``forget_responses()`` simulates expiry.
+
+Ollama ``/api/chat`` streaming bytes (one compact JSON object per line,
+``application/x-ndjson``): ``{"model", "created_at", "message": {"role":
+"assistant", "content": …}, "done": false}`` per reasoning piece (as
+``message.thinking``, with empty content) and per content piece; then, if there
+are tool calls, one line with all of them whole, ``message.tool_calls: [{"function":
+{"name", "arguments": {…object…}}}]``; finally ``{…, "message": {"role":
+"assistant", "content": ""}, "done": true, "done_reason": "stop" | "length",
+"total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration",
+"eval_count", "eval_duration"}``. Errors are ``{"error": "…"}`` bodies.
+
+Usage: ``Reply.usage`` is given in Chat Completions form (``prompt_tokens``,
+``completion_tokens``, ``total_tokens``) and translated for the other APIs
+(``input_tokens``/``output_tokens``; ``prompt_eval_count``/``eval_count``); a
+usage dict already in Responses form is sent as given.
+
 Faults (``Reply.fault``) happen after ``fault_after`` *content* chunks (a count
-beyond the last chunk means: after the last chunk, before the finish chunk):
+beyond the last chunk means: after the last chunk, before the finish chunk), in
+every API's stream alike:
 
 * ``"disconnect"`` – the socket is closed abruptly in the middle of the chunked
   body, so the client sees a transport error (not a clean end);
-* ``"truncate"``   – the body ends cleanly, without finish chunk or ``[DONE]``;
-* ``"malformed"``  – a ``data: {not json`` line is inserted, then the stream goes on;
+* ``"truncate"``   – the body ends cleanly, without finish chunk or ``[DONE]``
+  (Responses: without the terminal event; Ollama: without the ``done`` line);
+* ``"malformed"``  – a ``data: {not json`` line (Ollama: ``{not json``) is inserted,
+  then the stream goes on;
 * ``"hang"``       – nothing more is sent, the socket stays open (until ``close()``).
 
 For a non-streaming request: ``disconnect`` closes the socket before any
 response, ``hang`` never answers, ``truncate`` sends half the JSON body and
 ``malformed`` sends ``{not json``.
 
-Prefill continuation: if the last request message is ``role: "assistant"`` with
-text P and the reply's full text starts with P, only the remainder is sent (as
-providers that continue an assistant prefill do); the reasoning is then not
-repeated, and ``fault_after`` / ``pause_after`` count chunks of the remainder.
+Prefill continuation: if the last request message (Responses: the last ``input``
+item) is ``role: "assistant"`` with text P and the reply's full text starts with
+P, only the remainder is sent (as providers that continue an assistant prefill
+do); the reasoning is then not repeated, and ``fault_after`` / ``pause_after``
+count chunks of the remainder.
 
 Also runnable as a process, for tests that run the service in a subprocess::
 
@@ -66,7 +125,9 @@ import sys
 import time
 import uuid
 from collections import deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any
 
 from aiohttp import web
@@ -78,7 +139,7 @@ FAULTS = ("disconnect", "truncate", "malformed", "hang")
 
 @dataclass
 class Reply:
-    """One scripted answer to one ``/chat/completions`` request."""
+    """One scripted answer to one request (``/chat/completions``, ``/responses`` or ``/api/chat``)."""
 
     chunks: list[str] | None = None
     """Content chunks, sent exactly as given (one ``delta.content`` each)."""
@@ -86,19 +147,22 @@ class Reply:
     """Alternative to ``chunks``: split into pieces of ``chunk_size`` characters."""
     chunk_size: int = 4
     reasoning: list[str] = field(default_factory=list)
-    """Sent first, one ``delta.reasoning_content`` each."""
+    """Sent first, one ``delta.reasoning_content`` each (Responses: summary deltas;
+    Ollama: ``message.thinking``)."""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     """Tool calls sent after the content: ``{"name", "arguments" (str or JSON-able),
     "id"?}``; the arguments string is streamed in ``chunk_size`` fragments.
     Remember ``finish_reason="tool_calls"`` (it is not changed for you)."""
     finish_reason: str = "stop"
+    """Responses: ``"length"``/``"content_filter"`` end with ``response.incomplete``,
+    ``"failed"`` with ``response.failed``. Ollama: ``done_reason`` ``"length"`` or ``"stop"``."""
     usage: dict[str, Any] | None = None
     """Default: prompt_tokens ~ request chars / 4, completion_tokens = number of
     content + reasoning chunks sent."""
     delay: float = 0.0
     """Seconds to wait before each content/reasoning chunk."""
     status: int = 200
-    """>= 400: answer with an OpenAI error JSON body and this status."""
+    """>= 400: answer with an OpenAI error JSON body (Ollama: ``{"error": …}``) and this status."""
     error_message: str = "scripted failure"
     fault: str | None = None
     """One of ``FAULTS`` (see the module docstring)."""
@@ -107,7 +171,9 @@ class Reply:
     """After this many content chunks (capped at the last one), set
     ``upstream.paused`` and wait for ``release()``."""
     comments: bool = False
-    """Interleave ``: keep-alive`` SSE comment lines."""
+    """Interleave ``: keep-alive`` SSE comment lines (SSE APIs only)."""
+    response_id: str | None = None
+    """The id of the response (Responses: instead of ``resp_…``; Chat: instead of ``chatcmpl-…``)."""
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -143,15 +209,18 @@ class _Closing(Exception):
 
 
 class ScriptedUpstream:
-    """A loopback OpenAI-compatible server answering with scripted ``Reply`` objects.
+    """A loopback model server answering with scripted ``Reply`` objects.
 
     Attributes:
-        models:          ids listed by ``GET /v1/models``.
+        models:          ids listed by ``GET /v1/models`` (and names by ``GET /api/tags``).
         default:         the reply used when the queue is empty.
-        requests:        every JSON body received on ``/chat/completions``, in order.
+        requests:        every JSON body received on a POST endpoint, in order.
         request_headers: the headers of those requests (same order).
+        request_paths:   the paths of those requests (same order), e.g. ``/v1/responses``.
+        response_ids:    the Responses ids this server issued and still remembers.
         paused:          set when a stream reaches ``pause_after``; cleared by ``release()``.
         url:             the base URL (``http://127.0.0.1:PORT/v1``) once started.
+        root:            the server root (``http://127.0.0.1:PORT``), Ollama's base URL.
     """
 
     def __init__(
@@ -166,6 +235,8 @@ class ScriptedUpstream:
         self.default: Reply = default if default is not None else Reply(text="Hello from the scripted upstream.")
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
+        self.request_paths: list[str] = []
+        self.response_ids: set[str] = set()
         self.paused = asyncio.Event()
         self.url: str | None = None
         self._host = host
@@ -187,6 +258,16 @@ class ScriptedUpstream:
         """How many queued replies have not been used yet."""
         return len(self._queue)
 
+    @property
+    def root(self) -> str | None:
+        """The server root ``http://127.0.0.1:PORT`` (``url`` without ``/v1``): Ollama's base URL."""
+        return None if self.url is None else self.url[: -len("/v1")]
+
+    def forget_responses(self) -> None:
+        """Forget every issued response id, as if they had expired: a later
+        ``previous_response_id`` naming one gets ``previous_response_not_found``."""
+        self.response_ids.clear()
+
     async def start(self) -> str:
         """Start listening; returns the base URL ``http://127.0.0.1:PORT/v1``."""
         if self._runner is not None:
@@ -194,7 +275,10 @@ class ScriptedUpstream:
             return self.url
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/api/chat", self._ollama_chat)
+        app.router.add_get("/api/tags", self._ollama_tags)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
@@ -234,27 +318,74 @@ class ScriptedUpstream:
         data = [{"id": m, "object": "model", "created": now, "owned_by": "scripted"} for m in self.models]
         return web.json_response({"object": "list", "data": data})
 
+    async def _ollama_tags(self, request: web.Request) -> web.Response:
+        now = _iso_now()
+        models = [
+            {
+                "name": m,
+                "model": m,
+                "modified_at": now,
+                "size": 1_000_000,
+                "digest": uuid.uuid5(uuid.NAMESPACE_URL, m).hex * 2,
+                "details": {
+                    "parent_model": "",
+                    "format": "gguf",
+                    "family": "llama",
+                    "families": ["llama"],
+                    "parameter_size": "1B",
+                    "quantization_level": "Q4_K_M",
+                },
+            }
+            for m in self.models
+        ]
+        return web.json_response({"models": models})
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, self._stream, self._complete, _error_response)
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(request, self._responses_stream, self._responses_complete, _error_response)
+
+    async def _ollama_chat(self, request: web.Request) -> web.StreamResponse:
+        return await self._handle(
+            request, self._ollama_stream, self._ollama_complete, _ollama_error_response, stream_default=True
+        )
+
+    async def _handle(
+        self,
+        request: web.Request,
+        stream: Callable[[web.Request, dict[str, Any], Reply], Awaitable[web.StreamResponse]],
+        complete: Callable[[web.Request, dict[str, Any], Reply], Awaitable[web.StreamResponse]],
+        error: Callable[[int, str], web.Response],
+        *,
+        stream_default: bool = False,
+    ) -> web.StreamResponse:
         try:
             body = await request.json()
         except ValueError:
-            return _error_response(400, "We could not parse the JSON body of your request.")
+            return error(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict):
-            return _error_response(400, "The request body must be a JSON object.")
+            return error(400, "The request body must be a JSON object.")
         self.requests.append(body)
         self.request_headers.append(dict(request.headers))
+        self.request_paths.append(request.path)
+
+        previous = body.get("previous_response_id") if request.path == "/v1/responses" else None
+        if previous is not None and previous not in self.response_ids:
+            return _previous_not_found_response(str(previous))  # no reply is used up
+
         reply = self._queue.popleft() if self._queue else self.default
 
         if reply.status >= 400:
-            return _error_response(reply.status, reply.error_message)
+            return error(reply.status, reply.error_message)
 
         transport = request.transport
         if transport is not None:
             self._transports.add(transport)
         try:
-            if body.get("stream"):
-                return await self._stream(request, body, reply)
-            return await self._complete(request, body, reply)
+            if body.get("stream", stream_default):
+                return await stream(request, body, reply)
+            return await complete(request, body, reply)
         except (_Closing, ConnectionError):
             _abort(request)
             return web.Response()  # never sent: the transport is gone
@@ -262,16 +393,11 @@ class ScriptedUpstream:
             if transport is not None:
                 self._transports.discard(transport)
 
+    # -- Chat Completions ------------------------------------------------------
+
     async def _complete(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
         plan = _Plan(body, reply)
-        if reply.fault == "disconnect":
-            raise _Closing
-        if reply.fault == "hang":
-            await self._wait(self._closing)
-            raise _Closing
-        for _ in plan.content:
-            if reply.delay:
-                await self._sleep(reply.delay)
+        await self._before_complete(plan)
         text = "".join(plan.content)
         message: dict[str, Any] = {
             "role": "assistant",
@@ -294,24 +420,11 @@ class ScriptedUpstream:
             "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": reply.finish_reason}],
             "usage": plan.usage(),
         }
-        raw = json.dumps(obj).encode()
-        if reply.fault == "truncate":
-            raw = raw[: len(raw) // 2]
-        elif reply.fault == "malformed":
-            raw = b"{not json"
-        return web.Response(body=raw, content_type="application/json")
+        return _json_body(obj, reply)
 
     async def _stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
         plan = _Plan(body, reply)
-        resp = web.StreamResponse(
-            status=200,
-            headers={
-                "Content-Type": "text/event-stream; charset=utf-8",
-                "Cache-Control": "no-cache",
-                "X-Request-Id": "req_" + uuid.uuid4().hex,
-            },
-        )
-        await resp.prepare(request)
+        resp = await _prepare_sse(request)
         include_usage = plan.include_usage
         comments = reply.comments
 
@@ -326,7 +439,7 @@ class ScriptedUpstream:
             }
             if include_usage:
                 chunk["usage"] = usage
-            data = b"data: " + json.dumps(chunk, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+            data = b"data: " + _dumps(chunk) + b"\n\n"
             if comments:
                 data += b": keep-alive\n\n"
             await resp.write(data)
@@ -342,32 +455,11 @@ class ScriptedUpstream:
                 await self._sleep(reply.delay)
             await send(delta({"reasoning_content": piece}))
 
-        sent = 0
-        # fault_after / pause_after beyond the last chunk mean "after the last chunk".
-        fault_at = min(reply.fault_after, len(plan.content))
-        pause_at = None if reply.pause_after is None else min(reply.pause_after, len(plan.content))
-        for piece in [*plan.content, None]:  # None: the point after the last chunk
-            if reply.fault is not None and sent == fault_at:
-                if reply.fault == "disconnect":
-                    raise _Closing
-                if reply.fault == "truncate":
-                    await resp.write_eof()
-                    return resp
-                if reply.fault == "hang":
-                    await self._wait(self._closing)
-                    raise _Closing
-                if reply.fault == "malformed":
-                    await resp.write(b"data: {not json\n\n")
-            if sent == pause_at:
-                release = self._release
-                self.paused.set()
-                await self._wait(release)
-            if piece is None:
-                break
-            if reply.delay:
-                await self._sleep(reply.delay)
+        async def send_content(piece: str) -> None:
             await send(delta({"content": piece}))
-            sent += 1
+
+        if not await self._send_content(resp, reply, plan.content, send_content, b"data: {not json\n\n"):
+            return resp
 
         for i, tc in enumerate(plan.tool_calls):
             args = tc["arguments"]
@@ -395,6 +487,204 @@ class ScriptedUpstream:
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
+
+    # -- Responses API ---------------------------------------------------------
+
+    def _remember(self, plan: _Plan) -> None:
+        if plan.body.get("store", True) is not False:
+            self.response_ids.add(plan.id)
+
+    async def _responses_complete(
+        self, request: web.Request, body: dict[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        plan = _Plan(body, reply, api="responses")
+        await self._before_complete(plan)
+        rs = _ResponsesState(plan)
+        output: list[dict[str, Any]] = []
+        if plan.reasoning:
+            output.append(rs.reasoning_item("".join(plan.reasoning)))
+        if rs.has_message:
+            output.append(rs.message_item("".join(plan.content), rs.item_status))
+        output.extend(rs.call_item(i, tc["arguments"], "completed") for i, tc in enumerate(plan.tool_calls))
+        self._remember(plan)
+        return _json_body(rs.response(rs.final_status, output, final=True), reply)
+
+    async def _responses_stream(
+        self, request: web.Request, body: dict[str, Any], reply: Reply
+    ) -> web.StreamResponse:
+        plan = _Plan(body, reply, api="responses")
+        rs = _ResponsesState(plan)
+        resp = await _prepare_sse(request)
+        comments = reply.comments
+        seq = 0
+
+        async def emit(type_: str, **fields: Any) -> None:
+            nonlocal seq
+            event = {"type": type_, **fields, "sequence_number": seq}
+            seq += 1
+            data = b"event: " + type_.encode() + b"\ndata: " + _dumps(event) + b"\n\n"
+            if comments:
+                data += b": keep-alive\n\n"
+            await resp.write(data)
+
+        if comments:
+            await resp.write(b": keep-alive\n\n")
+        self._remember(plan)
+        await emit("response.created", response=rs.response("in_progress", []))
+        await emit("response.in_progress", response=rs.response("in_progress", []))
+
+        output: list[dict[str, Any]] = []
+        if plan.reasoning:
+            index, item_id = len(output), rs.reasoning_id
+            await emit("response.output_item.added", output_index=index, item=rs.reasoning_item(None))
+            part = {"type": "summary_text", "text": ""}
+            ids = {"item_id": item_id, "output_index": index, "summary_index": 0}
+            await emit("response.reasoning_summary_part.added", **ids, part=part)
+            for piece in plan.reasoning:
+                if reply.delay:
+                    await self._sleep(reply.delay)
+                await emit("response.reasoning_summary_text.delta", **ids, delta=piece)
+            text = "".join(plan.reasoning)
+            await emit("response.reasoning_summary_text.done", **ids, text=text)
+            await emit("response.reasoning_summary_part.done", **ids, part={"type": "summary_text", "text": text})
+            item = rs.reasoning_item(text)
+            await emit("response.output_item.done", output_index=index, item=item)
+            output.append(item)
+
+        ids = {"item_id": rs.message_id, "output_index": len(output), "content_index": 0}
+        if rs.has_message:
+            await emit(
+                "response.output_item.added",
+                output_index=ids["output_index"],
+                item=rs.message_item(None, "in_progress"),
+            )
+            await emit("response.content_part.added", **ids, part=_output_text(""))
+
+        async def send_content(piece: str) -> None:
+            await emit("response.output_text.delta", **ids, delta=piece, logprobs=[])
+
+        if not await self._send_content(resp, reply, plan.content, send_content, b"data: {not json\n\n"):
+            return resp
+
+        if rs.has_message:
+            text = "".join(plan.content)
+            await emit("response.output_text.done", **ids, text=text, logprobs=[])
+            await emit("response.content_part.done", **ids, part=_output_text(text))
+            item = rs.message_item(text, rs.item_status)
+            await emit("response.output_item.done", output_index=ids["output_index"], item=item)
+            output.append(item)
+
+        n = reply.chunk_size
+        for i, tc in enumerate(plan.tool_calls):
+            index, item_id, args = len(output), rs.call_ids[i], tc["arguments"]
+            await emit("response.output_item.added", output_index=index, item=rs.call_item(i, "", "in_progress"))
+            for j in range(0, len(args), n):
+                await emit(
+                    "response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=args[j : j + n]
+                )
+            await emit("response.function_call_arguments.done", item_id=item_id, output_index=index, arguments=args)
+            item = rs.call_item(i, args, "completed")
+            await emit("response.output_item.done", output_index=index, item=item)
+            output.append(item)
+
+        status = rs.final_status
+        terminal = {"completed": "response.completed", "incomplete": "response.incomplete"}.get(status, "response.failed")
+        await emit(terminal, response=rs.response(status, output, final=True))
+        await resp.write_eof()
+        return resp
+
+    # -- Ollama ----------------------------------------------------------------
+
+    async def _ollama_complete(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
+        plan = _Plan(body, reply, api="ollama")
+        await self._before_complete(plan)
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.content)}
+        if plan.reasoning:
+            message["thinking"] = "".join(plan.reasoning)
+        if plan.tool_calls:
+            message["tool_calls"] = _ollama_tool_calls(plan)
+        obj = {"model": plan.model, "created_at": _iso_now(), "message": message, **_ollama_final(plan)}
+        return _json_body(obj, reply)
+
+    async def _ollama_stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
+        plan = _Plan(body, reply, api="ollama")
+        resp = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
+        await resp.prepare(request)
+
+        async def send(message: dict[str, Any], **extra: Any) -> None:
+            obj = {"model": plan.model, "created_at": _iso_now(), "message": message, "done": False, **extra}
+            await resp.write(_dumps(obj) + b"\n")
+
+        for piece in plan.reasoning:
+            if reply.delay:
+                await self._sleep(reply.delay)
+            await send({"role": "assistant", "content": "", "thinking": piece})
+
+        async def send_content(piece: str) -> None:
+            await send({"role": "assistant", "content": piece})
+
+        if not await self._send_content(resp, reply, plan.content, send_content, b"{not json\n"):
+            return resp
+        if plan.tool_calls:
+            await send({"role": "assistant", "content": "", "tool_calls": _ollama_tool_calls(plan)})
+        obj = {"model": plan.model, "created_at": _iso_now(), "message": {"role": "assistant", "content": ""}}
+        obj.update(_ollama_final(plan))
+        await resp.write(_dumps(obj) + b"\n")
+        await resp.write_eof()
+        return resp
+
+    # -- shared ----------------------------------------------------------------
+
+    async def _before_complete(self, plan: _Plan) -> None:
+        """A non-streaming answer's ``disconnect``/``hang`` faults and per-chunk delays."""
+        reply = plan.reply
+        if reply.fault == "disconnect":
+            raise _Closing
+        if reply.fault == "hang":
+            await self._wait(self._closing)
+            raise _Closing
+        for _ in plan.content:
+            if reply.delay:
+                await self._sleep(reply.delay)
+
+    async def _send_content(
+        self,
+        resp: web.StreamResponse,
+        reply: Reply,
+        pieces: list[str],
+        send: Callable[[str], Awaitable[None]],
+        malformed: bytes,
+    ) -> bool:
+        """Send the content pieces with the reply's delay, fault and pause.
+
+        Returns False if the body was ended (``truncate``): send nothing more."""
+        sent = 0
+        # fault_after / pause_after beyond the last chunk mean "after the last chunk".
+        fault_at = min(reply.fault_after, len(pieces))
+        pause_at = None if reply.pause_after is None else min(reply.pause_after, len(pieces))
+        for piece in [*pieces, None]:  # None: the point after the last chunk
+            if reply.fault is not None and sent == fault_at:
+                if reply.fault == "disconnect":
+                    raise _Closing
+                if reply.fault == "truncate":
+                    await resp.write_eof()
+                    return False
+                if reply.fault == "hang":
+                    await self._wait(self._closing)
+                    raise _Closing
+                if reply.fault == "malformed":
+                    await resp.write(malformed)
+            if sent == pause_at:
+                release = self._release
+                self.paused.set()
+                await self._wait(release)
+            if piece is None:
+                break
+            if reply.delay:
+                await self._sleep(reply.delay)
+            await send(piece)
+            sent += 1
+        return True
 
     # -- waiting ---------------------------------------------------------------
 
@@ -425,10 +715,16 @@ class ScriptedUpstream:
 class _Plan:
     """What one request gets: the reply's pieces after prefill continuation."""
 
-    def __init__(self, body: dict[str, Any], reply: Reply) -> None:
+    def __init__(self, body: dict[str, Any], reply: Reply, api: str = "chat") -> None:
         self.body = body
         self.reply = reply
-        self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
+        self.api = api
+        if reply.response_id is not None:
+            self.id = reply.response_id
+        elif api == "responses":
+            self.id = "resp_" + uuid.uuid4().hex + uuid.uuid4().hex[:16]
+        else:
+            self.id = "chatcmpl-" + uuid.uuid4().hex[:24]
         self.created = int(time.time())
         self.model = body.get("model") or "gpt-test"
         opts = body.get("stream_options")
@@ -453,22 +749,182 @@ class _Plan:
         ]
 
     def usage(self) -> dict[str, Any]:
+        """Chat Completions usage: the reply's, or estimated."""
         if self.reply.usage is not None:
             return dict(self.reply.usage)
-        chars = 0
-        for m in self.body.get("messages") or ():
-            c = m.get("content") if isinstance(m, dict) else None
-            if isinstance(c, str):
-                chars += len(c)
-            elif isinstance(c, list):
-                chars += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
-        prompt = max(1, chars // 4)
+        prompt = max(1, _prompt_chars(self.body) // 4)
         completion = len(self.content) + len(self.reasoning) + len(self.tool_calls)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+    def responses_usage(self) -> dict[str, Any]:
+        """Responses API usage (a reply usage already in that form is sent as given)."""
+        given = self.reply.usage
+        if given is not None and "input_tokens" in given:
+            return dict(given)
+        u = self.usage()
+        inp = int(u.get("prompt_tokens") or 0)
+        out = int(u.get("completion_tokens") or 0)
+        details = u.get("completion_tokens_details")
+        if isinstance(details, dict):
+            reasoning = int(details.get("reasoning_tokens") or 0)
+        else:
+            reasoning = len(self.reasoning) if given is None else 0
+        cached = u.get("prompt_tokens_details")
+        cached = int(cached.get("cached_tokens") or 0) if isinstance(cached, dict) else 0
+        return {
+            "input_tokens": inp,
+            "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens": out,
+            "output_tokens_details": {"reasoning_tokens": reasoning},
+            "total_tokens": int(u.get("total_tokens") or inp + out),
+        }
+
+
+class _ResponsesState:
+    """Ids and object shapes of one Responses API answer."""
+
+    def __init__(self, plan: _Plan) -> None:
+        self.plan = plan
+        self.reasoning_id = "rs_" + uuid.uuid4().hex + uuid.uuid4().hex[:16]
+        self.message_id = "msg_" + uuid.uuid4().hex + uuid.uuid4().hex[:16]
+        self.call_ids = ["fc_" + uuid.uuid4().hex + uuid.uuid4().hex[:16] for _ in plan.tool_calls]
+        self.has_message = bool(plan.content) or not plan.tool_calls
+        finish = plan.reply.finish_reason
+        if finish == "failed":
+            self.final_status = "failed"
+        elif finish in ("length", "content_filter"):
+            self.final_status = "incomplete"
+        else:
+            self.final_status = "completed"
+        self.item_status = "incomplete" if self.final_status == "incomplete" else "completed"
+
+    def reasoning_item(self, text: str | None) -> dict[str, Any]:
+        summary = [] if text is None else [{"type": "summary_text", "text": text}]
+        return {"id": self.reasoning_id, "type": "reasoning", "summary": summary}
+
+    def message_item(self, text: str | None, status: str) -> dict[str, Any]:
+        content = [] if text is None else [_output_text(text)]
+        return {"id": self.message_id, "type": "message", "status": status, "content": content, "role": "assistant"}
+
+    def call_item(self, i: int, arguments: str, status: str) -> dict[str, Any]:
+        tc = self.plan.tool_calls[i]
+        return {
+            "id": self.call_ids[i],
+            "type": "function_call",
+            "status": status,
+            "arguments": arguments,
+            "call_id": tc["id"],
+            "name": tc["name"],
+        }
+
+    def response(self, status: str, output: list[dict[str, Any]], *, final: bool = False) -> dict[str, Any]:
+        plan, body = self.plan, self.plan.body
+        incomplete = None
+        if status == "incomplete":
+            reason = "content_filter" if plan.reply.finish_reason == "content_filter" else "max_output_tokens"
+            incomplete = {"reason": reason}
+        error = None
+        if status == "failed":
+            error = {"code": "server_error", "message": plan.reply.error_message}
+        return {
+            "id": plan.id,
+            "object": "response",
+            "created_at": plan.created,
+            "status": status,
+            "background": False,
+            "completed_at": int(time.time()) if final and status == "completed" else None,
+            "error": error,
+            "incomplete_details": incomplete,
+            "instructions": body.get("instructions"),
+            "max_output_tokens": body.get("max_output_tokens"),
+            "max_tool_calls": body.get("max_tool_calls"),
+            "model": plan.model,
+            "output": output,
+            "parallel_tool_calls": body.get("parallel_tool_calls", True),
+            "previous_response_id": body.get("previous_response_id"),
+            "prompt_cache_key": None,
+            "reasoning": {"effort": None, "summary": None},
+            "safety_identifier": None,
+            "service_tier": "default",
+            "store": body.get("store", True),
+            "temperature": body.get("temperature", 1.0),
+            "text": {"format": {"type": "text"}, "verbosity": "medium"},
+            "tool_choice": body.get("tool_choice", "auto"),
+            "tools": body.get("tools", []),
+            "top_logprobs": 0,
+            "top_p": body.get("top_p", 1.0),
+            "truncation": "disabled",
+            "usage": plan.responses_usage() if final else None,
+            "user": None,
+            "metadata": body.get("metadata") or {},
+        }
+
+
+def _output_text(text: str) -> dict[str, Any]:
+    return {"type": "output_text", "annotations": [], "logprobs": [], "text": text}
+
+
+def _ollama_tool_calls(plan: _Plan) -> list[dict[str, Any]]:
+    calls = []
+    for tc in plan.tool_calls:
+        try:
+            args = json.loads(tc["arguments"]) if tc["arguments"] else {}
+        except ValueError:
+            args = tc["arguments"]  # not JSON: sent as is, so a test can see it
+        calls.append({"function": {"name": tc["name"], "arguments": args}})
+    return calls
+
+
+def _ollama_final(plan: _Plan) -> dict[str, Any]:
+    """The fields of Ollama's last (``done: true``) object."""
+    u = plan.usage()
+    prompt = int(u.get("prompt_tokens", u.get("input_tokens")) or 0)
+    completion = int(u.get("completion_tokens", u.get("output_tokens")) or 0)
+    return {
+        "done_reason": "length" if plan.reply.finish_reason == "length" else "stop",
+        "done": True,
+        "total_duration": 1_000_000 * (completion + prompt + 5),
+        "load_duration": 1_000_000,
+        "prompt_eval_count": prompt,
+        "prompt_eval_duration": 100_000 * prompt,
+        "eval_count": completion,
+        "eval_duration": 1_000_000 * completion,
+    }
+
+
+def _prompt_chars(body: dict[str, Any]) -> int:
+    chars = 0
+    items: list[Any] = []
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        items.extend(messages)
+    inp = body.get("input")
+    if isinstance(inp, str):
+        chars += len(inp)
+    elif isinstance(inp, list):
+        items.extend(inp)
+    instructions = body.get("instructions")
+    if isinstance(instructions, str):
+        chars += len(instructions)
+    for m in items:
+        if not isinstance(m, dict):
+            continue
+        c = m.get("content")
+        if isinstance(c, str):
+            chars += len(c)
+        elif isinstance(c, list):
+            chars += sum(len(p.get("text", "")) for p in c if isinstance(p, dict))
+        for key in ("output", "arguments"):  # Responses function_call(_output) items
+            v = m.get(key)
+            if isinstance(v, str):
+                chars += len(v)
+    return chars
 
 
 def _prefill(body: dict[str, Any]) -> str | None:
     messages = body.get("messages")
+    if messages is None and isinstance(body.get("input"), list):
+        messages = body["input"]  # Responses API: input items
     if not isinstance(messages, list) or not messages:
         return None
     last = messages[-1]
@@ -491,12 +947,61 @@ def _skip_prefix(chunks: list[str], n: int) -> list[str]:
     return out
 
 
+def _dumps(obj: Any) -> bytes:
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _iso_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+async def _prepare_sse(request: web.Request) -> web.StreamResponse:
+    resp = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": "text/event-stream; charset=utf-8",
+            "Cache-Control": "no-cache",
+            "X-Request-Id": "req_" + uuid.uuid4().hex,
+        },
+    )
+    await resp.prepare(request)
+    return resp
+
+
+def _json_body(obj: dict[str, Any], reply: Reply) -> web.Response:
+    """A non-streaming answer, with the reply's ``truncate``/``malformed`` fault applied."""
+    raw = json.dumps(obj).encode()
+    if reply.fault == "truncate":
+        raw = raw[: len(raw) // 2]
+    elif reply.fault == "malformed":
+        raw = b"{not json"
+    return web.Response(body=raw, content_type="application/json")
+
+
 def _error_response(status: int, message: str) -> web.Response:
     kind = "server_error" if status >= 500 else "invalid_request_error"
     code = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
     return web.json_response(
         {"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status
     )
+
+
+def _previous_not_found_response(previous: str) -> web.Response:
+    return web.json_response(
+        {
+            "error": {
+                "message": f"Previous response with id '{previous}' not found.",
+                "type": "invalid_request_error",
+                "param": "previous_response_id",
+                "code": "previous_response_not_found",
+            }
+        },
+        status=400,
+    )
+
+
+def _ollama_error_response(status: int, message: str) -> web.Response:
+    return web.json_response({"error": message}, status=status)
 
 
 def _abort(request: web.Request) -> None:

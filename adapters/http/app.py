@@ -22,7 +22,8 @@ from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.store import open_store
 from adapters.store.migrate import migrate
 from engine.live import InProcessBus
-from engine.ports import ChatProvider, EventStore
+from adapters.tools.catalog import DirToolCatalog
+from engine.ports import ChatProvider, EventStore, NoTools, ToolCatalog
 from engine.supervisor import Supervisor, SupervisorConfig
 
 log = logging.getLogger("turnlog")
@@ -52,15 +53,21 @@ def create_app(settings: Settings) -> web.Application:
                 idle_timeout=settings.upstream_idle_timeout,
             )
         catalog = Catalog(settings, providers)
+        tools: ToolCatalog = DirToolCatalog(settings.tools_dir) if settings.tools_dir else NoTools()
         supervisor = Supervisor(
             store=store,
             bus=InProcessBus(),
             models=catalog,
+            tools=tools,
             config=SupervisorConfig(
                 lease_seconds=settings.lease_seconds,
                 auto_resume=settings.auto_resume,
                 flush_interval=settings.flush_interval,
                 flush_max_chunks=settings.flush_max_chunks,
+                max_tool_call_iterations=settings.max_tool_call_iterations,
+                tool_timeout=settings.tool_timeout,
+                direct_tool_timeout=settings.direct_tool_timeout,
+                responses_stateful=settings.responses_stateful,
             ),
         )
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)

@@ -6,12 +6,13 @@ import asyncio
 from aiohttp import web
 
 from adapters.http.auth import USER
-from adapters.http.context import services
+from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, error_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
-from adapters.http.schemas import parse_chat_request, read_json
+from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from engine.follow import follow
 from engine.projection import fold
+from engine.turn import TurnActor
 
 KEEPALIVE = b": keep-alive\n\n"
 
@@ -20,13 +21,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     user = request[USER]
     body = parse_chat_request(await read_json(request))
-    if await svc.catalog.resolve(body.model) is None:
-        raise ApiError(404, f"model '{body.model}' not found", "not_found_error", "model_not_found", "model")
-    if body.chat_id:
-        chat = await svc.store.get_chat(body.chat_id)
-        if chat is not None and chat.user_id != user:
-            raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
-    actor = await svc.supervisor.start_turn(request=body.recorded(), user_id=user, model=body.model)
+    actor = await start_turn(svc, body, user)
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
@@ -42,6 +37,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             headers=headers,
         )
     return web.json_response(completion_body(view), headers=headers)
+
+
+async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
+    """Check what a turn request refers to, then start it (HTTP and WebSocket alike)."""
+    if await svc.catalog.resolve(body.model) is None:
+        raise ApiError(404, f"model '{body.model}' not found", "not_found_error", "model_not_found", "model")
+    unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
+    if unknown:
+        raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
+    if body.chat_id:
+        chat = await svc.store.get_chat(body.chat_id)
+        if chat is not None and chat.user_id != user:
+            raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
+    return await svc.supervisor.start_turn(request=body.recorded(), user_id=user, model=body.model)
 
 
 async def stream_turn(

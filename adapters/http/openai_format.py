@@ -43,92 +43,114 @@ class ChunkRenderer:
             self._prefix = _dumps(head)[:-1].encode() + b',"choices":[{"index":0,"delta":'
         return self._prefix
 
-    def _message(self, pos: int, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
+        """One ``chat.completion.chunk`` JSON (the fixed head serialized once)."""
         body = self._chunk_prefix() + _dumps(delta).encode()
         body += b',"logprobs":null,"finish_reason":' + _dumps(finish).encode() + b"}]"
         if extra:
             body += b"," + _dumps(extra)[1:-1].encode()
-        return b"id: %d\ndata: %s}\n\n" % (pos, body)
+        return body + b"}"
 
-    def _plain(self, pos: int, payload: dict[str, Any]) -> bytes:
-        return b"id: %d\ndata: %s\n\n" % (pos, _dumps(payload).encode())
+    def _usage_chunk(self, usage: dict[str, Any]) -> bytes:
+        v = self.view
+        head = {"id": completion_id(v.id), "object": "chat.completion.chunk", "created": int(v.created_at or 0), "model": v.model}
+        return _dumps({**head, "choices": [], "usage": usage}).encode()
+
+    @staticmethod
+    def _sse(pos: int, payloads: list[bytes]) -> bytes:
+        """SSE messages of one position: only the last carries the ``id``, so a
+        reconnect after it gets none of them again, and one before it all."""
+        out = [b"data: %s\n\n" % p for p in payloads[:-1]]
+        out.append(b"id: %d\ndata: %s\n\n" % (pos, payloads[-1]))
+        return b"".join(out)
 
     def render(self, outs: list[Out]) -> bytes:
         parts: list[bytes] = []
         for out in outs:
             if out.pos <= self.last_sent or self.done:
                 continue
-            piece = self._render_one(out)
-            if piece is not None:
-                parts.append(piece)
-                self.last_sent = out.pos
+            if isinstance(out, ChunkOut):
+                if not out.pieces:
+                    continue
+                parts.append(self._sse(out.pos, [self._chunk(_delta(out.pieces))]))
+            else:
+                payloads = self._event_payloads(out)
+                if out.pieces:
+                    payloads.insert(0, self._chunk(_delta(out.pieces)))
+                if payloads:
+                    parts.append(self._sse(out.pos, payloads))
+                if self.done:
+                    parts.append(b"data: [DONE]\n\n")
+                if not payloads:
+                    continue
+            self.last_sent = out.pos
         return b"".join(parts)
 
-    def _render_one(self, out: Out) -> bytes | None:
-        if isinstance(out, ChunkOut):
-            if not out.pieces:
-                return None
-            delta: dict[str, str] = {}
-            for piece in out.pieces:
-                key = "content" if piece.kind == "text" else "reasoning_content"
-                delta[key] = delta.get(key, "") + piece.text
-            return self._message(out.pos, delta)
-        return self._render_event(out)
-
-    def _render_event(self, out: EventOut) -> bytes | None:
-        rendered = self._render_event_only(out)
-        if not out.pieces:
-            return rendered
-        # Released text shares the event's position: sent without an id of its
-        # own, in the same write, so a reconnect gets both or neither.
-        delta: dict[str, str] = {}
-        for piece in out.pieces:
-            key = "content" if piece.kind == "text" else "reasoning_content"
-            delta[key] = delta.get(key, "") + piece.text
-        released = self._message(out.pos, delta).split(b"\n", 1)[1]
-        return released + (rendered or b"")
-
-    def _render_event_only(self, out: EventOut) -> bytes | None:
+    def _event_payloads(self, out: EventOut) -> list[bytes]:
         event = out.event
         t = event.type
         v = self.view
+        payloads: list[bytes] = [self._chunk({}, extra={"turnlog": {"item": item}}) for item in out.items]
         if t == "turn.started":
-            return self._message(out.pos, {"role": "assistant", "content": ""})
-        if t == "model.warning":
-            return None
+            return [self._chunk({"role": "assistant", "content": ""})]
         if t == "turn.resumed":
             if event.data.get("from_pos", 0) < self.last_sent:
                 # This client saw text a dead owner never made durable: tell it
                 # where the durable answer ends so it can drop the rest.
                 notice = {"resumed": {"from_pos": event.data["from_pos"], "epoch": event.data["epoch"]}}
-                return self._message(out.pos, {}, extra={"turnlog": notice})
-            return None
+                return [self._chunk({}, extra={"turnlog": notice})]
+            return []
+        if t == "tool.event":
+            return [self._chunk({}, extra={"turnlog": {"tool_event": event.data}})]
+        if t == "turn.iteration_limit":
+            error = {"message": event.data.get("message", ""), "type": "iteration_limit"}
+            return [*payloads, self._chunk({}, extra={"turnlog": {"error": error}})]
         if t == "turn.finalized":
-            return self._message(out.pos, {}, finish=v.finish_reason or "stop")
+            finish = v.finish_reason or "stop"
+            calls = v.client_calls if finish == "tool_calls" else []
+            if calls:
+                payloads.append(self._chunk({"tool_calls": openai_tool_calls(calls)}))
+            return [*payloads, self._chunk({}, finish=finish)]
         if t == "turn.completed":
             self.done = True
-            tail = b""
             usage = _openai_usage(v.usage)
-            if self.include_usage and usage:
-                head = {"id": completion_id(v.id), "object": "chat.completion.chunk", "created": int(v.created_at or 0), "model": v.model}
-                tail = self._plain(out.pos, {**head, "choices": [], "usage": usage})
-            return tail + b"data: [DONE]\n\n"
+            return [self._usage_chunk(usage)] if self.include_usage and usage else []
         if t == "turn.cancelled":
             self.done = True
-            return self._message(out.pos, {}, finish="stop", extra={"turnlog": {"status": "cancelled"}}) + b"data: [DONE]\n\n"
+            return [self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
         if t == "turn.failed":
             self.done = True
             error = event.data.get("error", {})
             payload = {"error": {"message": error.get("message", "turn failed"), "type": error.get("type", "upstream_error"), "code": error.get("status")}}
-            return self._plain(out.pos, payload) + b"data: [DONE]\n\n"
-        return None
+            return [_dumps(payload).encode()]
+        return payloads
+
+
+def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:
+    delta: dict[str, str] = {}
+    for piece in pieces:
+        key = "content" if piece.kind == "text" else "reasoning_content"
+        delta[key] = delta.get(key, "") + piece.text
+    return delta
+
+
+def openai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Client tool calls in OpenAI's shape (the client runs them)."""
+    return [
+        {"index": i, "id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "")}}
+        for i, c in enumerate(calls)
+    ]
 
 
 def completion_body(view: TurnView) -> dict[str, Any]:
     """The non-streaming ``chat.completion`` of a finished turn."""
     message: dict[str, Any] = {"role": "assistant", "content": view.content}
-    if view.acc.reasoning_text:
-        message["reasoning_content"] = view.acc.reasoning_text
+    calls = view.client_calls if view.finish_reason == "tool_calls" else []
+    if calls:
+        message["tool_calls"] = [{k: c[k] for k in ("id", "type", "function")} for c in openai_tool_calls(calls)]
+        message["content"] = view.content or None
+    if view.reasoning_content:
+        message["reasoning_content"] = view.reasoning_content
     body: dict[str, Any] = {
         "id": completion_id(view.id),
         "object": "chat.completion",

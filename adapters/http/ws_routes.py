@@ -19,9 +19,10 @@ from aiohttp import WSMsgType, web
 from adapters.http.auth import USER
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
+from adapters.http.chat_routes import start_turn
 from adapters.http.schemas import parse_chat_request
 from engine.events import TERMINAL_TYPES, Event
-from engine.live import LiveDelta, LiveEvent
+from engine.live import LiveDelta, LiveEvent, LiveRequest
 from engine.supervisor import TurnConflict
 
 log = logging.getLogger("turnlog.ws")
@@ -61,7 +62,7 @@ class Connection:
             elif kind == "cancel":
                 await self.on_cancel(message)
             elif kind == "tool_result":
-                await self.error("no direct tool call is waiting for this result", "unexpected_tool_result")
+                await self.on_tool_result(message)
             else:
                 await self.error(f"unknown message type '{kind}'", "unknown_type")
         except ApiError as exc:
@@ -76,14 +77,7 @@ class Connection:
         return record.id
 
     async def on_chat(self, message: dict[str, Any]) -> None:
-        body = parse_chat_request(message.get("request"))
-        if await self.svc.catalog.resolve(body.model) is None:
-            raise ApiError(404, f"model '{body.model}' not found", code="model_not_found")
-        if body.chat_id:
-            chat = await self.svc.store.get_chat(body.chat_id)
-            if chat is not None and chat.user_id != self.user:
-                raise ApiError(404, "chat not found", code="not_found")
-        actor = await self.svc.supervisor.start_turn(request=body.recorded(), user_id=self.user, model=body.model)
+        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user)
         await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": actor.view.chat_id})
         self._start_pump(actor.turn_id, 0)
 
@@ -101,6 +95,16 @@ class Connection:
         turn_id = await self._own_turn(message.get("turn_id"))
         self._start_pump(turn_id, after)
 
+    async def on_tool_result(self, message: dict[str, Any]) -> None:
+        turn_id = await self._own_turn(message.get("turn_id"))
+        call_id = message.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            raise ApiError(400, "'call_id' must be a non-empty string", code="invalid_value")
+        if "result" not in message:
+            raise ApiError(400, "missing 'result'", code="invalid_value")
+        if not self.svc.supervisor.deliver_tool_result(turn_id, call_id, message["result"]):
+            await self.error(f"no direct tool call {call_id} is waiting for a result", "unexpected_tool_result")
+
     async def on_cancel(self, message: dict[str, Any]) -> None:
         turn_id = await self._own_turn(message.get("turn_id"))
         try:
@@ -117,7 +121,7 @@ class Connection:
 
     async def pump(self, turn_id: str, after: int) -> None:
         store = self.svc.store
-        sub, _window = self.svc.supervisor.subscribe(turn_id)
+        sub, _window = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
         last = after
 
         async def send_events(events: list[Event]) -> bool:
@@ -155,6 +159,8 @@ class Connection:
                         if item.seq > last:
                             for piece in item.pieces:
                                 await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                    elif isinstance(item, LiveRequest):
+                        await self.send(item.payload)
                     elif isinstance(item, LiveEvent):
                         event = item.event
                         if event.seq > last + 1:  # missed something: the log has it

@@ -16,6 +16,7 @@ from alembic.config import Config
 from sqlalchemy.engine import Connection
 
 import migrations
+from adapters.store.sqlite import SQLITE_BEGIN
 
 
 def alembic_config(url: str) -> Config:
@@ -38,7 +39,11 @@ async def migrate(url: str, revision: str = "head") -> None:
         command.upgrade(cfg, revision)
 
     try:
-        async with engine.begin() as connection:
+        # SQLite: take the write lock up front, so that a second process
+        # migrating at the same time waits (busy_timeout) and then finds the
+        # database at head, instead of failing on a lock upgrade. (Ignored by
+        # other dialects.)
+        async with engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"}).begin() as connection:
             await connection.run_sync(upgrade)
     finally:
         await engine.dispose()

@@ -1,0 +1,35 @@
+"""The server-tool catalog of a process: the modules of ``TURNLOG_TOOLS_DIR``.
+
+Loaded once at start (a module that fails to import is logged and left out, so
+one broken file does not take the others down).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from adapters.tools.loader import ModuleTools, load_tools_dir, merge_tools
+
+log = logging.getLogger("turnlog.tools")
+
+
+class DirToolCatalog:
+    def __init__(self, path: str | Path) -> None:
+        self.modules: dict[str, ModuleTools]
+        self.modules, errors = load_tools_dir(path)
+        for error in errors:
+            log.error("tool module %s not loaded: %s", error.path, error.message)
+        self.errors = errors
+
+    def known_ids(self) -> set[str]:
+        return set(self.modules)
+
+    def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
+        selected = {tid: self.modules[tid] for tid in tool_ids if tid in self.modules}
+        merged, notes = merge_tools(selected)
+        for note in notes:
+            log.warning("%s: %s", note.path, note.message)
+        return dict(merged)

@@ -1,0 +1,271 @@
+"""Processes of a benchmark run: spawn, wait until ready, sample, always clean up.
+
+Every child is started in its own session (a Ctrl-C on the terminal reaches only
+the orchestrator, which then stops the children in order) with
+``PR_SET_PDEATHSIG = SIGTERM`` (if the orchestrator is killed outright, the
+kernel still stops them). ``Procs.close()`` sends SIGTERM, waits a bounded time,
+then SIGKILLs; it runs from ``finally`` and ``atexit``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import json
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent  # the repository (holds engine/, adapters/, bench/)
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(Exception):
+    """The harness could not measure (a process did not start, a client timed out...)."""
+
+
+def _child_setup() -> None:  # runs in the child between fork and exec
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except Exception:  # noqa: BLE001 - best effort (not Linux/glibc)
+        pass
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class _Lines:
+    """Reads a pipe in a thread (so it never fills up) into a queue of lines."""
+
+    def __init__(self, stream: Any) -> None:
+        self.q: queue.Queue[str | None] = queue.Queue()
+        self.thread = threading.Thread(target=self._run, args=(stream,), daemon=True)
+        self.thread.start()
+
+    def _run(self, stream: Any) -> None:
+        try:
+            for line in stream:
+                self.q.put(line.decode("utf-8", "replace").rstrip("\n"))
+        except Exception:  # noqa: BLE001
+            pass
+        finally:
+            self.q.put(None)
+
+    def get(self, deadline: float) -> str | None:
+        """The next line; None at EOF; raises TimeoutError past ``deadline``."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        try:
+            return self.q.get(timeout=remaining)
+        except queue.Empty:
+            raise TimeoutError from None
+
+
+class Procs:
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._closed = False
+        atexit.register(self.close)
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env["PYTHONUNBUFFERED"] = "1"
+        env.update(extra or {})
+        return env
+
+    def spawn(
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, stdout_pipe: bool = True
+    ) -> tuple[subprocess.Popen[bytes], _Lines | None]:
+        if self._closed:
+            raise BenchError("harness is shutting down")
+        log = open(self.workdir / f"{name}.log", "ab")
+        try:
+            proc = subprocess.Popen(
+                argv,
+                cwd=str(ROOT),
+                env=self.env(env),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if stdout_pipe else log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_child_setup,
+            )
+        finally:
+            log.close()
+        self.children.append((name, proc))
+        return proc, (_Lines(proc.stdout) if stdout_pipe else None)
+
+    def log_tail(self, name: str, n: int = 20) -> str:
+        try:
+            lines = (self.workdir / f"{name}.log").read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+    def start_url_server(self, name: str, argv: list[str], timeout: float = 30.0) -> tuple[subprocess.Popen[bytes], str]:
+        """A server that prints its base URL as its first stdout line."""
+        proc, lines = self.spawn(name, argv)
+        assert lines is not None
+        try:
+            url = lines.get(time.monotonic() + timeout)
+        except TimeoutError:
+            url = None
+        if not url or not url.startswith("http"):
+            self.stop(proc)
+            raise BenchError(f"{name} did not start: {url!r}\n{self.log_tail(name)}")
+        return proc, url
+
+    def start_turnlog(self, name: str, upstream_v1: str, db_path: Path, timeout: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+        """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off."""
+        port = free_port()
+        env = {
+            "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db_path}",
+            "TURNLOG_OPENAI_BASE_URL": upstream_v1,
+            "TURNLOG_OPENAI_API_KEY": "sk-bench",
+            "TURNLOG_AUTH": "off",
+            "TURNLOG_HOST": "127.0.0.1",
+            "TURNLOG_PORT": str(port),
+        }
+        argv = [sys.executable, "-m", "adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        proc, _ = self.spawn(name, argv, env=env, stdout_pipe=False)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise BenchError(f"{name} exited with {proc.returncode}\n{self.log_tail(name)}")
+            try:
+                with urllib.request.urlopen(url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                self.stop(proc)
+                raise BenchError(f"{name} not healthy after {timeout:g}s\n{self.log_tail(name)}")
+            time.sleep(0.05)
+        return proc, url + "/v1"
+
+    def run_client(
+        self,
+        spec: dict[str, Any],
+        *,
+        name: str = "client",
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+        grace: float = 30.0,
+    ) -> dict[str, Any]:
+        """Run ``bench.client`` with ``spec``; return its result (events go to ``on_event``)."""
+        timeout = float(spec.get("timeout_s", 120))
+        spec_file = self.workdir / f"{name}-spec.json"
+        spec_file.write_text(json.dumps(spec))
+        proc, lines = self.spawn(name, [sys.executable, "-m", "bench.client", "--spec", "@" + str(spec_file)])
+        assert lines is not None
+        deadline = time.monotonic() + timeout + grace
+        result: dict[str, Any] | None = None
+        try:
+            while True:
+                try:
+                    line = lines.get(deadline)
+                except TimeoutError:
+                    raise BenchError(f"client {name} gave no result within {timeout + grace:g}s") from None
+                if line is None:
+                    break
+                try:
+                    obj = json.loads(line)
+                except ValueError:
+                    continue
+                if "event" in obj:
+                    if on_event is not None:
+                        on_event(obj)
+                elif "phases" in obj:
+                    result = obj
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            self.stop(proc, timeout=3.0)
+        if result is None:
+            raise BenchError(f"client {name} exited ({proc.returncode}) without a result\n{self.log_tail(name)}")
+        return result
+
+    def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+        if proc.poll() is None:
+            try:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    pass
+            except ProcessLookupError:
+                pass
+        if proc.stdout is not None:
+            try:
+                proc.stdout.close()
+            except OSError:
+                pass
+        self.children = [(n, p) for n, p in self.children if p is not proc]
+
+    def close(self) -> None:
+        """Stop every child still running (most recently started first)."""
+        for _name, proc in reversed(list(self.children)):
+            self.stop(proc, timeout=10.0)
+        self._closed = True
+
+
+# -- /proc ------------------------------------------------------------------------
+
+
+def rss_kb(pid: int) -> int:
+    """VmRSS of ``pid`` in kB."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise BenchError(f"no VmRSS for {pid}")
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system) of the whole process so far.
+
+    utime + stime from ``/proc/PID/stat`` cover all threads, live and exited, but
+    tick in 1/CLK_TCK s; when the per-thread ``schedstat`` (nanoseconds) is
+    available and agrees, its sum is used for precision.
+    """
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime (fields 14, 15)
+    try:
+        ns = 0
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                ns += int(f.read().split()[0])
+        precise = ns / 1e9
+    except (OSError, ValueError, IndexError):
+        return ticks
+    # Exited threads are missing from the per-thread sum: then trust the ticks.
+    if precise <= 0 or precise < ticks - 0.05:
+        return ticks
+    return precise
+
+
+def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return json.loads(r.read() or b"null")

@@ -1,0 +1,227 @@
+"""``python -m bench``: run the scenarios, print ONE JSON object on stdout.
+
+    python -m bench [--quick] [--scenarios a,b] [--json-out FILE] [--profile DIR] [--keep]
+
+A readable table goes to stderr. Exit status: 0 all good; 1 a target missed
+(full run) or a LARGE regression (``--quick``: below half the target for
+"at least" figures, above twice the limit for "at most" figures); 2 a scenario
+could not be measured; 130 interrupted. See ``bench/README.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from bench.procs import ROOT, BenchError, Procs
+from bench.scenarios import NOT_IMPLEMENTED, SCENARIOS, Ctx
+
+ORDER = [
+    "ttfc",
+    "long_answer",
+    "cpu_per_chunk",
+    "linearity",
+    "concurrent_paced",
+    "log_size",
+    "append_throughput",
+    "replay_fold",
+    "open_turns_rss",
+]
+assert set(ORDER) == set(SCENARIOS)
+ALL = ORDER + list(NOT_IMPLEMENTED)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "sqlite": sqlite3.sqlite_version,
+    }
+    try:
+        import aiohttp
+
+        info["aiohttp"] = aiohttp.__version__
+    except ImportError:  # pragma: no cover
+        pass
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True, timeout=5)
+        info["git"] = {"commit": commit.stdout.strip(), "dirty": bool(dirty.stdout.strip())}
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return info
+
+
+class Servers:
+    """The upstream, the floor and turnlog, shared by the scenarios."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.turnlog_proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+
+    def ensure(self) -> None:
+        ctx = self.ctx
+        py = sys.executable
+        if not ctx.upstream_v1:
+            _, ctx.upstream_v1 = ctx.procs.start_url_server("upstream", [py, "-m", "bench.upstream", "--port", "0"])
+        if not ctx.floor_v1:
+            _, ctx.floor_v1 = ctx.procs.start_url_server(
+                "floor", [py, "-m", "bench.floor", "--upstream", ctx.upstream_v1, "--port", "0"]
+            )
+        if self.turnlog_proc is None or self.turnlog_proc.poll() is not None:
+            if self.turnlog_proc is not None:
+                self.restarts += 1
+            ctx.db_path = ctx.workdir / "turnlog.db"
+            self.turnlog_proc, ctx.turnlog_v1 = ctx.procs.start_turnlog("turnlog", ctx.upstream_v1, ctx.db_path)
+            ctx.turnlog_pid = self.turnlog_proc.pid
+
+
+def evaluate(result: dict[str, Any], quick: bool) -> None:
+    checks = result.get("checks") or []
+    result["pass"] = bool(checks) and all(c["pass"] for c in checks)
+    result["large_regression"] = any(c["large_regression"] for c in checks)
+
+
+def render_table(out: dict[str, Any]) -> str:
+    rows = [("scenario", "status", "metric", "value", "target", "result")]
+    for name, r in out["scenarios"].items():
+        status = r["status"]
+        if status != "ok":
+            reason = r.get("reason") or r.get("error", "")
+            rows.append((name, status, reason.splitlines()[0][:70] if reason else "", "", "", ""))
+            continue
+        for i, c in enumerate(r["checks"]):
+            verdict = "pass" if c["pass"] else ("MISS (large)" if c["large_regression"] else "MISS")
+            value = "n/a" if c["value"] is None else f"{c['value']:,.4g}"
+            rows.append((name if i == 0 else "", status if i == 0 else "", c["metric"], value, f"{c['op']} {c['target']:g}", verdict))
+    widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(str(v).ljust(w) for v, w in zip(r, widths)).rstrip() for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="reduced subset (< 60 s); fails only on a large regression")
+    p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(ALL)}")
+    p.add_argument("--json-out", help="also write the JSON to this file")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during long_answer and concurrent_paced into DIR")
+    p.add_argument("--openwebui", metavar="VENV", help="Open WebUI peer modes (not implemented yet: reported as a slot)")
+    p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
+    args = p.parse_args(argv)
+
+    selected = ALL if not args.scenarios else [s.strip() for s in args.scenarios.split(",") if s.strip()]
+    unknown = [s for s in selected if s not in ALL]
+    if unknown:
+        p.error(f"unknown scenarios {unknown}; known: {', '.join(ALL)}")
+
+    signal.signal(signal.SIGTERM, _sigterm)
+    started = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="turnlog-bench-", dir=os.environ.get("BENCH_DIR")))
+    procs = Procs(workdir)
+    profile_dir = Path(args.profile).resolve() if args.profile else None
+    if profile_dir:
+        profile_dir.mkdir(parents=True, exist_ok=True)
+    ctx = Ctx(procs=procs, quick=args.quick, workdir=workdir, profile_dir=profile_dir)
+    servers = Servers(ctx)
+    results: dict[str, dict[str, Any]] = {}
+    interrupted = False
+    try:
+        for name in ORDER:
+            if name not in selected:
+                continue
+            if args.quick and not SCENARIOS[name][2]:
+                results[name] = {"status": "skipped", "reason": "not part of --quick"}
+                continue
+            fn, needs_servers, _ = SCENARIOS[name]
+            print(f"[bench] {name} ...", file=sys.stderr, flush=True)
+            t0 = time.monotonic()
+            try:
+                if needs_servers:
+                    servers.ensure()
+                r = fn(ctx)
+            except BenchError as exc:
+                r = {"status": "error", "error": str(exc)}
+            except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RuntimeError) as exc:
+                r = {"status": "error", "error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=5)}
+            r["seconds"] = round(time.monotonic() - t0, 2)
+            if r["status"] == "ok":
+                evaluate(r, args.quick)
+            results[name] = r
+            print(f"[bench] {name}: {r['status']} in {r['seconds']}s", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        interrupted = True
+        print("[bench] interrupted: stopping every process", file=sys.stderr, flush=True)
+    finally:
+        procs.close()
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+    for name, reason in NOT_IMPLEMENTED.items():
+        if name in selected:
+            r = {"status": "not_implemented", "reason": reason}
+            if name == "openwebui" and args.openwebui:
+                r["venv"] = args.openwebui
+            results[name] = r
+
+    measured = {k: v for k, v in results.items() if v["status"] == "ok"}
+    missed = [k for k, v in measured.items() if not v["pass"]]
+    large = [k for k, v in measured.items() if v["large_regression"]]
+    errors = [k for k, v in results.items() if v["status"] == "error"]
+    out: dict[str, Any] = {
+        "bench": "turnlog",
+        "version": 1,
+        "mode": "quick" if args.quick else "full",
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "duration_s": round(time.monotonic() - started, 1),
+        "host": host_info(),
+        "interrupted": interrupted,
+        "turnlog_restarts": servers.restarts,
+        "scenarios": {name: results[name] for name in ALL if name in results},
+        "summary": {
+            "passed": [k for k in measured if k not in missed],
+            "missed": missed,
+            "large_regressions": large,
+            "errors": errors,
+        },
+    }
+    if ctx.profiles:
+        out["profiles"] = ctx.profiles
+    if args.keep:
+        out["workdir"] = str(workdir)
+    text = json.dumps(out, indent=2)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
+    if args.json_out:
+        Path(args.json_out).write_text(text + "\n")
+    print("\n" + render_table(out), file=sys.stderr)
+    if interrupted:
+        return 130
+    if errors:
+        print(f"\n[bench] could not measure: {', '.join(errors)}", file=sys.stderr)
+        return 2
+    failing = large if args.quick else missed
+    if failing:
+        what = "large regressions" if args.quick else "targets missed"
+        print(f"\n[bench] {what}: {', '.join(failing)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,647 @@
+"""The scenarios of ``python -m bench`` (see ``bench/README.md`` for what each figure means).
+
+Every scenario takes the run context and returns a dict::
+
+    {"status": "ok", "checks": [check(...), ...], "figures": {...}}
+
+``checks`` are the targets (evaluated in ``bench.run``); ``figures`` everything
+measured, with medians and spread (min/max) where several runs were made.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import sqlite3
+import statistics
+import subprocess
+import sys
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.client import percentiles
+from bench.procs import BenchError, Procs, cpu_seconds, http_json, rss_kb
+
+PROMPT = [{"role": "user", "content": "Write a very long answer, please."}]
+
+
+@dataclass
+class Ctx:
+    procs: Procs
+    quick: bool
+    workdir: Path
+    upstream_v1: str = ""
+    floor_v1: str = ""
+    turnlog_v1: str = ""
+    turnlog_pid: int = 0
+    db_path: Path | None = None
+    profile_dir: Path | None = None
+    profiles: dict[str, Any] = field(default_factory=dict)
+    cache: dict[str, Any] = field(default_factory=dict)  # results shared between scenarios
+
+    @property
+    def up_root(self) -> str:
+        return self.upstream_v1.rsplit("/v1", 1)[0]
+
+
+def body(n: int, *, rate: float = 0.0, stamp: bool = False) -> dict[str, Any]:
+    b: dict[str, Any] = {
+        "model": "bench",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "messages": PROMPT,
+        "bench_chunks": n,
+    }
+    if rate:
+        b["bench_rate"] = rate
+    if stamp:
+        b["bench_stamp"] = True
+    return b
+
+
+def phase(name: str, v1: str, b: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    return {"name": name, "url": v1 + "/chat/completions", "body": b, **kw}
+
+
+def med(values: list[float]) -> float | None:
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> dict[str, Any]:
+    values = [v * scale for v in values if v is not None]
+    if not values:
+        return {"n": 0}
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+        "n": len(values),
+    }
+
+
+def failures(streams: list[dict[str, Any]], expected_n: int | None) -> list[str]:
+    """Why each failed stream failed (an empty list: all good)."""
+    out = []
+    for r in streams:
+        why = None
+        if r.get("status") != 200:
+            why = r.get("error") or f"status {r.get('status')}"
+        elif r.get("error"):
+            why = r["error"]
+        elif not r.get("done"):
+            why = "no [DONE]"
+        elif expected_n is not None and r.get("n") != expected_n:
+            why = f"{r.get('n')} content chunks, expected {expected_n}"
+        if why:
+            out.append(str(why)[:200])
+    return out
+
+
+def stream_rate(r: dict[str, Any]) -> float | None:
+    """Content chunks/s between the first and the last content chunk."""
+    n, first, last = r.get("n", 0), r.get("ttfc"), r.get("t_last")
+    if n > 1 and first is not None and last is not None and last > first:
+        return (n - 1) / (last - first)
+    return None
+
+
+def total_rate(r: dict[str, Any]) -> float | None:
+    """Content chunks/s from sending the request to the last content chunk."""
+    n, last = r.get("n", 0), r.get("t_last")
+    return n / last if n and last else None
+
+
+class CpuMeter:
+    """Turnlog's CPU seconds between a client phase's start and end events."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.marks: dict[str, float] = {}
+        self.spent: dict[str, float] = {}
+
+    def on_event(self, ev: dict[str, Any]) -> None:
+        name = ev.get("name", "")
+        if ev.get("event") == "phase_start":
+            self.marks[name] = cpu_seconds(self.pid)
+        elif ev.get("event") == "phase_end" and name in self.marks:
+            self.spent[name] = self.spent.get(name, 0.0) + cpu_seconds(self.pid) - self.marks.pop(name)
+
+
+class Profiler:
+    """``py-spy record`` against a process for the duration of a ``with`` block
+    (only when ``--profile DIR`` was given and py-spy is installed)."""
+
+    def __init__(self, ctx: Ctx, name: str, pid: int) -> None:
+        self.ctx, self.name, self.pid = ctx, name, pid
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.out: Path | None = None
+
+    def __enter__(self) -> Profiler:
+        if self.ctx.profile_dir is None:
+            return self
+        exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+        if not Path(exe).exists():
+            self.ctx.profiles[self.name] = {"error": "py-spy not installed (pip install py-spy)"}
+            return self
+        self.out = self.ctx.profile_dir / f"{self.name}.txt"
+        self.proc, _ = self.ctx.procs.spawn(
+            f"py-spy-{self.name}",
+            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--function", "--nonblocking",
+             "--rate", "250", "-o", str(self.out)],
+            stdout_pipe=False,
+        )
+        time.sleep(0.5)  # attach
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.proc is None or self.out is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+        self.ctx.procs.stop(self.proc, timeout=2)
+        self.ctx.profiles[self.name] = summarize_profile(self.out)
+
+
+def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
+    """Top functions by self and inclusive share of the samples of a py-spy raw file."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        return {"error": str(exc)}
+    self_c: Counter[str] = Counter()
+    incl: Counter[str] = Counter()
+    total = 0
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        try:
+            c = int(count)
+        except ValueError:
+            continue
+        frames = stack.split(";")
+        total += c
+        self_c[frames[-1]] += c
+        for f in set(frames):
+            incl[f] += c
+    if not total:
+        return {"samples": 0, "file": str(path)}
+
+    def short(frame: str) -> str:
+        return frame.replace(sys.prefix, "<venv>").replace(str(Path(__file__).resolve().parent.parent) + "/", "")
+
+    return {
+        "file": str(path),
+        "samples": total,
+        "self": [[short(f), round(c / total, 4)] for f, c in self_c.most_common(top)],
+        "inclusive": [[short(f), round(c / total, 4)] for f, c in incl.most_common(top + 10)],
+    }
+
+
+# --------------------------------------------------------------------------- 1 & 9
+
+
+def long_answer(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 1 (and 9): a 20,000-chunk answer through the floor and through turnlog."""
+    n = 20_000
+    pairs = 2 if ctx.quick else 3
+    phases: list[dict[str, Any]] = [
+        phase("_warmup", ctx.floor_v1, body(2000)),
+        phase("_warmup", ctx.turnlog_v1, body(2000)),
+    ]
+    for i in range(pairs):  # interleaved, so drift hits both alike
+        phases.append(phase(f"floor{i}", ctx.floor_v1, body(n)))
+        phases.append(phase(f"turnlog{i}", ctx.turnlog_v1, body(n), announce=True))
+    meter = CpuMeter(ctx.turnlog_pid)
+    with Profiler(ctx, "long_answer", ctx.turnlog_pid):
+        res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name="c-long", on_event=meter.on_event)
+    by = {p["name"]: p["streams"][0] for p in res["phases"]}
+    bad = {k: failures([v], n) for k, v in by.items()}
+    bad = {k: v for k, v in bad.items() if v}
+    if bad or res.get("error"):
+        raise BenchError(f"long answer streams failed: {bad or res.get('error')}")
+    floor = [stream_rate(by[f"floor{i}"]) for i in range(pairs)]
+    turn = [stream_rate(by[f"turnlog{i}"]) for i in range(pairs)]
+    ratio = med(turn) / med(floor)  # type: ignore[operator]
+    cpu = [meter.spent.get(f"turnlog{i}", float("nan")) / n for i in range(pairs)]
+    ctx.cache["cpu_per_chunk"] = {
+        "cpu_us_per_chunk": [c * 1e6 for c in cpu],
+        "chunks": n,
+        "turnlog_wall_s": [by[f"turnlog{i}"]["total"] for i in range(pairs)],
+    }
+    return {
+        "status": "ok",
+        "checks": [check("chunks_per_s_ratio", ratio, ">=", 0.6)],
+        "figures": {
+            "chunks": n,
+            "runs": pairs,
+            "floor_chunks_per_s": spread(floor, digits=0),
+            "turnlog_chunks_per_s": spread(turn, digits=0),
+            "ratio_per_pair": spread([t / f for t, f in zip(turn, floor)], digits=4),
+            "floor_total_chunks_per_s": spread([total_rate(by[f"floor{i}"]) for i in range(pairs)], digits=0),
+            "turnlog_total_chunks_per_s": spread([total_rate(by[f"turnlog{i}"]) for i in range(pairs)], digits=0),
+            "floor_ttfc_ms": spread([by[f"floor{i}"]["ttfc"] for i in range(pairs)], 1000),
+            "turnlog_ttfc_ms": spread([by[f"turnlog{i}"]["ttfc"] for i in range(pairs)], 1000),
+            "turnlog_total_s": spread([by[f"turnlog{i}"]["total"] for i in range(pairs)]),
+            "bytes_floor": by["floor0"]["bytes"],
+            "bytes_turnlog": by["turnlog0"]["bytes"],
+        },
+    }
+
+
+def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 9: turnlog process CPU per relayed chunk, measured during scenario 1."""
+    if "cpu_per_chunk" not in ctx.cache:
+        long_answer(ctx)
+    c = ctx.cache["cpu_per_chunk"]
+    us = c["cpu_us_per_chunk"]
+    return {
+        "status": "ok",
+        "checks": [check("cpu_us_per_chunk", med(us), "<=", 30.0)],
+        "figures": {
+            "cpu_us_per_chunk": spread(us, digits=2),
+            "chunks_per_run": c["chunks"],
+            "cores_busy_during_run": spread(
+                [u * c["chunks"] / 1e6 / w for u, w in zip(us, c["turnlog_wall_s"])], digits=2
+            ),
+            "source": "/proc/PID/task/*/schedstat (ns), utime+stime as fallback",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- 2
+
+
+def linearity(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 2: per-chunk cost of a 100,000-chunk answer vs a 1,000-chunk one."""
+    small, big = 1_000, (20_000 if ctx.quick else 100_000)
+    n_small, n_big = (5, 1) if ctx.quick else (7, 2)
+    phases = [phase("_warmup", ctx.turnlog_v1, body(small), requests=2)]
+    phases.append(phase("small", ctx.turnlog_v1, body(small), requests=n_small, announce=True))
+    phases.append(phase("big", ctx.turnlog_v1, body(big), requests=n_big, announce=True))
+    meter = CpuMeter(ctx.turnlog_pid)
+    res = ctx.procs.run_client({"phases": phases, "timeout_s": 600}, name="c-linearity", on_event=meter.on_event)
+    by = {p["name"]: p["streams"] for p in res["phases"]}
+    bad = failures(by.get("small", []), small) + failures(by.get("big", []), big)
+    if bad or res.get("error"):
+        raise BenchError(f"linearity streams failed: {bad[:3] or res.get('error')}")
+
+    def per_chunk(r: dict[str, Any]) -> float:
+        return (r["t_last"] - r["ttfc"]) / (r["n"] - 1)
+
+    ps = [per_chunk(r) for r in by["small"]]
+    pb = [per_chunk(r) for r in by["big"]]
+    ratio = med(pb) / med(ps)  # type: ignore[operator]
+    cpu_small = meter.spent.get("small", float("nan")) / (small * n_small)
+    cpu_big = meter.spent.get("big", float("nan")) / (big * n_big)
+    return {
+        "status": "ok",
+        "checks": [check("per_chunk_cost_ratio", ratio, "<=", 1.2)],
+        "figures": {
+            "small_chunks": small,
+            "big_chunks": big,
+            "small_us_per_chunk": spread(ps, 1e6, 2),
+            "big_us_per_chunk": spread(pb, 1e6, 2),
+            "cpu_us_per_chunk_small": round(cpu_small * 1e6, 2),
+            "cpu_us_per_chunk_big": round(cpu_big * 1e6, 2),
+            "cpu_ratio": round(cpu_big / cpu_small, 3),
+            "big_total_s": spread([r["total"] for r in by["big"]]),
+            "note": "wall time between the first and the last content chunk at the client, / (chunks - 1)",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- 3
+
+
+def ttfc(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 3: time to first content chunk, turnlog minus floor (medians of N runs)."""
+    n = 10 if ctx.quick else 30
+    b = body(5)
+    phases = [
+        phase("_warmup", ctx.floor_v1, b, requests=3),
+        phase("_warmup", ctx.turnlog_v1, b, requests=3),
+    ]
+    rounds = 2
+    for i in range(rounds):
+        phases.append(phase("floor", ctx.floor_v1, b, requests=n // rounds))
+        phases.append(phase("turnlog", ctx.turnlog_v1, b, requests=n // rounds))
+    res = ctx.procs.run_client({"phases": phases, "timeout_s": 120}, name="c-ttfc")
+    streams: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in res["phases"]:
+        streams[p["name"]].extend(p["streams"])
+    bad = failures(streams["floor"], 5) + failures(streams["turnlog"], 5)
+    if bad or res.get("error"):
+        raise BenchError(f"ttfc streams failed: {bad[:3] or res.get('error')}")
+    f = [r["ttfc"] * 1000 for r in streams["floor"]]
+    t = [r["ttfc"] * 1000 for r in streams["turnlog"]]
+    added = med(t) - med(f)  # type: ignore[operator]
+    return {
+        "status": "ok",
+        "checks": [check("added_ttfc_ms", added, "<=", 5.0)],
+        "figures": {
+            "runs_each": len(t),
+            "floor_ttfc_ms": {**spread(f), "p90": round(percentiles(f)["p90"], 3)},
+            "turnlog_ttfc_ms": {**spread(t), "p90": round(percentiles(t)["p90"], 3)},
+            "turnlog_ttfb_ms": spread([r["ttfb"] * 1000 for r in streams["turnlog"]]),
+            "note": "ttfc = request sent -> first delta.content chunk received (turnlog's role chunk comes earlier: ttfb)",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- 4
+
+
+def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 4: 200 concurrent turns paced at 50 chunks/s (~5 s) each."""
+    if ctx.quick:
+        turns, chunks, rate, ramp = 50, 100, 50.0, 0.5
+    else:
+        turns, chunks, rate, ramp = 200, 250, 50.0, 1.0
+    b = body(chunks, rate=rate, stamp=True)
+    out: dict[str, Any] = {}
+    cpu: dict[str, float] = {}
+    for name, v1 in (("floor", ctx.floor_v1), ("turnlog", ctx.turnlog_v1)):
+        phases = [
+            phase("_warmup", v1, body(5, rate=200.0, stamp=True), requests=20, concurrency=20),
+            phase(name, v1, b, requests=turns, concurrency=turns, ramp_s=ramp, stamps=True, gaps=True, announce=True),
+        ]
+        meter = CpuMeter(ctx.turnlog_pid)
+        prof = Profiler(ctx, "concurrent_paced", ctx.turnlog_pid) if name == "turnlog" else None
+        if prof:
+            prof.__enter__()
+        try:
+            res = ctx.procs.run_client(
+                {"phases": phases, "timeout_s": 60 + 3 * chunks / rate}, name=f"c-paced-{name}", on_event=meter.on_event
+            )
+        finally:
+            if prof:
+                prof.__exit__(None, None, None)
+        ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
+        out[name] = ph
+        cpu[name] = meter.spent.get(name, float("nan"))
+        time.sleep(1.0)
+    f, t = out["floor"], out["turnlog"]
+    fl, tl = f["agg"].get("latency_ms", {}), t["agg"].get("latency_ms", {})
+    failed_t = failures(t["streams"], chunks)
+    failed_f = failures(f["streams"], chunks)
+    t_ttfc = [r["ttfc"] for r in t["streams"] if r.get("ttfc") is not None]
+    f_ttfc = [r["ttfc"] for r in f["streams"] if r.get("ttfc") is not None]
+    add50 = tl.get("p50", float("nan")) - fl.get("p50", float("nan"))
+    add99 = tl.get("p99", float("nan")) - fl.get("p99", float("nan"))
+    ttfc50 = percentiles(t_ttfc).get("p50", float("nan"))
+    wall = t["agg"].get("wall", float("nan"))
+
+    def r3(d: dict[str, Any]) -> dict[str, Any]:
+        return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
+
+    return {
+        "status": "ok",
+        "checks": [
+            check("added_latency_p50_ms", add50, "<=", 2.0),
+            check("added_latency_p99_ms", add99, "<=", 25.0),
+            check("ttfc_p50_s", ttfc50, "<=", 0.5),
+            check("failed_turns", float(len(failed_t)), "<=", 0.0),
+        ],
+        "figures": {
+            "turns": turns,
+            "chunks_per_turn": chunks,
+            "rate_chunks_per_s": rate,
+            "ramp_s": ramp,
+            "floor_latency_ms": r3(fl),
+            "turnlog_latency_ms": r3(tl),
+            "floor_gaps_ms": r3(f["agg"].get("gaps_ms", {})),
+            "turnlog_gaps_ms": r3(t["agg"].get("gaps_ms", {})),
+            "floor_ttfc_s": r3(percentiles(f_ttfc, (0.5, 0.99))),
+            "turnlog_ttfc_s": r3(percentiles(t_ttfc, (0.5, 0.99))),
+            "floor_failed": len(failed_f),
+            "turnlog_failed": len(failed_t),
+            "turnlog_failures_sample": failed_t[:5],
+            "turnlog_cpu_cores_busy": round(cpu["turnlog"] / wall, 3) if wall == wall else None,
+            "note": "latency = client arrival - upstream write time of the same chunk (time.monotonic stamp carried in the content)",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- 5
+
+
+def open_turns_rss(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 5: RSS growth per open turn with 1,000 concurrent turns (fresh turnlog)."""
+    turns = 300 if ctx.quick else 1000
+    db = ctx.workdir / "turnlog-rss.db"
+    proc, v1 = ctx.procs.start_turnlog("turnlog-rss", ctx.upstream_v1, db)
+    pid = proc.pid
+    try:
+        warm = [phase("_warmup", v1, body(5, rate=100.0), requests=40, concurrency=20)]
+        ctx.procs.run_client({"phases": warm, "timeout_s": 60}, name="c-rss-warm")
+        time.sleep(1.0)
+        before = _rss_samples(pid, 5, 0.1)
+        during: list[int] = []
+        state: dict[str, Any] = {}
+
+        def on_event(ev: dict[str, Any]) -> None:
+            if ev.get("event") == "all_first_content":
+                state["t_all"] = time.monotonic()
+                time.sleep(1.0)  # let the first delta windows flush
+                during.extend(_rss_samples(pid, 5, 0.2))
+                state["released"] = http_json("POST", ctx.up_root + "/bench/release", {})
+
+        # 1 chunk/s, up to 10 min: the turns stay open until /bench/release.
+        ph = phase("open", v1, body(600, rate=1.0), requests=turns, concurrency=turns, ramp_s=2.0, progress=True)
+        res = ctx.procs.run_client({"phases": [ph], "timeout_s": 180}, name="c-rss", on_event=on_event)
+        if not during:
+            http_json("POST", ctx.up_root + "/bench/release", {})
+            raise BenchError(f"not all {turns} turns got a first chunk: {res.get('error')}")
+        time.sleep(2.0)
+        after = _rss_samples(pid, 3, 0.2)
+    finally:
+        ctx.procs.stop(proc)
+    streams = res["phases"][0]["streams"] if res["phases"] else []
+    failed = [r for r in failures(streams, None)]
+    growth = (statistics.median(during) - statistics.median(before)) / turns
+    return {
+        "status": "ok",
+        "checks": [check("rss_kb_per_open_turn", growth, "<=", 150.0)],
+        "figures": {
+            "open_turns": turns,
+            "rss_before_kb": statistics.median(before),
+            "rss_during_kb": statistics.median(during),
+            "rss_after_kb": statistics.median(after),
+            "retained_after_end_kb_per_turn": round((statistics.median(after) - statistics.median(before)) / turns, 2),
+            "failed_turns": len(failed),
+            "failures_sample": failed[:3],
+            "note": "VmRSS of the turnlog process (fresh instance, warmed up with 40 turns) before vs while all turns are open",
+        },
+    }
+
+
+def _rss_samples(pid: int, n: int, every: float) -> list[int]:
+    out = []
+    for i in range(n):
+        if i:
+            time.sleep(every)
+        out.append(rss_kb(pid))
+    return out
+
+
+# --------------------------------------------------------------------------- 6 & 7
+
+
+def _storebench(ctx: Ctx, args: list[str], timeout: float) -> dict[str, Any]:
+    proc, lines = ctx.procs.spawn(f"storebench-{args[0]}", [sys.executable, "-m", "bench.storebench", *args, "--dir", str(ctx.workdir)])
+    assert lines is not None
+    deadline = time.monotonic() + timeout
+    result = None
+    try:
+        while True:
+            line = lines.get(deadline)
+            if line is None:
+                break
+            if line.startswith("{"):
+                result = json.loads(line)
+    except TimeoutError:
+        raise BenchError(f"storebench {args[0]} took more than {timeout:g}s") from None
+    finally:
+        ctx.procs.stop(proc)
+    if result is None:
+        raise BenchError(f"storebench {args[0]} failed:\n{ctx.procs.log_tail('storebench-' + args[0])}")
+    return result
+
+
+def append_throughput(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 6: durable events/s of group-commit appends on SQLite."""
+    args = ["append", "--turns", "200", "--events", "50" if ctx.quick else "100", "--repeat", "1" if ctx.quick else "3"]
+    r = _storebench(ctx, args, 300)
+    return {
+        "status": "ok",
+        "checks": [check("durable_events_per_s", r["events_per_s"], ">=", 20_000.0)],
+        "figures": {
+            "events_per_s": spread([x["events_per_s"] for x in r["runs"]], digits=0),
+            "concurrent_appenders": r["turns"],
+            "events_per_appender": r["events_per_turn"],
+            "appends_per_commit": spread([x["appends_per_commit"] for x in r["runs"]], digits=1),
+            "synchronous": r["synchronous"],
+        },
+    }
+
+
+def replay_fold(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 7: fold time of a 10,000-event turn."""
+    r = _storebench(ctx, ["replay", "--events", "10000", "--chunks-per-event", "1", "--repeat", "5"], 300)
+    figures: dict[str, Any] = {
+        "fold_ms": {"median": round(r["fold_ms"], 2), "min": round(r["fold_ms_min"], 2), "max": round(r["fold_ms_max"], 2)},
+        "events": r["events"],
+        "chunks_per_delta_event": r["chunks_per_delta_event"],
+        "store_read_ms": round(r["read_ms"], 2),
+        "replay_total_ms": round(r["read_ms"] + r["fold_ms"], 2),
+    }
+    if not ctx.quick:
+        r4 = _storebench(ctx, ["replay", "--events", "10000", "--chunks-per-event", "4", "--repeat", "3"], 300)
+        figures["with_4_chunks_per_event"] = {"fold_ms": round(r4["fold_ms"], 2), "store_read_ms": round(r4["read_ms"], 2)}
+    return {"status": "ok", "checks": [check("fold_ms", r["fold_ms"], "<=", 100.0)], "figures": figures}
+
+
+# --------------------------------------------------------------------------- 8
+
+
+def log_size(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 8: bytes of the events' JSON per byte of answer, 1,000-token answer."""
+    n, rate = 1000, 200.0
+    phases = [phase("paced", ctx.turnlog_v1, body(n, rate=rate)), phase("fast", ctx.turnlog_v1, body(n))]
+    res = ctx.procs.run_client({"phases": phases, "timeout_s": 120}, name="c-logsize")
+    figures: dict[str, Any] = {"tokens": n}
+    value = None
+    for p in res["phases"]:
+        r = p["streams"][0]
+        bad = failures([r], n)
+        if bad or not r.get("turn_id"):
+            raise BenchError(f"log size turn failed: {bad or 'no X-Turn-Id'}")
+        m = _log_bytes(ctx, r["turn_id"])
+        key = f"{p['name']}_{int(rate)}_per_s" if p["name"] == "paced" else "fast"
+        figures[key] = m
+        if p["name"] == "paced":
+            value = m["ratio"]
+    return {
+        "status": "ok",
+        "checks": [check("log_bytes_per_answer_byte", value, "<=", 3.0)],
+        "figures": figures,
+    }
+
+
+def _log_bytes(ctx: Ctx, turn_id: str) -> dict[str, Any]:
+    view = http_json("GET", f"{ctx.turnlog_v1}/turns/{turn_id}")
+    answer = len((view.get("content") or "").encode("utf-8"))
+    deadline = time.monotonic() + 10
+    while True:  # the last events are committed right after [DONE]
+        con = sqlite3.connect(f"file:{ctx.db_path}?mode=ro", uri=True, timeout=10)
+        try:
+            rows = con.execute(
+                "SELECT type, COUNT(*), SUM(LENGTH(CAST(data AS BLOB))) FROM events WHERE turn_id = ? GROUP BY type",
+                (turn_id,),
+            ).fetchall()
+        finally:
+            con.close()
+        if any(t == "turn.completed" for t, _, _ in rows) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    total = sum(b for _, _, b in rows)
+    return {
+        "answer_bytes": answer,
+        "event_data_bytes": total,
+        "ratio": round(total / answer, 3) if answer else None,
+        "events": sum(c for _, c, _ in rows),
+        "by_type": {t: {"events": c, "bytes": b} for t, c, b in sorted(rows)},
+        "delta_bytes_per_answer_byte": round(
+            sum(b for t, _, b in rows if t == "model.delta") / answer, 3
+        ) if answer else None,
+    }
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def check(metric: str, value: float | None, op: str, target: float) -> dict[str, Any]:
+    if value is None or value != value:  # None or NaN
+        return {"metric": metric, "value": None, "op": op, "target": target, "pass": False, "large_regression": True}
+    if op == ">=":
+        ok = value >= target
+        large = value < target / 2
+    else:
+        ok = value <= target
+        large = value > 2 * target if target > 0 else value > 0
+    return {
+        "metric": metric,
+        "value": round(value, 4),
+        "op": op,
+        "target": target,
+        "pass": ok,
+        "large_regression": large,
+    }
+
+
+NOT_IMPLEMENTED = {
+    "tool_loop": "tool loop of 10 iterations: needs the native tool loop (issue 3)",
+    "postgres": "PostgreSQL append and relay: needs the PostgreSQL deployment (issue 5)",
+    "openwebui": "Open WebUI peer modes (--openwebui VENV): not implemented yet",
+}
+
+# name -> (function, needs the shared servers, runs in --quick)
+SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
+    "long_answer": (long_answer, True, True),
+    "linearity": (linearity, True, True),
+    "ttfc": (ttfc, True, True),
+    "concurrent_paced": (concurrent_paced, True, True),
+    "open_turns_rss": (open_turns_rss, True, False),
+    "append_throughput": (append_throughput, False, True),
+    "replay_fold": (replay_fold, False, True),
+    "log_size": (log_size, True, True),
+    "cpu_per_chunk": (cpu_per_chunk, True, True),
+}

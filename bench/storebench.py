@@ -1,0 +1,204 @@
+"""Store-level benchmarks, run in a subprocess by ``python -m bench``.
+
+    python -m bench.storebench append --dir DIR [--turns 200] [--events 100] [--repeat 3]
+    python -m bench.storebench replay --dir DIR [--events 10000] [--chunks-per-event 1] [--repeat 5]
+
+Each prints ONE JSON line.
+
+``append``: N turns run concurrently (one asyncio task each, all on the store
+returned by ``adapters.store.open_store``, SQLite, default ``synchronous=FULL``);
+each appends M ``model.delta`` events one at a time, with its fencing token,
+awaiting each append before the next (like a turn actor flushing one window
+after another). An append returns once its group commit is COMMITted, so the
+figure is *durable* events/s.
+
+``replay``: a turn of exactly E events (``turn.started``, ``assembly.completed``,
+``model.requested``, E-6 ``model.delta`` of C chunks each, ``model.completed``,
+``turn.finalized``, ``turn.completed``) is written to the store, read back with
+``store.read`` and folded with ``engine.projection.fold``; the fold (and,
+separately, the read) is timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from adapters.store import migrate, open_store
+from engine.events import (
+    AssemblyCompleted,
+    Event,
+    ModelCompleted,
+    ModelDelta,
+    ModelRequested,
+    TurnCompleted,
+    TurnFinalized,
+    TurnStarted,
+    make_event,
+)
+from engine.ports import TurnRecord
+from engine.projection import TurnView, fold
+
+WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
+
+
+async def bench_append(url: str, turns: int, per_turn: int, repeat: int) -> dict[str, Any]:
+    await migrate(url)
+    store = await open_store(url)
+    runs = []
+    try:
+        for _ in range(repeat):
+            run_id = uuid.uuid4().hex[:8]
+            now = time.time()
+            tokens: dict[str, int] = {}
+            for t in range(turns):
+                tid = f"bench-{run_id}-{t}"
+                rec = TurnRecord(
+                    id=tid, chat_id=f"chat-{run_id}-{t % 10}", user_id="bench", model="m",
+                    status="running", created_at=now, updated_at=now, owner="bench",
+                )
+                started = Event(turn_id=tid, seq=1, type="turn.started", at=now, data={"v": 1})
+                tokens[tid] = await store.start_turn(rec, [started], lease_seconds=600)
+
+            async def turn(tid: str) -> None:
+                token = tokens[tid]
+                for seq in range(2, per_turn + 2):
+                    event = Event(
+                        turn_id=tid, seq=seq, type="model.delta", at=time.time(),
+                        data={"v": 1, "kind": "text", "pos": seq, "text": " the quick", "lens": [4, 6]},
+                    )
+                    await store.append([event], fencing=token)
+
+            before = dict(store.stats)
+            t0 = time.perf_counter()
+            await asyncio.gather(*(turn(tid) for tid in tokens))
+            elapsed = time.perf_counter() - t0
+            total = turns * per_turn
+            batches = store.stats["batches"] - before["batches"]
+            for tid in list(tokens)[:3]:
+                assert [e.seq for e in await store.read(tid)] == list(range(1, per_turn + 2))
+            runs.append(
+                {"events": total, "seconds": elapsed, "events_per_s": total / elapsed,
+                 "commits": batches, "appends_per_commit": total / max(1, batches)}
+            )
+    finally:
+        await store.close()
+    eps = [r["events_per_s"] for r in runs]
+    return {
+        "events_per_s": statistics.median(eps),
+        "events_per_s_min": min(eps),
+        "events_per_s_max": max(eps),
+        "turns": turns,
+        "events_per_turn": per_turn,
+        "synchronous": "FULL",
+        "runs": runs,
+    }
+
+
+def build_turn(turn_id: str, n_events: int, chunks_per_event: int) -> tuple[list[Event], str]:
+    """A legal, complete turn of exactly ``n_events`` events, and its answer text."""
+    if n_events < 7:
+        raise ValueError("need at least 7 events")
+    view = TurnView(turn_id)
+    out: list[Event] = []
+    t = time.time()
+
+    def add(data: Any) -> None:
+        nonlocal t
+        t += 0.001
+        event = make_event(turn_id, view.last_seq + 1, data, at=t)
+        view.apply(event)
+        out.append(event)
+
+    request = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    add(TurnStarted(chat_id="chat-bench", user_id="bench", model="bench", stream=True, request=request))
+    add(AssemblyCompleted(messages=request["messages"], params={}, history_len=0, new_messages=request["messages"]))
+    add(ModelRequested(iteration=0))
+    answer: list[str] = []
+    w = 0
+    for _ in range(n_events - 6):
+        chunks = []
+        for _ in range(chunks_per_event):
+            chunks.append(WORDS[w % len(WORDS)])
+            w += 1
+        answer.extend(chunks)
+        add(ModelDelta(kind="text", pos=view.next_pos, text="".join(chunks), lens=[len(c) for c in chunks]))
+    add(ModelCompleted(finish_reason="stop", usage={"prompt_tokens": 6, "completion_tokens": w, "total_tokens": 6 + w}))
+    add(TurnFinalized(finish_reason="stop"))
+    add(TurnCompleted())
+    assert len(out) == n_events
+    return out, "".join(answer)
+
+
+async def bench_replay(url: str, n_events: int, chunks_per_event: int, repeat: int) -> dict[str, Any]:
+    await migrate(url)
+    store = await open_store(url)
+    try:
+        turn_id = f"turn_replay_{uuid.uuid4().hex[:12]}"
+        built, answer = build_turn(turn_id, n_events, chunks_per_event)
+        now = time.time()
+        rec = TurnRecord(
+            id=turn_id, chat_id="chat-bench", user_id="bench", model="bench",
+            status="running", created_at=now, updated_at=now, owner="bench",
+        )
+        token = await store.start_turn(rec, built[:1], lease_seconds=600)
+        for i in range(1, len(built), 500):
+            await store.append(built[i : i + 500], fencing=token)
+        reads, folds = [], []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            events = await store.read(turn_id)
+            t1 = time.perf_counter()
+            view = fold(turn_id, events)
+            t2 = time.perf_counter()
+            reads.append(t1 - t0)
+            folds.append(t2 - t1)
+            assert len(events) == n_events and view.status == "completed" and view.content == answer
+    finally:
+        await store.close()
+    ms = [f * 1000 for f in folds]
+    return {
+        "fold_ms": statistics.median(ms),
+        "fold_ms_min": min(ms),
+        "fold_ms_max": max(ms),
+        "read_ms": statistics.median(r * 1000 for r in reads),
+        "events": n_events,
+        "chunks_per_delta_event": chunks_per_event,
+        "chunks": (n_events - 6) * chunks_per_event,
+        "fold_us_per_event": statistics.median(ms) * 1000 / n_events,
+        "repeat": repeat,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.storebench", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    a = sub.add_parser("append")
+    a.add_argument("--dir", required=True)
+    a.add_argument("--turns", type=int, default=200)
+    a.add_argument("--events", type=int, default=100)
+    a.add_argument("--repeat", type=int, default=3)
+    r = sub.add_parser("replay")
+    r.add_argument("--dir", required=True)
+    r.add_argument("--events", type=int, default=10_000)
+    r.add_argument("--chunks-per-event", type=int, default=1)
+    r.add_argument("--repeat", type=int, default=5)
+    args = p.parse_args(argv)
+    db = Path(args.dir) / f"store-{args.cmd}-{uuid.uuid4().hex[:6]}.db"
+    url = f"sqlite+aiosqlite:///{db}"
+    if args.cmd == "append":
+        out = asyncio.run(bench_append(url, args.turns, args.events, args.repeat))
+    else:
+        out = asyncio.run(bench_replay(url, args.events, args.chunks_per_event, args.repeat))
+    sys.stdout.write(json.dumps(out) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""A fast OpenAI-compatible upstream for benchmarks (runs in its own process).
+
+    python -m bench.upstream [--host 127.0.0.1] [--port 0]
+
+prints its base URL (``http://127.0.0.1:PORT/v1``) on stdout once listening;
+SIGTERM/SIGINT stop it.
+
+``POST /v1/chat/completions`` (streaming only) answers with the exact Chat
+Completions chunk format: a role chunk (``delta: {"role": "assistant",
+"content": ""}``), N content chunks (``delta: {"content": ...}``), a finish
+chunk (``delta: {}``, ``finish_reason: "stop"``), a usage chunk
+(``choices: []``) only if ``stream_options.include_usage`` (and then
+``"usage": null`` on every other chunk), and ``data: [DONE]``.
+
+What is sent is steered by the request body (top-level fields, which turnlog
+forwards upstream unchanged) or by the model name:
+
+* ``bench_chunks`` (int): number of content chunks; or a model ``fast-N``
+  / ``paced-N-R``;
+* ``bench_rate`` (float, chunks/s): 0 or absent = as fast as the socket allows:
+  the whole body is pre-serialized and written in blocks of ``bench_block``
+  bytes (default 64 KiB); > 0 = paced: one event per write, chunk i at
+  ``t0 + i / rate``;
+* ``bench_stamp`` (bool, paced mode): each content chunk's text is
+  ``@<time.monotonic() at write>`` followed by a space, so a client on the same
+  host can compute the one-way delivery latency of every chunk;
+* ``bench_tokens`` (list of str): the content pieces, cycled (default: English
+  words of ~4.5 bytes on average, none holding a ``<``).
+
+``POST /bench/release`` makes every paced stream in progress skip its remaining
+chunks and finish at once (finish chunk, usage, ``[DONE]``): benchmarks that
+hold many turns open use it to end them. ``GET /bench/stats`` returns counters.
+``GET /v1/models`` lists ``bench``, ``bench-fast``, ``bench-paced`` (any model
+name is accepted by ``/chat/completions``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+import uuid
+from typing import Any
+
+from aiohttp import web
+
+MODELS = ["bench", "bench-fast", "bench-paced"]
+DEFAULT_TOKENS = [
+    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
+    " It", " was", " a", " bright", " cold", " day", " in", " April", ",", " and",
+    " the", " clocks", " were", " striking", " thirteen", ".", " Call", " me", " Ishmael", "!",
+]
+DEFAULT_CHUNKS = 20
+BLOCK = 64 * 1024
+
+_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+class Upstream:
+    def __init__(self) -> None:
+        self.release_gen = 0  # bumped by /bench/release
+        self.active = 0
+        self.started = 0
+        self.completed = 0
+        self.aborted = 0
+
+    # -- handlers ---------------------------------------------------------------
+
+    async def models(self, request: web.Request) -> web.Response:
+        now = int(time.time())
+        return web.json_response(
+            {"object": "list", "data": [{"id": m, "object": "model", "created": now, "owned_by": "bench"} for m in MODELS]}
+        )
+
+    async def release(self, request: web.Request) -> web.Response:
+        self.release_gen += 1
+        return web.json_response({"released": self.active})
+
+    async def stats(self, request: web.Request) -> web.Response:
+        return web.json_response(
+            {"active": self.active, "started": self.started, "completed": self.completed, "aborted": self.aborted}
+        )
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = json.loads(await request.read())
+        except ValueError:
+            return _error(400, "We could not parse the JSON body of your request.")
+        if not isinstance(body, dict) or not body.get("stream"):
+            return _error(400, "bench upstream: only stream=true is supported")
+        model = str(body.get("model") or "bench")
+        n, rate = _plan(body, model)
+        opts = body.get("stream_options")
+        include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
+        tokens = body.get("bench_tokens") or DEFAULT_TOKENS
+        stamp = bool(body.get("bench_stamp")) and rate > 0
+        block = int(body.get("bench_block") or BLOCK)
+
+        resp = web.StreamResponse(
+            status=200,
+            headers={
+                "Content-Type": "text/event-stream; charset=utf-8",
+                "Cache-Control": "no-cache",
+                "X-Request-Id": "req_" + uuid.uuid4().hex,
+            },
+        )
+        await resp.prepare(request)
+        chunks = _Chunks("chatcmpl-" + uuid.uuid4().hex[:24], int(time.time()), model, include_usage)
+        self.active += 1
+        self.started += 1
+        try:
+            if rate > 0:
+                await self._paced(resp, chunks, n, rate, tokens, stamp)
+            else:
+                await self._fast(resp, chunks, n, tokens, block)
+            await resp.write_eof()
+            self.completed += 1
+        except (ConnectionError, asyncio.CancelledError):
+            self.aborted += 1
+            raise
+        finally:
+            self.active -= 1
+        return resp
+
+    async def _fast(self, resp: web.StreamResponse, c: _Chunks, n: int, tokens: list[str], block: int) -> None:
+        await resp.write(c.role())
+        per_token = [c.content(t) for t in tokens]
+        k = len(per_token)
+        cycle = b"".join(per_token)  # k chunks
+        reps = max(1, block // len(cycle))
+        big = cycle * reps  # reps * k chunks, about `block` bytes, written again and again
+        full, rest = divmod(n, reps * k)
+        for _ in range(full):
+            await resp.write(big)
+        await resp.write(cycle * (rest // k) + b"".join(per_token[: rest % k]) + c.tail(n))
+
+    async def _paced(
+        self, resp: web.StreamResponse, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool
+    ) -> None:
+        gen = self.release_gen
+        await resp.write(c.role())
+        t0 = time.monotonic()
+        k = len(tokens)
+        for i in range(n):
+            delay = t0 + i / rate - time.monotonic()
+            while delay > 0 and gen == self.release_gen:
+                await asyncio.sleep(min(delay, 0.25))
+                delay = t0 + i / rate - time.monotonic()
+            if gen != self.release_gen:
+                n = i
+                break
+            text = f"@{time.monotonic():.6f} " if stamp else tokens[i % k]
+            await resp.write(c.content(text))
+        await resp.write(c.tail(n))
+
+
+class _Chunks:
+    """Pre-serialized ``chat.completion.chunk`` events of one response."""
+
+    def __init__(self, ident: str, created: int, model: str, include_usage: bool) -> None:
+        self.include_usage = include_usage
+        head = {
+            "id": ident,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "system_fingerprint": None,
+        }
+        self._head = b"data: " + _dumps(head)[:-1].encode() + b',"choices":[{"index":0,"delta":'
+        self._end = b',"logprobs":null,"finish_reason":null}]' + (b',"usage":null' if include_usage else b"") + b"}\n\n"
+        self._raw_head = head
+
+    def content(self, text: str) -> bytes:
+        return self._head + _dumps({"content": text}).encode() + self._end
+
+    def role(self) -> bytes:
+        return self._head + b'{"role":"assistant","content":""}' + self._end
+
+    def tail(self, n: int) -> bytes:
+        finish = self._head + b'{},"logprobs":null,"finish_reason":"stop"}]'
+        finish += (b',"usage":null' if self.include_usage else b"") + b"}\n\n"
+        out = [finish]
+        if self.include_usage:
+            usage = {"prompt_tokens": 10, "completion_tokens": n, "total_tokens": 10 + n}
+            out.append(b"data: " + _dumps({**self._raw_head, "choices": [], "usage": usage}).encode() + b"\n\n")
+        out.append(b"data: [DONE]\n\n")
+        return b"".join(out)
+
+
+def _plan(body: dict[str, Any], model: str) -> tuple[int, float]:
+    n, rate = DEFAULT_CHUNKS, 0.0
+    parts = model.split("-")
+    try:
+        if parts[0] == "fast" and len(parts) >= 2:
+            n = int(parts[1])
+        elif parts[0] == "paced" and len(parts) >= 3:
+            n, rate = int(parts[1]), float(parts[2])
+    except ValueError:
+        pass
+    if body.get("bench_chunks") is not None:
+        n = int(body["bench_chunks"])
+    if body.get("bench_rate") is not None:
+        rate = float(body["bench_rate"])
+    return max(0, n), max(0.0, rate)
+
+
+def _error(status: int, message: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}, status=status
+    )
+
+
+def make_app() -> web.Application:
+    up = Upstream()
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.router.add_post("/v1/chat/completions", up.chat)
+    app.router.add_get("/v1/models", up.models)
+    app.router.add_post("/bench/release", up.release)
+    app.router.add_get("/bench/stats", up.stats)
+    return app
+
+
+async def _serve(host: str, port: int) -> None:
+    runner = web.AppRunner(make_app(), access_log=None, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=4096)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"http://{host}:{runner.addresses[0][1]}/v1", flush=True)
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.upstream", description=__doc__.split("\n")[0])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    args = p.parse_args(argv)
+    asyncio.run(_serve(args.host, args.port))
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,44 @@
+"""Direct tools: declared by the client, run by the client over the WebSocket.
+
+The turn asks with ``execute:tool`` and waits (with a timeout) for the client's
+``tool_result``. A missing client or a timeout is an error result the model
+sees, never a hung turn.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from engine.tools import ToolContext, ToolSpec
+
+if TYPE_CHECKING:
+    from engine.turn import TurnActor
+
+
+def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
+    """Specs from the request's ``direct_tools`` (OpenAI tool shape, or the bare function)."""
+    specs = []
+    for entry in declared or []:
+        fn = entry.get("function", entry) if isinstance(entry, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            continue
+        specs.append(
+            ToolSpec(
+                name=fn["name"],
+                description=str(fn.get("description") or ""),
+                parameters=fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {"type": "object", "properties": {}},
+                tool_id=f"direct:{fn['name']}",
+                kind="direct",
+            )
+        )
+    return specs
+
+
+class DirectToolHandle:
+    def __init__(self, spec: ToolSpec, actor: TurnActor, timeout: float) -> None:
+        self.spec = spec
+        self._actor = actor
+        self._timeout = timeout
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+        return await self._actor.ask_client(ctx.call_id or "", self.spec.name, args, self._timeout)

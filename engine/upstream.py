@@ -1,0 +1,114 @@
+"""Calling the model: from the canonical transcript to normalized model events.
+
+The transcript of a turn is kept as Chat Completions messages. For each call
+this module builds the wire body of the model's API (Chat Completions, Responses
+API, Ollama), streams it through the provider's transport and folds what comes
+back with the protocol's pure normalizer. The turn actor sees only
+``engine.model_events``; ``verify`` swaps this client for one that replays the
+recorded events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.convert import ollama_messages, responses_body, to_responses_input
+from engine.model_events import ModelEvent, StreamWarning
+from engine.normalize import ChatNormalizer, OllamaNormalizer, ResponsesNormalizer
+from engine.ports import RawWarning, ResolvedModel
+
+# Parameters an Ollama request takes at the top level; the rest go to ``options``.
+OLLAMA_TOP_LEVEL = frozenset({"tools", "format", "keep_alive", "think"})
+
+
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call of a turn."""
+
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    prefill: str | None = None
+    # Stateful Responses API continuation: only ``input_items`` are sent.
+    previous_response_id: str | None = None
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+
+
+class ModelClient(Protocol):
+    def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
+    ) -> AsyncIterator[ModelEvent]: ...
+
+
+def chat_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    messages = list(request.messages)
+    if request.prefill:
+        # Providers that continue an assistant prefill go on from it, so a
+        # resumed turn generates nothing twice.
+        messages.append({"role": "assistant", "content": request.prefill})
+    return {**request.params, "model": resolved.upstream_model, "messages": messages, "stream": True}
+
+
+def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The wire body for the model's API."""
+    api = resolved.api
+    body = chat_body(resolved, request)
+    if api == "chat":
+        return body
+    if api == "responses":
+        out = responses_body(body)
+        out.pop("messages", None)
+        instructions, items = to_responses_input(body["messages"])
+        if instructions:
+            out["instructions"] = instructions
+        if request.previous_response_id:
+            out["previous_response_id"] = request.previous_response_id
+            out["input"] = request.input_items
+        else:
+            out["input"] = items
+        out["stream"] = True
+        return out
+    if api == "ollama":
+        params = dict(request.params)
+        top = {k: params.pop(k) for k in list(params) if k in OLLAMA_TOP_LEVEL}
+        params.pop("stream_options", None)
+        options = params.pop("options", {}) or {}
+        if "max_tokens" in params:
+            params["num_predict"] = params.pop("max_tokens")
+        out = {
+            "model": resolved.upstream_model,
+            "messages": ollama_messages(body["messages"]),
+            "stream": True,
+            **top,
+        }
+        merged = {**params, **options}
+        if merged:
+            out["options"] = merged
+        return out
+    raise ValueError(f"unknown model API {api!r}")
+
+
+class LiveModelClient:
+    """Calls the real upstream through the resolved provider's transport."""
+
+    async def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
+    ) -> AsyncIterator[ModelEvent]:
+        api = resolved.api
+        normalizer: ChatNormalizer | ResponsesNormalizer | OllamaNormalizer
+        if api == "chat":
+            normalizer = ChatNormalizer(id_factory)
+        elif api == "responses":
+            normalizer = ResponsesNormalizer(id_factory)
+        else:
+            normalizer = OllamaNormalizer(id_factory)
+        body = build_body(resolved, request)
+        async for raw in resolved.provider.stream(body):  # type: ignore[attr-defined]
+            if isinstance(raw, RawWarning):
+                yield StreamWarning(raw.message, raw.raw)
+                continue
+            for event in normalizer.feed(raw.data):
+                yield event
+        for event in normalizer.finish():
+            yield event

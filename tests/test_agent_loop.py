@@ -1,0 +1,254 @@
+"""The native tool-calling agent loop over Chat Completions, with real tool modules."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine.events import Event
+from engine.projection import fold
+from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
+from tests.tools_fixtures import write_tools
+from tests.upstream import Reply, ScriptedUpstream
+
+USER = [{"role": "user", "content": "What is the weather?"}]
+
+
+def call(name: str, arguments: object, id: str | None = None) -> dict:
+    out: dict = {"name": name, "arguments": arguments}
+    if id:
+        out["id"] = id
+    return out
+
+
+def tool_reply(*calls: dict, text: str = "") -> Reply:
+    return Reply(text=text, tool_calls=list(calls), finish_reason="tool_calls")
+
+
+@pytest.fixture
+async def agent(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    tools = write_tools(tmp_path / "tools")
+    svc = await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=1.0), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+async def run(service: Service, **extra: object) -> tuple[str, dict]:
+    body = {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], **extra}
+    status, data, headers = await service.post("/v1/chat/completions", body)
+    assert status == 200, data
+    return headers["X-Turn-Id"], data
+
+
+async def check_replay(service: Service, turn_id: str) -> dict:
+    view = await service.turn(turn_id)
+    events = await service.events(turn_id)
+    replayed = fold(turn_id, [Event(turn_id=turn_id, **e) for e in events]).public()
+    assert json.loads(json.dumps(replayed)) == view
+    return view
+
+
+async def test_two_parallel_calls_run_concurrently_and_are_fed_back(agent: Service) -> None:
+    up = agent.upstream
+    up.enqueue(
+        tool_reply(call("get_weather", {"city": "Paris"}, "call_p"), call("get_weather", {"city": "Oslo"}, "call_o")),
+        Reply(text="Paris is sunny, Oslo too."),
+    )
+    started = time.monotonic()
+    turn_id, body = await run(agent)
+    elapsed = time.monotonic() - started
+    assert body["choices"][0]["message"]["content"] == "Paris is sunny, Oslo too."
+    assert elapsed < 0.55, f"two 0.3 s tools took {elapsed:.2f} s: not concurrent"
+    second = up.requests[1]["messages"]
+    assert second[0] == USER[0]
+    assert second[1]["role"] == "assistant" and [c["id"] for c in second[1]["tool_calls"]] == ["call_p", "call_o"]
+    assert [(m["role"], m["tool_call_id"], m["content"]) for m in second[2:]] == [
+        ("tool", "call_p", "Paris: sunny, 21C"),
+        ("tool", "call_o", "Oslo: sunny, 21C"),
+    ]
+    # the tools were offered to the model, reserved parameters hidden
+    offered = {t["function"]["name"]: t["function"] for t in up.requests[0]["tools"]}
+    assert set(offered) >= {"get_weather", "add", "explode"}
+    assert list(offered["get_weather"]["parameters"]["properties"]) == ["city"]
+    view = await check_replay(agent, turn_id)
+    types = [i["type"] for i in view["output"]]
+    assert types == ["function_call", "function_call", "function_call_output", "function_call_output", "message"]
+    assert all(i["status"] == "completed" for i in view["output"])
+    events = [e["type"] for e in await agent.events(turn_id)]
+    assert events.index("tools.batch") < events.index("tool.started") < events.index("tool.completed") < events.index("context.reinjected")
+    # the tool's __event_emitter__ status lines are on the log
+    tool_events = [e for e in await agent.events(turn_id) if e["type"] == "tool.event"]
+    assert {e["data"]["event"]["data"]["description"] for e in tool_events} == {"looking up Paris", "looking up Oslo"}
+
+
+async def test_glued_json_arguments_become_separate_calls(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("add", '{"a": 1, "b": 2}{"a": 3, "b": 4}')), Reply(text="3 and 7"))
+    turn_id, _ = await run(agent)
+    outputs = [i["output"] for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"]
+    assert outputs == ["3", "7"]
+    calls = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call"]
+    assert len(calls) == 2 and len({c["call_id"] for c in calls}) == 2  # the glued call is replaced (Q4)
+    await check_replay(agent, turn_id)
+
+
+async def test_python_literal_unknown_tool_raising_tool_and_bad_json(agent: Service) -> None:
+    agent.upstream.enqueue(
+        tool_reply(
+            call("add", "{'a': 2, 'b': 5, 'junk': True}", "c1"),
+            call("teleport", {"to": "moon"}, "c2"),
+            call("explode", {"reason": "test"}, "c3"),
+            call("add", '{"a": 1,', "c4"),
+        ),
+        Reply(text="done"),
+    )
+    turn_id, _ = await run(agent)
+    view = await agent.turn(turn_id)
+    out = {i["call_id"]: i for i in view["output"] if i["type"] == "function_call_output"}
+    assert out["c1"]["output"] == "7" and out["c1"]["status"] == "completed"
+    assert out["c2"]["output"] == 'Error: Tool "teleport" not found.' and out["c2"]["status"] == "failed"
+    assert "kaboom: test" in out["c3"]["output"] and out["c3"]["status"] == "failed"
+    assert "could not be parsed" in out["c4"]["output"]
+    # what is replayed to the model is what ran: the filtered arguments (Q22)
+    sent = agent.upstream.requests[1]["messages"][1]["tool_calls"]
+    args = {c["id"]: json.loads(c["function"]["arguments"]) for c in sent}
+    assert args["c1"] == {"a": 2, "b": 5}
+    assert args["c4"] == {}
+    await check_replay(agent, turn_id)
+
+
+async def test_tool_timeout_is_an_error_result(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 5}, "s1")), Reply(text="ok"))
+    started = time.monotonic()
+    turn_id, body = await run(agent)
+    assert time.monotonic() - started < 3
+    out = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"][0]
+    assert out["status"] == "failed" and "did not finish within 1 seconds" in out["output"]
+
+
+async def test_iteration_cap_finalizes_instead_of_looping(agent: Service) -> None:
+    for _ in range(5):
+        agent.upstream.enqueue(tool_reply(call("add", {"a": 1, "b": 1})))
+    agent.upstream.enqueue(Reply(text="never reached"))
+    async with agent.http.post(
+        agent.v1 + "/chat/completions",
+        json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True, "params": {"max_tool_call_iterations": 2}},
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    assert len(agent.upstream.requests) == 3  # cap N => at most N+1 model calls
+    events = await agent.events(turn_id)
+    limit = [e for e in events if e["type"] == "turn.iteration_limit"]
+    assert limit and limit[0]["data"]["message"] == "Tool-call limit reached (2 iterations)."
+    view = await check_replay(agent, turn_id)
+    assert view["status"] == "completed"
+    assert "Tool-call limit reached" in raw and raw.rstrip().endswith("[DONE]")
+    unanswered = [i for i in view["output"] if i["type"] == "function_call"][-1]
+    assert unanswered["status"] == "incomplete"  # Q21
+
+
+async def test_empty_tool_calls_with_finish_reason_tool_calls_ends_the_loop(agent: Service) -> None:
+    agent.upstream.enqueue(Reply(text="nothing to call", finish_reason="tool_calls"))
+    turn_id, body = await run(agent)
+    assert body["choices"][0]["message"]["content"] == "nothing to call"
+    assert len(agent.upstream.requests) == 1
+    assert (await agent.turn(turn_id))["status"] == "completed"
+
+
+async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("add", {"a": 2, "b": 2}, "cx"), text="Let me add. "), Reply(text="It is 4."))
+    async with agent.http.post(
+        agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    assert sse_text(raw) == "Let me add. It is 4."
+    items = [json.loads(d)["turnlog"]["item"] for _, d in sse_messages(raw) if '"turnlog":{"item"' in d]
+    statuses = [(i["type"], i.get("status")) for i in items]
+    assert ("function_call", "in_progress") in statuses
+    assert ("function_call_output", "completed") in statuses
+    assert '"tool_calls"' not in raw  # server tools are not forwarded as OpenAI tool_calls
+    # a reconnecting client gets the same bytes
+    async with agent.http.get(f"{agent.v1}/turns/{turn_id}/stream") as again:
+        assert await again.text() == raw
+
+
+async def test_client_tools_end_the_turn_with_tool_calls(agent: Service) -> None:
+    weather_tool = {"type": "function", "function": {"name": "client_lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    agent.upstream.enqueue(
+        tool_reply(call("client_lookup", {"q": "x"}, "cl1"), call("add", {"a": 1, "b": 2}, "sv1")),
+        Reply(text="Thanks, the client said 42."),
+    )
+    sdk = openai.AsyncOpenAI(base_url=agent.v1, api_key="x", max_retries=0)
+    first = await sdk.chat.completions.create(
+        model="gpt-test", messages=USER, tools=[weather_tool], extra_body={"tool_ids": ["weather"], "chat_id": "chat-ct"}
+    )
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert [(c.id, c.function.name) for c in choice.message.tool_calls] == [("cl1", "client_lookup")]
+    # the server tool ran first and its result is kept in the chat's history
+    status, chat = await agent.get("/v1/chats/chat-ct")
+    assert any(i.get("type") == "function_call_output" and i["output"] == "3" for m in chat["messages"] for i in m.get("output") or [])
+    second = await sdk.chat.completions.create(
+        model="gpt-test",
+        messages=[{"role": "tool", "tool_call_id": "cl1", "content": "42"}],
+        tools=[weather_tool],
+        extra_body={"chat_id": "chat-ct", "tool_ids": ["weather"]},
+    )
+    assert second.choices[0].message.content == "Thanks, the client said 42."
+    sent = agent.upstream.requests[-1]["messages"]
+    assert [m["role"] for m in sent] == ["user", "assistant", "tool", "tool"]
+    assert [c["id"] for c in sent[1]["tool_calls"]] == ["cl1", "sv1"]
+    assert sent[2]["tool_call_id"] == "sv1" and sent[2]["content"] == "3"
+    assert sent[-1] == {"role": "tool", "tool_call_id": "cl1", "content": "42"}
+    await sdk.close()
+
+
+async def test_direct_tools_run_over_the_websocket(agent: Service) -> None:
+    direct = [{"type": "function", "function": {"name": "browser_time", "description": "the browser's clock", "parameters": {"type": "object", "properties": {}}}}]
+    agent.upstream.enqueue(tool_reply(call("browser_time", {}, "d1")), Reply(text="It is noon."))
+    async with agent.http.ws_connect(agent.v1 + "/ws") as ws:
+        await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER, "direct_tools": direct}})
+        turn_id = (await ws.receive_json())["turn_id"]
+        while True:
+            msg = await ws.receive_json()
+            if msg["type"] == "execute:tool":
+                assert msg["name"] == "browser_time" and msg["call_id"] == "d1"
+                await ws.send_json({"type": "tool_result", "turn_id": turn_id, "call_id": "d1", "result": "12:00"})
+            if msg["type"] == "event" and msg["event"]["type"] == "turn.completed":
+                break
+    view = await agent.turn(turn_id)
+    out = [i for i in view["output"] if i["type"] == "function_call_output"][0]
+    assert out["output"] == "12:00" and view["content"] == "It is noon."
+
+
+async def test_direct_tool_without_a_client_is_an_error_result(agent: Service) -> None:
+    direct = [{"name": "browser_time", "parameters": {"type": "object", "properties": {}}}]
+    agent.upstream.enqueue(tool_reply(call("browser_time", {}, "d2")), Reply(text="no clock"))
+    turn_id, body = await run(agent, direct_tools=direct)
+    out = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"][0]
+    assert out["status"] == "failed" and "no client is connected" in out["output"]
+
+
+async def test_three_iterations_replay_exactly(agent: Service) -> None:
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 1}, "i1"), text="one "),
+        tool_reply(call("add", {"a": 2, "b": 2}, "i2"), text="two "),
+        tool_reply(call("search", {"q": "x"}, "i3"), text="three "),
+        Reply(text="done"),
+    )
+    turn_id, body = await run(agent)
+    assert body["choices"][0]["message"]["content"] == "one two three done"
+    view = await check_replay(agent, turn_id)
+    assert [i["type"] for i in view["output"]].count("function_call_output") == 3
+    for upto in (5, 12, 20):
+        status, partial = await agent.get(f"/v1/turns/{turn_id}/replay?upto={upto}")
+        assert status == 200 and partial["seq"] == upto

@@ -1,0 +1,88 @@
+"""Real tool modules for the agent-loop tests, written into a tools folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+WEATHER = '''
+import asyncio
+import time
+
+
+class Tools:
+    async def get_weather(self, city: str, __event_emitter__=None) -> str:
+        """Current weather of a city.
+
+        :param city: the city name
+        """
+        if __event_emitter__ is not None:
+            await __event_emitter__({"type": "status", "data": {"description": f"looking up {city}", "done": False}})
+        await asyncio.sleep(0.3)
+        return f"{city}: sunny, 21C"
+
+    def add(self, a: int, b: int) -> int:
+        """Add two integers."""
+        return a + b
+
+    def explode(self, reason: str) -> str:
+        """Always fails."""
+        raise RuntimeError(f"kaboom: {reason}")
+
+    async def slow(self, seconds: float) -> str:
+        """Sleeps."""
+        await asyncio.sleep(seconds)
+        return "finally"
+
+    def search(self, q: str) -> dict:
+        """Search something."""
+        return {"query": q, "hits": 1}
+'''
+
+SIDE_EFFECTS = '''
+import asyncio
+import json
+import os
+from pathlib import Path
+
+LOG = Path(os.environ["TURNLOG_TEST_TOOL_LOG"])
+
+
+def _note(name):
+    with LOG.open("a") as fh:
+        fh.write(name + "\\n")
+
+
+class Tools:
+    async def send_email(self, to: str) -> str:
+        """Sends an email (not idempotent)."""
+        _note("send_email")
+        await asyncio.sleep(float(os.environ.get("TURNLOG_TEST_TOOL_SLEEP", "0")))
+        return f"sent to {to}"
+'''
+
+IDEMPOTENT = '''
+import asyncio
+import os
+from pathlib import Path
+
+LOG = Path(os.environ["TURNLOG_TEST_TOOL_LOG"])
+
+
+class Tools:
+    idempotent = True
+
+    async def lookup(self, key: str) -> str:
+        """A read-only lookup (safe to run twice)."""
+        with LOG.open("a") as fh:
+            fh.write("lookup\\n")
+        await asyncio.sleep(float(os.environ.get("TURNLOG_TEST_TOOL_SLEEP", "0")))
+        return f"value of {key}"
+'''
+
+
+def write_tools(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "weather.py").write_text(WEATHER)
+    (folder / "mail.py").write_text(SIDE_EFFECTS)
+    (folder / "kv.py").write_text(IDEMPOTENT)
+    return folder
