@@ -22,7 +22,7 @@ class Catalog:
         self.settings = settings
         self.providers = providers
         self.ttl = ttl
-        self._models: dict[str, tuple[str, dict[str, Any]]] = {}  # id -> (provider name, entry)
+        self._models: dict[str, tuple[str, dict[str, Any]]] = {}  # public id -> (provider name, entry)
         self._fetched_at = 0.0
         self._reachable = False
 
@@ -38,8 +38,12 @@ class Catalog:
                 continue
             for entry in entries:
                 model_id = str(entry.get("id", ""))
-                if model_id and model_id not in models:
-                    models[model_id] = (name, entry)
+                if not model_id:
+                    continue
+                if model_id in models:
+                    # Two upstreams serve the same id: the later one is prefixed.
+                    model_id = f"{name}/{model_id}"
+                models[model_id] = (name, entry)
         self._models = models
         self._reachable = reachable
         self._fetched_at = time.monotonic()
@@ -63,13 +67,15 @@ class Catalog:
                 return None
             # No upstream answered the listing: let the upstream judge the id
             # rather than refuse every model while it is down.
-            name = next(iter(self.providers))
+            name, upstream_model = next(iter(self.providers)), model
         else:
-            name = found[0]
+            name, upstream_model = found[0], str(found[1].get("id", model))
+        provider = self.providers[name]
         profile = self.settings.models.get(model)
         return ResolvedModel(
-            provider=self.providers[name],
-            upstream_model=model,
+            provider=provider,
+            upstream_model=upstream_model,
+            api=getattr(provider, "api", "chat"),
             system=profile.system if profile else None,
             params=dict(profile.params) if profile else {},
         )

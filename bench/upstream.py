@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
 import json
 import signal
 import sys
@@ -61,7 +62,7 @@ _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 class Upstream:
     def __init__(self) -> None:
-        self.release_gen = 0  # bumped by /bench/release
+        self.pacer = Pacer()
         self.active = 0
         self.started = 0
         self.completed = 0
@@ -76,8 +77,7 @@ class Upstream:
         )
 
     async def release(self, request: web.Request) -> web.Response:
-        self.release_gen += 1
-        return web.json_response({"released": self.active})
+        return web.json_response({"released": self.pacer.release()})
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
@@ -113,7 +113,7 @@ class Upstream:
         self.started += 1
         try:
             if rate > 0:
-                await self._paced(resp, chunks, n, rate, tokens, stamp)
+                await self._paced(request, resp, chunks, n, rate, tokens, stamp)
             else:
                 await self._fast(resp, chunks, n, tokens, block)
             await resp.write_eof()
@@ -138,23 +138,115 @@ class Upstream:
         await resp.write(cycle * (rest // k) + b"".join(per_token[: rest % k]) + c.tail(n))
 
     async def _paced(
-        self, resp: web.StreamResponse, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool
+        self, request: web.Request, resp: web.StreamResponse, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool
     ) -> None:
-        gen = self.release_gen
-        await resp.write(c.role())
-        t0 = time.monotonic()
-        k = len(tokens)
-        for i in range(n):
-            delay = t0 + i / rate - time.monotonic()
-            while delay > 0 and gen == self.release_gen:
-                await asyncio.sleep(min(delay, 0.25))
-                delay = t0 + i / rate - time.monotonic()
-            if gen != self.release_gen:
-                n = i
-                break
-            text = f"@{time.monotonic():.6f} " if stamp else tokens[i % k]
-            await resp.write(c.content(text))
-        await resp.write(c.tail(n))
+        await resp.write(c.role())  # through aiohttp: sends the headers (buffered until the first write)
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            raise ConnectionResetError("client went away")
+        done = asyncio.get_running_loop().create_future()
+        self.pacer.add(_Paced(transport, c, n, rate, tokens, stamp, done))
+        await done
+
+
+class _Paced:
+    """One paced stream, written by the shared ``Pacer`` straight to the transport
+    (chunked framing by hand: aiohttp's writer has already sent the headers)."""
+
+    __slots__ = ("transport", "c", "n", "rate", "tokens", "stamp", "done", "i", "t0", "due")
+
+    def __init__(self, transport: Any, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool, done: Any) -> None:
+        self.transport, self.c, self.n, self.rate = transport, c, n, rate
+        self.tokens, self.stamp, self.done = tokens, stamp, done
+        self.i = 0
+        self.t0 = time.monotonic()
+        self.due = self.t0
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(b"%x\r\n%s\r\n" % (len(data), data))
+
+    def send_next(self) -> bool:
+        """Write chunk ``i``; False once the stream has ended."""
+        if self.done.done():  # the handler is gone
+            return False
+        if self.transport.is_closing():
+            self._end(ConnectionResetError("client went away"))
+            return False
+        text = f"@{time.monotonic():.6f} " if self.stamp else self.tokens[self.i % len(self.tokens)]
+        self._write(self.c.content(text))
+        self.i += 1
+        if self.i >= self.n:
+            self.finish()
+            return False
+        self.due = self.t0 + self.i / self.rate
+        return True
+
+    def finish(self) -> None:
+        if not self.transport.is_closing():
+            self._write(self.c.tail(self.i))
+        self._end(None)
+
+    def _end(self, exc: BaseException | None) -> None:
+        if not self.done.done():
+            if exc is None:
+                self.done.set_result(None)
+            else:
+                self.done.set_exception(exc)
+
+
+class Pacer:
+    """One timer loop for every paced stream: a heap of due times, so 10,000
+    chunks/s cost one wake-up per due instant, not one sleeping task per chunk."""
+
+    def __init__(self) -> None:
+        self.heap: list[tuple[float, int, _Paced]] = []
+        self._seq = 0
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    def add(self, s: _Paced) -> None:
+        if s.n <= 0:
+            s.finish()
+            return
+        self._push(s)
+        if self._task is None or self._task.done():
+            self._wake = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        assert self._wake is not None
+        self._wake.set()
+
+    def _push(self, s: _Paced) -> None:
+        self._seq += 1
+        heapq.heappush(self.heap, (s.due, self._seq, s))
+
+    def release(self) -> int:
+        """Finish every stream now."""
+        n = len(self.heap)
+        while self.heap:
+            heapq.heappop(self.heap)[2].finish()
+        return n
+
+    async def _run(self) -> None:
+        assert self._wake is not None
+        wake = self._wake
+        while True:
+            if not self.heap:
+                wake.clear()
+                await wake.wait()
+                continue
+            delay = self.heap[0][0] - time.monotonic()
+            if delay > 0:
+                wake.clear()
+                try:
+                    await asyncio.wait_for(wake.wait(), delay)
+                except TimeoutError:
+                    pass
+                continue
+            now = time.monotonic()
+            while self.heap and self.heap[0][0] <= now:
+                s = heapq.heappop(self.heap)[2]
+                if s.send_next():
+                    self._push(s)
 
 
 class _Chunks:

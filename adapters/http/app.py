@@ -18,7 +18,9 @@ from adapters.http import chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
+from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.store import open_store
 from adapters.store.migrate import migrate
 from engine.live import InProcessBus
@@ -44,14 +46,13 @@ def create_app(settings: Settings) -> web.Application:
         await migrate(settings.database_url)
         store = await open_store(settings.database_url)
         providers: dict[str, ChatProvider] = {}
+        timeouts = {"connect_timeout": settings.upstream_connect_timeout, "idle_timeout": settings.upstream_idle_timeout}
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-            providers["openai"] = OpenAIChatProvider(
-                settings.openai_base_url,
-                key,
-                connect_timeout=settings.upstream_connect_timeout,
-                idle_timeout=settings.upstream_idle_timeout,
-            )
+            openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
+            providers["openai"] = openai_cls(settings.openai_base_url, key, **timeouts)
+        if settings.ollama_base_url:
+            providers["ollama"] = OllamaProvider(settings.ollama_base_url, **timeouts)
         catalog = Catalog(settings, providers)
         tools: ToolCatalog = DirToolCatalog(settings.tools_dir) if settings.tools_dir else NoTools()
         supervisor = Supervisor(

@@ -1,0 +1,123 @@
+"""The agent loop over the Responses API (stateless and stateful) and Ollama."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import openai
+import pytest
+
+from engine.events import Event
+from engine.projection import fold
+from tests.harness import Service, make_settings, sse_text, start_service, stop_service
+from tests.tools_fixtures import write_tools
+from tests.upstream import Reply, ScriptedUpstream
+
+USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3, then 4 and 5."}]
+
+
+def calls(*pairs: tuple[str, dict, str]) -> Reply:
+    return Reply(tool_calls=[{"name": n, "arguments": a, "id": i} for n, a, i in pairs], finish_reason="tool_calls")
+
+
+async def _service(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, **settings: object) -> Service:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    tools = write_tools(tmp_path / "tools")
+    return await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), **settings), upstream)
+
+
+@pytest.fixture
+async def responses(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+    svc = await _service(tmp_path, upstream, monkeypatch, openai_api_mode="responses", responses_stateful=True)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+@pytest.fixture
+async def ollama(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+    svc = await _service(tmp_path, upstream, monkeypatch, openai_base_url=None, ollama_base_url=upstream.root)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+async def replay_equals_live(service: Service, turn_id: str) -> dict:
+    view = await service.turn(turn_id)
+    events = await service.events(turn_id)
+    assert json.loads(json.dumps(fold(turn_id, [Event(turn_id=turn_id, **e) for e in events]).public())) == view
+    return view
+
+
+async def test_responses_stateful_sends_previous_response_id_and_only_new_items(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(
+        calls(("add", {"a": 2, "b": 3}, "call_1")),
+        calls(("add", {"a": 4, "b": 5}, "call_2")),
+        Reply(text="5 and 9."),
+    )
+    sdk = openai.AsyncOpenAI(base_url=responses.v1, api_key="x", max_retries=0)
+    done = await sdk.chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_ids": ["weather"]})
+    await sdk.close()
+    assert done.choices[0].message.content == "5 and 9."
+    assert up.request_paths == ["/v1/responses"] * 3
+    first, second, third = up.requests
+    assert "previous_response_id" not in first and first["instructions"] == "Be brief."
+    assert [i["role"] for i in first["input"] if i.get("type", "message") == "message"] == ["user"]
+    view = await replay_equals_live(responses, done.id.removeprefix("chatcmpl-"))
+    ids = view["response_ids"]
+    assert len(ids) == 3 and set(ids) <= set(up.response_ids)  # every response id is on the log
+    # the continuation carries the anchor and only the new tool output (Q9)
+    assert second["previous_response_id"] == ids[0]
+    assert second["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "5"}]
+    assert third["previous_response_id"] == ids[1]
+    assert third["input"] == [{"type": "function_call_output", "call_id": "call_2", "output": "9"}]
+
+
+async def test_responses_expired_anchor_falls_back_to_the_full_transcript(responses: Service) -> None:
+    up = responses.upstream
+
+    up.enqueue(calls(("slow", {"seconds": 0.5}, "call_1")), Reply(text="It is 5."))
+    request = asyncio.create_task(
+        responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    )
+    while not up.response_ids:  # the first response is stored upstream...
+        await asyncio.sleep(0.01)
+    up.forget_responses()  # ...and expires while the tool runs
+    status, body, headers = await request
+    assert status == 200 and body["choices"][0]["message"]["content"] == "It is 5."
+    refused, retried = up.requests[1], up.requests[2]
+    assert "previous_response_id" in refused
+    assert "previous_response_id" not in retried
+    roles = [i.get("role") or i["type"] for i in retried["input"]]
+    assert roles == ["user", "function_call", "function_call_output"]
+    events = await responses.events(headers["X-Turn-Id"])
+    fallback = [e for e in events if e["type"] == "model.fallback"]
+    assert len(fallback) == 1 and fallback[0]["data"]["previous_response_id"] == refused["previous_response_id"]
+    await replay_equals_live(responses, headers["X-Turn-Id"])
+
+
+async def test_responses_streaming_text(responses: Service) -> None:
+    responses.upstream.enqueue(Reply(text="Streaming over the Responses API.", chunk_size=5))
+    async with responses.http.post(responses.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
+        assert sse_text(await resp.text()) == "Streaming over the Responses API."
+
+
+async def test_ollama_tool_loop(ollama: Service) -> None:
+    up = ollama.upstream
+    up.enqueue(calls(("add", {"a": 2, "b": 3}, "o1"), ("add", {"a": 4, "b": 5}, "o2")), Reply(text="5 and 9"))
+    status, body, headers = await ollama.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    assert body["choices"][0]["message"]["content"] == "5 and 9"
+    assert up.request_paths == ["/api/chat", "/api/chat"]
+    second = up.requests[1]["messages"]
+    assistant = [m for m in second if m["role"] == "assistant"][0]
+    assert all(isinstance(c["function"]["arguments"], dict) for c in assistant["tool_calls"])  # Ollama wants objects
+    assert [m["content"] for m in second if m["role"] == "tool"] == ["5", "9"]
+    view = await replay_equals_live(ollama, headers["X-Turn-Id"])
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
