@@ -13,8 +13,9 @@ samples the server's memory at that point); with ``"announce": true`` it prints
 ``{"event": "phase_start"|"phase_end", "name"}`` around the phase (the
 orchestrator reads the server's CPU time there).
 
-Cheap parsing: the body is read with ``iter_any()``, cut at the last newline,
-and only counted: a content chunk is an SSE ``data:`` event whose delta starts
+Cheap parsing: a bare asyncio ``Protocol`` (HTTP/1.1, keep-alive per worker,
+chunked transfer decoding) takes each read's arrival time first thing in
+``data_received``; the body is cut at the last newline and only counted: a content chunk is an SSE ``data:`` event whose delta starts
 with ``{"content":`` (the role chunk, finish chunk and usage chunk do not
 match), both in the upstream's bytes and in turnlog's. All chunks that arrive in
 one read share that read's timestamp.
@@ -37,8 +38,8 @@ import re
 import sys
 import time
 from typing import Any
+from urllib.parse import urlsplit
 
-import aiohttp
 
 CONTENT = b'"delta":{"content":'
 DONE = b"data: [DONE]"
@@ -57,76 +58,247 @@ def percentiles(values: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99, 0.
     return out
 
 
+class _Dechunk:
+    """Undoes HTTP/1.1 chunked transfer coding, incrementally."""
+
+    __slots__ = ("buf", "remaining", "skip", "eof")
+
+    def __init__(self) -> None:
+        self.buf = b""
+        self.remaining = 0  # payload bytes left in the current chunk
+        self.skip = 0  # CRLF bytes to drop after a chunk's payload
+        self.eof = False
+
+    def feed(self, data: bytes) -> bytes:
+        if self.buf:
+            data, self.buf = self.buf + data, b""
+        out = []
+        pos, end = 0, len(data)
+        while pos < end and not self.eof:
+            if self.remaining:
+                take = min(self.remaining, end - pos)
+                out.append(data[pos : pos + take])
+                pos += take
+                self.remaining -= take
+                if not self.remaining:
+                    self.skip = 2
+            elif self.skip:
+                take = min(self.skip, end - pos)
+                pos += take
+                self.skip -= take
+            else:
+                nl = data.find(b"\r\n", pos)
+                if nl < 0:
+                    self.buf = data[pos:]
+                    break
+                size = int(data[pos:nl].split(b";", 1)[0], 16)
+                pos = nl + 2
+                if size == 0:
+                    self.eof = True
+                else:
+                    self.remaining = size
+        return b"".join(out)
+
+
+class _Stream(asyncio.Protocol):
+    """One HTTP/1.1 connection; runs requests one after another (keep-alive).
+
+    Everything is done in ``data_received``: the arrival time is taken there,
+    before any other work, and counting needs no task wake-up.
+    """
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.closed = asyncio.get_running_loop().create_future()
+        self.r: dict[str, Any] | None = None
+
+    # -- asyncio.Protocol ------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.r is not None and not self.done_fut.done():
+            if not self.r.get("done") and self.r.get("error") is None:
+                self.r["error"] = f"connection closed ({exc!r})" if exc else "connection closed by server"
+            self.done_fut.set_result(None)
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def start(self, request: bytes, r: dict[str, Any], gaps: list[float] | None, lats: list[float] | None, on_first: Any) -> asyncio.Future[None]:
+        self.r = r
+        self.gaps, self.lats, self.on_first = gaps, lats, on_first
+        self.head = b""
+        self.headers_done = False
+        self.dechunk: _Dechunk | None = None
+        self.length: int | None = None
+        self.body_left = 0
+        self.pending = b""
+        self.first: float | None = None
+        self.last: float | None = None
+        self.error_body = b""
+        self.done_fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        r["t0"] = time.monotonic()
+        assert self.transport is not None
+        self.transport.write(request)
+        return self.done_fut
+
+    def data_received(self, data: bytes) -> None:
+        t = time.monotonic()
+        r = self.r
+        if r is None or self.done_fut.done():
+            return
+        r["bytes"] += len(data)
+        if not self.headers_done:
+            self.head += data
+            i = self.head.find(b"\r\n\r\n")
+            if i < 0:
+                return
+            self._headers(self.head[:i].decode("latin-1"))
+            data, self.head = self.head[i + 4 :], b""
+            r["ttfb"] = t - r["t0"]
+            if not data and not self._finished():
+                return
+        if self.dechunk is not None:
+            data = self.dechunk.feed(data)
+        elif self.length is not None:
+            data = data[: self.body_left]
+            self.body_left -= len(data)
+        if r["status"] != 200:
+            self.error_body += data
+        elif data:
+            self._body(data, t)
+        if self._finished():
+            self._end(t)
+
+    # -- parsing ---------------------------------------------------------------
+
+    def _headers(self, head: str) -> None:
+        lines = head.split("\r\n")
+        r = self.r
+        assert r is not None
+        r["status"] = int(lines[0].split(" ", 2)[1])
+        chunked = False
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            k = k.strip().lower()
+            v = v.strip()
+            if k == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+            elif k == "content-length":
+                self.length = int(v)
+                self.body_left = int(v)
+            elif k == "x-turn-id":
+                r["turn_id"] = v
+        if chunked:
+            self.dechunk = _Dechunk()
+            self.length = None
+
+    def _finished(self) -> bool:
+        if self.dechunk is not None:
+            return self.dechunk.eof
+        if self.length is not None:
+            return self.body_left <= 0
+        return False  # until the server closes
+
+    def _body(self, data: bytes, t: float) -> None:
+        r = self.r
+        assert r is not None
+        if self.pending:
+            data = self.pending + data
+        cut = data.rfind(b"\n") + 1
+        if cut == 0:
+            self.pending = data
+            return
+        part = data[:cut] if cut < len(data) else data
+        self.pending = data[cut:]
+        k = part.count(CONTENT)
+        if k:
+            gaps = self.gaps
+            if self.first is None:
+                self.first = t
+                self.on_first()
+            elif gaps is not None:
+                gaps.append(t - self.last)  # type: ignore[operator]
+            if gaps is not None and k > 1:
+                gaps.extend([0.0] * (k - 1))
+            if self.lats is not None:
+                for m in STAMP.findall(part):
+                    self.lats.append(t - float(m))
+            self.last = t
+            r["n"] += k
+        if DONE in part:
+            r["done"] = True
+        if ERROR in part:
+            i = part.find(ERROR)
+            r["error"] = part[i : i + 300].decode("utf-8", "replace")
+
+    def _end(self, t: float) -> None:
+        r = self.r
+        assert r is not None
+        if r["status"] != 200:
+            r["error"] = f"HTTP {r['status']}: {self.error_body[:300].decode('utf-8', 'replace')}"
+        if not self.done_fut.done():
+            self.done_fut.set_result(None)
+
+
+class _Conn:
+    """A worker's keep-alive connection, reopened when the server closed it."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self.proto: _Stream | None = None
+
+    async def get(self) -> _Stream:
+        if self.proto is None or self.proto.closed.done() or self.proto.transport is None or self.proto.transport.is_closing():
+            loop = asyncio.get_running_loop()
+            _, proto = await loop.create_connection(_Stream, self.host, self.port)
+            self.proto = proto
+        return self.proto
+
+    def close(self) -> None:
+        if self.proto is not None and self.proto.transport is not None:
+            self.proto.transport.close()
+
+
+def build_request(url: str, body: dict[str, Any]) -> tuple[str, int, bytes]:
+    u = urlsplit(url)
+    payload = json.dumps(body).encode()
+    head = (
+        f"POST {u.path or '/'} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
+        f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n"
+    )
+    return u.hostname or "127.0.0.1", u.port or 80, head.encode() + payload
+
+
 async def one_stream(
-    session: aiohttp.ClientSession, url: str, body: dict[str, Any], *, gaps: list[float] | None,
-    lats: list[float] | None, on_first: Any,
+    conn: _Conn, request: bytes, *, gaps: list[float] | None, lats: list[float] | None, on_first: Any
 ) -> dict[str, Any]:
-    now = time.monotonic
-    r: dict[str, Any] = {"status": None, "n": 0, "done": False, "error": None, "bytes": 0}
-    t0 = now()
-    r["t0"] = t0
-    first = None
-    last = None
+    r: dict[str, Any] = {"status": None, "n": 0, "done": False, "error": None, "bytes": 0, "t0": time.monotonic()}
+    proto: _Stream | None = None
     try:
-        async with session.post(url, json=body) as resp:
-            r["status"] = resp.status
-            r["turn_id"] = resp.headers.get("X-Turn-Id")
-            if resp.status != 200:
-                r["error"] = f"HTTP {resp.status}: {(await resp.text())[:300]}"
-                r["total"] = now() - t0
-                return r
-            pending = b""
-            n = 0
-            nbytes = 0
-            async for data in resp.content.iter_any():
-                t = now()
-                if r.get("ttfb") is None:
-                    r["ttfb"] = t - t0
-                nbytes += len(data)
-                if pending:
-                    data = pending + data
-                cut = data.rfind(b"\n") + 1
-                if cut == 0:
-                    pending = data
-                    continue
-                part = data[:cut] if cut < len(data) else data
-                pending = data[cut:]
-                k = part.count(CONTENT)
-                if k:
-                    if first is None:
-                        first = t
-                        on_first()
-                    elif gaps is not None:
-                        gaps.append(t - last)  # type: ignore[operator]
-                    if gaps is not None and k > 1:
-                        gaps.extend([0.0] * (k - 1))
-                    if lats is not None:
-                        for m in STAMP.findall(part):
-                            lats.append(t - float(m))
-                    last = t
-                    n += k
-                if DONE in part:
-                    r["done"] = True
-                if ERROR in part:
-                    r["error"] = part[part.find(ERROR) : part.find(ERROR) + 300].decode("utf-8", "replace")
-            r["n"] = n
-            r["bytes"] = nbytes
+        proto = await conn.get()
+        await proto.start(request, r, gaps, lats, on_first)
     except asyncio.CancelledError:  # the phase's deadline: record, do not propagate
         r["error"] = r["error"] or "timeout (client deadline)"
+        conn.close()
     except Exception as exc:  # noqa: BLE001 - a failed stream is a figure, not a crash
         r["error"] = f"{type(exc).__name__}: {exc}"
-    finally:
-        end = now()
-        r["total"] = end - t0
-        if first is not None:
-            r["ttfc"] = first - t0
-            r["t_last"] = last - t0  # type: ignore[operator]
+        conn.close()
+    end = time.monotonic()
+    r["total"] = end - r["t0"]
+    if proto is not None and proto.first is not None:
+        r["ttfc"] = proto.first - r["t0"]
+        r["t_last"] = proto.last - r["t0"]  # type: ignore[operator]
+    if proto is not None:
+        proto.r = None
+    if r["status"] != 200 or not r["done"]:
+        conn.close()  # do not reuse a connection in an unknown state
     return r
 
 
-async def run_phase(session: aiohttp.ClientSession, phase: dict[str, Any], deadline: float) -> dict[str, Any]:
-    url = phase["url"]
-    body = phase["body"]
+async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
+    host, port, request = build_request(phase["url"], phase["body"])
     total = int(phase.get("requests", 1))
     conc = max(1, min(int(phase.get("concurrency", 1)), total))
     ramp = float(phase.get("ramp_s", 0.0))
@@ -151,10 +323,14 @@ async def run_phase(session: aiohttp.ClientSession, phase: dict[str, Any], deadl
         nonlocal next_index
         if ramp > 0:
             await asyncio.sleep(ramp * w / conc)
-        while next_index < total and not stopped:
-            i = next_index
-            next_index += 1
-            results[i] = await one_stream(session, url, body, gaps=gaps, lats=lats, on_first=on_first)
+        conn = _Conn(host, port)
+        try:
+            while next_index < total and not stopped:
+                i = next_index
+                next_index += 1
+                results[i] = await one_stream(conn, request, gaps=gaps, lats=lats, on_first=on_first)
+        finally:
+            conn.close()
 
     announce = bool(phase.get("announce"))
     if announce:
@@ -184,17 +360,13 @@ async def run_phase(session: aiohttp.ClientSession, phase: dict[str, Any], deadl
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
     timeout = float(spec.get("timeout_s", 120))
     out: list[dict[str, Any]] = []
-    connector = aiohttp.TCPConnector(limit=0, force_close=False)
-    async with aiohttp.ClientSession(
-        connector=connector, timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=timeout)
-    ) as session:
-        deadline = time.monotonic() + timeout
-        for phase in spec["phases"]:
-            res = await run_phase(session, phase, deadline)
-            if phase.get("name") != "_warmup":
-                out.append(res)
-            if res["agg"]["timed_out"]:
-                return {"phases": out, "error": f"client deadline of {timeout:g}s reached"}
+    deadline = time.monotonic() + timeout
+    for phase in spec["phases"]:
+        res = await run_phase(phase, deadline)
+        if phase.get("name") != "_warmup":
+            out.append(res)
+        if res["agg"]["timed_out"]:
+            return {"phases": out, "error": f"client deadline of {timeout:g}s reached"}
     return {"phases": out}
 
 

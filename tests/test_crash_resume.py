@@ -166,3 +166,60 @@ async def test_kill9_then_auto_resume_on_restart(http: aiohttp.ClientSession, tm
         assert types.index("turn.interrupted") < types.index("turn.resumed") < types.index("turn.completed")
     finally:
         second.stop()
+
+
+@pytest.mark.parametrize(
+    "module, tool, expect_runs, expect_output",
+    [
+        ("mail", "send_email", 1, "was interrupted"),  # not idempotent: never run twice
+        ("kv", "lookup", 2, "value of k"),  # idempotent: run again
+    ],
+)
+async def test_kill9_between_tool_started_and_completed(
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
+    module: str, tool: str, expect_runs: int, expect_output: str,
+) -> None:
+    from tests.tools_fixtures import write_tools
+
+    tool_log = tmp_path / "tool.log"
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tool_log))
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_SLEEP", "30")
+    monkeypatch.setenv("TURNLOG_TOOLS_DIR", str(write_tools(tmp_path / "tools")))
+    arguments = {"to": "bob@example.com"} if tool == "send_email" else {"key": "k"}
+    upstream.enqueue(
+        Reply(tool_calls=[{"name": tool, "arguments": arguments, "id": "call_x"}], finish_reason="tool_calls"),
+        Reply(text="All done."),
+    )
+    db = tmp_path / "turnlog.db"
+    first = Server(db, upstream.url, auto_resume=True)
+    try:
+        await first.ready(http)
+        pending = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "go"}], "tool_ids": [module]}))
+        deadline = time.monotonic() + 20
+        while not (tool_log.exists() and tool_log.read_text()):
+            assert time.monotonic() < deadline, "the tool never started"
+            await asyncio.sleep(0.05)
+        first.kill9()
+        with pytest.raises(aiohttp.ClientError):
+            await pending
+    finally:
+        first.stop()
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_SLEEP", "0")
+    second = Server(db, upstream.url, auto_resume=True)
+    try:
+        await second.ready(http)
+        # the request died with the first process: find its turn with the CLI
+        listing = subprocess.run([sys.executable, "-m", "adapters.cli", "turns", "list"], cwd=ROOT, capture_output=True, text=True,
+                                 env={**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}"})
+        turn_id = listing.stdout.splitlines()[1].split()[0]
+        done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
+        assert done["content"] == "All done."
+        output = [i for i in done["output"] if i["type"] == "function_call_output"]
+        assert len(output) == 1 and expect_output in output[0]["output"]
+        assert tool_log.read_text().splitlines() == [tool] * expect_runs
+        events = (await get_json(http, f"{second.url}/v1/turns/{turn_id}/events?limit=10000"))["events"]
+        types = [e["type"] for e in events]
+        assert types.count("tool.completed") == 1
+        assert types.index("tool.started") < types.index("turn.interrupted") < types.index("turn.resumed") < types.index("tool.completed")
+    finally:
+        second.stop()
