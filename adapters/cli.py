@@ -103,6 +103,41 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_store(settings, run))
 
 
+async def scratch_store(folder: str) -> Any:
+    """An empty SQLite store for ``verify`` runs (a real store, thrown away after)."""
+    url = f"sqlite+aiosqlite:///{folder}/verify.db"
+    await migrate(url)
+    return await open_store(url, synchronous="OFF")
+
+
+def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
+    """Re-run the engine against the recorded results; exit 1 with a diff on mismatch."""
+    import tempfile
+
+    from engine.verify import verify_turn
+
+    async def run(store: Any) -> int:
+        events = await store.read(args.turn_id)
+        if not events:
+            print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
+            return 1
+        with tempfile.TemporaryDirectory(prefix="turnlog-verify-") as folder:
+            scratch = await scratch_store(folder)
+            try:
+                result = await verify_turn(events, scratch)
+            finally:
+                await scratch.close()
+        if result.ok:
+            print(f"ok: {len(result.expected)} events reproduced")
+            return 0
+        print(f"turnlog: turn {args.turn_id} does not verify:", file=sys.stderr)
+        for line in result.diff:
+            print(line, file=sys.stderr)
+        return 1
+
+    return asyncio.run(_with_store(settings, run))
+
+
 def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
     async def run(store: Any) -> int:
         print(await store.create_api_key(args.user))
@@ -142,6 +177,10 @@ def build_parser() -> argparse.ArgumentParser:
     replay = sub.add_parser("replay", help="re-project a turn from its log")
     replay.add_argument("turn_id")
     replay.set_defaults(fn=cmd_replay)
+
+    verify = sub.add_parser("verify", help="re-run a turn's engine against its recorded results")
+    verify.add_argument("turn_id")
+    verify.set_defaults(fn=cmd_verify)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)

@@ -4,7 +4,7 @@
 
 A spec is a list of *phases*, run one after the other; each phase sends
 ``requests`` streaming POSTs of ``body`` to ``url`` with at most
-``concurrency`` in flight (start times spread over ``ramp_s`` seconds). A phase
+``concurrency`` in flight (workers start at random offsets in ``[0, ramp_s)``). A phase
 named ``_warmup`` is run but not reported. The result is ONE JSON line on stdout
 (``{"phases": [{"name", "streams": [...], "agg": {...}}, ...]}``); with
 ``"progress": true`` a phase also prints ``{"event": "all_first_content"}``
@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import random
 import re
 import sys
 import time
@@ -155,6 +156,7 @@ class _Stream(asyncio.Protocol):
             if i < 0:
                 return
             self._headers(self.head[:i].decode("latin-1"))
+            self.headers_done = True
             data, self.head = self.head[i + 4 :], b""
             r["ttfb"] = t - r["t0"]
             if not data and not self._finished():
@@ -321,8 +323,8 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
 
     async def worker(w: int) -> None:
         nonlocal next_index
-        if ramp > 0:
-            await asyncio.sleep(ramp * w / conc)
+        if ramp > 0:  # random start offsets: paced streams do not tick in lockstep
+            await asyncio.sleep(starts[w])
         conn = _Conn(host, port)
         try:
             while next_index < total and not stopped:
@@ -335,6 +337,8 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     announce = bool(phase.get("announce"))
     if announce:
         print(json.dumps({"event": "phase_start", "name": phase.get("name")}), flush=True)
+    rnd = random.Random(int(phase.get("seed", 1)))
+    starts = sorted(rnd.uniform(0, ramp) for _ in range(conc))
     tasks = [asyncio.create_task(worker(w)) for w in range(conc)]
     t0 = time.monotonic()
     _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - t0))

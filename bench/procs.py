@@ -269,3 +269,28 @@ def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) ->
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout) as r:
         return json.loads(r.read() or b"null")
+
+
+def _cpu_times() -> tuple[float, float]:
+    with open("/proc/stat") as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields[:8]) / CLK_TCK, idle / CLK_TCK  # user..steal (guest is already in user)
+
+
+def host_busy_cores(interval: float = 0.5) -> float:
+    """Machine-wide busy CPUs (all processes) over ``interval`` seconds."""
+    total0, idle0 = _cpu_times()
+    time.sleep(interval)
+    total1, idle1 = _cpu_times()
+    return max(0.0, ((total1 - total0) - (idle1 - idle0)) / interval)
+
+
+def wait_quiet(max_wait: float, threshold: float = 0.3) -> dict[str, Any]:
+    """Wait (at most ``max_wait`` s) until the host is nearly idle: other work on
+    the machine (a test suite...) would be measured as turnlog's slowness."""
+    t0 = time.monotonic()
+    busy = host_busy_cores(0.5)
+    while busy > threshold and time.monotonic() - t0 < max_wait:
+        busy = host_busy_cores(0.5)
+    return {"busy_cores": round(busy, 2), "waited_s": round(time.monotonic() - t0, 1)}

@@ -26,7 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from bench.procs import ROOT, BenchError, Procs
+from bench.procs import ROOT, BenchError, Procs, _cpu_times, wait_quiet
 from bench.scenarios import NOT_IMPLEMENTED, SCENARIOS, Ctx
 
 ORDER = [
@@ -95,6 +95,19 @@ class Servers:
             ctx.turnlog_pid = self.turnlog_proc.pid
 
 
+def _busy_snapshot() -> tuple[float, float, float]:
+    total, idle = _cpu_times()
+    return time.monotonic(), total, idle
+
+
+def _busy_since(snap: tuple[float, float, float]) -> float:
+    """Average busy CPUs machine-wide since ``snap`` (benchmark processes included)."""
+    t0, total0, idle0 = snap
+    total, idle = _cpu_times()
+    wall = time.monotonic() - t0
+    return round(((total - total0) - (idle - idle0)) / wall, 2) if wall > 0 else 0.0
+
+
 def evaluate(result: dict[str, Any], quick: bool) -> None:
     checks = result.get("checks") or []
     result["pass"] = bool(checks) and all(c["pass"] for c in checks)
@@ -127,6 +140,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during long_answer and concurrent_paced into DIR")
     p.add_argument("--openwebui", metavar="VENV", help="Open WebUI peer modes (not implemented yet: reported as a slot)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
+    p.add_argument(
+        "--quiet-wait", type=float, default=30.0, metavar="S",
+        help="before each scenario wait up to S s for the host to be idle (default 30; 5 with --quick)",
+    )
     args = p.parse_args(argv)
 
     selected = ALL if not args.scenarios else [s.strip() for s in args.scenarios.split(",") if s.strip()]
@@ -158,7 +175,11 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 if needs_servers:
                     servers.ensure()
+                quiet = wait_quiet(5.0 if args.quick else args.quiet_wait)
+                t0 = time.monotonic()
+                cpu0 = _busy_snapshot()
                 r = fn(ctx)
+                r["host"] = {"idle_wait": quiet, "busy_cores_during": _busy_since(cpu0)}
             except BenchError as exc:
                 r = {"status": "error", "error": str(exc)}
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RuntimeError) as exc:

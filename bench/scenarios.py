@@ -151,7 +151,7 @@ class Profiler:
         self.out = self.ctx.profile_dir / f"{self.name}.txt"
         self.proc, _ = self.ctx.procs.spawn(
             f"py-spy-{self.name}",
-            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--function", "--nonblocking",
+            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--function", "--threads", "--nonblocking",
              "--rate", "250", "-o", str(self.out)],
             stdout_pipe=False,
         )
@@ -172,14 +172,23 @@ class Profiler:
 
 
 def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
-    """Top functions by self and inclusive share of the samples of a py-spy raw file."""
+    """Where the samples of a py-spy raw file (``--threads``) went.
+
+    ``threads``: share of the samples per thread (the event loop runs in
+    ``MainThread``; the store's group commits in ``turnlog-writer``; aiosqlite
+    reads in their own threads). ``main_self`` / ``main_inclusive``: top
+    functions of the event-loop thread, by own time and by time including
+    callees, as shares of that thread's samples. Samples are wall-clock samples
+    of non-idle threads (a thread blocked in fsync counts).
+    """
     try:
         lines = path.read_text().splitlines()
     except OSError as exc:
         return {"error": str(exc)}
+    threads: Counter[str] = Counter()
     self_c: Counter[str] = Counter()
     incl: Counter[str] = Counter()
-    total = 0
+    total = main_total = 0
     for line in lines:
         stack, _, count = line.rpartition(" ")
         try:
@@ -187,7 +196,16 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
         except ValueError:
             continue
         frames = stack.split(";")
+        head = frames[0]
+        if head.startswith("thread ("):
+            head = head.split(": ", 1)[-1]
+            frames = frames[1:]
+        head = "worker-thread" if head.startswith(("Thread-", "ThreadPoolExecutor")) else head
+        threads[head] += c
         total += c
+        if head != "MainThread" or not frames:
+            continue
+        main_total += c
         self_c[frames[-1]] += c
         for f in set(frames):
             incl[f] += c
@@ -197,11 +215,16 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
     def short(frame: str) -> str:
         return frame.replace(sys.prefix, "<venv>").replace(str(Path(__file__).resolve().parent.parent) + "/", "")
 
+    skip = ("run_app", "run_forever", "run_until_complete", "_run_once", "_run_code", "_run_module_as_main",
+            "<module>", "main (adapters/cli.py", "cmd_serve")
     return {
         "file": str(path),
         "samples": total,
-        "self": [[short(f), round(c / total, 4)] for f, c in self_c.most_common(top)],
-        "inclusive": [[short(f), round(c / total, 4)] for f, c in incl.most_common(top + 10)],
+        "threads": {k: round(v / total, 3) for k, v in threads.most_common()},
+        "main_self": [[short(f), round(c / main_total, 4)] for f, c in self_c.most_common(top)] if main_total else [],
+        "main_inclusive": [
+            [short(f), round(c / main_total, 4)] for f, c in incl.most_common(top + 12) if not f.startswith(skip)
+        ][:top] if main_total else [],
     }
 
 
@@ -280,40 +303,51 @@ def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
 
 
 def linearity(ctx: Ctx) -> dict[str, Any]:
-    """Scenario 2: per-chunk cost of a 100,000-chunk answer vs a 1,000-chunk one."""
-    small, big = 1_000, (20_000 if ctx.quick else 100_000)
-    n_small, n_big = (5, 1) if ctx.quick else (7, 2)
+    """Scenario 2: marginal per-chunk cost of a 100,000-chunk answer vs a 1,000-chunk one.
+
+    The cost of an n-chunk turn is its time from request to last content chunk
+    minus that of a 5-chunk turn (the fixed per-turn part), over n - 5.
+    """
+    tiny, small, big = 5, 1_000, (20_000 if ctx.quick else 100_000)
+    reps, n_big = (5, 1) if ctx.quick else (9, 2)
     phases = [phase("_warmup", ctx.turnlog_v1, body(small), requests=2)]
-    phases.append(phase("small", ctx.turnlog_v1, body(small), requests=n_small, announce=True))
+    for _ in range(2 if not ctx.quick else 1):  # interleaved halves
+        phases.append(phase("tiny", ctx.turnlog_v1, body(tiny), requests=reps, announce=True))
+        phases.append(phase("small", ctx.turnlog_v1, body(small), requests=reps, announce=True))
     phases.append(phase("big", ctx.turnlog_v1, body(big), requests=n_big, announce=True))
     meter = CpuMeter(ctx.turnlog_pid)
     res = ctx.procs.run_client({"phases": phases, "timeout_s": 600}, name="c-linearity", on_event=meter.on_event)
-    by = {p["name"]: p["streams"] for p in res["phases"]}
-    bad = failures(by.get("small", []), small) + failures(by.get("big", []), big)
+    by: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for p in res["phases"]:
+        by[p["name"]].extend(p["streams"])
+    bad = failures(by["tiny"], tiny) + failures(by["small"], small) + failures(by["big"], big)
     if bad or res.get("error"):
         raise BenchError(f"linearity streams failed: {bad[:3] or res.get('error')}")
-
-    def per_chunk(r: dict[str, Any]) -> float:
-        return (r["t_last"] - r["ttfc"]) / (r["n"] - 1)
-
-    ps = [per_chunk(r) for r in by["small"]]
-    pb = [per_chunk(r) for r in by["big"]]
-    ratio = med(pb) / med(ps)  # type: ignore[operator]
-    cpu_small = meter.spent.get("small", float("nan")) / (small * n_small)
-    cpu_big = meter.spent.get("big", float("nan")) / (big * n_big)
+    base = med([r["t_last"] for r in by["tiny"]])
+    cs = (med([r["t_last"] for r in by["small"]]) - base) / (small - tiny)  # type: ignore[operator]
+    cb = [(r["t_last"] - base) / (big - tiny) for r in by["big"]]  # type: ignore[operator]
+    ratio = med(cb) / cs  # type: ignore[operator]
+    n_tiny, n_small = len(by["tiny"]), len(by["small"])
+    cpu_tiny = meter.spent.get("tiny", float("nan")) / n_tiny
+    cpu_small = (meter.spent.get("small", float("nan")) / n_small - cpu_tiny) / (small - tiny)
+    cpu_big = (meter.spent.get("big", float("nan")) / n_big - cpu_tiny) / (big - tiny)
     return {
         "status": "ok",
         "checks": [check("per_chunk_cost_ratio", ratio, "<=", 1.2)],
         "figures": {
             "small_chunks": small,
             "big_chunks": big,
-            "small_us_per_chunk": spread(ps, 1e6, 2),
-            "big_us_per_chunk": spread(pb, 1e6, 2),
+            "runs": {"tiny": n_tiny, "small": n_small, "big": n_big},
+            "small_us_per_chunk": round(cs * 1e6, 2),
+            "big_us_per_chunk": spread(cb, 1e6, 2),
+            "tiny_turn_ms": spread([r["t_last"] for r in by["tiny"]], 1000),
+            "small_turn_ms": spread([r["t_last"] for r in by["small"]], 1000),
+            "big_turn_s": spread([r["t_last"] for r in by["big"]]),
+            "cpu_ms_per_tiny_turn": round(cpu_tiny * 1e3, 2),
             "cpu_us_per_chunk_small": round(cpu_small * 1e6, 2),
             "cpu_us_per_chunk_big": round(cpu_big * 1e6, 2),
             "cpu_ratio": round(cpu_big / cpu_small, 3),
-            "big_total_s": spread([r["total"] for r in by["big"]]),
-            "note": "wall time between the first and the last content chunk at the client, / (chunks - 1)",
+            "note": "marginal cost: (time to last content chunk - that of a 5-chunk turn) / (chunks - 5), medians",
         },
     }
 
@@ -333,7 +367,8 @@ def ttfc(ctx: Ctx) -> dict[str, Any]:
     for i in range(rounds):
         phases.append(phase("floor", ctx.floor_v1, b, requests=n // rounds))
         phases.append(phase("turnlog", ctx.turnlog_v1, b, requests=n // rounds))
-    res = ctx.procs.run_client({"phases": phases, "timeout_s": 120}, name="c-ttfc")
+    with Profiler(ctx, "ttfc", ctx.turnlog_pid):
+        res = ctx.procs.run_client({"phases": phases, "timeout_s": 120}, name="c-ttfc")
     streams: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for p in res["phases"]:
         streams[p["name"]].extend(p["streams"])
@@ -366,15 +401,18 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
     else:
         turns, chunks, rate, ramp = 200, 250, 50.0, 1.0
     b = body(chunks, rate=rate, stamp=True)
+    rounds = 1 if ctx.quick else 2
     out: dict[str, Any] = {}
     cpu: dict[str, float] = {}
-    for name, v1 in (("floor", ctx.floor_v1), ("turnlog", ctx.turnlog_v1)):
+    per_round: list[dict[str, Any]] = []
+    order = [(f"{who}{i}", v1) for i in range(rounds) for who, v1 in (("floor", ctx.floor_v1), ("turnlog", ctx.turnlog_v1))]
+    for name, v1 in order:
         phases = [
             phase("_warmup", v1, body(5, rate=200.0, stamp=True), requests=20, concurrency=20),
             phase(name, v1, b, requests=turns, concurrency=turns, ramp_s=ramp, stamps=True, gaps=True, announce=True),
         ]
         meter = CpuMeter(ctx.turnlog_pid)
-        prof = Profiler(ctx, "concurrent_paced", ctx.turnlog_pid) if name == "turnlog" else None
+        prof = Profiler(ctx, "concurrent_paced", ctx.turnlog_pid) if name == "turnlog0" else None
         if prof:
             prof.__enter__()
         try:
@@ -385,19 +423,33 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
             if prof:
                 prof.__exit__(None, None, None)
         ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
+        if res.get("error"):
+            ph["agg"]["client_error"] = res["error"]
         out[name] = ph
         cpu[name] = meter.spent.get(name, float("nan"))
         time.sleep(1.0)
-    f, t = out["floor"], out["turnlog"]
+    nan = float("nan")
+    for i in range(rounds):
+        fl = out[f"floor{i}"]["agg"].get("latency_ms", {})
+        tl = out[f"turnlog{i}"]["agg"].get("latency_ms", {})
+        t_ttfc_i = [r["ttfc"] for r in out[f"turnlog{i}"]["streams"] if r.get("ttfc") is not None]
+        per_round.append({
+            "added_p50_ms": tl.get("p50", nan) - fl.get("p50", nan),
+            "added_p99_ms": tl.get("p99", nan) - fl.get("p99", nan),
+            "turnlog_ttfc_p50_s": percentiles(t_ttfc_i).get("p50", nan),
+        })
+    f, t = out["floor0"], out["turnlog0"]
     fl, tl = f["agg"].get("latency_ms", {}), t["agg"].get("latency_ms", {})
-    failed_t = failures(t["streams"], chunks)
-    failed_f = failures(f["streams"], chunks)
-    t_ttfc = [r["ttfc"] for r in t["streams"] if r.get("ttfc") is not None]
-    f_ttfc = [r["ttfc"] for r in f["streams"] if r.get("ttfc") is not None]
-    add50 = tl.get("p50", float("nan")) - fl.get("p50", float("nan"))
-    add99 = tl.get("p99", float("nan")) - fl.get("p99", float("nan"))
-    ttfc50 = percentiles(t_ttfc).get("p50", float("nan"))
-    wall = t["agg"].get("wall", float("nan"))
+    t_streams = [r for i in range(rounds) for r in out[f"turnlog{i}"]["streams"]]
+    f_streams = [r for i in range(rounds) for r in out[f"floor{i}"]["streams"]]
+    failed_t = failures(t_streams, chunks)
+    failed_f = failures(f_streams, chunks)
+    t_ttfc = [r["ttfc"] for r in t_streams if r.get("ttfc") is not None]
+    f_ttfc = [r["ttfc"] for r in f_streams if r.get("ttfc") is not None]
+    add50 = med([r["added_p50_ms"] for r in per_round])
+    add99 = med([r["added_p99_ms"] for r in per_round])
+    ttfc50 = med([r["turnlog_ttfc_p50_s"] for r in per_round])
+    wall = t["agg"].get("wall", nan)
 
     def r3(d: dict[str, Any]) -> dict[str, Any]:
         return {k: (round(v, 3) if isinstance(v, float) else v) for k, v in d.items()}
@@ -412,19 +464,21 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
         ],
         "figures": {
             "turns": turns,
+            "rounds": rounds,
+            "per_round": [{k: round(v, 3) for k, v in r.items()} for r in per_round],
             "chunks_per_turn": chunks,
             "rate_chunks_per_s": rate,
             "ramp_s": ramp,
-            "floor_latency_ms": r3(fl),
-            "turnlog_latency_ms": r3(tl),
-            "floor_gaps_ms": r3(f["agg"].get("gaps_ms", {})),
-            "turnlog_gaps_ms": r3(t["agg"].get("gaps_ms", {})),
+            "floor_latency_ms_round0": r3(fl),
+            "turnlog_latency_ms_round0": r3(tl),
+            "floor_gaps_ms_round0": r3(f["agg"].get("gaps_ms", {})),
+            "turnlog_gaps_ms_round0": r3(t["agg"].get("gaps_ms", {})),
             "floor_ttfc_s": r3(percentiles(f_ttfc, (0.5, 0.99))),
             "turnlog_ttfc_s": r3(percentiles(t_ttfc, (0.5, 0.99))),
             "floor_failed": len(failed_f),
             "turnlog_failed": len(failed_t),
             "turnlog_failures_sample": failed_t[:5],
-            "turnlog_cpu_cores_busy": round(cpu["turnlog"] / wall, 3) if wall == wall else None,
+            "turnlog_cpu_cores_busy_round0": round(cpu["turnlog0"] / wall, 3) if wall == wall else None,
             "note": "latency = client arrival - upstream write time of the same chunk (time.monotonic stamp carried in the content)",
         },
     }

@@ -72,6 +72,11 @@ INTERRUPTED_MESSAGE = (
 
 
 async def assemble_node(actor: TurnActor) -> None:
+    await actor.record(await actor.assembler(actor))
+
+
+async def live_assembly(actor: TurnActor) -> AssemblyCompleted:
+    """Assemble the upstream request from the request, the chat and the model's profile."""
     v = actor.view
     resolved = await actor.models.resolve(v.model or "")
     profile = ModelProfile(
@@ -85,13 +90,11 @@ async def assemble_node(actor: TurnActor) -> None:
     tools = [*(params.get("tools") or []), *(h.spec.openai_tool() for h in actor.tool_handles.values())]
     if tools:
         params["tools"] = tools
-    await actor.record(
-        AssemblyCompleted(
-            messages=assembled.messages,
-            params=params,
-            history_len=assembled.history_len,
-            new_messages=assembled.new_messages,
-        )
+    return AssemblyCompleted(
+        messages=assembled.messages,
+        params=params,
+        history_len=assembled.history_len,
+        new_messages=assembled.new_messages,
     )
 
 
@@ -309,14 +312,7 @@ async def _run_one(actor: TurnActor, call: dict[str, Any], args: dict[str, Any],
         call_id=call_id,
     )
     timeout = handle.spec.timeout or actor.config.tool_timeout
-    try:
-        async with asyncio.timeout(timeout):
-            execution = await execute_tool_call(name, args, {name: handle}, ctx)
-        result: ToolResult = execution.result
-        error = execution.error
-    except TimeoutError:
-        result = timeout_result(name, timeout)
-        error = result.text
+    result, error = await actor.tool_runner.run(name, args, handle, ctx, timeout)
     sources = citation_sources(name, handle.spec.tool_id, result.text, params=args) if result.status == "completed" else []
     await actor.record(
         ToolCompleted(
@@ -331,6 +327,21 @@ async def _run_one(actor: TurnActor, call: dict[str, Any], args: dict[str, Any],
             error=error,
         )
     )
+
+
+class LiveToolRunner:
+    """Runs a tool for real, with its timeout (``verify`` swaps in recorded results)."""
+
+    async def run(
+        self, name: str, args: dict[str, Any], handle: Any, ctx: ToolContext, timeout: float
+    ) -> tuple[ToolResult, str | None]:
+        try:
+            async with asyncio.timeout(timeout):
+                execution = await execute_tool_call(name, args, {name: handle}, ctx)
+        except TimeoutError:
+            result = timeout_result(name, timeout)
+            return result, result.text
+        return execution.result, execution.error
 
 
 def _reinjection(actor: TurnActor) -> ContextReinjected:

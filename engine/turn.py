@@ -94,6 +94,11 @@ class TurnActor:
         self.view = view
         self.tool_handles: dict[str, Any] = dict(tool_handles or {})
         self.model_client: ModelClient = model_client or LiveModelClient()
+        # Side-effect ports of the nodes; ``verify`` replaces them with recorded results.
+        from engine import loop
+
+        self.tool_runner: Any = loop.LiveToolRunner()
+        self.assembler: Any = loop.live_assembly
         self.blobs = blobs
         self._client_waits: dict[str, asyncio.Future[Any]] = {}
         self.turn_id = view.id

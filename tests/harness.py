@@ -103,9 +103,37 @@ async def start_service(settings: Settings, upstream: ScriptedUpstream) -> Servi
     return Service(url=f"http://127.0.0.1:{port}", upstream=upstream, settings=settings, runner=runner, http=http)
 
 
-async def stop_service(service: Service) -> None:
-    await service.http.close()
-    await service.runner.cleanup()
+async def verify_all_turns(service: Service, scratch_dir: Path) -> int:
+    """``turnlog verify`` on every finished turn of the service: the engine re-run
+    against each turn's recorded results must append the same events."""
+    from adapters.cli import scratch_store
+    from engine.verify import verify_turn
+
+    store = service.services.store
+    records = [r for r in await store.list_turns(limit=100_000) if r.status in ("completed", "cancelled", "failed")]
+    if not records:
+        return 0
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    scratch = await scratch_store(str(scratch_dir))
+    try:
+        for record in records:
+            result = await verify_turn(await store.read(record.id), scratch)
+            assert result.ok, f"turn {record.id} does not verify:\n" + "\n".join(result.diff)
+    finally:
+        await scratch.close()
+    return len(records)
+
+
+async def stop_service(service: Service, *, verify: bool = True) -> None:
+    try:
+        if verify and SERVICES in service.runner.app:
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="turnlog-verify-") as folder:
+                await verify_all_turns(service, Path(folder))
+    finally:
+        await service.http.close()
+        await service.runner.cleanup()
 
 
 def sse_messages(raw: str) -> list[tuple[int | None, str]]:

@@ -72,3 +72,24 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
 def test_serve_refuses_insecure_non_loopback(tmp_path: Path) -> None:
     out = turnlog(tmp_path / "x.db", "serve", "--host", "0.0.0.0", "--port", "1", TURNLOG_AUTH="off")
     assert out.returncode == 2 and "TURNLOG_AUTH=on" in out.stderr
+
+
+async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Service, tmp_path: Path) -> None:
+    service.upstream.enqueue(Reply(chunks=["<think>", "plan", "</think>", "Verified ", "answer"]))
+    status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}]})
+    assert status == 200
+    turn_id = headers["X-Turn-Id"]
+    db = tmp_path / "turnlog.db"
+    ok = turnlog(db, "verify", turn_id)
+    assert ok.returncode == 0 and ok.stdout.startswith("ok:"), ok.stderr
+    # forge the log: the engine would never have finalized with this finish reason
+    with sqlite3.connect(db) as conn:
+        row = conn.execute("select id, data from events where turn_id = ? and type = 'turn.finalized'", (turn_id,)).fetchone()
+        data = json.loads(row[1])
+        data["finish_reason"] = "length"
+        conn.execute("update events set data = ? where id = ?", (json.dumps(data), row[0]))
+    forged = turnlog(db, "verify", turn_id)
+    assert forged.returncode == 1 and "turn.finalized" in forged.stderr
+    with sqlite3.connect(db) as conn:  # put the truth back for the teardown's verify
+        conn.execute("update events set data = ? where id = ?", (row[1], row[0]))
+    assert turnlog(db, "verify", "turn_missing").returncode == 1

@@ -22,6 +22,11 @@ ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"word{i:03d} " for i in range(150))
 
 
+def cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}"}
+    return subprocess.run([sys.executable, "-m", "adapters.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -150,6 +155,8 @@ async def test_kill9_then_resume_completes_without_duplicates(http: aiohttp.Clie
         # a reconnecting SSE client gets the whole answer once
         async with http.get(turn_url + "/stream") as resp:
             assert sse_text(await resp.text()) == TEXT
+        # the engine re-run against the recorded results reproduces the log, crash included
+        assert cli(db, "verify", turn_id).returncode == 0
     finally:
         second.stop()
 
@@ -209,8 +216,7 @@ async def test_kill9_between_tool_started_and_completed(
     try:
         await second.ready(http)
         # the request died with the first process: find its turn with the CLI
-        listing = subprocess.run([sys.executable, "-m", "adapters.cli", "turns", "list"], cwd=ROOT, capture_output=True, text=True,
-                                 env={**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}"})
+        listing = cli(db, "turns", "list")
         turn_id = listing.stdout.splitlines()[1].split()[0]
         done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         assert done["content"] == "All done."
@@ -221,5 +227,7 @@ async def test_kill9_between_tool_started_and_completed(
         types = [e["type"] for e in events]
         assert types.count("tool.completed") == 1
         assert types.index("tool.started") < types.index("turn.interrupted") < types.index("turn.resumed") < types.index("tool.completed")
+        verified = cli(db, "verify", turn_id)
+        assert verified.returncode == 0, verified.stderr
     finally:
         second.stop()

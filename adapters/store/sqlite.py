@@ -31,6 +31,9 @@ four per statement; the writer runs a whole group commit in one hop instead.
 
 from __future__ import annotations
 
+import sqlite3
+import time
+
 from typing import Any
 
 from sqlalchemy import create_engine, event
@@ -99,9 +102,18 @@ def configure_sqlite(engine: Engine, *, synchronous: str = "FULL", busy_timeout_
         dbapi_connection.isolation_level = None
         cursor = dbapi_connection.cursor()
         try:
-            cursor.execute("PRAGMA journal_mode=WAL")
-            cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            # Switching a fresh file to WAL needs a moment of exclusive access; a
+            # concurrent opener can get SQLITE_BUSY without the busy handler.
+            for attempt in range(50):
+                try:
+                    cursor.execute("PRAGMA journal_mode=WAL")
+                    break
+                except sqlite3.OperationalError as exc:
+                    if "locked" not in str(exc) or attempt == 49:
+                        raise
+                    time.sleep(0.02)
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
         finally:
             cursor.close()

@@ -1,0 +1,361 @@
+"""``verify``: re-run a turn's engine against its recorded side effects.
+
+Replay folds events; verify goes further, as Temporal's determinism check does:
+it runs the *engine* again (the same actor and nodes) with every side-effect
+result taken from the log — the assembled context, each model response, each
+tool result — and no network or tool run at all, then checks that the engine
+appends the same events. External inputs (a cancel request, a crash and the
+resume after it) are replayed at the point the log shows them.
+
+Two things may legitimately differ and are normalized before comparing:
+* delta batching (a group-commit window depends on timing): consecutive
+  ``model.delta`` events of one kind are merged;
+* the interleaving of concurrently running tools: within a run of ``tool.*``
+  events, events are compared per call in order.
+Timestamps, owners and fencing are not part of the comparison.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import (
+    AssemblyCompleted,
+    Event,
+    TurnCancelled,
+    TurnCancelRequested,
+    TurnInterrupted,
+    make_event,
+)
+from engine.live import InProcessBus
+from engine.model_events import (
+    Finished,
+    ModelEvent,
+    StreamFailed,
+    ProviderItem,
+    ReasoningDelta,
+    StreamWarning,
+    TextDelta,
+    ToolCall,
+)
+from engine.ports import EventStore, ResolvedModel, TurnRecord, UpstreamError
+from engine.projection import TurnView, fold
+from engine.tools import ToolContext, ToolResult, ToolSpec
+from engine.turn import EngineConfig, TurnActor
+from engine.upstream import ModelRequest
+
+EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
+IGNORED_FIELDS = {"turn.resumed": ("owner",), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    expected: list[dict[str, Any]]
+    actual: list[dict[str, Any]]
+    diff: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+# -- normalization ------------------------------------------------------------------
+
+
+def normalize(events: list[Event]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for event in events:
+        data = dict(event.data)
+        for name in IGNORED_FIELDS.get(event.type, ()):
+            data.pop(name, None)
+        if event.type == "model.delta" and out and out[-1]["type"] == "model.delta" and out[-1]["data"]["kind"] == data["kind"]:
+            prev = out[-1]["data"]
+            prev["text"] += data["text"]
+            prev["lens"] = prev["lens"] + data["lens"]
+            continue
+        out.append({"type": event.type, "data": data})
+    # Concurrent tools may interleave differently: order tool runs per call.
+    result: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for item in out + [{"type": "<end>"}]:
+        if item["type"] in ("tool.started", "tool.event", "tool.completed"):
+            run.append(item)
+            continue
+        if run:
+            result.extend(sorted(run, key=lambda e: e["data"]["call_id"]))
+            run = []
+        if item["type"] != "<end>":
+            result.append(item)
+    return result
+
+
+def _diff(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for i in range(max(len(expected), len(actual))):
+        a = expected[i] if i < len(expected) else None
+        b = actual[i] if i < len(actual) else None
+        if a != b:
+            lines.append(f"#{i + 1}: recorded {json.dumps(a, sort_keys=True)[:400]}")
+            lines.append(f"#{i + 1}: re-run   {json.dumps(b, sort_keys=True)[:400]}")
+            if len(lines) >= 20:
+                break
+    return lines
+
+
+# -- recorded side effects -------------------------------------------------------------
+
+
+class _Script:
+    """The recorded log, consumed by the re-run in order."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.rounds = self._rounds(events)
+        self.round_index = 0
+        self.tool_results = {e.data["call_id"]: e for e in events if e.type == "tool.completed"}
+        self.tool_events: dict[str, list[dict[str, Any]]] = {}
+        for e in events:
+            if e.type == "tool.event":
+                self.tool_events.setdefault(e.data["call_id"], []).append(e.data["event"])
+        self.fallbacks = [e.data.get("reason", "") for e in events if e.type == "model.fallback"]
+        self.on_external: Callable[[Event], None] = lambda _e: None
+
+    @staticmethod
+    def _rounds(events: list[Event]) -> list[list[Event]]:
+        """The events following each model request (one list per request attempt)."""
+        rounds: list[list[Event]] = []
+        current: list[Event] | None = None
+        for event in events:
+            if event.type in ("model.requested", "model.fallback"):
+                current = []
+                rounds.append(current)
+                continue
+            if current is None:
+                continue
+            current.append(event)
+            if event.type in ("model.completed", "turn.failed", "turn.cancelled", "turn.interrupted"):
+                current = None
+        return rounds
+
+
+class RecordedModelClient:
+    """Answers each model request with the recorded response of that request."""
+
+    def __init__(self, script: _Script) -> None:
+        self.script = script
+
+    async def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
+    ) -> AsyncIterator[ModelEvent]:
+        script = self.script
+        recorded = script.rounds[script.round_index] if script.round_index < len(script.rounds) else []
+        script.round_index += 1
+        usage = None
+        for event in recorded:
+            t = event.type
+            if t == "model.delta":
+                text, offset = event.data["text"], 0
+                for n in event.data["lens"]:
+                    chunk = text[offset : offset + n]
+                    offset += n
+                    yield TextDelta(chunk) if event.data["kind"] == "text" else ReasoningDelta(chunk)
+            elif t == "model.item":
+                item = event.data["item"]
+                if item.get("type") == "function_call":
+                    yield ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"))
+                else:
+                    yield ProviderItem(item)
+            elif t == "model.warning":
+                yield StreamWarning(event.data["message"], event.data.get("raw"))
+            elif t == "model.fallback":
+                return
+            elif t == "model.completed":
+                d = event.data
+                yield Finished(d.get("finish_reason"), d.get("response_id"), d.get("usage") or usage, d.get("status"))
+                return
+            elif t == "turn.failed":
+                error = event.data["error"]
+                if error.get("type") == "upstream_failed":
+                    yield StreamFailed(error.get("message", ""), error.get("code"))
+                    return
+                raise UpstreamError(error.get("message", ""), error.get("type", "upstream_error"), error.get("status"))
+            elif t in ("turn.cancel_requested", "turn.interrupted"):
+                script.on_external(event)
+                await asyncio.Event().wait()  # the actor is stopped from outside
+        if not recorded:
+            # The log shows this request refused, then a fallback to the full transcript.
+            reason = script.fallbacks.pop(0) if script.fallbacks else "previous response not found"
+            raise UpstreamError(reason, "previous_response_not_found", 400)
+
+
+class RecordedToolRunner:
+    """Returns each call's recorded result (re-emitting its recorded tool events)."""
+
+    def __init__(self, script: _Script) -> None:
+        self.script = script
+
+    async def run(
+        self, name: str, args: dict[str, Any], handle: Any, ctx: ToolContext, timeout: float
+    ) -> tuple[ToolResult, str | None]:
+        for emitted in self.script.tool_events.get(ctx.call_id or "", []):
+            if ctx.emit is not None:
+                await ctx.emit(emitted)
+        recorded = self.script.tool_results.get(ctx.call_id or "")
+        if recorded is None:
+            # The log stops while this tool ran: a cancel or a crash came next.
+            for event in self.script.events:
+                if event.type in ("turn.cancel_requested", "turn.interrupted") and event.seq > self._started_seq(ctx.call_id):
+                    self.script.on_external(event)
+                    break
+            await asyncio.Event().wait()
+        d = recorded.data  # type: ignore[union-attr]
+        result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
+        return result, d.get("error")
+
+    def _started_seq(self, call_id: str | None) -> int:
+        for event in self.script.events:
+            if event.type == "tool.started" and event.data["call_id"] == call_id:
+                return event.seq
+        return 0
+
+
+class _RecordedHandle:
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # never called: the runner answers
+        raise RuntimeError("verify never runs tools")
+
+
+def _recorded_handles(events: list[Event]) -> dict[str, Any]:
+    """Handles for the tools that had one live: their specs keep exactly the keys
+    the live filtering kept, so filtering again gives the same arguments."""
+    handles: dict[str, Any] = {}
+    for event in events:
+        if event.type != "tool.started":
+            continue
+        d = event.data
+        props = handles[d["name"]].spec.parameters["properties"] if d["name"] in handles else {}
+        props = {**props, **{k: {} for k in json.loads(d["arguments"] or "{}")}}
+        spec = ToolSpec(
+            name=d["name"],
+            description="",
+            parameters={"type": "object", "properties": props},
+            tool_id=d.get("tool_id") or "",
+            kind=d.get("kind", "server"),
+            idempotent=d.get("idempotent", False),
+        )
+        handles[d["name"]] = _RecordedHandle(spec)
+    return handles
+
+
+class _RecordedModels:
+    def __init__(self, events: list[Event]) -> None:
+        apis = [e.data.get("api", "chat") for e in events if e.type == "model.requested"]
+        self.api = apis[0] if apis else "chat"
+
+    async def resolve(self, model: str) -> ResolvedModel | None:
+        return ResolvedModel(provider=None, upstream_model=model, api=self.api)  # type: ignore[arg-type]
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        return []
+
+
+# -- the re-run ------------------------------------------------------------------------
+
+
+async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[str, Any] | None = None) -> VerifyResult:
+    """Re-run the turn of ``events`` on the scratch store and compare the logs.
+
+    ``scratch`` must be an empty-enough store (turn ids are unique, so one
+    scratch store can verify many turns).
+    """
+    if not events or events[0].type != "turn.started":
+        return VerifyResult(False, [], [], ["the log does not start with turn.started"])
+    turn_id = events[0].turn_id
+    script = _Script(events)
+    started = events[0]
+    stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(
+        e.type == "model.fallback" for e in events
+    )
+    limit = max([e.data["limit"] for e in events if e.type == "turn.iteration_limit"] or [256])
+    engine_config = EngineConfig(
+        owner="verify",
+        lease_seconds=3600,
+        flush_interval=3600,
+        flush_max_chunks=1 << 30,
+        max_tool_call_iterations=limit,
+        responses_stateful=stateful,
+        **(config or {}),
+    )
+    record = TurnRecord(
+        id=turn_id, chat_id=started.data["chat_id"], user_id=started.data["user_id"], model=started.data["model"],
+        status="running", created_at=started.at, updated_at=started.at, owner="verify",
+    )
+    fencing = await scratch.start_turn(record, [started], lease_seconds=3600)
+    bus = InProcessBus()
+    models = _RecordedModels(events)
+    assembly = next((e for e in events if e.type == "assembly.completed"), None)
+    handles = _recorded_handles(events)
+
+    async def recorded_assembly(_actor: TurnActor) -> AssemblyCompleted:
+        assert assembly is not None
+        return AssemblyCompleted.model_validate(assembly.data)
+
+    def make_actor(view: TurnView, token: int) -> TurnActor:
+        actor = TurnActor(view=view, fencing=token, store=scratch, bus=bus, models=models, config=engine_config,
+                          model_client=RecordedModelClient(script))
+        actor.tool_runner = RecordedToolRunner(script)
+        actor.assembler = recorded_assembly
+        actor.tool_handles = handles
+        return actor
+
+    view = TurnView(turn_id)
+    view.apply(started)
+    actor = make_actor(view, fencing)
+    external: asyncio.Queue[Event] = asyncio.Queue()
+    script.on_external = external.put_nowait
+    actor.start()
+    while True:
+        done_task = asyncio.ensure_future(asyncio.shield(actor.done))
+        ext_task = asyncio.ensure_future(external.get())
+        finished, _ = await asyncio.wait({done_task, ext_task}, return_when=asyncio.FIRST_COMPLETED)
+        if done_task in finished:
+            ext_task.cancel()
+            break
+        done_task.cancel()
+        event = ext_task.result()
+        if event.type == "turn.cancel_requested":
+            await actor.cancel(event.data.get("by"))
+            break
+        # A crash: stop the actor as the dead process stopped (its open window is
+        # durable in the log, so flush it), then do what the log shows came next.
+        actor._flush()
+        while actor._inflight:
+            await actor._inflight[0]
+        assert actor.task is not None
+        actor.task.cancel()
+        try:
+            await actor.task
+        except asyncio.CancelledError:
+            pass
+        current = fold(turn_id, await scratch.read(turn_id))
+        token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or fencing
+        follow_up = [e for e in events if e.seq > event.seq and e.type in ("turn.resumed", "turn.cancel_requested")]
+        for data in [TurnInterrupted(last_owner="verify")] + (
+            [TurnCancelRequested(), TurnCancelled()] if follow_up and follow_up[0].type == "turn.cancel_requested" else []
+        ):
+            appended = make_event(turn_id, current.last_seq + 1, data)
+            await scratch.append([appended], fencing=token)
+            current.apply(appended)
+        if not follow_up or follow_up[0].type != "turn.resumed":
+            break
+        actor = make_actor(current, token)
+        actor.start(resume=True)
+    actual_events = await scratch.read(turn_id)
+    expected = normalize(events)
+    actual = normalize(actual_events)
+    diff = _diff(expected, actual)
+    return VerifyResult(not diff, expected, actual, diff)
