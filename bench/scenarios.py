@@ -11,6 +11,7 @@ measured, with medians and spread (min/max) where several runs were made.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import sqlite3
@@ -152,7 +153,7 @@ class Profiler:
         self.proc, _ = self.ctx.procs.spawn(
             f"py-spy-{self.name}",
             [exe, "record", "--pid", str(self.pid), "--format", "raw", "--function", "--threads", "--nonblocking",
-             "--rate", "250", "-o", str(self.out)],
+             "--rate", "250", "-o", str(self.out), *os.environ.get("BENCH_PYSPY_EXTRA", "").split()],
             stdout_pipe=False,
         )
         time.sleep(0.5)  # attach

@@ -12,7 +12,8 @@ Two things may legitimately differ and are normalized before comparing:
   ``model.delta`` events of one kind are merged;
 * the interleaving of concurrently running tools: within a run of ``tool.*``
   events, events are compared per call in order.
-Timestamps, owners and fencing are not part of the comparison.
+Timestamps, owners and fencing are not part of the comparison, nor a resume's
+``from_seq`` (a seq counts batches; its ``from_pos`` is compared).
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from engine.turn import EngineConfig, TurnActor
 from engine.upstream import ModelRequest
 
 EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
-IGNORED_FIELDS = {"turn.resumed": ("owner",), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
+IGNORED_FIELDS = {"turn.resumed": ("owner", "from_seq"), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
 
 
 @dataclass
@@ -195,6 +196,7 @@ class RecordedToolRunner:
 
     def __init__(self, script: _Script) -> None:
         self.script = script
+        self._stopped: set[str] = set()
 
     async def run(
         self, name: str, args: dict[str, Any], handle: Any, ctx: ToolContext, timeout: float
@@ -202,13 +204,25 @@ class RecordedToolRunner:
         for emitted in self.script.tool_events.get(ctx.call_id or "", []):
             if ctx.emit is not None:
                 await ctx.emit(emitted)
-        recorded = self.script.tool_results.get(ctx.call_id or "")
+        call_id = ctx.call_id or ""
+        recorded = self.script.tool_results.get(call_id)
+        started = self._started_seq(call_id)
+        stop = next(
+            (
+                e
+                for e in self.script.events
+                if e.type in ("turn.cancel_requested", "turn.interrupted")
+                and e.seq > started
+                and (recorded is None or e.seq < recorded.seq)
+            ),
+            None,
+        )
+        if stop is not None and call_id not in self._stopped:
+            # The log shows a cancel or a crash while this tool ran.
+            self._stopped.add(call_id)
+            self.script.on_external(stop)
+            await asyncio.Event().wait()
         if recorded is None:
-            # The log stops while this tool ran: a cancel or a crash came next.
-            for event in self.script.events:
-                if event.type in ("turn.cancel_requested", "turn.interrupted") and event.seq > self._started_seq(ctx.call_id):
-                    self.script.on_external(event)
-                    break
             await asyncio.Event().wait()
         d = recorded.data  # type: ignore[union-attr]
         result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
@@ -299,6 +313,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     models = _RecordedModels(events)
     assembly = next((e for e in events if e.type == "assembly.completed"), None)
     handles = _recorded_handles(events)
+    tool_runner = RecordedToolRunner(script)
 
     async def recorded_assembly(_actor: TurnActor) -> AssemblyCompleted:
         assert assembly is not None
@@ -307,7 +322,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     def make_actor(view: TurnView, token: int) -> TurnActor:
         actor = TurnActor(view=view, fencing=token, store=scratch, bus=bus, models=models, config=engine_config,
                           model_client=RecordedModelClient(script))
-        actor.tool_runner = RecordedToolRunner(script)
+        actor.tool_runner = tool_runner
         actor.assembler = recorded_assembly
         actor.tool_handles = handles
         return actor
