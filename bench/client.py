@@ -26,7 +26,9 @@ content chunks counted, whether ``[DONE]`` and an error event were seen, turnlog
 ``X-Turn-Id``. Per phase (``agg``), when asked: the gaps between consecutive
 content chunks (``gaps``) and, for a paced upstream with ``bench_stamp``, each
 chunk's one-way delivery latency ``now - stamp`` (``stamps``), as percentiles
-in milliseconds.
+in milliseconds; ``latency_ms_steady`` counts only the chunks that arrived
+once every stream of the phase had received its first content chunk (the
+steady state, after the burst of turn starts).
 """
 
 from __future__ import annotations
@@ -126,9 +128,10 @@ class _Stream(asyncio.Protocol):
         if not self.closed.done():
             self.closed.set_result(None)
 
-    def start(self, request: bytes, r: dict[str, Any], gaps: list[float] | None, lats: list[float] | None, on_first: Any) -> asyncio.Future[None]:
+    def start(self, request: bytes, r: dict[str, Any], state: _PhaseState) -> asyncio.Future[None]:
         self.r = r
-        self.gaps, self.lats, self.on_first = gaps, lats, on_first
+        self.state = state
+        self.gaps, self.lats = state.gaps, state.lats
         self.head = b""
         self.headers_done = False
         self.dechunk: _Dechunk | None = None
@@ -219,14 +222,17 @@ class _Stream(asyncio.Protocol):
             gaps = self.gaps
             if self.first is None:
                 self.first = t
-                self.on_first()
+                self.state.on_first()
             elif gaps is not None:
                 gaps.append(t - self.last)  # type: ignore[operator]
             if gaps is not None and k > 1:
                 gaps.extend([0.0] * (k - 1))
             if self.lats is not None:
+                steady = self.state.lats_steady if self.state.all_started else None
                 for m in STAMP.findall(part):
                     self.lats.append(t - float(m))
+                    if steady is not None:
+                        steady.append(t - float(m))
             self.last = t
             r["n"] += k
         if DONE in part:
@@ -273,14 +279,42 @@ def build_request(url: str, body: dict[str, Any]) -> tuple[str, int, bytes]:
     return u.hostname or "127.0.0.1", u.port or 80, head.encode() + payload
 
 
-async def one_stream(
-    conn: _Conn, request: bytes, *, gaps: list[float] | None, lats: list[float] | None, on_first: Any
-) -> dict[str, Any]:
+class _PhaseState:
+    """What the streams of one phase share: sample lists and the progress count."""
+
+    def __init__(self, phase: dict[str, Any], total: int) -> None:
+        self.total = total
+        self.gaps: list[float] | None = [] if phase.get("gaps") else None
+        self.lats: list[float] | None = [] if phase.get("stamps") else None
+        self.lats_steady: list[float] = []  # chunks that arrived once every stream had started
+        self.progress = bool(phase.get("progress"))
+        self.firsts = 0
+        self.ended_without_first = 0
+        self.all_started = False
+
+    def on_first(self) -> None:
+        self.firsts += 1
+        self._check()
+
+    def on_end(self, got_first: bool) -> None:
+        if not got_first:
+            self.ended_without_first += 1
+            self._check()
+
+    def _check(self) -> None:
+        if not self.all_started and self.firsts + self.ended_without_first >= self.total:
+            self.all_started = True
+            if self.progress:
+                ev = {"event": "all_first_content", "n": self.firsts, "failed_before_first": self.ended_without_first}
+                print(json.dumps(ev), flush=True)
+
+
+async def one_stream(conn: _Conn, request: bytes, state: _PhaseState) -> dict[str, Any]:
     r: dict[str, Any] = {"status": None, "n": 0, "done": False, "error": None, "bytes": 0, "t0": time.monotonic()}
     proto: _Stream | None = None
     try:
         proto = await conn.get()
-        await proto.start(request, r, gaps, lats, on_first)
+        await proto.start(request, r, state)
     except asyncio.CancelledError:  # the phase's deadline: record, do not propagate
         r["error"] = r["error"] or "timeout (client deadline)"
         conn.close()
@@ -294,6 +328,7 @@ async def one_stream(
         r["t_last"] = proto.last - r["t0"]  # type: ignore[operator]
     if proto is not None:
         proto.r = None
+    state.on_end(proto is not None and proto.first is not None)
     if r["status"] != 200 or not r["done"]:
         conn.close()  # do not reuse a connection in an unknown state
     return r
@@ -304,19 +339,8 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     total = int(phase.get("requests", 1))
     conc = max(1, min(int(phase.get("concurrency", 1)), total))
     ramp = float(phase.get("ramp_s", 0.0))
-    gaps: list[float] | None = [] if phase.get("gaps") else None
-    lats: list[float] | None = [] if phase.get("stamps") else None
-    progress = bool(phase.get("progress"))
+    state = _PhaseState(phase, total)
     results: list[dict[str, Any] | None] = [None] * total
-    firsts = 0
-    announced = False
-
-    def on_first() -> None:
-        nonlocal firsts, announced
-        firsts += 1
-        if progress and not announced and firsts >= total:
-            announced = True
-            print(json.dumps({"event": "all_first_content", "n": firsts}), flush=True)
 
     next_index = 0
     stopped = False
@@ -330,7 +354,7 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
             while next_index < total and not stopped:
                 i = next_index
                 next_index += 1
-                results[i] = await one_stream(conn, request, gaps=gaps, lats=lats, on_first=on_first)
+                results[i] = await one_stream(conn, request, state)
         finally:
             conn.close()
 
@@ -354,10 +378,11 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     for r in streams:
         r.pop("t0", None)
     agg: dict[str, Any] = {"wall": wall, "timed_out": bool(pending)}
-    if gaps is not None:
-        agg["gaps_ms"] = percentiles([g * 1000 for g in gaps])
-    if lats is not None:
-        agg["latency_ms"] = percentiles([x * 1000 for x in lats])
+    if state.gaps is not None:
+        agg["gaps_ms"] = percentiles([g * 1000 for g in state.gaps])
+    if state.lats is not None:
+        agg["latency_ms"] = percentiles([x * 1000 for x in state.lats])
+        agg["latency_ms_steady"] = percentiles([x * 1000 for x in state.lats_steady])
     return {"name": phase.get("name", "phase"), "streams": streams, "agg": agg}
 
 

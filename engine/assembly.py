@@ -138,6 +138,34 @@ def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> li
     return [{"role": "system", "content": system}, *out]
 
 
+CODE_INTERPRETER_PROMPT = """You can run code. To do so, write it inside a block like:
+<code_interpreter type="code" lang="python">
+print("hello")
+</code_interpreter>
+Then stop and wait: the block is run and its output is given back to you before you continue.
+Use it when running code helps answer precisely; print what you need to see."""
+
+
+def legacy_code_interpreter(request: dict[str, Any]) -> bool:
+    """Legacy (prompt-based) function calling with the code interpreter feature on."""
+    params = request.get("params") if isinstance(request.get("params"), dict) else {}
+    features = request.get("features") if isinstance(request.get("features"), dict) else {}
+    return bool(params and params.get("function_calling") == "default" and features and features.get("code_interpreter"))
+
+
+def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].get("role") == "user":
+            content = out[i].get("content")
+            if isinstance(content, str):
+                out[i] = {**out[i], "content": f"{content}\n\n{text}"}
+            elif isinstance(content, list):
+                out[i] = {**out[i], "content": [*content, {"type": "text", "text": text}]}
+            return out
+    return [*out, {"role": "user", "content": text}]
+
+
 def assemble(request: dict[str, Any], history: list[dict[str, Any]], profile: ModelProfile) -> Assembled:
     incoming = list(request.get("messages") or [])
     messages, history_len = reconcile_history(history, incoming)
@@ -148,6 +176,9 @@ def assemble(request: dict[str, Any], history: list[dict[str, Any]], profile: Mo
     params = request.get("params") if isinstance(request.get("params"), dict) else {}
     system = params.get("system") if params and params.get("system") else profile.system
     messages = with_system_prompt(messages, system)
+    if legacy_code_interpreter(request):
+        # Legacy mode: the instructions go with the user's message (behaviour spec §3.15).
+        messages = _append_to_last_user(messages, CODE_INTERPRETER_PROMPT)
     return Assembled(
         messages=messages,
         params=upstream_params(request, profile),

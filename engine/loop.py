@@ -62,6 +62,8 @@ if TYPE_CHECKING:
 log = logging.getLogger("turnlog.loop")
 
 LIMIT_MESSAGE = "Tool-call limit reached ({n} iterations)."
+CODE_TOOL = "code_interpreter"
+CODE_MAX_RUNS = 5  # legacy code-interpreter blocks run per turn (Open WebUI's hard-coded retries)
 INTERRUPTED_MESSAGE = (
     "Error: the tool `{name}` was interrupted (the service stopped while it ran) and is not "
     "safe to run twice; it was not run again."
@@ -214,6 +216,15 @@ async def after_model_node(actor: TurnActor) -> None:
     """The response is complete: run its tool calls, or finish."""
     v = actor.view
     calls = v.last_round_calls
+    code = v.pending_code
+    if code is not None and not calls and v.code_runs < CODE_MAX_RUNS:
+        # Legacy mode: the model wrote a <code_interpreter> block. It is run
+        # whatever its type attribute says (Q11: never re-prompt without running).
+        arguments = json.dumps({"code": code.get("code", ""), "lang": code.get("lang") or "python"})
+        await actor.record(
+            ToolsBatch(iteration=v.iteration + 1, calls=[{"call_id": code["id"], "name": CODE_TOOL, "arguments": arguments, "kind": "code"}])
+        )
+        return
     if not calls:
         # Includes finish_reason "tool_calls" with an empty list: the loop ends
         # (Open WebUI looped forever on it).
@@ -261,6 +272,10 @@ async def run_tools_node(actor: TurnActor) -> None:
                 await actor.record(_failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)))
                 continue
             attempt = previous.get("attempt", 1) + 1
+        if call.get("kind") == "code":
+            prepared.append((call, json.loads(call["arguments"]), None, attempt))
+            started.append(ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt))
+            continue
         handle = actor.tool_handles.get(name)
         parsed = parse_arguments(call.get("arguments"), name)
         if isinstance(parsed, ArgumentError):
@@ -285,7 +300,12 @@ async def run_tools_node(actor: TurnActor) -> None:
     if started:
         await actor.record_many(started)  # write-ahead: durable before any tool runs
     if prepared:
-        await asyncio.gather(*(_run_one(actor, call, args, handle) for call, args, handle, _ in prepared))
+        await asyncio.gather(
+            *(
+                _run_code(actor, call, args) if handle is None else _run_one(actor, call, args, handle)
+                for call, args, handle, _ in prepared
+            )
+        )
     if batch.get("client_calls"):
         await actor.record(TurnFinalized(finish_reason="tool_calls"))
         return
@@ -326,6 +346,25 @@ async def _run_one(actor: TurnActor, call: dict[str, Any], args: dict[str, Any],
             sources=sources,
             error=error,
         )
+    )
+
+
+async def _run_code(actor: TurnActor, call: dict[str, Any], args: dict[str, Any]) -> None:
+    """Run a legacy code-interpreter block through the code executor port."""
+    timeout = actor.config.tool_timeout
+    try:
+        async with asyncio.timeout(timeout):
+            output = await actor.code_runner.run(args.get("code", ""), args.get("lang", "python"))
+        status = "failed" if output.get("stderr") and not output.get("stdout") else "completed"
+        error = None
+    except TimeoutError:
+        output = {"stderr": f"the code did not finish within {timeout:g} seconds"}
+        status, error = "failed", output["stderr"]
+    except Exception as exc:  # the executor itself failed
+        output = {"stderr": f"{type(exc).__name__}: {exc}"}
+        status, error = "failed", output["stderr"]
+    await actor.record(
+        ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
     )
 
 

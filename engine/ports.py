@@ -215,3 +215,16 @@ class NoTools:
 
     def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
         return {}
+
+
+class CodeExecutor(Protocol):
+    """Runs code for the legacy ``<code_interpreter>`` loop (the sandbox comes later)."""
+
+    async def run(self, code: str, lang: str) -> dict[str, Any]:
+        """``{"stdout", "stderr", "result"}`` (any may be missing)."""
+        ...
+
+
+class NoCodeExecutor:
+    async def run(self, code: str, lang: str) -> dict[str, Any]:
+        return {"stdout": "Code interpreter engine not configured."}

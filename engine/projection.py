@@ -14,11 +14,13 @@ a dead owner handed out live can collide with what the new owner produces.
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
+from engine.assembly import legacy_code_interpreter
 from engine.machine import TurnMachine
 from engine.stream import Accumulator, Piece, merge_usage, normalize_usage
 
@@ -100,6 +102,9 @@ class TurnView:
         self.pending_stateful: tuple[str, list[dict[str, Any]]] | None = None
         self.last_api = "chat"
         self.last_round_calls: list[dict[str, Any]] = []
+        self.code_items: dict[str, dict[str, Any]] = {}
+        self.code_runs = 0
+        self.code_interpreter = False  # legacy <code_interpreter> blocks are parsed
         self.round_start = 0  # index in ``items`` where the last closed round begins
 
     # -- ids -----------------------------------------------------------------
@@ -111,6 +116,8 @@ class TurnView:
         return f"{prefix}_{digest}"
 
     def _new_accumulator(self, reasoning_tags: Any = None) -> Accumulator:
+        if getattr(self, "code_interpreter", False):
+            return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags, code_interpreter=True)  # type: ignore[call-arg]
         return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags)
 
     # -- the fold --------------------------------------------------------------
@@ -146,10 +153,13 @@ class TurnView:
             self.stream = data.get("stream", True)
             self.request = data["request"]
             params = self.request.get("params") or {}
-            tags = params.get("reasoning_tags") if isinstance(params, dict) else None
+            params = params if isinstance(params, dict) else {}
+            self.code_interpreter = legacy_code_interpreter(self.request)
+            tags = params.get("reasoning_tags")
             if tags is not None:
                 self._reasoning_tags = tags
-                self.acc = self._new_accumulator(tags)
+            if tags is not None or self.code_interpreter:
+                self.acc = self._new_accumulator(self._reasoning_tags)
         elif t == "assembly.completed":
             self.assembled = True
             self.messages = list(data["messages"])
@@ -258,6 +268,9 @@ class TurnView:
             produced = [i for i in produced if not (i.get("type") == "message" and not _item_text(i))]
         self.items.extend(produced)
         self.items.extend(self.round_calls)
+        for item in produced:
+            if item.get("type") == "code_interpreter":
+                self.code_items[item["id"]] = item
         self.closed_text.append(self.acc.text)
         self.closed_reasoning.append(self.acc.reasoning_text)
         self.round_calls = []
@@ -266,6 +279,15 @@ class TurnView:
     def _tool_completed(self, data: dict[str, Any]) -> None:
         call_id = data["call_id"]
         self.batch_done.add(call_id)
+        code = self.code_items.get(call_id)
+        if code is not None:
+            # A legacy code block's result lives on the block itself.
+            try:
+                code["output"] = json.loads(data.get("output") or "null")
+            except ValueError:
+                code["output"] = data.get("output")
+            self.code_runs += 1
+            return
         status = data.get("status", "completed")
         item = self.calls.get(call_id)
         if item is not None:
@@ -362,6 +384,16 @@ class TurnView:
         if t == "tool.completed" and data["call_id"] in self.outputs:
             out.append(dict(self.outputs[data["call_id"]]))
         return out
+
+    @property
+    def pending_code(self) -> dict[str, Any] | None:
+        """The last round's final item, if it is a code block that has not run."""
+        if not self.round_closed or len(self.items) <= self.round_start:
+            return None
+        last = self.items[-1]
+        if last.get("type") == "code_interpreter" and last.get("output") is None and last.get("status") == "completed":
+            return last
+        return None
 
     def round_items_with_outputs(self) -> list[dict[str, Any]]:
         """The last round's items and the tool outputs that answered it."""

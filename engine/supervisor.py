@@ -58,8 +58,10 @@ class Supervisor:
         tools: ToolCatalog | None = None,
         model_client: ModelClient | None = None,
         blobs: Any = None,
+        code_executor: Any = None,
     ) -> None:
         self.store = store
+        self.code_executor = code_executor
         self.bus = bus
         self.models = models
         self.config = config
@@ -139,6 +141,8 @@ class Supervisor:
             blobs=self.blobs,
         )
         actor.tool_handles = self.tool_handles(view, actor)
+        if self.code_executor is not None:
+            actor.code_runner = self.code_executor
         self.actors[view.id] = actor
         actor.start(resume=resume)
         actor.done.add_done_callback(lambda _f, tid=view.id: asyncio.create_task(self._retire(tid, actor)))

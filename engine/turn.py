@@ -43,6 +43,7 @@ from engine.ports import (
     LeaseLost,
     LiveBus,
     ModelCatalog,
+    NoCodeExecutor,
 )
 from engine.projection import TurnView
 from engine.upstream import LiveModelClient, ModelClient
@@ -98,6 +99,7 @@ class TurnActor:
         from engine import loop
 
         self.tool_runner: Any = loop.LiveToolRunner()
+        self.code_runner: Any = NoCodeExecutor()
         self.assembler: Any = loop.live_assembly
         self.blobs = blobs
         self._client_waits: dict[str, asyncio.Future[Any]] = {}

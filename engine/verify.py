@@ -235,6 +235,20 @@ class RecordedToolRunner:
         return 0
 
 
+class RecordedCodeRunner:
+    """Legacy code blocks: their recorded outputs, in order."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.outputs = [
+            json.loads(e.data.get("output") or "{}") for e in events if e.type == "tool.completed" and e.data.get("name") == "code_interpreter"
+        ]
+
+    async def run(self, code: str, lang: str) -> dict[str, Any]:
+        if not self.outputs:
+            await asyncio.Event().wait()
+        return self.outputs.pop(0)
+
+
 class _RecordedHandle:
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
@@ -314,6 +328,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     assembly = next((e for e in events if e.type == "assembly.completed"), None)
     handles = _recorded_handles(events)
     tool_runner = RecordedToolRunner(script)
+    code_runner = RecordedCodeRunner(events)
 
     async def recorded_assembly(_actor: TurnActor) -> AssemblyCompleted:
         assert assembly is not None
@@ -323,6 +338,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         actor = TurnActor(view=view, fencing=token, store=scratch, bus=bus, models=models, config=engine_config,
                           model_client=RecordedModelClient(script))
         actor.tool_runner = tool_runner
+        actor.code_runner = code_runner
         actor.assembler = recorded_assembly
         actor.tool_handles = handles
         return actor

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 
@@ -31,7 +32,9 @@ from engine.supervisor import Supervisor, SupervisorConfig
 log = logging.getLogger("turnlog")
 
 
-def create_app(settings: Settings) -> web.Application:
+def create_app(settings: Settings, *, code_executor: Any = None) -> web.Application:
+    """The service. ``code_executor`` plugs a code runner into the legacy code
+    loop (until the sandbox executor exists, tests pass a double at this port)."""
     holder: dict[str, Services] = {}
 
     async def lookup(token: str) -> str | None:
@@ -60,6 +63,7 @@ def create_app(settings: Settings) -> web.Application:
             bus=InProcessBus(),
             models=catalog,
             tools=tools,
+            code_executor=code_executor,
             config=SupervisorConfig(
                 lease_seconds=settings.lease_seconds,
                 auto_resume=settings.auto_resume,
