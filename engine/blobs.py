@@ -19,8 +19,11 @@ What is externalized (and nothing else):
   :func:`is_base64_key`: ``data``, ``base64``, ``b64``, ``b64_json``,
   ``*_b64``, ``*_base64``, ``*_b64_json``), directly or in a list under it.
   Its mime is the sibling ``mime_type``/``mimeType``/``media_type``/
-  ``mediaType``/``mime``/``content_type`` if that is a valid type, else
-  sniffed from the bytes' magic number, else ``application/octet-stream``.
+  ``mediaType``/``mime``/``content_type`` if that is a valid type (or an
+  audio ``format`` such as ``wav``), else sniffed from the bytes' magic
+  number, else ``application/octet-stream``. Under the generic key ``data``
+  the mime must be known (declared or sniffed): a long unspaced plain string
+  there that happens to be valid base64 stays as it is.
 
 Strings that fail strict base64 decoding are left untouched, as are strings
 *containing* data URIs (markdown, JSON text): only whole values are replaced.
@@ -68,6 +71,16 @@ _MAGIC: tuple[tuple[bytes, str], ...] = (
     (b"ID3", "audio/mpeg"),
     (b"PK\x03\x04", "application/zip"),
 )
+
+
+_AUDIO_FORMATS = {
+    "wav": "audio/wav",
+    "mp3": "audio/mpeg",
+    "flac": "audio/flac",
+    "ogg": "audio/ogg",
+    "opus": "audio/opus",
+    "aac": "audio/aac",
+}
 
 
 class BlobStore(Protocol):
@@ -121,9 +134,10 @@ def decode_base64(text: str) -> bytes | None:
     if rem:
         s += "=" * (4 - rem)
     try:
-        return base64.b64decode(s, validate=True)
+        data = base64.b64decode(s, validate=True)
     except (binascii.Error, ValueError):
         return None
+    return data or None
 
 
 def parse_data_uri(text: str) -> tuple[str, bytes] | None:
@@ -161,6 +175,10 @@ def _declared_mime(siblings: Mapping[str, Any]) -> str | None:
         value = siblings.get(key)
         if isinstance(value, str) and _MIME_RE.fullmatch(value.strip()):
             return value.strip().lower()
+    # OpenAI ``input_audio``: {"data": "<b64>", "format": "wav"}.
+    fmt = siblings.get("format")
+    if isinstance(fmt, str):
+        return _AUDIO_FORMATS.get(fmt.lower())
     return None
 
 
@@ -220,11 +238,11 @@ class Blobs:
             if decoded is None:
                 return text
             data = decoded
-            mime = (
-                (_declared_mime(siblings) if siblings is not None else None)
-                or sniff_mime(data)
-                or "application/octet-stream"
-            )
+            known = (_declared_mime(siblings) if siblings is not None else None) or sniff_mime(data)
+            if known is None and key.lower() == "data":
+                # "data" also names plain text: only bytes that say what they are.
+                return text
+            mime = known or "application/octet-stream"
         else:
             return text
         memo_key = mime.encode() + b"\0" + data

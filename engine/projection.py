@@ -117,7 +117,7 @@ class TurnView:
 
     def _new_accumulator(self, reasoning_tags: Any = None) -> Accumulator:
         if getattr(self, "code_interpreter", False):
-            return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags, code_interpreter=True)  # type: ignore[call-arg]
+            return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags, code_interpreter=True)
         return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags)
 
     # -- the fold --------------------------------------------------------------
@@ -376,7 +376,7 @@ class TurnView:
             ids = [data["item"]["call_id"]]
         elif t == "tools.batch":
             ids = [c["call_id"] for c in data.get("calls", [])]
-        elif t in ("tool.started", "tool.completed"):
+        elif t == "tool.completed":
             ids = [data["call_id"]]
         elif t == "turn.iteration_limit":
             ids = [c["call_id"] for c in data.get("pending_calls", [])]

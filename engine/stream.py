@@ -42,6 +42,12 @@ Deliberate differences from Open WebUI 0.12.4 (spec §15 and below):
 * Attribute text in a start tag (``<think type="x">``) is limited to
   :data:`ATTRIBUTE_LIMIT` characters on one line, so that a stray ``<think ``
   in prose holds back at most that much text from a live client.
+* Legacy code-interpreter blocks (``code_interpreter=True``, §6.7/§6.8) are
+  items of type ``code_interpreter`` (Open WebUI: ``open_webui:code_interpreter``;
+  history conversion accepts both). Reading does not stop at
+  ``</code_interpreter>``: text after it goes to a new message item, as
+  after a reasoning block. The code is stripped like any closed block's text,
+  and an empty block creates no item (Open WebUI removes it).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "ATTRIBUTE_LIMIT",
+    "CODE_INTERPRETER_TAGS",
     "DEFAULT_REASONING_TAGS",
     "SOLUTION_TAGS",
     "Accumulator",
@@ -168,9 +175,9 @@ def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
 # Tag table
 # --------------------------------------------------------------------------
 
-#: What a tag block becomes. ``code_interpreter`` (legacy mode, spec §6.8) is
-#: the next kind to add: give it a builder in ``_KINDS`` and a tag pair.
-TagKind = Literal["reasoning", "solution"]
+#: What a tag block becomes. A new kind needs a builder in ``_KINDS`` and a
+#: tag pair.
+TagKind = Literal["reasoning", "solution", "code_interpreter"]
 
 #: Spec §6.2: the default reasoning tag pairs.
 DEFAULT_REASONING_TAGS: Final[tuple[tuple[str, str], ...]] = (
@@ -186,6 +193,10 @@ DEFAULT_REASONING_TAGS: Final[tuple[tuple[str, str], ...]] = (
 
 #: Spec §6.2: solution tags are always detected.
 SOLUTION_TAGS: Final[tuple[tuple[str, str], ...]] = (("<|begin_of_solution|>", "<|end_of_solution|>"),)
+
+#: Spec §6.2/§6.7: detected only in legacy function calling with the code
+#: interpreter feature on (``Accumulator(code_interpreter=True)``).
+CODE_INTERPRETER_TAGS: Final[tuple[tuple[str, str], ...]] = (("<code_interpreter>", "</code_interpreter>"),)
 
 #: Longest attribute text accepted inside a start tag such as
 #: ``<think type="deep">``. It bounds how much text a live client may have to
@@ -218,7 +229,8 @@ class _KindInfo:
 
     id_prefix: str
     piece_kind: PieceKind
-    build: Callable[[str, TagSpec, dict[str, str], dict[str, Any]], dict[str, Any]]
+    #: ``(item_id, spec, attributes) -> (item, buffer of the item's text)``.
+    build: Callable[[str, TagSpec, dict[str, str]], tuple[dict[str, Any], _Buf]]
 
 
 def _build_reasoning(item_id: str, spec: TagSpec, attributes: dict[str, str], part: dict[str, Any]) -> dict[str, Any]:
@@ -246,6 +258,35 @@ def _build_solution(item_id: str, spec: TagSpec, attributes: dict[str, str], par
         "end_tag": spec.end,
         "attributes": attributes,
     }
+
+
+def _with_text_part(
+    builder: Callable[[str, TagSpec, dict[str, str], dict[str, Any]], dict[str, Any]],
+) -> Callable[[str, TagSpec, dict[str, str]], tuple[dict[str, Any], _Buf]]:
+    """A builder for an item whose text lives in one ``output_text`` part."""
+
+    def build(item_id: str, spec: TagSpec, attributes: dict[str, str]) -> tuple[dict[str, Any], _Buf]:
+        part: dict[str, Any] = {"type": "output_text", "text": ""}
+        return builder(item_id, spec, attributes, part), _Buf(part)
+
+    return build
+
+
+def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, str]) -> tuple[dict[str, Any], _Buf]:
+    """Spec §1.1 (``open_webui:code_interpreter``): the block's text is ``code``;
+    ``output`` stays None until the engine has run it."""
+    item: dict[str, Any] = {
+        "type": "code_interpreter",
+        "id": item_id,
+        "status": "in_progress",
+        "start_tag": spec.start,
+        "end_tag": spec.end,
+        "attributes": attributes,
+        "lang": attributes.get("lang", "python"),
+        "code": "",
+        "output": None,
+    }
+    return item, _Buf(item, "code")
 
 
 def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
@@ -351,13 +392,15 @@ def _parse_attributes(text: str | None) -> dict[str, str]:
 # Accumulator
 # --------------------------------------------------------------------------
 
-PieceKind = Literal["text", "reasoning"]
+PieceKind = Literal["text", "reasoning", "code"]
 
 
 @dataclass(frozen=True, slots=True)
 class Piece:
     """What a live client should be shown for a chunk: text that entered a
-    message item (``"text"``) or a reasoning item (``"reasoning"``).
+    message item (``"text"``), a reasoning item (``"reasoning"``) or the code
+    of a code-interpreter block (``"code"``). Consumers ignore kinds they do
+    not know.
 
     Tags are never shown, and text that might still turn out to be a tag is
     held back until that is decided, so that a client can append pieces
@@ -371,8 +414,9 @@ class Piece:
 
 
 _KINDS: Final[dict[str, _KindInfo]] = {
-    "reasoning": _KindInfo("r", "reasoning", _build_reasoning),
-    "solution": _KindInfo("msg", "text", _build_solution),
+    "reasoning": _KindInfo("r", "reasoning", _with_text_part(_build_reasoning)),
+    "solution": _KindInfo("msg", "text", _with_text_part(_build_solution)),
+    "code_interpreter": _KindInfo("ci", "code", _build_code_interpreter),
 }
 
 
@@ -380,16 +424,22 @@ class _Buf:
     """Text of one item as a list of chunks, joined only when read, so that
     appending a token is O(1) however long the answer grows."""
 
-    __slots__ = ("parts", "part")
+    __slots__ = ("parts", "target", "key")
 
-    def __init__(self, part: dict[str, Any]) -> None:
+    def __init__(self, target: dict[str, Any], key: str = "text") -> None:
         self.parts: list[str] = []
-        self.part = part  # the item's {"type": "output_text", "text": ...}
+        # Where the joined text is stored: ``target[key]``, e.g. the item's
+        # {"type": "output_text", "text": ...} part, or a code item's "code".
+        self.target = target
+        self.key = key
 
     def join(self) -> str:
         if len(self.parts) > 1:
             self.parts[:] = ["".join(self.parts)]
         return self.parts[0] if self.parts else ""
+
+    def store(self, text: str) -> None:
+        self.target[self.key] = text
 
 
 class _Block:
@@ -423,6 +473,11 @@ class Accumulator:
     and :meth:`finish`, or :meth:`mark_incomplete` if the stream was cut off.
     Feeding after any of these three raises ``RuntimeError``.
 
+    With ``code_interpreter=True`` (legacy function calling with the code
+    interpreter feature on, §6.2) ``<code_interpreter ...>`` blocks become
+    ``code_interpreter`` items; :attr:`pending_code` is a finished block the
+    engine should run and :meth:`set_code_output` stores its result.
+
     Cost: each chunk costs time proportional to its own length plus a bounded
     look-back for split tags; item texts are kept as chunk lists and joined
     only when :attr:`output`, :attr:`text` or :attr:`reasoning_text` is read.
@@ -433,13 +488,17 @@ class Accumulator:
         *,
         id_factory: Callable[[str], str],
         reasoning_tags: bool | list[str] | None = None,
+        code_interpreter: bool = False,
     ) -> None:
         self._id_factory = id_factory
         reasoning_specs = [TagSpec("reasoning", s, e) for s, e in _reasoning_pairs(reasoning_tags)]
-        solution_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
-        self._full_scanner = _StartScanner(reasoning_specs + solution_specs)
-        # Once native reasoning exists, reasoning tags are literal text (§6.7).
-        self._solution_scanner = _StartScanner(solution_specs)
+        other_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
+        if code_interpreter:
+            other_specs += [TagSpec("code_interpreter", s, e) for s, e in CODE_INTERPRETER_TAGS]
+        self._full_scanner = _StartScanner(reasoning_specs + other_specs)
+        # Once native reasoning exists, reasoning tags are literal text (§6.7);
+        # solution and code-interpreter tags are still detected.
+        self._after_native_scanner = _StartScanner(other_specs)
         self._scanner = self._full_scanner
 
         self._items: list[dict[str, Any]] = []
@@ -520,7 +579,7 @@ class Accumulator:
                 self._items.insert(first_message, item)
             self._bufs[id(item)] = _Buf(part)
             self._native = item
-            self._scanner = self._solution_scanner
+            self._scanner = self._after_native_scanner
             self._pending_max = 0  # the held tail must be judged again
         self._append(self._bufs[id(item)], text)
         return [Piece("reasoning", text)]
@@ -586,7 +645,7 @@ class Accumulator:
                 pass
             elif stripped:
                 buf.parts[:] = [stripped]
-                buf.part["text"] = stripped
+                buf.store(stripped)
             else:
                 del self._items[index]
                 del self._bufs[id(item)]
@@ -650,6 +709,36 @@ class Accumulator:
         self._sync()
         return "".join(self._item_text(it) for it in self._items if it.get("type") == "reasoning")
 
+    @property
+    def pending_code(self) -> dict[str, Any] | None:
+        """The code-interpreter block the engine should run now, or None: the
+        last item, if it is a ``completed`` code block whose ``output`` is
+        still None. A block followed by answer text is not pending, nor is an
+        unclosed block before :meth:`finish` completes it (after
+        :meth:`mark_incomplete` it is ``incomplete`` and never pending).
+        Returns the live item (its ``code`` brought up to date)."""
+        if not self._items:
+            return None
+        last = self._items[-1]
+        if last.get("type") != "code_interpreter" or last.get("status") != "completed" or last.get("output") is not None:
+            return None
+        self._sync()
+        return last
+
+    def set_code_output(self, item_id: str, output: dict[str, Any] | str) -> None:
+        """Store the result of running code block ``item_id`` (a string, or
+        ``{stdout, stderr, result}``-style dict, copied) as its ``output``.
+        Allowed after :meth:`finish`; the item's status is left as it is.
+        Raises ``KeyError`` if no code block has that id and ``TypeError`` for
+        any other output type."""
+        if not isinstance(output, (dict, str)):
+            raise TypeError(f"code output must be a dict or a str, not {type(output).__name__}")
+        for item in reversed(self._items):
+            if item.get("id") == item_id and item.get("type") == "code_interpreter":
+                item["output"] = dict(output) if isinstance(output, dict) else output
+                return
+        raise KeyError(item_id)
+
     # -- internals -------------------------------------------------------------
 
     def _check_open(self) -> None:
@@ -666,7 +755,7 @@ class Accumulator:
 
     def _sync(self) -> None:
         for buf in self._dirty:
-            buf.part["text"] = buf.join()
+            buf.store(buf.join())
         self._dirty.clear()
 
     def _scan(self, s: str, out: list[Piece]) -> None:
@@ -784,9 +873,8 @@ class Accumulator:
             text = text.lstrip()
             if not text:
                 return
-            part: dict[str, Any] = {"type": "output_text", "text": ""}
-            item = block.info.build(self._id_factory(block.info.id_prefix), block.spec, block.attributes, part)
-            block.item, block.buf = item, _Buf(part)
+            item, buf = block.info.build(self._id_factory(block.info.id_prefix), block.spec, block.attributes)
+            block.item, block.buf = item, buf
             self._items.append(item)
             self._bufs[id(item)] = block.buf
             body = text.rstrip()

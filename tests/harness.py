@@ -92,8 +92,10 @@ def make_settings(tmp_path: Path, upstream_url: str | None, **overrides: Any) ->
     return load_settings(None, **values)
 
 
-async def start_service(settings: Settings, upstream: ScriptedUpstream) -> Service:
-    app = create_app(settings)
+async def start_service(settings: Settings, upstream: ScriptedUpstream, **ports: Any) -> Service:
+    """Run the app on a free loopback port; ``ports`` plug outer-edge adapters
+    (e.g. ``code_executor``) into ``create_app``."""
+    app = create_app(settings, **ports)
     runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

@@ -175,6 +175,11 @@ async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service
     statuses = [(i["type"], i.get("status")) for i in items]
     assert ("function_call", "in_progress") in statuses
     assert ("function_call_output", "completed") in statuses
+    # each item is sent once per change, never twice in the same state (Q23)
+    by_id: dict[str, list[dict]] = {}
+    for item in items:
+        by_id.setdefault(item["id"], []).append(item)
+    assert all(a != b for snaps in by_id.values() for a, b in zip(snaps, snaps[1:]))
     assert '"tool_calls"' not in raw  # server tools are not forwarded as OpenAI tool_calls
     # a reconnecting client gets the same bytes
     async with agent.http.get(f"{agent.v1}/turns/{turn_id}/stream") as again:

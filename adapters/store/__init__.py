@@ -1,7 +1,8 @@
 """The event store: one SQL implementation of ``engine.ports.EventStore``.
 
 Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
-(SQLite engines and pragmas), ``migrate`` (programmatic Alembic upgrade).
+(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine, gap-free
+global positions), ``migrate`` (programmatic Alembic upgrade).
 
 Typical start-up::
 
@@ -21,6 +22,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from adapters.store.migrate import migrate
+from adapters.store.postgres import postgres_engine
 from adapters.store.sql import SqlEventStore, hash_api_key
 from adapters.store.sqlite import sqlite_engine, sqlite_writer_engine
 
@@ -30,6 +32,7 @@ __all__ = [
     "hash_api_key",
     "migrate",
     "open_store",
+    "postgres_engine",
     "sqlite_engine",
     "sqlite_writer_engine",
 ]
@@ -39,11 +42,14 @@ def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``url``, configured for its dialect.
 
     ``sqlite+aiosqlite://`` gets :func:`sqlite_engine` (``kwargs`` go to it, e.g.
-    ``synchronous="NORMAL"``); anything else (``postgresql+asyncpg://``) a plain
-    async engine.
+    ``synchronous="NORMAL"``); ``postgresql+asyncpg://`` gets
+    :func:`postgres_engine`; anything else a plain async engine.
     """
-    if make_url(url).get_backend_name() == "sqlite":
+    backend = make_url(url).get_backend_name()
+    if backend == "sqlite":
         return sqlite_engine(url, **kwargs)
+    if backend == "postgresql":
+        return postgres_engine(url, **kwargs)
     kwargs.setdefault("pool_pre_ping", True)
     return create_async_engine(url, **kwargs)
 

@@ -4,8 +4,9 @@ One table is the log (``events``); the others are small indexes next to it
 (``turns``, ``chats``) and the API keys. JSON goes into TEXT columns so that the
 same schema runs on SQLite and PostgreSQL; times are epoch seconds (float).
 
-``migrations/versions/0001_initial.py`` creates exactly this schema by hand;
-``tests/test_store_contract.py`` checks that the two agree.
+``migrations/versions/0001_initial.py`` (and later revisions: ``0002_blobs``)
+create exactly this schema by hand; ``tests/test_store_contract.py`` checks
+that the two agree.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import (
     Float,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     Table,
     Text,
@@ -79,5 +81,19 @@ api_keys = Table(
     metadata,
     Column("key_hash", Text, primary_key=True),  # sha256 hex of the key, never the key
     Column("user_id", Text, nullable=False),
+    Column("created_at", Float),
+)
+
+# Content-addressed binary payloads (``engine.blobs``): ``id`` is the sha256 hex
+# of ``user_id NUL data``, so a user's identical payloads are stored once and
+# users never share a row. BLOB on SQLite, BYTEA on PostgreSQL.
+blobs = Table(
+    "blobs",
+    metadata,
+    Column("id", Text, primary_key=True),
+    Column("user_id", Text, nullable=False),
+    Column("mime", Text, nullable=False),
+    Column("size", Integer, nullable=False),
+    Column("data", LargeBinary, nullable=False),
     Column("created_at", Float),
 )

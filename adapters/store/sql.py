@@ -36,6 +36,12 @@ waiting does not withdraw its request: it may still be committed.
 
 Reads go straight to pooled connections of the ``AsyncEngine`` (WAL lets them
 run while the writer writes) and see everything whose write call has returned.
+
+Global positions (``events.id``, :meth:`SqlEventStore.read_all`) follow commit
+order with no gaps on both backends: on SQLite because one writer holds the
+write lock per transaction; on PostgreSQL because a group commit that inserts
+events takes ``LOCK TABLE events IN EXCLUSIVE MODE`` first and numbers its rows
+from ``max(id)`` (``adapters.store.postgres``).
 """
 
 from __future__ import annotations
@@ -58,7 +64,10 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store.schema import api_keys, chats, events, turns
+from adapters.store.schema import blobs
+from adapters.store import postgres as _pg
 from adapters.store.sqlite import SQLITE_BEGIN
+from engine.blobs import blob_id as _blob_id
 from engine.events import Event
 from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
 
@@ -106,6 +115,13 @@ class _Op:
     def __init__(self, fn: Op, future: asyncio.Future[Any]) -> None:
         self.fn = fn
         self.future = future
+
+
+class _EventOp(_Op):
+    """An ``_Op`` that inserts events (``start_turn``): on PostgreSQL its batch
+    takes the events lock (``adapters.store.postgres``)."""
+
+    __slots__ = ()
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
@@ -172,6 +188,7 @@ class SqlEventStore:
         self._max_batch = max_batch
         self._dialect = engine.dialect.name
         self._sqlite = self._dialect == "sqlite"
+        self._postgres = self._dialect == "postgresql"
         # The writer takes the write lock when it begins (SQLite); one-statement
         # reads need no transaction. Both options are ignored by other dialects.
         self._write_engine = engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"})
@@ -245,7 +262,7 @@ class SqlEventStore:
                     raise ConcurrencyError(f"turn {turn.id}: event seq already taken") from exc
             return 1
 
-        return await self._submit(_Op, op)
+        return await self._submit(_EventOp, op)
 
     async def append(
         self,
@@ -334,6 +351,43 @@ class SqlEventStore:
         await self._submit(_Op, _executing(stmt))
         return key
 
+    # ------------------------------------------------------------------- blobs
+
+    async def put_blob(self, user_id: str, data: bytes, mime: str) -> str:
+        """``engine.blobs.BlobStore.put_blob``: store ``data`` once per user.
+
+        The id is ``engine.blobs.blob_id(user_id, data)``; putting the same bytes
+        again is a no-op (the first mime stays). An id already stored is
+        answered by a read, without queueing a write; otherwise an
+        insert-or-ignore goes through the group-commit writer like any write
+        (no second writer on SQLite)."""
+        data = bytes(data)
+        ident = _blob_id(user_id, data)
+        if await self._fetch(select(blobs.c.id).where(blobs.c.id == ident)):
+            return ident
+        stmt = self._insert_ignore(blobs).values(
+            id=ident,
+            user_id=user_id,
+            mime=mime,
+            size=len(data),
+            data=data,
+            created_at=self._clock(),
+        )
+        await self._submit(_Op, _executing(stmt))
+        return ident
+
+    async def get_blob(self, user_id: str, blob_id: str) -> tuple[str, bytes] | None:
+        """``(mime, data)`` of ``user_id``'s blob; None if unknown or another user's."""
+        rows = await self._fetch(
+            select(blobs.c.mime, blobs.c.data).where(
+                blobs.c.id == blob_id, blobs.c.user_id == user_id
+            )
+        )
+        if not rows:
+            return None
+        mime, data = rows[0]
+        return mime, bytes(data)
+
     # ------------------------------------------------------------------- reads
 
     async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
@@ -349,6 +403,30 @@ class SqlEventStore:
         return [
             construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data))
             for seq, type_, at, data in rows
+        ]
+
+    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
+        """Events of all turns after global position ``after_position``, in
+        position order: ``[(position, event), …]``, at most ``limit``.
+
+        Positions are assigned in commit order and gap-free (SQLite: one
+        writer at a time, AUTOINCREMENT given back on rollback; PostgreSQL: see
+        ``adapters.store.postgres``), so a reader that polls with the last
+        position it saw gets every event exactly once, in order, also with
+        several writing processes.
+        """
+        stmt = (
+            select(
+                events.c.id, events.c.turn_id, events.c.seq, events.c.type, events.c.at, events.c.data
+            )
+            .where(events.c.id > after_position)
+            .order_by(events.c.id)
+            .limit(limit)
+        )
+        construct = Event.model_construct
+        return [
+            (position, construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
+            for position, turn_id, seq, type_, at, data in await self._fetch(stmt)
         ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -541,6 +619,9 @@ class SqlEventStore:
 
     def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
         """The body of a group commit (sync; runs inside the open transaction)."""
+        if self._postgres and any(type(r) is _Append or type(r) is _EventOp for r in batch):
+            # Gap-free positions in commit order (see adapters.store.postgres).
+            _pg.lock_events(conn)
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
         while i < n:
@@ -636,6 +717,8 @@ class SqlEventStore:
                 conn.exec_driver_sql(
                     _sqlite_insert_events(len(chunk)), tuple(v for row in chunk for v in row)
                 )
+        elif self._postgres:
+            _pg.insert_events(conn, rows)
         else:
             conn.execute(_INSERT_EVENTS, [dict(zip(_EVENT_COLUMNS, row)) for row in rows])
 

@@ -1,0 +1,90 @@
+"""PostgreSQL specifics of the event store: the engine, and gap-free positions.
+
+The store (``adapters.store.sql``) is dialect-neutral SQLAlchemy Core; what
+PostgreSQL needs on top lives here.
+
+Global positions (``events.id``)
+--------------------------------
+Readers that follow the whole log (``SqlEventStore.read_all``: projections,
+fan-out to other processes) poll ``WHERE id > last ORDER BY id``. That only
+works if an event never becomes visible *below* a position a reader has
+already passed. On PostgreSQL a ``BIGSERIAL`` does not give that: sequence
+values are handed out at INSERT time, transactions commit in another order,
+and a rolled-back savepoint burns its values (Marten's skipped-event bugs are
+this; see ``anchors.md`` §(e)). So, as the ``eventsourcing`` library does:
+
+* every transaction that inserts events first takes
+  ``LOCK TABLE events IN EXCLUSIVE MODE`` (conflicts with other writers'
+  ROW EXCLUSIVE, not with readers' ACCESS SHARE). It is taken at the start of
+  the group commit, outside any savepoint (a lock taken inside a savepoint
+  that rolls back is released), before any row lock, so two processes'
+  writers cannot deadlock: they simply take turns, one group commit each;
+* under the lock an INSERT numbers its rows ``max(id) + 1, + 2, …`` (one
+  statement, the rows passed as arrays through ``unnest``). Nobody else can
+  insert until we commit, so positions are assigned in commit order; and
+  because the numbers come from the table, not from a sequence, a savepoint
+  rolled back gives its positions back: positions are gap-free, as on SQLite.
+
+The ``BIGSERIAL`` default of ``events.id`` (from the initial migration) stays
+but is unused: every event goes through ``insert_events``. The log is
+append-only; were its newest rows ever deleted, their positions would be
+handed out again.
+
+With one writer task per process (the group commit) the lock costs one
+statement per batch; several processes serialize their batches on it (their
+readers don't wait).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.engine import Connection
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+LOCK_EVENTS = "LOCK TABLE events IN EXCLUSIVE MODE"
+
+# One statement for any number of events; the scalar subquery runs once.
+_INSERT_EVENTS = text(
+    """
+    INSERT INTO events (id, turn_id, seq, type, at, data)
+    SELECT (SELECT coalesce(max(id), 0) FROM events) + r.n, r.turn_id, r.seq, r.type, r.at, r.data
+    FROM unnest(
+        CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
+        CAST(:ats AS float8[]), CAST(:datas AS text[])
+    ) WITH ORDINALITY AS r(turn_id, seq, type, at, data, n)
+    """
+)
+
+
+def postgres_engine(url: str, **kwargs: Any) -> AsyncEngine:
+    """An async engine for ``postgresql+asyncpg://`` (``kwargs`` go to
+    ``create_async_engine``)."""
+    kwargs.setdefault("pool_pre_ping", True)
+    connect_args = kwargs.setdefault("connect_args", {})
+    connect_args.setdefault("server_settings", {}).setdefault("application_name", "turnlog")
+    return create_async_engine(url, **kwargs)
+
+
+def lock_events(conn: Connection) -> None:
+    """Serialize event inserts until the end of the current transaction.
+
+    Call at the start of the transaction, outside any savepoint."""
+    conn.exec_driver_sql(LOCK_EVENTS)
+
+
+def insert_events(conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+    """INSERT ``rows`` (``(turn_id, seq, type, at, data)``) at the next
+    positions, atomically (one statement). The caller holds :func:`lock_events`."""
+    turn_ids, seqs, types, ats, datas = zip(*rows)
+    conn.execute(
+        _INSERT_EVENTS,
+        {
+            "turn_ids": list(turn_ids),
+            "seqs": list(seqs),
+            "types": list(types),
+            "ats": list(ats),
+            "datas": list(datas),
+        },
+    )
