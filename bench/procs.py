@@ -80,6 +80,7 @@ class Procs:
         self.workdir = workdir
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._closed = False
+        self._cpu_done = 0.0  # CPU seconds of children already stopped
         atexit.register(self.close)
 
     def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -201,7 +202,22 @@ class Procs:
             raise BenchError(f"client {name} exited ({proc.returncode}) without a result\n{self.log_tail(name)}")
         return result
 
+    def cpu_used(self) -> float:
+        """CPU seconds used so far by this process and every child it started."""
+        total = self._cpu_done + time.process_time()
+        for _name, proc in self.children:
+            try:
+                total += cpu_seconds(proc.pid)
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+        if proc.poll() is None and any(p is proc for _, p in self.children):
+            try:
+                self._cpu_done += cpu_seconds(proc.pid)
+            except (OSError, ValueError, IndexError):
+                pass
         if proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGTERM)

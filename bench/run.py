@@ -95,17 +95,22 @@ class Servers:
             ctx.turnlog_pid = self.turnlog_proc.pid
 
 
-def _busy_snapshot() -> tuple[float, float, float]:
+def _busy_snapshot(procs: Procs) -> tuple[float, float, float, float]:
     total, idle = _cpu_times()
-    return time.monotonic(), total, idle
+    return time.monotonic(), total, idle, procs.cpu_used()
 
 
-def _busy_since(snap: tuple[float, float, float]) -> float:
-    """Average busy CPUs machine-wide since ``snap`` (benchmark processes included)."""
-    t0, total0, idle0 = snap
+def _busy_since(snap: tuple[float, float, float, float], procs: Procs) -> dict[str, float]:
+    """Average busy CPUs machine-wide since ``snap``, and how much of it was not ours
+    (a test suite running next to the benchmark shows up in ``others``)."""
+    t0, total0, idle0, ours0 = snap
     total, idle = _cpu_times()
     wall = time.monotonic() - t0
-    return round(((total - total0) - (idle - idle0)) / wall, 2) if wall > 0 else 0.0
+    if wall <= 0:
+        return {}
+    busy = ((total - total0) - (idle - idle0)) / wall
+    ours = (procs.cpu_used() - ours0) / wall
+    return {"all": round(busy, 2), "bench": round(ours, 2), "others": round(max(0.0, busy - ours), 2)}
 
 
 def evaluate(result: dict[str, Any], quick: bool) -> None:
@@ -142,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
     p.add_argument(
         "--quiet-wait", type=float, default=30.0, metavar="S",
-        help="before each scenario wait up to S s for the host to be idle (default 30; 5 with --quick)",
+        help="before each scenario wait up to S s for the host to be idle (default 30; no wait with --quick)",
     )
     args = p.parse_args(argv)
 
@@ -152,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"unknown scenarios {unknown}; known: {', '.join(ALL)}")
 
     signal.signal(signal.SIGTERM, _sigterm)
+    # Ctrl-C always stops the run (a shell may start background jobs with SIGINT ignored).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="turnlog-bench-", dir=os.environ.get("BENCH_DIR")))
     procs = Procs(workdir)
@@ -176,11 +183,11 @@ def main(argv: list[str] | None = None) -> int:
                 if needs_servers:
                     servers.ensure()
                 derived = name == "cpu_per_chunk" and "cpu_per_chunk" in ctx.cache  # measured in long_answer
-                quiet = {"skipped": True} if derived else wait_quiet(5.0 if args.quick else args.quiet_wait)
+                quiet = {"skipped": True} if derived else wait_quiet(0.0 if args.quick else args.quiet_wait)
                 t0 = time.monotonic()
-                cpu0 = _busy_snapshot()
+                cpu0 = _busy_snapshot(procs)
                 r = fn(ctx)
-                r["host"] = {"idle_wait": quiet, "busy_cores_during": _busy_since(cpu0)}
+                r["host"] = {"idle_wait": quiet, "busy_cores_during": _busy_since(cpu0, procs)}
             except BenchError as exc:
                 r = {"status": "error", "error": str(exc)}
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RuntimeError) as exc:

@@ -365,7 +365,7 @@ def ttfc(ctx: Ctx) -> dict[str, Any]:
         phase("_warmup", ctx.turnlog_v1, b, requests=3),
     ]
     rounds = 2
-    for i in range(rounds):
+    for _ in range(rounds):
         phases.append(phase("floor", ctx.floor_v1, b, requests=n // rounds))
         phases.append(phase("turnlog", ctx.turnlog_v1, b, requests=n // rounds))
     with Profiler(ctx, "ttfc", ctx.turnlog_pid):
@@ -521,7 +521,7 @@ def open_turns_rss(ctx: Ctx) -> dict[str, Any]:
             during: list[int] = []
             state: dict[str, Any] = {}
 
-            def on_event(ev: dict[str, Any]) -> None:
+            def on_event(ev: dict[str, Any], state: dict[str, Any] = state, during: list[int] = during) -> None:
                 if ev.get("event") == "all_first_content":
                     state["open"] = ev.get("n", 0)
                     time.sleep(1.0)  # let the first delta windows flush

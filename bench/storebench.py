@@ -67,7 +67,7 @@ async def bench_append(url: str, turns: int, per_turn: int, repeat: int) -> dict
                 started = Event(turn_id=tid, seq=1, type="turn.started", at=now, data={"v": 1})
                 tokens[tid] = await store.start_turn(rec, [started], lease_seconds=600)
 
-            async def turn(tid: str) -> None:
+            async def turn(tid: str, tokens: dict[str, int] = tokens) -> None:
                 token = tokens[tid]
                 for seq in range(2, per_turn + 2):
                     event = Event(

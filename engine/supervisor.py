@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.events import TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.live import LiveDelta, LiveEvent
+from engine.blobs import Blobs
 from engine.direct_tools import DirectToolHandle, direct_tool_specs
 from engine.ports import EventStore, IndexUpdate, LiveBus, ModelCatalog, NoTools, ToolCatalog, TurnRecord
 from engine.projection import TurnView, fold
@@ -57,7 +58,6 @@ class Supervisor:
         config: SupervisorConfig,
         tools: ToolCatalog | None = None,
         model_client: ModelClient | None = None,
-        blobs: Any = None,
         code_executor: Any = None,
     ) -> None:
         self.store = store
@@ -67,7 +67,6 @@ class Supervisor:
         self.config = config
         self.tools: ToolCatalog = tools or NoTools()
         self.model_client = model_client
-        self.blobs = blobs
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.engine_config = EngineConfig(
             owner=self.owner,
@@ -138,7 +137,7 @@ class Supervisor:
             models=self.models,
             config=self.engine_config,
             model_client=self.model_client,
-            blobs=self.blobs,
+            blobs=Blobs(self.store, view.user_id or "") if hasattr(self.store, "put_blob") else None,  # type: ignore[arg-type]
         )
         actor.tool_handles = self.tool_handles(view, actor)
         if self.code_executor is not None:

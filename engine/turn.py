@@ -227,7 +227,7 @@ class TurnActor:
         if len(self._inflight) > self.config.max_inflight_flushes:
             await self._inflight[0]
 
-    async def externalize(self, payload: dict[str, Any]) -> dict[str, Any]:
+    async def externalize(self, payload: Any) -> Any:
         """Large strings in a payload go to the blob store; the event keeps a reference."""
         if self.blobs is None:
             return payload

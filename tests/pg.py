@@ -148,7 +148,7 @@ class PgCluster:
             self._loop = None  # type: ignore[assignment]
             if self.own_dir is not None:
                 subprocess.run(
-                    ["bash", str(SCRIPT), "stop", str(self.own_dir)],
+                    ["bash", str(SCRIPT), "stop", str(self.own_dir), "immediate"],
                     capture_output=True,
                     timeout=120,
                 )

@@ -257,3 +257,24 @@ async def test_three_iterations_replay_exactly(agent: Service) -> None:
     for upto in (5, 12, 20):
         status, partial = await agent.get(f"/v1/turns/{turn_id}/replay?upto={upto}")
         assert status == 200 and partial["seq"] == upto
+
+
+async def test_large_base64_tool_events_are_stored_as_blobs(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("render_chart", {}, "ch1")), Reply(text="Here it is."))
+    async with agent.http.ws_connect(agent.v1 + "/ws") as ws:
+        await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]}})
+        turn_id = (await ws.receive_json())["turn_id"]
+        frames = []
+        while True:
+            msg = await ws.receive()
+            frames.append(msg.data)
+            data = json.loads(msg.data)
+            if data["type"] == "event" and data["event"]["type"] == "turn.completed":
+                break
+    assert all(len(f) < 20_000 for f in frames), "no base64 payload pushed inline to clients"
+    event = [e for e in await agent.events(turn_id) if e["type"] == "tool.event"][0]
+    ref = event["data"]["event"]["data"]["files"][0]["url"]
+    assert ref["mime"] == "image/png" and ref["url"].startswith("/v1/blobs/")
+    async with agent.http.get(agent.url + ref["url"]) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"] == "image/png"
+        assert (await resp.read()).startswith(b"\x89PNG")

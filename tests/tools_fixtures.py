@@ -33,6 +33,14 @@ class Tools:
         await asyncio.sleep(seconds)
         return "finally"
 
+    async def render_chart(self, __event_emitter__=None) -> str:
+        """Draws a chart and shows it to the user."""
+        import base64
+
+        png = base64.b64encode(bytes([0x89]) + b"PNG" + bytes([13, 10, 26, 10]) + bytes(range(256)) * 400).decode()
+        await __event_emitter__({"type": "files", "data": {"files": [{"type": "image", "url": "data:image/png;base64," + png}]}})
+        return "chart shown"
+
     def search(self, q: str) -> dict:
         """Search something."""
         return {"query": q, "hits": 1}

@@ -15,7 +15,7 @@ from aiohttp import web
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
-from adapters.http import chat_routes, turn_routes, ws_routes
+from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
@@ -89,6 +89,7 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", health)
+    blob_routes.setup(app)
     chat_routes.setup(app)
     turn_routes.setup(app)
     ws_routes.setup(app)

@@ -58,6 +58,33 @@ _INSERT_EVENTS = text(
 )
 
 
+# The fast path of a group commit: no savepoint around it. A unique violation
+# would abort the whole transaction, so conflicting rows are skipped instead;
+# if any was, the rows that did go in are deleted again (see
+# ``insert_events_all_or_none``).
+_INSERT_EVENTS_SKIPPING = text(
+    """
+    INSERT INTO events (id, turn_id, seq, type, at, data)
+    SELECT (SELECT coalesce(max(id), 0) FROM events) + r.n, r.turn_id, r.seq, r.type, r.at, r.data
+    FROM unnest(
+        CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
+        CAST(:ats AS float8[]), CAST(:datas AS text[])
+    ) WITH ORDINALITY AS r(turn_id, seq, type, at, data, n)
+    ON CONFLICT (turn_id, seq) DO NOTHING
+    RETURNING id
+    """
+)
+_DELETE_EVENTS = text("DELETE FROM events WHERE id = ANY(CAST(:ids AS bigint[]))")
+
+#: The fencing tokens of some turns, row-locked until the end of the
+#: transaction (one statement text for any number of ids: prepared once).
+SELECT_FENCING = text("SELECT id, fencing FROM turns WHERE id = ANY(CAST(:ids AS text[])) FOR UPDATE")
+
+
+class Conflict(Exception):
+    """``insert_events_all_or_none`` met a taken ``(turn_id, seq)``."""
+
+
 def postgres_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``postgresql+asyncpg://`` (``kwargs`` go to
     ``create_async_engine``)."""
@@ -74,17 +101,30 @@ def lock_events(conn: Connection) -> None:
     conn.exec_driver_sql(LOCK_EVENTS)
 
 
+def _columns(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
+    turn_ids, seqs, types, ats, datas = zip(*rows)
+    return {
+        "turn_ids": list(turn_ids),
+        "seqs": list(seqs),
+        "types": list(types),
+        "ats": list(ats),
+        "datas": list(datas),
+    }
+
+
 def insert_events(conn: Connection, rows: list[tuple[Any, ...]]) -> None:
     """INSERT ``rows`` (``(turn_id, seq, type, at, data)``) at the next
-    positions, atomically (one statement). The caller holds :func:`lock_events`."""
-    turn_ids, seqs, types, ats, datas = zip(*rows)
-    conn.execute(
-        _INSERT_EVENTS,
-        {
-            "turn_ids": list(turn_ids),
-            "seqs": list(seqs),
-            "types": list(types),
-            "ats": list(ats),
-            "datas": list(datas),
-        },
-    )
+    positions, atomically (one statement; a taken ``(turn_id, seq)`` raises
+    ``IntegrityError``). The caller holds :func:`lock_events`."""
+    conn.execute(_INSERT_EVENTS, _columns(rows))
+
+
+def insert_events_all_or_none(conn: Connection, rows: list[tuple[Any, ...]]) -> None:
+    """Like :func:`insert_events`, but a taken ``(turn_id, seq)`` raises
+    :class:`Conflict` with nothing inserted and the transaction still usable
+    (no savepoint needed). ``rows`` must not repeat a ``(turn_id, seq)``."""
+    ids = conn.execute(_INSERT_EVENTS_SKIPPING, _columns(rows)).scalars().all()
+    if len(ids) != len(rows):
+        if ids:
+            conn.execute(_DELETE_EVENTS, {"ids": list(ids)})
+        raise Conflict

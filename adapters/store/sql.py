@@ -653,6 +653,8 @@ class SqlEventStore:
                 current = dict(
                     conn.execute(_SELECT_FENCING_SQLITE, {"ids_json": _dumps(list(fenced))}).all()
                 )
+            elif self._postgres:  # one statement text whatever the count: prepared once
+                current = dict(conn.execute(_pg.SELECT_FENCING, {"ids": list(fenced)}).all())
             else:
                 current = dict(
                     conn.execute(_SELECT_FENCING.with_for_update(), {"ids": list(fenced)}).all()
@@ -684,6 +686,13 @@ class SqlEventStore:
                         self._insert_events(conn, rows)
                     if updates:
                         conn.execute(_UPDATE_INDEX, updates)
+                elif self._postgres:
+                    # No savepoint (two round trips saved): an INSERT that
+                    # inserts all or nothing, without failing the transaction.
+                    if rows:
+                        _pg.insert_events_all_or_none(conn, rows)
+                    if updates:
+                        conn.execute(_UPDATE_INDEX, updates)
                 else:
                     with conn.begin_nested():
                         if rows:
@@ -691,7 +700,7 @@ class SqlEventStore:
                         if updates:
                             conn.execute(_UPDATE_INDEX, updates)
                 return
-            except IntegrityError:
+            except (IntegrityError, _pg.Conflict):
                 pass  # nothing of the run was written; find the culprits
 
         for i in live:

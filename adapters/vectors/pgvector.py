@@ -1,0 +1,218 @@
+"""``engine.vectors.VectorStore`` on PostgreSQL with pgvector.
+
+Schema (migration 0003): ``vector_items.embedding`` is an *untyped*
+``vector`` column, so collections of any dimension share one table. HNSW
+needs a fixed dimension, so there is one partial expression index per
+dimension, created the first time a collection of that dimension is
+upserted (pgvector's documented way to index mixed dimensions)::
+
+    CREATE INDEX vector_items_hnsw_384 ON vector_items
+        USING hnsw ((embedding::vector(384)) vector_cosine_ops) WHERE dim = 384
+
+Dimensions 2001-4000 (over ``vector``'s HNSW limit, e.g. 3072) are indexed
+as ``halfvec`` (half precision in the index; scores are still computed on the
+stored single-precision vectors); above 4000 a query is an exact scan.
+
+A query orders by ``<=>`` (cosine distance) on the indexed expression,
+restricted to the collection (and the metadata filter: ``metadata -> key =
+value::jsonb`` per key). Those conditions are applied to the index scan's
+output, so the query runs with ``hnsw.iterative_scan = strict_order``
+(pgvector 0.8): the scan goes on until ``k`` rows pass the filter instead of
+returning fewer, and results stay in exact distance order. HNSW is an
+approximate index: on large collections a true neighbour can be missed
+(``hnsw.ef_search``, default 40, trades speed for recall). ``score`` is
+``1 - (embedding <=> query)``, the cosine similarity.
+
+Vectors travel as pgvector's text form (``'[1,2,3]'``), so no client-side
+type registration (the ``pgvector`` Python package) is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+
+from adapters.vectors.common import dumps, prepare
+from engine.vectors import DimensionMismatch, VectorHit, VectorItem, check_vector
+
+VECTOR_HNSW_MAX_DIM = 2000
+HALFVEC_HNSW_MAX_DIM = 4000
+
+_REGISTER = text(
+    "INSERT INTO vector_collections (name, dimension, created_at) VALUES (:c, :d, :now) "
+    "ON CONFLICT (name) DO NOTHING"
+)
+_DIMENSION = text("SELECT dimension FROM vector_collections WHERE name = :c")
+_UPSERT = text(
+    """
+    INSERT INTO vector_items (collection, id, dim, embedding, text, metadata)
+    SELECT :c, r.id, :d, CAST(r.e AS vector), r.t, CAST(r.m AS jsonb)
+    FROM unnest(
+        CAST(:ids AS text[]), CAST(:embs AS text[]), CAST(:texts AS text[]), CAST(:metas AS text[])
+    ) AS r(id, e, t, m)
+    ON CONFLICT (collection, id) DO UPDATE
+    SET dim = EXCLUDED.dim, embedding = EXCLUDED.embedding, text = EXCLUDED.text,
+        metadata = EXCLUDED.metadata
+    """
+)
+_DELETE = text("DELETE FROM vector_items WHERE collection = :c AND id = ANY(CAST(:ids AS text[]))")
+
+
+def index_name(dim: int) -> str:
+    return f"vector_items_hnsw_{dim}"
+
+
+def indexed_expression(dim: int) -> str | None:
+    """The SQL expression the HNSW index of dimension ``dim`` is built on."""
+    if dim <= VECTOR_HNSW_MAX_DIM:
+        return f"(embedding::vector({dim}))"
+    if dim <= HALFVEC_HNSW_MAX_DIM:
+        return f"(embedding::halfvec({dim}))"
+    return None
+
+
+def _literal(vector: list[float]) -> str:
+    return "[" + ",".join(repr(float(x)) for x in vector) + "]"
+
+
+class PgVectorStore:
+    """Vector collections in a (migrated) PostgreSQL database with pgvector."""
+
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], float] = time.time) -> None:
+        self.engine = engine
+        self._clock = clock
+        self._dims: dict[str, int] = {}
+        self._indexed: set[int] = set()
+
+    @classmethod
+    def open(cls, url: str, **engine_kwargs: Any) -> "PgVectorStore":
+        from adapters.store.postgres import postgres_engine
+
+        return cls(postgres_engine(url, **engine_kwargs))
+
+    async def close(self) -> None:
+        await self.engine.dispose()
+
+    # ---------------------------------------------------------------- writes
+
+    async def upsert(self, collection: str, items: list[VectorItem]) -> None:
+        if not items:
+            return
+        dim, items = prepare(items)
+        async with self.engine.begin() as conn:
+            await conn.execute(_REGISTER, {"c": collection, "d": dim, "now": self._clock()})
+            have = (await conn.execute(_DIMENSION, {"c": collection})).scalar_one()
+            if have != dim:
+                raise DimensionMismatch(
+                    f"collection {collection!r} has dimension {have}, got vectors of {dim}"
+                )
+        self._dims[collection] = dim
+        await self._ensure_index(dim)
+        async with self.engine.begin() as conn:
+            await conn.execute(
+                _UPSERT,
+                {
+                    "c": collection,
+                    "d": dim,
+                    "ids": [item.id for item in items],
+                    "embs": [_literal(item.vector) for item in items],
+                    "texts": [item.text for item in items],
+                    "metas": [dumps(item.metadata) for item in items],
+                },
+            )
+
+    async def delete(self, collection: str, ids: list[str]) -> None:
+        if not ids:
+            return
+        async with self.engine.begin() as conn:
+            await conn.execute(_DELETE, {"c": collection, "ids": list(ids)})
+
+    async def _ensure_index(self, dim: int) -> None:
+        """The HNSW index of dimension ``dim`` (once per process and dimension)."""
+        if dim in self._indexed:
+            return
+        expression = indexed_expression(dim)
+        if expression is not None:
+            name = index_name(dim)
+            ops = "vector_cosine_ops" if dim <= VECTOR_HNSW_MAX_DIM else "halfvec_cosine_ops"
+            async with self.engine.begin() as conn:
+                if await self._index_exists(conn, name):
+                    self._indexed.add(dim)
+                    return
+                # Two processes meeting a new dimension at once: one builds.
+                await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
+                await conn.execute(
+                    text(
+                        f"CREATE INDEX IF NOT EXISTS {name} ON vector_items "
+                        f"USING hnsw ({expression} {ops}) WHERE dim = {int(dim)}"
+                    )
+                )
+        self._indexed.add(dim)
+
+    @staticmethod
+    async def _index_exists(conn: AsyncConnection, name: str) -> bool:
+        return (
+            await conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name})
+        ).scalar_one()
+
+    # ----------------------------------------------------------------- reads
+
+    async def query(
+        self,
+        collection: str,
+        vector: list[float],
+        k: int,
+        *,
+        filter: dict[str, Any] | None = None,
+    ) -> list[VectorHit]:
+        check_vector(vector)
+        async with self.engine.begin() as conn:
+            dim = self._dims.get(collection)
+            if dim is None:
+                dim = (await conn.execute(_DIMENSION, {"c": collection})).scalar_one_or_none()
+                if dim is None:
+                    return []
+                self._dims[collection] = dim
+            if len(vector) != dim:
+                raise DimensionMismatch(
+                    f"collection {collection!r} has dimension {dim}, query has {len(vector)}"
+                )
+            if k <= 0:
+                return []
+            params: dict[str, Any] = {"c": collection, "q": _literal(vector), "k": int(k)}
+            where = [f"dim = {int(dim)}", "collection = :c"]
+            for i, (key, value) in enumerate((filter or {}).items()):
+                params[f"fk{i}"] = str(key)
+                params[f"fv{i}"] = dumps(value)
+                where.append(f"metadata -> CAST(:fk{i} AS text) = CAST(:fv{i} AS jsonb)")
+            expression = indexed_expression(dim)
+            if expression is None:
+                order = "embedding <=> CAST(:q AS vector)"
+            else:
+                cast = expression[len("(embedding::") : -1]  # vector(384) / halfvec(3072)
+                order = f"{expression} <=> CAST(:q AS {cast})"
+                await conn.execute(text("SET LOCAL hnsw.iterative_scan = strict_order"))
+            rows = (
+                await conn.execute(
+                    text(
+                        "SELECT id, text, metadata, 1 - (embedding <=> CAST(:q AS vector)) AS score "
+                        f"FROM vector_items WHERE {' AND '.join(where)} "
+                        f"ORDER BY {order} LIMIT :k"
+                    ),
+                    params,
+                )
+            ).all()
+        return [
+            VectorHit(
+                id=id_,
+                score=max(-1.0, min(1.0, float(score))),
+                text=text_,
+                metadata=json.loads(meta) if isinstance(meta, str) else meta,
+            )
+            for id_, text_, meta, score in rows
+        ]

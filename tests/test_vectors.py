@@ -1,0 +1,233 @@
+"""Contract of ``engine.vectors.VectorStore``, run against every adapter.
+
+* ``sqlite``: ``adapters.vectors.sqlite`` on a migrated temp file;
+* ``postgres``: ``adapters.vectors.pgvector`` on a fresh migrated database
+  (``tests.pg.pg_url``: PostgreSQL 18 + pgvector; skipped without one).
+
+Plus PostgreSQL specifics: the per-dimension HNSW index exists and serves
+the query (sequential scans off), and a selective filter still yields ``k``
+hits in exact order (iterative index scans).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import text
+
+from adapters.store import migrate
+from adapters.vectors import PgVectorStore, SqliteVectorStore, open_vector_store
+from engine.vectors import DimensionMismatch, VectorHit, VectorItem, VectorStore
+from tests.pg import pg_url  # noqa: F401  (fixture)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    if request.param == "sqlite":
+        url = f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    await migrate(url)
+    return url
+
+
+@pytest.fixture
+async def vectors(db_url: str) -> AsyncIterator[Any]:
+    store = await open_vector_store(db_url)
+    yield store
+    await store.close()
+
+
+def cosine(a: list[float], b: list[float]) -> float:
+    dot = sum(x * y for x, y in zip(a, b))
+    return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
+
+
+def brute_force(
+    items: list[VectorItem], q: list[float], k: int, filter: dict[str, Any] | None = None
+) -> list[str]:
+    keep = [i for i in items if not filter or all(i.metadata.get(f) == v for f, v in filter.items())]
+    return [i.id for i in sorted(keep, key=lambda i: -cosine(i.vector, q))[:k]]
+
+
+def random_items(n: int, dim: int, seed: int = 1, **meta: Any) -> list[VectorItem]:
+    rnd = random.Random(seed)
+    return [
+        VectorItem(
+            id=f"i{j:04d}",
+            vector=[rnd.gauss(0, 1) for _ in range(dim)],
+            text=f"item {j}",
+            metadata={"mod7": j % 7, "even": j % 2 == 0, **meta},
+        )
+        for j in range(n)
+    ]
+
+
+def ids(hits: list[VectorHit]) -> list[str]:
+    return [h.id for h in hits]
+
+
+async def test_query_orders_by_cosine_and_honours_k(vectors: VectorStore) -> None:
+    items = [
+        VectorItem("east", [1.0, 0.0, 0.0], "East ✓", {"lang": "en"}),
+        VectorItem("north-east", [1.0, 1.0, 0.0], "NE", {"lang": "en"}),
+        VectorItem("north", [0.0, 3.0, 0.0], "N", {"lang": "de"}),
+        VectorItem("west", [-2.0, 0.0, 0.0], "W", {"lang": "fr", "nested": {"a": [1, 2]}}),
+        VectorItem("up", [0.1, 0.2, 5.0], "U", {}),
+    ]
+    await vectors.upsert("docs", items)
+    q = [0.9, 0.1, 0.0]
+    hits = await vectors.query("docs", q, k=10)
+    assert ids(hits) == ["east", "north-east", "north", "up", "west"]
+    for hit in hits:
+        item = next(i for i in items if i.id == hit.id)
+        assert hit.score == pytest.approx(cosine(item.vector, q), abs=1e-5)
+        assert (hit.text, hit.metadata) == (item.text, item.metadata)
+    assert hits[-1].score == pytest.approx(-cosine([2.0, 0.0, 0.0], q), abs=1e-5)  # opposite: < 0
+    assert ids(await vectors.query("docs", q, k=2)) == ["east", "north-east"]
+    assert await vectors.query("docs", q, k=0) == []
+    # Length does not matter, direction does.
+    assert (await vectors.query("docs", [0.0, 100.0, 0.0], k=1))[0].id == "north"
+
+
+async def test_filter_by_metadata_equality(vectors: VectorStore) -> None:
+    items = random_items(60, 8)
+    await vectors.upsert("c", items)
+    q = items[0].vector
+    for flt in ({"mod7": 3}, {"even": True}, {"mod7": 2, "even": False}):
+        got = await vectors.query("c", q, k=5, filter=flt)
+        assert ids(got) == brute_force(items, q, 5, flt)
+        assert all(all(h.metadata[f] == v for f, v in flt.items()) for h in got)
+    assert await vectors.query("c", q, k=5, filter={"mod7": 99}) == []
+    assert await vectors.query("c", q, k=5, filter={"missing": 1}) == []
+    # JSON equality: true is not 1, 3 is 3.0, nested values compare whole.
+    await vectors.upsert("j", [
+        VectorItem("t", [1.0, 0.0], "", {"v": True, "n": {"a": [1, "x"]}}),
+        VectorItem("one", [0.0, 1.0], "", {"v": 1, "n": {"a": [1]}}),
+    ])
+    assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"v": True})) == ["t"]
+    assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"v": 1.0})) == ["one"]
+    assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"n": {"a": [1, "x"]}})) == ["t"]
+
+
+async def test_upsert_replaces_and_delete_removes(vectors: VectorStore) -> None:
+    await vectors.upsert("c", [VectorItem("a", [1.0, 0.0], "old", {"v": 1}), VectorItem("b", [0.0, 1.0])])
+    await vectors.upsert("c", [VectorItem("a", [0.0, -1.0], "new", {"v": 2})])
+    hits = await vectors.query("c", [0.0, 1.0], k=5)
+    assert ids(hits) == ["b", "a"]
+    assert (hits[1].text, hits[1].metadata) == ("new", {"v": 2})
+    assert hits[1].score == pytest.approx(-1.0, abs=1e-6)
+    # The same id twice in one upsert: the last one wins.
+    await vectors.upsert("c", [VectorItem("d", [1.0, 1.0], "first"), VectorItem("d", [1.0, 1.0], "second")])
+    assert [h.text for h in await vectors.query("c", [1.0, 1.0], k=1)] == ["second"]
+    await vectors.delete("c", ["a", "d", "nonexistent"])
+    assert ids(await vectors.query("c", [0.0, 1.0], k=5)) == ["b"]
+    await vectors.delete("c", [])
+    await vectors.delete("no-such-collection", ["b"])
+    assert ids(await vectors.query("c", [0.0, 1.0], k=5)) == ["b"]
+
+
+async def test_collections_are_isolated(vectors: VectorStore) -> None:
+    await vectors.upsert("one", [VectorItem("x", [1.0, 0.0], "in one"), VectorItem("y", [0.0, 1.0], "y")])
+    await vectors.upsert("two", [VectorItem("x", [0.0, 1.0], "in two", {"c": 2})])
+    assert [(h.id, h.text) for h in await vectors.query("two", [1.0, 0.0], k=5)] == [("x", "in two")]
+    assert [h.text for h in await vectors.query("one", [1.0, 0.0], k=5)] == ["in one", "y"]
+    await vectors.delete("two", ["x"])
+    assert await vectors.query("two", [1.0, 0.0], k=5) == []
+    assert len(await vectors.query("one", [1.0, 0.0], k=5)) == 2
+    assert await vectors.query("never-created", [1.0, 0.0], k=5) == []
+
+
+async def test_dimension_mismatch(vectors: VectorStore) -> None:
+    await vectors.upsert("c", [VectorItem("a", [1.0, 2.0, 3.0])])
+    with pytest.raises(DimensionMismatch):
+        await vectors.upsert("c", [VectorItem("b", [1.0, 2.0])])
+    with pytest.raises(DimensionMismatch):
+        await vectors.query("c", [1.0, 2.0], k=1)
+    with pytest.raises(DimensionMismatch):  # one upsert, two dimensions
+        await vectors.upsert("d", [VectorItem("a", [1.0, 2.0]), VectorItem("b", [1.0, 2.0, 3.0])])
+    assert isinstance(DimensionMismatch("x"), ValueError)
+    # Nothing of the failed upserts was written; another collection may use 2.
+    assert ids(await vectors.query("c", [1.0, 2.0, 3.0], k=5)) == ["a"]
+    await vectors.upsert("e", [VectorItem("b", [1.0, 2.0])])
+    assert ids(await vectors.query("e", [1.0, 2.0], k=5)) == ["b"]
+
+
+async def test_invalid_vectors_are_rejected(vectors: VectorStore) -> None:
+    for bad in ([0.0, 0.0], [1.0, float("nan")], [float("inf"), 1.0], []):
+        with pytest.raises(ValueError):
+            await vectors.upsert("c", [VectorItem("a", bad)])
+    await vectors.upsert("c", [VectorItem("a", [1.0, 1.0])])
+    with pytest.raises(ValueError):
+        await vectors.query("c", [0.0, 0.0], k=1)
+
+
+@pytest.mark.parametrize("dim", [1536, 3072, 4100])
+async def test_high_dimensions(vectors: VectorStore, dim: int) -> None:
+    """pgvector: HNSW on vector(dim) up to 2000, on halfvec up to 4000, exact above."""
+    items = random_items(12, dim, seed=dim)
+    await vectors.upsert(f"d{dim}", items)
+    q = items[3].vector
+    hits = await vectors.query(f"d{dim}", q, k=4)
+    assert ids(hits) == brute_force(items, q, 4)
+    assert hits[0].score == pytest.approx(1.0, abs=1e-3)
+
+
+# ------------------------------------------------------------ PostgreSQL only
+
+
+async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
+    # Only the HNSW index can give the order here: no sequential or bitmap
+    # scans, no sorts. (With its statistics the planner may prefer the primary
+    # key on (collection, id) plus a sort for a small collection: exact, and
+    # the right choice; here we want to see the index work.)
+    no_sort = {"enable_seqscan": "off", "enable_bitmapscan": "off", "enable_sort": "off"}
+    store = PgVectorStore.open(pg_url, connect_args={"server_settings": no_sort})
+    try:
+        items = random_items(400, 16, seed=7)
+        await store.upsert("big", items)
+        await store.upsert("other", random_items(50, 16, seed=8))
+        async with store.engine.connect() as conn:
+            indexdef = (
+                await conn.execute(
+                    text("SELECT indexdef FROM pg_indexes WHERE indexname = 'vector_items_hnsw_16'")
+                )
+            ).scalar_one()
+            assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef and "vector(16)" in indexdef
+            plan = "\n".join(
+                row[0]
+                for row in await conn.execute(
+                    text(
+                        "EXPLAIN SELECT id FROM vector_items WHERE dim = 16 AND collection = 'big' "
+                        "ORDER BY (embedding::vector(16)) <=> CAST(:q AS vector(16)) LIMIT 5"
+                    ),
+                    {"q": "[" + ",".join(map(str, items[0].vector)) + "]"},
+                )
+            )
+            assert "vector_items_hnsw_16" in plan
+        # A selective filter (1 row in 14 of the collection, which is most of
+        # the table) still gives k hits, best first: iterative index scans.
+        q = items[5].vector
+        flt = {"mod7": 4, "even": True}
+        got = await store.query("big", q, k=10, filter=flt)
+        assert ids(got) == brute_force(items, q, 10, flt)
+        assert len(got) == 10
+        # k beyond hnsw.ef_search (40) still returns k.
+        assert len(await store.query("big", q, k=120)) == 120
+    finally:
+        await store.close()
+
+
+async def test_sqlite_adapter_type(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    store = await open_vector_store(url)
+    try:
+        assert isinstance(store, SqliteVectorStore)
+    finally:
+        await store.close()
