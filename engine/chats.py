@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.convert import convert_output_to_messages
+from engine.convert import convert_output_to_messages, for_model
 from engine.ports import EventStore, TurnRecord
 from engine.projection import TurnView, fold
 
@@ -51,7 +51,7 @@ def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:
         placeholders = [
             {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
         ]
-        messages = convert_output_to_messages(items + placeholders, raw=True)
+        messages = convert_output_to_messages(for_model(items) + placeholders, raw=True, flatten_tool_images=True)
         out.extend(m for m in messages if not (m.get("role") == "tool" and m.get("tool_call_id") in client_ids))
     return out
 

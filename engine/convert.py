@@ -852,3 +852,16 @@ def ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 msg["tool_name"] = name
         out.append(msg)
     return out
+
+
+def for_model(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Output items as the model is shown them: a tool result with images becomes
+    text plus ``input_image`` parts (the images go to the model, not to clients)."""
+    out = []
+    for item in items:
+        if item.get("type") == "function_call_output" and item.get("images"):
+            parts = [{"type": "input_text", "text": item.get("output") or ""}]
+            parts += [{"type": "input_image", "image_url": url} for url in item["images"]]
+            item = {**item, "output": parts}
+        out.append(item)
+    return out

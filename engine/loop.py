@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.assembly import ModelProfile, assemble
 from engine.chats import chat_turn_views, history_messages
-from engine.convert import convert_output_to_messages, stateful_continuation_input
+from engine.convert import convert_output_to_messages, for_model, stateful_continuation_input
 from engine.events import (
     AssemblyCompleted,
     ContextReinjected,
@@ -387,7 +387,7 @@ def _reinjection(actor: TurnActor) -> ContextReinjected:
     """The messages this round adds for the next model call (recorded, so a resume
     or a replay re-sends exactly the same)."""
     v = actor.view
-    round_items = v.round_items_with_outputs()
+    round_items = for_model(v.round_items_with_outputs())
     messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True)
     prev_id = None
     items: list[dict[str, Any]] = []

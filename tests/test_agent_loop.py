@@ -278,3 +278,33 @@ async def test_large_base64_tool_events_are_stored_as_blobs(agent: Service) -> N
     async with agent.http.get(agent.url + ref["url"]) as resp:
         assert resp.status == 200 and resp.headers["Content-Type"] == "image/png"
         assert (await resp.read()).startswith(b"\x89PNG")
+
+
+async def test_image_results_go_to_the_model_as_a_user_image_message(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("snapshot", {}, "img1")), Reply(text="I see a tiny PNG."))
+    turn_id, _ = await run(agent)
+    sent = agent.upstream.requests[1]["messages"]
+    assert sent[2] == {"role": "tool", "tool_call_id": "img1", "content": "snapshot: Image file read successfully."}
+    images = sent[3]
+    assert images["role"] == "user"
+    assert {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}} in images["content"]
+    out = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"][0]
+    assert out["images"] == ["data:image/png;base64,iVBORw0KGgo="]
+
+
+async def test_direct_tool_that_never_answers_times_out(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, direct_tool_timeout=0.3), upstream)
+    try:
+        direct = [{"name": "browser_time", "parameters": {"type": "object", "properties": {}}}]
+        upstream.enqueue(tool_reply(call("browser_time", {}, "d9")), Reply(text="no answer"))
+        async with svc.http.ws_connect(svc.v1 + "/ws") as ws:
+            await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER, "direct_tools": direct}})
+            turn_id = (await ws.receive_json())["turn_id"]
+            while True:  # receives execute:tool, never answers
+                msg = await ws.receive_json()
+                if msg["type"] == "event" and msg["event"]["type"] == "turn.completed":
+                    break
+        out = [i for i in (await svc.turn(turn_id))["output"] if i["type"] == "function_call_output"][0]
+        assert out["status"] == "failed" and "did not answer" in out["output"]
+    finally:
+        await stop_service(svc)

@@ -41,6 +41,10 @@ class Tools:
         await __event_emitter__({"type": "files", "data": {"files": [{"type": "image", "url": "data:image/png;base64," + png}]}})
         return "chart shown"
 
+    def snapshot(self) -> str:
+        """A screenshot for the model to look at."""
+        return "data:image/png;base64,iVBORw0KGgo="
+
     def search(self, q: str) -> dict:
         """Search something."""
         return {"query": q, "hits": 1}
