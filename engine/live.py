@@ -47,7 +47,7 @@ class LiveRequest:
 class Subscription:
     """A bounded mailbox for one subscriber of one turn."""
 
-    def __init__(self, bus: "InProcessBus", turn_id: str, limit: int, *, runs_tools: bool = False) -> None:
+    def __init__(self, bus: InProcessBus, turn_id: str, limit: int, *, runs_tools: bool = False) -> None:
         self._bus = bus
         # A WebSocket client that can run direct tools (``execute:tool``).
         self.runs_tools = runs_tools

@@ -19,6 +19,8 @@ from engine.chats import chat_turn_views, history_messages
 from engine.convert import convert_output_to_messages, for_model, stateful_continuation_input
 from engine.events import (
     AssemblyCompleted,
+    AssemblyStep,
+    EventData,
     ContextReinjected,
     IterationLimit,
     ModelCompleted,
@@ -54,6 +56,7 @@ from engine.tools import (
     parse_arguments,
     timeout_result,
 )
+from engine.legacy_tools import build_selection_request, parse_selection, tool_source
 from engine.upstream import ModelRequest
 
 if TYPE_CHECKING:
@@ -74,10 +77,13 @@ INTERRUPTED_MESSAGE = (
 
 
 async def assemble_node(actor: TurnActor) -> None:
-    await actor.record(await actor.assembler(actor))
+    # The assembler returns the events assembly produced (its steps, then
+    # ``assembly.completed``): a live one computes them, verify's replays them.
+    for data in await actor.assembler(actor):
+        await actor.record(data)
 
 
-async def live_assembly(actor: TurnActor) -> AssemblyCompleted:
+async def live_assembly(actor: TurnActor) -> list[EventData]:
     """Assemble the upstream request from the request, the chat and the model's profile."""
     v = actor.view
     resolved = await actor.models.resolve(v.model or "")
@@ -89,15 +95,74 @@ async def live_assembly(actor: TurnActor) -> AssemblyCompleted:
     history = history_messages([w for w in views if w.id != v.id])
     assembled = assemble(v.request, history, profile)
     params = dict(assembled.params)
-    tools = [*(params.get("tools") or []), *(h.spec.openai_tool() for h in actor.tool_handles.values())]
-    if tools:
-        params["tools"] = tools
-    return AssemblyCompleted(
-        messages=assembled.messages,
-        params=params,
-        history_len=assembled.history_len,
-        new_messages=assembled.new_messages,
+    messages = assembled.messages
+    steps: list[EventData] = []
+    if is_legacy(v.request) and actor.tool_handles and resolved is not None:
+        # Legacy (prompt-based) tools: the task model picks tools before the
+        # main call, they run now, their results become context (spec §5.5).
+        step, messages = await _legacy_tools(actor, resolved, messages)
+        steps.append(step)
+    else:
+        tools = [*(params.get("tools") or []), *(h.spec.openai_tool() for h in actor.tool_handles.values())]
+        if tools:
+            params["tools"] = tools
+    steps.append(
+        AssemblyCompleted(
+            messages=messages,
+            params=params,
+            history_len=assembled.history_len,
+            new_messages=assembled.new_messages,
+        )
     )
+    return steps
+
+
+def is_legacy(request: dict[str, Any]) -> bool:
+    params = request.get("params")
+    return isinstance(params, dict) and params.get("function_calling") == "default"
+
+
+async def _legacy_tools(actor: TurnActor, resolved: Any, messages: list[dict[str, Any]]) -> tuple[AssemblyStep, list[dict[str, Any]]]:
+    handles = actor.tool_handles
+    specs = [h.spec.openai_tool()["function"] for h in handles.values()]
+    request = ModelRequest(messages=build_selection_request(specs, messages), params={})
+    reply: list[str] = []
+    try:
+        async for event in actor.model_client.stream(resolved, request, _call_id_factory(actor.view.id, -1)):
+            if isinstance(event, TextDelta):
+                reply.append(event.text)
+    except UpstreamError as exc:
+        # Tool selection is best effort: the answer goes on without tools.
+        return AssemblyStep(step="legacy_tools", detail={"error": exc.message, "calls": [], "sources": []}), messages
+    calls = parse_selection("".join(reply), set(handles))
+    sources: list[dict[str, Any]] = []
+    ran: list[dict[str, Any]] = []
+    for index, (name, parameters) in enumerate(calls):
+        handle = handles[name]
+        args = filter_arguments(handle.spec, parameters)
+        ctx = ToolContext(user={"id": actor.view.user_id}, messages=list(messages), files=[], metadata={"turn_id": actor.view.id}, emit=None, call_id=f"legacy_{index}")
+        result, error = await actor.tool_runner.run(name, args, handle, ctx, handle.spec.timeout or actor.config.tool_timeout)
+        ran.append({"name": name, "arguments": args, "output": result.text, "status": result.status})
+        if result.text:
+            sources.append(tool_source(handle.spec.tool_id, name, args, result.text))
+    step = AssemblyStep(step="legacy_tools", detail={"reply": "".join(reply), "calls": ran, "sources": sources})
+    return step, with_tool_context(messages, sources)
+
+
+def with_tool_context(messages: list[dict[str, Any]], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prepend the tool results, as numbered sources, to the last user message."""
+    if not sources:
+        return messages
+    blocks = "\n".join(
+        f'<source id="{i}" name="{s["source"]["name"]}">{s["document"][0]}</source>' for i, s in enumerate(sources, 1)
+    )
+    context = f"Use these tool results to answer; cite them as [id].\n<context>\n{blocks}\n</context>\n\n"
+    out = list(messages)
+    for i in range(len(out) - 1, -1, -1):
+        if out[i].get("role") == "user" and isinstance(out[i].get("content"), str):
+            out[i] = {**out[i], "content": context + out[i]["content"]}
+            break
+    return out
 
 
 # -- calling the model -------------------------------------------------------------

@@ -26,6 +26,7 @@ from typing import Any
 
 from engine.events import (
     AssemblyCompleted,
+    AssemblyStep,
     Event,
     TurnCancelled,
     TurnCancelRequested,
@@ -330,9 +331,10 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     tool_runner = RecordedToolRunner(script)
     code_runner = RecordedCodeRunner(events)
 
-    async def recorded_assembly(_actor: TurnActor) -> AssemblyCompleted:
+    async def recorded_assembly(_actor: TurnActor) -> list[Any]:
         assert assembly is not None
-        return AssemblyCompleted.model_validate(assembly.data)
+        steps = [AssemblyStep.model_validate(e.data) for e in events if e.type == "assembly.step"]
+        return [*steps, AssemblyCompleted.model_validate(assembly.data)]
 
     def make_actor(view: TurnView, token: int) -> TurnActor:
         actor = TurnActor(view=view, fencing=token, store=scratch, bus=bus, models=models, config=engine_config,

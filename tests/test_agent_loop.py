@@ -308,3 +308,27 @@ async def test_direct_tool_that_never_answers_times_out(tmp_path: Path, upstream
         assert out["status"] == "failed" and "did not answer" in out["output"]
     finally:
         await stop_service(svc)
+
+
+async def test_legacy_prompt_based_tools(agent: Service) -> None:
+    # the task model picks the tool (non-native mode), its result becomes context
+    agent.upstream.enqueue(
+        Reply(text='Sure: {"tool_calls": [{"name": "add", "parameters": {"a": 20, "b": 22, "x": 1}}]}'),
+        Reply(text="The sum is 42 [1]."),
+    )
+    turn_id, body = await run(agent, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "The sum is 42 [1]."
+    selection, main = agent.upstream.requests
+    assert "add" in selection["messages"][0]["content"] and selection["messages"][1]["content"].startswith("Query:")
+    assert "tools" not in main  # no native tools in legacy mode
+    assert '<source id="1" name="weather/add">42</source>' in main["messages"][-1]["content"]
+    step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
+    assert step["data"]["detail"]["calls"] == [{"name": "add", "arguments": {"a": 20, "b": 22}, "output": "42", "status": "completed"}]
+
+
+async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
+    agent.upstream.enqueue(Reply(text='{"tool_calls": []}'), Reply(text="No tools needed."))
+    turn_id, body = await run(agent, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "No tools needed."
+    step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
+    assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None

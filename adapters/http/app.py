@@ -26,7 +26,7 @@ from adapters.store import open_store
 from adapters.store.migrate import migrate
 from engine.live import InProcessBus
 from adapters.tools.catalog import DirToolCatalog
-from engine.ports import ChatProvider, EventStore, NoTools, ToolCatalog
+from engine.ports import ChatProvider, NoTools, ToolCatalog
 from engine.supervisor import Supervisor, SupervisorConfig
 
 log = logging.getLogger("turnlog")

@@ -40,7 +40,6 @@ payload is never copied again.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -159,7 +158,7 @@ class HTTPProvider:
         status = resp.status
         try:
             raw = await _read_capped(resp, MAX_ERROR_BODY)
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError, OSError):
             raw = b""
         body = _parse(raw)
         text = _error_text(raw, body) or (resp.reason or "")
@@ -219,7 +218,7 @@ class HTTPProvider:
                     yield [b"".join(pending)]
         except UpstreamError:
             raise
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._transport_error(exc, stage) from None
 
     def _body_is_error(self, result: dict[str, Any]) -> bool:
@@ -239,7 +238,7 @@ class HTTPProvider:
                 raw = await resp.read()
         except UpstreamError:
             raise
-        except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._transport_error(exc, stage) from None
         result = _parse(raw)
         if not isinstance(result, dict):

@@ -10,8 +10,9 @@ upserted (pgvector's documented way to index mixed dimensions)::
         USING hnsw ((embedding::vector(384)) vector_cosine_ops) WHERE dim = 384
 
 Dimensions 2001-4000 (over ``vector``'s HNSW limit, e.g. 3072) are indexed
-as ``halfvec`` (half precision in the index; scores are still computed on the
-stored single-precision vectors); above 4000 a query is an exact scan.
+as ``halfvec``: the index gives ``2k + 10`` candidates by half-precision
+distance, re-ranked by the exact distance of the stored single-precision
+vectors. Above 4000 a query is an exact scan.
 
 A query orders by ``<=>`` (cosine distance) on the indexed expression,
 restricted to the collection (and the metadata filter: ``metadata -> key =
@@ -67,12 +68,12 @@ def index_name(dim: int) -> str:
     return f"vector_items_hnsw_{dim}"
 
 
-def indexed_expression(dim: int) -> str | None:
-    """The SQL expression the HNSW index of dimension ``dim`` is built on."""
+def index_type(dim: int) -> str | None:
+    """The type the HNSW index of dimension ``dim`` casts ``embedding`` to."""
     if dim <= VECTOR_HNSW_MAX_DIM:
-        return f"(embedding::vector({dim}))"
+        return f"vector({int(dim)})"
     if dim <= HALFVEC_HNSW_MAX_DIM:
-        return f"(embedding::halfvec({dim}))"
+        return f"halfvec({int(dim)})"
     return None
 
 
@@ -90,7 +91,7 @@ class PgVectorStore:
         self._indexed: set[int] = set()
 
     @classmethod
-    def open(cls, url: str, **engine_kwargs: Any) -> "PgVectorStore":
+    def open(cls, url: str, **engine_kwargs: Any) -> PgVectorStore:
         from adapters.store.postgres import postgres_engine
 
         return cls(postgres_engine(url, **engine_kwargs))
@@ -136,8 +137,9 @@ class PgVectorStore:
         """The HNSW index of dimension ``dim`` (once per process and dimension)."""
         if dim in self._indexed:
             return
-        expression = indexed_expression(dim)
-        if expression is not None:
+        type_ = index_type(dim)
+        if type_ is not None:
+            expression = f"(embedding::{type_})"
             name = index_name(dim)
             ops = "vector_cosine_ops" if dim <= VECTOR_HNSW_MAX_DIM else "halfvec_cosine_ops"
             async with self.engine.begin() as conn:
@@ -190,29 +192,38 @@ class PgVectorStore:
                 params[f"fk{i}"] = str(key)
                 params[f"fv{i}"] = dumps(value)
                 where.append(f"metadata -> CAST(:fk{i} AS text) = CAST(:fv{i} AS jsonb)")
-            expression = indexed_expression(dim)
-            if expression is None:
-                order = "embedding <=> CAST(:q AS vector)"
-            else:
-                cast = expression[len("(embedding::") : -1]  # vector(384) / halfvec(3072)
-                order = f"{expression} <=> CAST(:q AS {cast})"
-                await conn.execute(text("SET LOCAL hnsw.iterative_scan = strict_order"))
-            rows = (
-                await conn.execute(
-                    text(
-                        "SELECT id, text, metadata, 1 - (embedding <=> CAST(:q AS vector)) AS score "
-                        f"FROM vector_items WHERE {' AND '.join(where)} "
-                        f"ORDER BY {order} LIMIT :k"
-                    ),
-                    params,
+            type_ = index_type(dim)
+            where_sql = " AND ".join(where)
+            if type_ is None:  # no index: an exact scan
+                sql = (
+                    "SELECT id, text, metadata, embedding <=> CAST(:q AS vector) AS distance "
+                    f"FROM vector_items WHERE {where_sql} ORDER BY distance LIMIT :k"
                 )
-            ).all()
+            elif type_.startswith("vector"):  # the index's distance is the exact one
+                sql = (
+                    f"SELECT id, text, metadata, (embedding::{type_}) <=> CAST(:q AS {type_}) AS distance "
+                    f"FROM vector_items WHERE {where_sql} ORDER BY distance LIMIT :k"
+                )
+            else:
+                # halfvec: candidates in half precision from the index, then
+                # re-ranked by the exact distance (pgvector's re-ranking).
+                params["candidates"] = 2 * int(k) + 10
+                sql = (
+                    "SELECT id, text, metadata, distance FROM ("
+                    "SELECT id, text, metadata, embedding <=> CAST(:q AS vector) AS distance "
+                    f"FROM vector_items WHERE {where_sql} "
+                    f"ORDER BY (embedding::{type_}) <=> CAST(:q AS {type_}) LIMIT :candidates"
+                    ") AS candidates ORDER BY distance LIMIT :k"
+                )
+            if type_ is not None:
+                await conn.execute(text("SET LOCAL hnsw.iterative_scan = strict_order"))
+            rows = (await conn.execute(text(sql), params)).all()
         return [
             VectorHit(
                 id=id_,
-                score=max(-1.0, min(1.0, float(score))),
+                score=max(-1.0, min(1.0, 1.0 - float(distance))),
                 text=text_,
                 metadata=json.loads(meta) if isinstance(meta, str) else meta,
             )
-            for id_, text_, meta, score in rows
+            for id_, text_, meta, distance in rows
         ]

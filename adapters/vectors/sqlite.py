@@ -61,7 +61,7 @@ class SqliteVectorStore:
         self._dims: dict[str, int] = {}
 
     @classmethod
-    def open(cls, url: str, **engine_kwargs: Any) -> "SqliteVectorStore":
+    def open(cls, url: str, **engine_kwargs: Any) -> SqliteVectorStore:
         engine_kwargs.setdefault("pool_size", 4)
         return cls(sqlite_engine(url, **engine_kwargs))
 
@@ -178,7 +178,7 @@ class _Desc:
     def __init__(self, s: str) -> None:
         self.s = s
 
-    def __lt__(self, other: "_Desc") -> bool:
+    def __lt__(self, other: _Desc) -> bool:
         return self.s > other.s
 
     def __eq__(self, other: object) -> bool:
