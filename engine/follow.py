@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
-from engine.live import LiveDelta, LiveEvent
+from engine.live import WAKE, LiveDelta, LiveEvent
 from engine.projection import ChunkOut, TurnView
 from engine.stream import Piece
 
@@ -173,6 +173,11 @@ async def follow(
                     continue
                 messages = [message, *sub.drain()]
             outs = []
+            if any(item is WAKE for item in messages):
+                # Appended elsewhere: the log has it (live items here are then
+                # only this process's own, and the log includes them too).
+                follower, outs = await _resync(store, follower, turn_id)
+                messages = [item for item in messages if item is not WAKE]
             try:
                 for item in messages:
                     if isinstance(item, LiveDelta):

@@ -37,6 +37,16 @@ class LiveEvent:
     event: Event
 
 
+class _Wake:
+    """Another process appended to the turn: re-read the log after your cursor."""
+
+    def __repr__(self) -> str:
+        return "WAKE"
+
+
+WAKE = _Wake()
+
+
 @dataclass(frozen=True)
 class LiveRequest:
     """Something the turn asks of a client (e.g. ``execute:tool``)."""
@@ -108,6 +118,9 @@ class InProcessBus:
     def __init__(self, limit: int = 100_000) -> None:
         self._subs: dict[str, list[Subscription]] = {}
         self._limit = limit
+        # Called with the turn id after a committed event is published (the
+        # PostgreSQL deployment tells the other processes).
+        self.on_committed: Any = None
 
     def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> Subscription:
         sub = Subscription(self, turn_id, self._limit, runs_tools=runs_tools)
@@ -119,6 +132,13 @@ class InProcessBus:
         if subs:
             for sub in subs:
                 sub.put(message)
+        if self.on_committed is not None and isinstance(message, LiveEvent):
+            self.on_committed(turn_id)
+
+    def wake(self, turn_id: str) -> None:
+        """Another process appended to ``turn_id``: its subscribers re-read the log."""
+        for sub in self._subs.get(turn_id, ()):
+            sub.put(WAKE)
 
     def has_client(self, turn_id: str) -> bool:
         """Whether a subscriber that runs direct tools follows this turn."""

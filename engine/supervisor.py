@@ -67,6 +67,8 @@ class Supervisor:
         self.config = config
         self.tools: ToolCatalog = tools or NoTools()
         self.model_client = model_client
+        # Set by a multi-process deployment: ask the owner of a turn to cancel it.
+        self.remote_cancel: Any = None
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.engine_config = EngineConfig(
             owner=self.owner,
@@ -219,7 +221,9 @@ class Supervisor:
             raise TurnConflict(f"turn {turn_id} is already {record.status}")
         fencing = await self.store.claim_turn(turn_id, self.owner, lease_seconds=self.config.lease_seconds)
         if fencing is None:
-            raise TurnConflict(f"turn {turn_id} is running on another process")
+            if self.remote_cancel is None:
+                raise TurnConflict(f"turn {turn_id} is running on another process")
+            return await self._cancel_elsewhere(turn_id, by)
         try:
             view = fold(turn_id, await self.store.read(turn_id))
             await self._append(view, fencing, TurnCancelRequested(by=by))
@@ -227,6 +231,34 @@ class Supervisor:
             return view.status
         finally:
             await self.store.release_turn(turn_id, self.owner)
+
+    async def _cancel_elsewhere(self, turn_id: str, by: str, timeout: float = 15.0) -> str:
+        """Ask the owning process to cancel, until the log shows the turn ended.
+
+        The request is repeated (a notification can be missed); the answer is
+        the log, so the caller gets its 202 only once ``turn.cancelled`` (with the
+        partial answer) is durable, as with a local cancel."""
+        assert self.remote_cancel is not None
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_ask = 0.0
+        while loop.time() < deadline:
+            record = await self.store.get_turn(turn_id)
+            if record is not None and record.status in ("completed", "cancelled", "failed"):
+                return record.status
+            if record is not None and record.status == "interrupted":
+                return await self.cancel(turn_id, by)  # nobody owns it any more
+            if loop.time() >= next_ask:
+                await self.remote_cancel(turn_id, by)
+                next_ask = loop.time() + 1.0
+            await asyncio.sleep(0.02)
+        raise TurnConflict(f"turn {turn_id}: its owner did not confirm the cancel within {timeout:g} s")
+
+    def cancel_requested_elsewhere(self, turn_id: str, by: str) -> None:
+        """Another process asked to cancel a turn; act if this process owns it."""
+        actor = self.actors.get(turn_id)
+        if actor is not None:
+            asyncio.get_running_loop().create_task(actor.cancel(by or "remote"))
 
     async def resume(self, turn_id: str) -> TurnActor:
         if turn_id in self.actors:

@@ -3,8 +3,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from tests.pg import pg_url  # noqa: F401  (fixture: a fresh PostgreSQL database)
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import ScriptedUpstream
 
@@ -26,3 +28,9 @@ async def service(tmp_path: Path, upstream: ScriptedUpstream) -> AsyncIterator[S
         yield svc
     finally:
         await stop_service(svc)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session

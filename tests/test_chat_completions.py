@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import openai
-import pytest
 
 from tests.harness import Service, sse_messages, sse_text
 from tests.upstream import Reply

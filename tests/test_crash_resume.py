@@ -3,101 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.harness import sse_text
+from tests.processes import Server, cli, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
-ROOT = Path(__file__).resolve().parents[1]
 TEXT = "".join(f"word{i:03d} " for i in range(150))
-
-
-def cli(db: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}"}
-    return subprocess.run([sys.executable, "-m", "adapters.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, db: Path, upstream_url: str, *, auto_resume: bool) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = {
-            **os.environ,
-            "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db}",
-            "TURNLOG_OPENAI_BASE_URL": upstream_url,
-            "TURNLOG_OPENAI_API_KEY": "sk-test",
-            "TURNLOG_LEASE_SECONDS": "1",
-            "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
-        }
-        self.log = open(db.parent / f"serve-{self.port}.log", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "adapters.cli", "serve", "--port", str(self.port)],
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
-        )
-
-    async def ready(self, http: aiohttp.ClientSession) -> None:
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "turnlog serve exited"
-            try:
-                async with http.get(self.url + "/healthz") as resp:
-                    if resp.status == 200:
-                        return
-            except aiohttp.ClientError:
-                pass
-            await asyncio.sleep(0.05)
-        raise AssertionError("turnlog serve did not become ready")
-
-    def kill9(self) -> None:
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-async def get_json(http: aiohttp.ClientSession, url: str) -> dict:
-    async with http.get(url) as resp:
-        assert resp.status == 200, await resp.text()
-        return await resp.json()
-
-
-async def wait_for(http: aiohttp.ClientSession, url: str, predicate, timeout: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout
-    while True:
-        body = await get_json(http, url)
-        if predicate(body):
-            return body
-        assert time.monotonic() < deadline, f"timed out; last: {body.get('status')}"
-        await asyncio.sleep(0.05)
 
 
 async def start_and_kill(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream) -> tuple[str, str, Path]:

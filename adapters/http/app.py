@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
+from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
@@ -19,6 +20,7 @@ from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.live_pg import PgSignals
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
@@ -58,9 +60,10 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
             providers["ollama"] = OllamaProvider(settings.ollama_base_url, **timeouts)
         catalog = Catalog(settings, providers)
         tools: ToolCatalog = DirToolCatalog(settings.tools_dir) if settings.tools_dir else NoTools()
+        bus = InProcessBus()
         supervisor = Supervisor(
             store=store,
-            bus=InProcessBus(),
+            bus=bus,
             models=catalog,
             tools=tools,
             code_executor=code_executor,
@@ -75,6 +78,14 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
                 responses_stateful=settings.responses_stateful,
             ),
         )
+        signals: PgSignals | None = None
+        if make_url(settings.database_url).get_backend_name() == "postgresql":
+            # Several processes may share this database: wake each other's
+            # subscribers and route cancels to a turn's owner.
+            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=supervisor.cancel_requested_elsewhere)
+            await signals.start()
+            bus.on_committed = signals.appended
+            supervisor.remote_cancel = signals.request_cancel
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
         holder["services"] = svc
         app[SERVICES] = svc
@@ -83,6 +94,8 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
             yield
         finally:
             await supervisor.stop()
+            if signals is not None:
+                await signals.close()
             for provider in providers.values():
                 await provider.close()  # type: ignore[attr-defined]
             await store.close()

@@ -22,7 +22,7 @@ from adapters.http.errors import ApiError
 from adapters.http.chat_routes import start_turn
 from adapters.http.schemas import parse_chat_request
 from engine.events import TERMINAL_TYPES, Event
-from engine.live import LiveDelta, LiveEvent, LiveRequest
+from engine.live import WAKE, LiveDelta, LiveEvent, LiveRequest
 from engine.supervisor import TurnConflict
 
 log = logging.getLogger("turnlog.ws")
@@ -154,6 +154,9 @@ class Connection:
                             return
                         continue
                     messages = [item, *sub.drain()]
+                if any(item is WAKE for item in messages):
+                    if await send_events(await store.read(turn_id, after=last)):
+                        return
                 for item in messages:
                     if isinstance(item, LiveDelta):
                         if item.seq > last:

@@ -1,0 +1,108 @@
+"""Cross-process live signals over PostgreSQL LISTEN/NOTIFY.
+
+Several ``turnlog serve`` processes share one database. A notification is only
+a wake-up: "turn X has new events" or "please cancel turn X". The log stays the
+source of truth, so a subscriber woken on process B re-reads the log after its
+cursor, and a lost notification only delays an event (every follower also
+re-reads the log when it has been quiet for a second). A cancel request is
+repeated until the owner's ``turn.cancelled`` is in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from typing import Any
+
+import asyncpg
+from sqlalchemy.engine import make_url
+
+log = logging.getLogger("turnlog.live")
+
+EVENTS = "turnlog_events"
+COMMANDS = "turnlog_commands"
+
+
+def asyncpg_dsn(url: str) -> str:
+    """``postgresql+asyncpg://…`` (SQLAlchemy) → ``postgresql://…`` (asyncpg)."""
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+class PgSignals:
+    """One LISTEN connection and one NOTIFY connection per process."""
+
+    def __init__(self, url: str, *, on_events: Callable[[str], None], on_cancel: Callable[[str, str], None]) -> None:
+        self.dsn = asyncpg_dsn(url)
+        self.on_events = on_events
+        self.on_cancel = on_cancel
+        self._listen: asyncpg.Connection | None = None
+        self._notify: asyncpg.Connection | None = None
+        self._pending: set[str] = set()
+        self._flusher: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._watchdog: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        await self._connect_listener()
+        self._notify = await asyncpg.connect(self.dsn)
+        self._watchdog = asyncio.create_task(self._keep_listening(), name="turnlog:pg-listen")
+
+    async def _connect_listener(self) -> None:
+        conn = await asyncpg.connect(self.dsn)
+        await conn.add_listener(EVENTS, self._event)
+        await conn.add_listener(COMMANDS, self._command)
+        self._listen = conn
+
+    async def _keep_listening(self) -> None:
+        """Reconnect the listener if it drops (followers poll the log meanwhile)."""
+        while True:
+            await asyncio.sleep(1.0)
+            conn = self._listen
+            if conn is None or conn.is_closed():
+                try:
+                    await self._connect_listener()
+                    log.info("LISTEN connection restored")
+                except (OSError, asyncpg.PostgresError) as exc:
+                    log.warning("LISTEN reconnect failed: %s", exc)
+
+    async def close(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+        if self._flusher is not None:
+            await asyncio.gather(self._flusher, return_exceptions=True)
+        for conn in (self._listen, self._notify):
+            if conn is not None and not conn.is_closed():
+                await conn.close()
+
+    def _event(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self.on_events(payload)
+
+    def _command(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        kind, _, rest = payload.partition(":")
+        if kind == "cancel":
+            turn_id, _, by = rest.partition(":")
+            self.on_cancel(turn_id, by)
+
+    def appended(self, turn_id: str) -> None:
+        """Tell the other processes that ``turn_id`` has new events (coalesced)."""
+        self._pending.add(turn_id)
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+
+    async def _flush(self) -> None:
+        await asyncio.sleep(0)  # gather what the current burst of commits appended
+        while self._pending:
+            batch, self._pending = self._pending, set()
+            try:
+                async with self._lock:
+                    assert self._notify is not None
+                    await self._notify.executemany("SELECT pg_notify($1, $2)", [(EVENTS, t) for t in batch])
+            except (OSError, asyncpg.PostgresError, AssertionError) as exc:
+                log.warning("NOTIFY failed (followers will poll): %s", exc)
+                return
+
+    async def request_cancel(self, turn_id: str, by: str) -> None:
+        async with self._lock:
+            assert self._notify is not None
+            await self._notify.execute("SELECT pg_notify($1, $2)", COMMANDS, f"cancel:{turn_id}:{by}")
