@@ -14,6 +14,7 @@ import ctypes
 import json
 import os
 import queue
+import resource
 import signal
 import socket
 import subprocess
@@ -80,18 +81,19 @@ class Procs:
         self.workdir = workdir
         self.children: list[tuple[str, subprocess.Popen[bytes]]] = []
         self._closed = False
-        self._cpu_done = 0.0  # CPU seconds of children already stopped
+        self.turnlog_env: dict[str, str] = {}
         atexit.register(self.close)
 
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+    def env(self, extra: dict[str, str] | None = None, *, drop_prefix: str | None = None) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not (drop_prefix and k.startswith(drop_prefix))}
         env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env["PYTHONUNBUFFERED"] = "1"
         env.update(extra or {})
         return env
 
     def spawn(
-        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, stdout_pipe: bool = True
+        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, stdout_pipe: bool = True,
+        drop_env_prefix: str | None = None,
     ) -> tuple[subprocess.Popen[bytes], _Lines | None]:
         if self._closed:
             raise BenchError("harness is shutting down")
@@ -100,7 +102,7 @@ class Procs:
             proc = subprocess.Popen(
                 argv,
                 cwd=str(ROOT),
-                env=self.env(env),
+                env=self.env(env, drop_prefix=drop_env_prefix),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE if stdout_pipe else log,
                 stderr=log,
@@ -133,9 +135,15 @@ class Procs:
         return proc, url
 
     def start_turnlog(self, name: str, upstream_v1: str, db_path: Path, timeout: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
-        """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off."""
+        """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off.
+
+        ``TURNLOG_*`` variables of the caller's environment are NOT passed on (a
+        benchmark must not pick up a real deployment's settings); ``turnlog_env``
+        (``--turnlog-env KEY=VALUE``) adds settings on purpose.
+        """
         port = free_port()
         env = {
+            **self.turnlog_env,
             "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db_path}",
             "TURNLOG_OPENAI_BASE_URL": upstream_v1,
             "TURNLOG_OPENAI_API_KEY": "sk-bench",
@@ -144,7 +152,7 @@ class Procs:
             "TURNLOG_PORT": str(port),
         }
         argv = [sys.executable, "-m", "adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
-        proc, _ = self.spawn(name, argv, env=env, stdout_pipe=False)
+        proc, _ = self.spawn(name, argv, env=env, stdout_pipe=False, drop_env_prefix="TURNLOG_")
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout
         while True:
@@ -203,9 +211,13 @@ class Procs:
         return result
 
     def cpu_used(self) -> float:
-        """CPU seconds used so far by this process and every child it started."""
-        total = self._cpu_done + time.process_time()
+        """CPU seconds used so far by this process and every child it started
+        (reaped children through RUSAGE_CHILDREN, running ones through /proc)."""
+        ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+        total = time.process_time() + ru.ru_utime + ru.ru_stime
         for _name, proc in self.children:
+            if proc.returncode is not None:  # reaped: already in RUSAGE_CHILDREN
+                continue
             try:
                 total += cpu_seconds(proc.pid)
             except (OSError, ValueError, IndexError):
@@ -213,11 +225,6 @@ class Procs:
         return total
 
     def stop(self, proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
-        if proc.poll() is None and any(p is proc for _, p in self.children):
-            try:
-                self._cpu_done += cpu_seconds(proc.pid)
-            except (OSError, ValueError, IndexError):
-                pass
         if proc.poll() is None:
             try:
                 proc.send_signal(signal.SIGTERM)

@@ -70,6 +70,30 @@ def host_info() -> dict[str, Any]:
     return info
 
 
+def calibrate() -> dict[str, float]:
+    """A fixed CPU yardstick (this process, nothing else of ours running): how fast
+    the machine runs Python right now. Absolute figures (µs/chunk, TTFC, events/s)
+    of two runs compare only as well as their yardsticks agree; ratios to the floor
+    do not need it."""
+    chunk = json.dumps(
+        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "bench",
+         "choices": [{"index": 0, "delta": {"content": " fox"}, "logprobs": None, "finish_reason": None}]}
+    ).encode()
+    loads = json.loads
+    best_json = best_loop = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        for _ in range(20_000):
+            loads(chunk)
+        best_json = min(best_json, (time.perf_counter() - t) / 20_000 * 1e6)
+        t = time.perf_counter()
+        x = 0
+        for i in range(300_000):
+            x += i
+        best_loop = min(best_loop, (time.perf_counter() - t) / 300_000 * 1e9)
+    return {"json_loads_chunk_us": round(best_json, 3), "py_add_loop_ns": round(best_loop, 1)}
+
+
 class Servers:
     """The upstream, the floor and turnlog, shared by the scenarios."""
 
@@ -142,9 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="reduced subset (< 60 s); fails only on a large regression")
     p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(ALL)}")
     p.add_argument("--json-out", help="also write the JSON to this file")
-    p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during long_answer and concurrent_paced into DIR")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during ttfc, long_answer and concurrent_paced into DIR")
     p.add_argument("--openwebui", metavar="VENV", help="Open WebUI peer modes (not implemented yet: reported as a slot)")
     p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
+    p.add_argument(
+        "--turnlog-env", action="append", default=[], metavar="KEY=VALUE",
+        help="a setting for the turnlog under test, e.g. TURNLOG_FLUSH_INTERVAL=0.02 (repeatable); "
+        "TURNLOG_* variables of the environment are not passed on",
+    )
     p.add_argument(
         "--quiet-wait", type=float, default=30.0, metavar="S",
         help="before each scenario wait up to S s for the host to be idle (default 30; no wait with --quick)",
@@ -156,12 +185,21 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         p.error(f"unknown scenarios {unknown}; known: {', '.join(ALL)}")
 
+    turnlog_env: dict[str, str] = {}
+    for item in args.turnlog_env:
+        key, sep, value = item.partition("=")
+        if not sep or not key.startswith("TURNLOG_"):
+            p.error(f"--turnlog-env wants TURNLOG_NAME=VALUE, got {item!r}")
+        turnlog_env[key] = value
+
+    calibration = {"start": calibrate()}
     signal.signal(signal.SIGTERM, _sigterm)
     # Ctrl-C always stops the run (a shell may start background jobs with SIGINT ignored).
     signal.signal(signal.SIGINT, signal.default_int_handler)
     started = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="turnlog-bench-", dir=os.environ.get("BENCH_DIR")))
     procs = Procs(workdir)
+    procs.turnlog_env.update(turnlog_env)
     profile_dir = Path(args.profile).resolve() if args.profile else None
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
@@ -187,7 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 cpu0 = _busy_snapshot(procs)
                 r = fn(ctx)
-                r["host"] = {"idle_wait": quiet, "busy_cores_during": _busy_since(cpu0, procs)}
+                r["host"] = {"derived_from": "long_answer"} if derived else {
+                    "idle_wait": quiet, "busy_cores_during": _busy_since(cpu0, procs)
+                }
             except BenchError as exc:
                 r = {"status": "error", "error": str(exc)}
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RuntimeError) as exc:
@@ -205,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
 
+    if not interrupted:
+        calibration["end"] = calibrate()
     for name, reason in NOT_IMPLEMENTED.items():
         if name in selected:
             r = {"status": "not_implemented", "reason": reason}
@@ -222,9 +264,10 @@ def main(argv: list[str] | None = None) -> int:
         "mode": "quick" if args.quick else "full",
         "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - started, 1),
-        "host": host_info(),
+        "host": {**host_info(), "calibration": calibration},
         "interrupted": interrupted,
         "turnlog_restarts": servers.restarts,
+        "turnlog_env": procs.turnlog_env,
         "scenarios": {name: results[name] for name in ALL if name in results},
         "summary": {
             "passed": [k for k in measured if k not in missed],

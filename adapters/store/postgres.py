@@ -64,17 +64,22 @@ _INSERT_EVENTS = text(
 # ``insert_events_all_or_none``).
 _INSERT_EVENTS_SKIPPING = text(
     """
-    INSERT INTO events (id, turn_id, seq, type, at, data)
-    SELECT (SELECT coalesce(max(id), 0) FROM events) + r.n, r.turn_id, r.seq, r.type, r.at, r.data
-    FROM unnest(
-        CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
-        CAST(:ats AS float8[]), CAST(:datas AS text[])
-    ) WITH ORDINALITY AS r(turn_id, seq, type, at, data, n)
-    ON CONFLICT (turn_id, seq) DO NOTHING
-    RETURNING id
+    WITH inserted AS (
+        INSERT INTO events (id, turn_id, seq, type, at, data)
+        SELECT (SELECT coalesce(max(id), 0) FROM events) + r.n, r.turn_id, r.seq, r.type, r.at, r.data
+        FROM unnest(
+            CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
+            CAST(:ats AS float8[]), CAST(:datas AS text[])
+        ) WITH ORDINALITY AS r(turn_id, seq, type, at, data, n)
+        ON CONFLICT (turn_id, seq) DO NOTHING
+        RETURNING id
+    )
+    SELECT count(*), min(id) FROM inserted
     """
 )
-_DELETE_EVENTS = text("DELETE FROM events WHERE id = ANY(CAST(:ids AS bigint[]))")
+# Every row that statement inserted has a position >= its smallest one, and
+# (under the events lock) no other row has.
+_DELETE_EVENTS_FROM = text("DELETE FROM events WHERE id >= :first")
 
 #: The fencing tokens of some turns, row-locked until the end of the
 #: transaction (one statement text for any number of ids: prepared once).
@@ -90,7 +95,13 @@ def postgres_engine(url: str, **kwargs: Any) -> AsyncEngine:
     ``create_async_engine``)."""
     kwargs.setdefault("pool_pre_ping", True)
     connect_args = kwargs.setdefault("connect_args", {})
-    connect_args.setdefault("server_settings", {}).setdefault("application_name", "turnlog")
+    settings = connect_args.setdefault("server_settings", {})
+    settings.setdefault("application_name", "turnlog")
+    # A process frozen mid-transaction (SIGSTOP, a VM pause) would hold the
+    # events lock and stall every other process: PostgreSQL ends such a
+    # session, the lock goes, and the frozen process finds its lease gone
+    # (fencing) when it wakes.
+    settings.setdefault("idle_in_transaction_session_timeout", "5000")
     return create_async_engine(url, **kwargs)
 
 
@@ -123,8 +134,8 @@ def insert_events_all_or_none(conn: Connection, rows: list[tuple[Any, ...]]) -> 
     """Like :func:`insert_events`, but a taken ``(turn_id, seq)`` raises
     :class:`Conflict` with nothing inserted and the transaction still usable
     (no savepoint needed). ``rows`` must not repeat a ``(turn_id, seq)``."""
-    ids = conn.execute(_INSERT_EVENTS_SKIPPING, _columns(rows)).scalars().all()
-    if len(ids) != len(rows):
-        if ids:
-            conn.execute(_DELETE_EVENTS, {"ids": list(ids)})
+    count, first = conn.execute(_INSERT_EVENTS_SKIPPING, _columns(rows)).one()
+    if count != len(rows):
+        if count:
+            conn.execute(_DELETE_EVENTS_FROM, {"first": first})
         raise Conflict
