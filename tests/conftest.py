@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -21,9 +22,41 @@ async def upstream() -> AsyncIterator[ScriptedUpstream]:
         await up.close()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--backend",
+        choices=["sqlite", "postgres", "both"],
+        default=os.environ.get("TURNLOG_TEST_BACKEND", "both"),
+        help="event-store backend(s) for the service-level tests (default: both)",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "sqlite_only: the test reads the SQLite file itself")
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Every test that runs the service runs it on each selected backend."""
+    if "db_backend" not in metafunc.fixturenames:
+        return
+    choice = metafunc.config.getoption("backend")
+    backends = ["sqlite", "postgres"] if choice == "both" else [choice]
+    if metafunc.definition.get_closest_marker("sqlite_only"):
+        backends = ["sqlite"]
+    metafunc.parametrize("db_backend", backends)
+
+
 @pytest.fixture
-async def service(tmp_path: Path, upstream: ScriptedUpstream) -> AsyncIterator[Service]:
-    svc = await start_service(make_settings(tmp_path, upstream.url), upstream)
+def database_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
+    """The service's database: a SQLite file, or a fresh PostgreSQL database."""
+    if db_backend == "postgres":
+        return str(request.getfixturevalue("pg_url"))
+    return f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}"
+
+
+@pytest.fixture
+async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
     try:
         yield svc
     finally:

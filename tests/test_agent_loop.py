@@ -31,10 +31,12 @@ def tool_reply(*calls: dict, text: str = "") -> Reply:
 
 
 @pytest.fixture
-async def agent(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+async def agent(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
     monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
     tools = write_tools(tmp_path / "tools")
-    svc = await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=1.0), upstream)
+    svc = await start_service(
+        make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=1.0, database_url=database_url), upstream
+    )
     try:
         yield svc
     finally:

@@ -14,8 +14,8 @@ USER = [{"role": "user", "content": "hello"}]
 
 
 @pytest.fixture
-async def authed(tmp_path: Path, upstream: ScriptedUpstream) -> AsyncIterator[tuple[Service, str, str]]:
-    svc = await start_service(make_settings(tmp_path, upstream.url, auth="on"), upstream)
+async def authed(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[tuple[Service, str, str]]:
+    svc = await start_service(make_settings(tmp_path, upstream.url, auth="on", database_url=database_url), upstream)
     store = svc.services.store
     alice = await store.create_api_key("alice")
     bob = await store.create_api_key("bob")
@@ -131,6 +131,7 @@ async def test_bad_paths_and_queries(service: Service) -> None:
         assert resp.status == 405 and "error" in await resp.json()
 
 
+@pytest.mark.sqlite_only
 async def test_secrets_never_enter_the_log(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(text="no secrets here"))
     status, _, _ = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "stream": False})

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.harness import Service
 from tests.upstream import Reply
 
@@ -33,6 +35,7 @@ def test_migrate_and_keys_create(tmp_path: Path) -> None:
         assert lines[0] not in json.dumps(conn.execute("select * from api_keys").fetchall())
 
 
+@pytest.mark.sqlite_only
 async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(text="cli answer"))
     status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "chat_id": "chat-cli"})
@@ -74,6 +77,7 @@ def test_serve_refuses_insecure_non_loopback(tmp_path: Path) -> None:
     assert out.returncode == 2 and "TURNLOG_AUTH=on" in out.stderr
 
 
+@pytest.mark.sqlite_only
 async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(chunks=["<think>", "plan", "</think>", "Verified ", "answer"]))
     status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}]})

@@ -40,9 +40,9 @@ class ExpressionExecutor:
 
 
 @pytest.fixture
-async def legacy(tmp_path: Path, upstream: ScriptedUpstream) -> AsyncIterator[tuple[Service, ExpressionExecutor]]:
+async def legacy(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[tuple[Service, ExpressionExecutor]]:
     executor = ExpressionExecutor()
-    svc = await start_service(make_settings(tmp_path, upstream.url), upstream, code_executor=executor)
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream, code_executor=executor)
     try:
         yield svc, executor
     finally:

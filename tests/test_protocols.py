@@ -23,15 +23,15 @@ def calls(*pairs: tuple[str, dict, str]) -> Reply:
     return Reply(tool_calls=[{"name": n, "arguments": a, "id": i} for n, a, i in pairs], finish_reason="tool_calls")
 
 
-async def _service(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, **settings: object) -> Service:
+async def _service(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str, **settings: object) -> Service:
     monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
     tools = write_tools(tmp_path / "tools")
-    return await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), **settings), upstream)
+    return await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), database_url=database_url, **settings), upstream)
 
 
 @pytest.fixture
-async def responses(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
-    svc = await _service(tmp_path, upstream, monkeypatch, openai_api_mode="responses", responses_stateful=True)
+async def responses(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str) -> AsyncIterator[Service]:
+    svc = await _service(tmp_path, upstream, monkeypatch, database_url, openai_api_mode="responses", responses_stateful=True)
     try:
         yield svc
     finally:
@@ -39,8 +39,8 @@ async def responses(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pyt
 
 
 @pytest.fixture
-async def ollama(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
-    svc = await _service(tmp_path, upstream, monkeypatch, openai_base_url=None, ollama_base_url=upstream.root)
+async def ollama(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str) -> AsyncIterator[Service]:
+    svc = await _service(tmp_path, upstream, monkeypatch, database_url, openai_base_url=None, ollama_base_url=upstream.root)
     try:
         yield svc
     finally:
