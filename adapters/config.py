@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     # Upstream timeouts: connecting, and silence between two reads of a stream.
     upstream_connect_timeout: float = 10.0
     upstream_idle_timeout: float = 300.0
+    # SQLite fsync policy: NORMAL (WAL) survives a process crash (kill -9) and
+    # loses at most the last commits on a power cut; FULL also survives that, at
+    # about one fsync per group commit.
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512

@@ -76,11 +76,11 @@ INTERRUPTED_MESSAGE = (
 # -- assembling ----------------------------------------------------------------
 
 
-async def assemble_node(actor: TurnActor) -> None:
-    # The assembler returns the events assembly produced (its steps, then
-    # ``assembly.completed``): a live one computes them, verify's replays them.
-    for data in await actor.assembler(actor):
-        await actor.record(data)
+async def assemble_node(actor: TurnActor) -> list[EventData]:
+    """The events assembly produced (its steps, then ``assembly.completed``): a
+    live assembler computes them, verify's replays them. They are recorded with
+    the first ``model.requested``, in one commit."""
+    return list(await actor.assembler(actor))
 
 
 async def live_assembly(actor: TurnActor) -> list[EventData]:
@@ -91,8 +91,10 @@ async def live_assembly(actor: TurnActor) -> list[EventData]:
         system=resolved.system if resolved else None,
         params=resolved.params if resolved else {},
     )
-    views = await chat_turn_views(actor.store, v.chat_id or "", before=v.created_at)
-    history = history_messages([w for w in views if w.id != v.id])
+    history: list[dict[str, Any]] = []
+    if v.request.get("chat_id"):  # a chat the client names may have earlier turns
+        views = await chat_turn_views(actor.store, v.chat_id or "", before=v.created_at)
+        history = history_messages([w for w in views if w.id != v.id])
     assembled = assemble(v.request, history, profile)
     params = dict(assembled.params)
     messages = assembled.messages
@@ -182,17 +184,20 @@ def _call_id_factory(turn_id: str, iteration: int) -> Any:
     return make
 
 
-async def call_model_node(actor: TurnActor, *, resume: bool) -> None:
+async def call_model_node(actor: TurnActor, *, resume: bool, preceding: list[EventData] | None = None) -> None:
     v = actor.view
     resolved = await actor.models.resolve(v.model or "")
     if resolved is None:
+        if preceding:
+            await actor.record_many(preceding)
         await actor.fail({"message": f"model {v.model!r} is not available", "type": "model_not_found"})
         return
     prefill = v.acc.content if resume and not v.round_closed else None
+    requested = ModelRequested(iteration=v.iteration, prefill=prefill or None, resumed=resume, api=resolved.api)
+    # Write-ahead: durable before the request goes out (with the assembly, if
+    # any, in the same commit).
+    await actor.record_many([*(preceding or []), requested])
     stateful = v.pending_stateful if (actor.config.responses_stateful and resolved.api == "responses") else None
-    await actor.record(
-        ModelRequested(iteration=v.iteration, prefill=prefill or None, resumed=resume, api=resolved.api)
-    )
     request = ModelRequest(
         messages=v.messages,
         params=v.params,

@@ -13,7 +13,12 @@ thousands of deltas and must not pay the library's per-trigger cost for them.
 
 from __future__ import annotations
 
+import logging
+
 from transitions import Machine, MachineError
+
+# transitions logs every state change at INFO: the log already has them.
+logging.getLogger("transitions").setLevel(logging.WARNING)
 
 ACTIVE = ["assembling", "streaming", "executing_tools", "reinjecting", "finalizing", "outlet", "background"]
 TERMINAL = ["done", "cancelled", "failed"]
@@ -51,6 +56,9 @@ TRANSITIONS: list[tuple[str, list[str], str | None]] = [
 
 _INTERNAL: dict[str, frozenset[str]] = {t: frozenset(src) for t, src, dest in TRANSITIONS if dest is None}
 _CHANGING = {t for t, _, dest in TRANSITIONS if dest is not None}
+_DEST: dict[tuple[str, str], str] = {
+    (source, t): dest for t, sources, dest in TRANSITIONS if dest is not None for source in sources
+}
 _MACHINE_TRANSITIONS = [
     {"trigger": "on_" + t.replace(".", "_"), "source": src, "dest": dest}
     for t, src, dest in TRANSITIONS
@@ -72,9 +80,12 @@ class TurnMachine:
     state: str
     trigger: object  # set by transitions.Machine
 
-    def __init__(self, state: str = "new") -> None:
+    def __init__(self, state: str = "new", *, enforce: bool = False) -> None:
         self.state = state
         self._machine: Machine | None = None
+        # The live actor drives its turn through ``transitions``; readers that
+        # only fold (replay, followers) check the same table with a dict lookup.
+        self.enforce = enforce
 
     def _ensure_machine(self) -> Machine:
         # Built on the first state change, not per internal event: most events a
@@ -99,6 +110,12 @@ class TurnMachine:
             return self.state
         if event_type not in _CHANGING:
             raise IllegalTransition(f"unknown event type {event_type!r}")
+        if not self.enforce:
+            dest = _DEST.get((self.state, event_type))
+            if dest is None:
+                raise IllegalTransition(f"{event_type} is not allowed in state {self.state}")
+            self.state = dest
+            return dest
         self._ensure_machine()
         try:
             self.trigger(_trigger_name(event_type))  # type: ignore[operator]

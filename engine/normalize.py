@@ -314,6 +314,9 @@ class ChatToolCalls:
         return call
 
 
+_PLAIN_DELTA_KEYS: Final[frozenset[str]] = frozenset({"content", "role", "refusal"})
+
+
 class ChatNormalizer:
     """Chat Completions chunks (already JSON-parsed; ``"[DONE]"`` and other
     non-dicts are ignored) → model events.
@@ -339,8 +342,21 @@ class ChatNormalizer:
     def feed(self, chunk: Any) -> list[ModelEvent]:
         if self._finished:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
-        if not isinstance(chunk, dict):
+        if type(chunk) is not dict:
             return []
+        # Fast path for the common chunk: one choice whose delta carries only
+        # text (the per-token hot path; everything else takes the full parse).
+        choices = chunk.get("choices")
+        if type(choices) is list and len(choices) == 1 and not chunk.get("usage") and not chunk.get("timings"):
+            choice = choices[0]
+            if type(choice) is dict and not choice.get("finish_reason"):
+                delta = choice.get("delta")
+                if type(delta) is dict and delta.keys() <= _PLAIN_DELTA_KEYS:
+                    content = delta.get("content")
+                    if type(content) is str or content is None:
+                        if self.response_id is None and type(chunk.get("id")) is str:
+                            self.response_id = chunk["id"]
+                        return [TextDelta(content)] if content else []
         parts = parse_chat_chunk(chunk)
         events: list[ModelEvent] = []
         if parts.reasoning:

@@ -46,9 +46,9 @@ STATUS_BY_TERMINAL = {"turn.completed": "completed", "turn.cancelled": "cancelle
 class TurnView:
     """Folds one turn's events. ``apply`` returns the chunks a renderer should show."""
 
-    def __init__(self, turn_id: str) -> None:
+    def __init__(self, turn_id: str, *, enforce: bool = False) -> None:
         self.id = turn_id
-        self.machine = TurnMachine()
+        self.machine = TurnMachine(enforce=enforce)
         self.chat_id: str | None = None
         self.user_id: str | None = None
         self.model: str | None = None
@@ -443,9 +443,12 @@ def _item_text(item: dict[str, Any]) -> str:
     return "".join(part.get("text") or "" for part in item.get("content") or [] if isinstance(part, dict))
 
 
-def fold(turn_id: str, events: Iterable[Event], upto: int | None = None) -> TurnView:
-    """Replay: the view after the events up to ``upto`` (all when None)."""
-    view = TurnView(turn_id)
+def fold(turn_id: str, events: Iterable[Event], upto: int | None = None, *, enforce: bool = False) -> TurnView:
+    """Replay: the view after the events up to ``upto`` (all when None).
+
+    ``enforce``: drive the state machine through ``transitions`` (for a view a
+    live actor will continue)."""
+    view = TurnView(turn_id, enforce=enforce)
     for event in events:
         if upto is not None and event.seq > upto:
             break

@@ -52,6 +52,8 @@ Deliberate differences from Open WebUI 0.12.4 (spec §15 and below):
 
 from __future__ import annotations
 
+import functools
+
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -307,6 +309,12 @@ def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple
     return DEFAULT_REASONING_TAGS
 
 
+@functools.lru_cache(maxsize=64)
+def _scanner_for(specs: tuple[TagSpec, ...]) -> _StartScanner:
+    """Scanners are immutable: every accumulator with the same tags shares one."""
+    return _StartScanner(specs)
+
+
 class _StartScanner:
     """Finds start tags in text outside any block, and decides how much of the
     tail must be held back because it may still become a start tag."""
@@ -321,6 +329,10 @@ class _StartScanner:
                 alternatives.append(rf"(?P<t{i}><{name}(?:[^\S\n](?P<a{i}>[^>\n]{{0,{ATTRIBUTE_LIMIT}}}+))?>)")
             else:
                 alternatives.append(rf"(?P<t{i}>{re.escape(spec.start)})")
+        # One C-level scan instead of a Python loop over the trigger chars.
+        self._trigger_re: re.Pattern[str] = re.compile(
+            "[" + "".join(re.escape(c) for c in sorted(self.triggers)) + "]" if self.triggers else "(?!)"
+        )
         self.start_re: re.Pattern[str] | None = re.compile("|".join(alternatives)) if alternatives else None
         # Every proper prefix of a start tag: a text ending in one of these
         # may be an unfinished tag.
@@ -339,7 +351,7 @@ class _StartScanner:
         """Cheap test for the hot path: no trigger char, no tag can start."""
         if len(text) == 1:
             return text in self.triggers
-        return any(c in text for c in self.triggers)
+        return self._trigger_re.search(text) is not None
 
     def holdback(self, s: str) -> tuple[int, int]:
         """Where ``s`` (known to hold no complete start tag) could still be
@@ -495,10 +507,10 @@ class Accumulator:
         other_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
         if code_interpreter:
             other_specs += [TagSpec("code_interpreter", s, e) for s, e in CODE_INTERPRETER_TAGS]
-        self._full_scanner = _StartScanner(reasoning_specs + other_specs)
+        self._full_scanner = _scanner_for(tuple(reasoning_specs + other_specs))
         # Once native reasoning exists, reasoning tags are literal text (§6.7);
         # solution and code-interpreter tags are still detected.
-        self._after_native_scanner = _StartScanner(other_specs)
+        self._after_native_scanner = _scanner_for(tuple(other_specs))
         self._scanner = self._full_scanner
 
         self._items: list[dict[str, Any]] = []

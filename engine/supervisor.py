@@ -198,7 +198,7 @@ class Supervisor:
             owner=self.owner,
         )
         fencing = await self.store.start_turn(record, [event], lease_seconds=self.config.lease_seconds)
-        view = TurnView(turn_id)
+        view = TurnView(turn_id, enforce=True)
         view.apply(event)
         return self._spawn(view, fencing, resume=False)
 
@@ -271,7 +271,7 @@ class Supervisor:
         fencing = await self.store.claim_turn(turn_id, self.owner, lease_seconds=self.config.lease_seconds)
         if fencing is None:
             raise TurnConflict(f"turn {turn_id} is running on another process")
-        view = fold(turn_id, await self.store.read(turn_id))
+        view = fold(turn_id, await self.store.read(turn_id), enforce=True)
         if view.machine.terminal:
             await self.store.release_turn(turn_id, self.owner)
             raise TurnConflict(f"turn {turn_id} is already {view.status}")
@@ -284,7 +284,7 @@ class Supervisor:
             fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.config.lease_seconds)
             if fencing is None:
                 continue
-            view = fold(record.id, await self.store.read(record.id))
+            view = fold(record.id, await self.store.read(record.id), enforce=True)
             if view.machine.terminal:
                 await self.store.release_turn(record.id, self.owner)
                 continue

@@ -202,9 +202,8 @@ class TurnActor:
         while not v.machine.terminal:
             state = v.state
             if state == "assembling":
-                if not v.assembled:
-                    await loop.assemble_node(self)
-                await loop.call_model_node(self, resume=False)
+                steps = [] if v.assembled else await loop.assemble_node(self)
+                await loop.call_model_node(self, resume=False, preceding=steps)
             elif state == "streaming":
                 if v.model_open:
                     await loop.call_model_node(self, resume=True)

@@ -345,7 +345,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         actor.tool_handles = handles
         return actor
 
-    view = TurnView(turn_id)
+    view = TurnView(turn_id, enforce=True)
     view.apply(started)
     actor = make_actor(view, fencing)
     external: asyncio.Queue[Event] = asyncio.Queue()
@@ -374,7 +374,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
             await actor.task
         except asyncio.CancelledError:
             pass
-        current = fold(turn_id, await scratch.read(turn_id))
+        current = fold(turn_id, await scratch.read(turn_id), enforce=True)
         token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or fencing
         follow_up = [e for e in events if e.seq > event.seq and e.type in ("turn.resumed", "turn.cancel_requested")]
         for data in [TurnInterrupted(last_owner="verify")] + (

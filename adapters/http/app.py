@@ -49,7 +49,7 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await migrate(settings.database_url)
-        store = await open_store(settings.database_url)
+        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous)
         providers: dict[str, ChatProvider] = {}
         timeouts = {"connect_timeout": settings.upstream_connect_timeout, "idle_timeout": settings.upstream_idle_timeout}
         if settings.openai_base_url:

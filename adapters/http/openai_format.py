@@ -9,12 +9,16 @@ chunk: the fixed part of every chunk is serialized once.
 from __future__ import annotations
 
 import json
+
+import orjson
 from typing import Any
 
 from engine.follow import EventOut, Out
 from engine.projection import ChunkOut, TurnView
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+# The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
+_dumpb = orjson.dumps
 
 
 def completion_id(turn_id: str) -> str:
@@ -45,7 +49,7 @@ class ChunkRenderer:
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
         """One ``chat.completion.chunk`` JSON (the fixed head serialized once)."""
-        body = self._chunk_prefix() + _dumps(delta).encode()
+        body = self._chunk_prefix() + _dumpb(delta)
         body += b',"logprobs":null,"finish_reason":' + _dumps(finish).encode() + b"}]"
         if extra:
             body += b"," + _dumps(extra)[1:-1].encode()

@@ -41,6 +41,8 @@ payload is never copied again.
 from __future__ import annotations
 
 import json
+
+import orjson
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -54,7 +56,9 @@ MAX_ERROR_BODY = 64 * 1024  # bytes of an error body we read at most
 MAX_MESSAGE = 500  # chars of upstream text kept in an error message
 MAX_RAW = 500  # chars of a malformed line kept in RawWarning.raw
 
-loads = json.loads
+# orjson parses a chunk several times faster than the json module (the
+# per-token hot path); its errors are ValueErrors too.
+loads = orjson.loads
 
 
 class HTTPProvider:
