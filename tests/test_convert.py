@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,16 +24,7 @@ from engine.convert import (
     stateful_continuation_input,
     to_responses_input,
 )
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    dirs = [Path(os.environ["TURNLOG_VECTORS_DIR"])] if os.environ.get("TURNLOG_VECTORS_DIR") else []
-    dirs += [Path(__file__).parent / "vectors", Path(__file__).resolve().parents[2] / "shared" / "vectors"]
-    for folder in dirs:
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {dirs}")
-
+from tests.vectors_util import load_vectors
 
 CONVERT_VECTORS = load_vectors("convert_output_to_messages.json")
 HISTORY_VECTORS = {v["name"]: v for v in load_vectors("history_preparation.json")}

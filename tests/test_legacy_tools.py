@@ -12,8 +12,6 @@ turnlog's fixed behaviour.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,28 +27,13 @@ from engine.legacy_tools import (
     tool_source,
 )
 from engine.tools import ToolSpec, filter_arguments, normalize_result
+from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
 # Vector loading
 # --------------------------------------------------------------------------
 
 
-def _vector_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    env = os.environ.get("TURNLOG_VECTORS_DIR")
-    if env:
-        dirs.append(Path(env))
-    dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
-    return dirs
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    for folder in _vector_dirs():
-        path = folder / name
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {_vector_dirs()}")
 
 
 VECTORS = load_vectors("legacy_tool_calling.json")

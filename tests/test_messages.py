@@ -9,9 +9,6 @@ it differs from the recording, naming the quirk.
 from __future__ import annotations
 
 import copy
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,16 +26,7 @@ from engine.messages import (
     strip_empty_content_blocks,
     update_message_content,
 )
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    dirs = [Path(os.environ["TURNLOG_VECTORS_DIR"])] if os.environ.get("TURNLOG_VECTORS_DIR") else []
-    dirs += [Path(__file__).parent / "vectors", Path(__file__).resolve().parents[2] / "shared" / "vectors"]
-    for folder in dirs:
-        if (folder / name).is_file():
-            return json.loads((folder / name).read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {dirs}")
-
+from tests.vectors_util import load_vectors
 
 HELPER_VECTORS = load_vectors("message_helpers.json")
 PARAM_VECTORS = load_vectors("apply_params_to_form_data.json")

@@ -10,11 +10,8 @@ from the recording, and names the quirk.
 from __future__ import annotations
 
 import copy
-import json
-import os
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,28 +38,13 @@ from engine.normalize import (
     split_tool_calls,
 )
 from tests.test_responses_fold import FULL_STREAM, USAGE
+from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------
 
 
-def _vector_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    env = os.environ.get("TURNLOG_VECTORS_DIR")
-    if env:
-        dirs.append(Path(env))
-    dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
-    return dirs
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    for folder in _vector_dirs():
-        path = folder / name
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {_vector_dirs()}")
 
 
 def counter_ids() -> Callable[[str], str]:

@@ -9,33 +9,12 @@ recording, and names the quirk.
 from __future__ import annotations
 
 import copy
-import json
-import os
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.responses_fold import fold_responses_event
-
-
-def _vector_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    env = os.environ.get("TURNLOG_VECTORS_DIR")
-    if env:
-        dirs.append(Path(env))
-    dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
-    return dirs
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    for folder in _vector_dirs():
-        path = folder / name
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {_vector_dirs()}")
-
+from tests.vectors_util import load_vectors
 
 VECTORS = load_vectors("responses_stream_fold.json")
 BY_NAME = {v["name"]: v for v in VECTORS}

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import copy
 import itertools
-import json
-import os
 import random
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,28 +27,13 @@ from engine.stream import (
     normalize_usage,
     parse_chat_chunk,
 )
+from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
 # Vector loading
 # --------------------------------------------------------------------------
 
 
-def _vector_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    env = os.environ.get("TURNLOG_VECTORS_DIR")
-    if env:
-        dirs.append(Path(env))
-    dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
-    return dirs
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    for folder in _vector_dirs():
-        path = folder / name
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {_vector_dirs()}")
 
 
 THINK_VECTORS = load_vectors("think_tags.json")

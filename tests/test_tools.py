@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import threading
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -38,28 +37,13 @@ from engine.tools import (
     parse_arguments,
     timeout_result,
 )
+from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
 # Vector loading
 # --------------------------------------------------------------------------
 
 
-def _vector_dirs() -> list[Path]:
-    dirs: list[Path] = []
-    env = os.environ.get("TURNLOG_VECTORS_DIR")
-    if env:
-        dirs.append(Path(env))
-    dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
-    return dirs
-
-
-def load_vectors(name: str) -> list[dict[str, Any]]:
-    for folder in _vector_dirs():
-        path = folder / name
-        if path.is_file():
-            return json.loads(path.read_text(encoding="utf-8"))
-    raise FileNotFoundError(f"vector file {name} not found in {_vector_dirs()}")
 
 
 def select(vectors: list[dict[str, Any]], excluded: dict[str, str]) -> list[Any]:
