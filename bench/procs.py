@@ -134,17 +134,23 @@ class Procs:
             raise BenchError(f"{name} did not start: {url!r}\n{self.log_tail(name)}")
         return proc, url
 
-    def start_turnlog(self, name: str, upstream_v1: str, db_path: Path, timeout: float = 60.0) -> tuple[subprocess.Popen[bytes], str]:
+    def start_turnlog(
+        self, name: str, upstream_v1: str, db_path: Path, timeout: float = 60.0, *,
+        database_url: str | None = None, extra_env: dict[str, str] | None = None,
+    ) -> tuple[subprocess.Popen[bytes], str]:
         """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off.
 
         ``TURNLOG_*`` variables of the caller's environment are NOT passed on (a
         benchmark must not pick up a real deployment's settings); ``turnlog_env``
-        (``--turnlog-env KEY=VALUE``) adds settings on purpose.
+        (``--turnlog-env KEY=VALUE``) adds settings on purpose, ``extra_env``
+        those a scenario needs (e.g. ``TURNLOG_TOOLS_DIR``); ``database_url``
+        replaces the SQLite file (e.g. a PostgreSQL URL).
         """
         port = free_port()
         env = {
             **self.turnlog_env,
-            "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{db_path}",
+            **(extra_env or {}),
+            "TURNLOG_DATABASE_URL": database_url or f"sqlite+aiosqlite:///{db_path}",
             "TURNLOG_OPENAI_BASE_URL": upstream_v1,
             "TURNLOG_OPENAI_API_KEY": "sk-bench",
             "TURNLOG_AUTH": "off",

@@ -39,6 +39,8 @@ ORDER = [
     "append_throughput",
     "replay_fold",
     "open_turns_rss",
+    "tool_loop",
+    "postgres",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)
@@ -138,7 +140,7 @@ def _busy_since(snap: tuple[float, float, float, float], procs: Procs) -> dict[s
 
 
 def evaluate(result: dict[str, Any], quick: bool) -> None:
-    checks = result.get("checks") or []
+    checks = [c for c in result.get("checks") or [] if not c.get("informational")]  # reported, never counted
     result["pass"] = bool(checks) and all(c["pass"] for c in checks)
     result["large_regression"] = any(c["large_regression"] for c in checks)
 
@@ -153,6 +155,8 @@ def render_table(out: dict[str, Any]) -> str:
             continue
         for i, c in enumerate(r["checks"]):
             verdict = "pass" if c["pass"] else ("MISS (large)" if c["large_regression"] else "MISS")
+            if c.get("informational"):
+                verdict += " (info)"
             value = "n/a" if c["value"] is None else f"{c['value']:,.4g}"
             rows.append((name if i == 0 else "", status if i == 0 else "", c["metric"], value, f"{c['op']} {c['target']:g}", verdict))
     widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.client import percentiles
-from bench.procs import BenchError, Procs, cpu_seconds, http_json, rss_kb
+from bench.procs import ROOT, BenchError, Procs, cpu_seconds, free_port, http_json, rss_kb
 
 PROMPT = [{"role": "user", "content": "Write a very long answer, please."}]
 
@@ -575,8 +575,9 @@ def _rss_samples(pid: int, n: int, every: float) -> list[int]:
 # --------------------------------------------------------------------------- 6 & 7
 
 
-def _storebench(ctx: Ctx, args: list[str], timeout: float) -> dict[str, Any]:
-    proc, lines = ctx.procs.spawn(f"storebench-{args[0]}", [sys.executable, "-m", "bench.storebench", *args, "--dir", str(ctx.workdir)])
+def _storebench(ctx: Ctx, args: list[str], timeout: float, name: str = "") -> dict[str, Any]:
+    name = name or f"storebench-{args[0]}"
+    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", "bench.storebench", *args, "--dir", str(ctx.workdir)])
     assert lines is not None
     deadline = time.monotonic() + timeout
     result = None
@@ -588,11 +589,11 @@ def _storebench(ctx: Ctx, args: list[str], timeout: float) -> dict[str, Any]:
             if line.startswith("{"):
                 result = json.loads(line)
     except TimeoutError:
-        raise BenchError(f"storebench {args[0]} took more than {timeout:g}s") from None
+        raise BenchError(f"{name} took more than {timeout:g}s") from None
     finally:
         ctx.procs.stop(proc)
     if result is None:
-        raise BenchError(f"storebench {args[0]} failed:\n{ctx.procs.log_tail('storebench-' + args[0])}")
+        raise BenchError(f"{name} failed:\n{ctx.procs.log_tail(name)}")
     return result
 
 
@@ -685,10 +686,271 @@ def _log_bytes(ctx: Ctx, turn_id: str) -> dict[str, Any]:
     }
 
 
+# --------------------------------------------------------------------------- tool loop (issue 3)
+
+TOOLS_MODULE = '''"""A benchmark tool module (written by bench.scenarios.tool_loop)."""
+
+
+class Tools:
+    def noop(self) -> str:
+        """Does nothing."""
+        return "ok"
+'''
+NOOP_SPEC = {
+    "type": "function",
+    "function": {"name": "noop", "description": "Does nothing.", "parameters": {"type": "object", "properties": {}}},
+}
+
+
+def _tool_history(k: int) -> list[dict[str, Any]]:
+    """The prompt plus ``k`` rounds of (assistant tool call, tool result): what
+    turnlog sends upstream for iteration ``k`` of the loop."""
+    msgs: list[dict[str, Any]] = list(PROMPT)
+    for j in range(k):
+        call = {"id": f"call_{j}", "type": "function", "function": {"name": "noop", "arguments": "{}"}}
+        msgs.append({"role": "assistant", "content": None, "tool_calls": [call]})
+        msgs.append({"role": "tool", "tool_call_id": f"call_{j}", "content": "ok"})
+    return msgs
+
+
+def tool_loop(ctx: Ctx) -> dict[str, Any]:
+    """Tool loop of 10 iterations with an instant tool: turnlog's added time per iteration.
+
+    turnlog (its own instance, ``TURNLOG_TOOLS_DIR`` = a module ``bench_tools``
+    with ``noop``) runs a whole turn: 10 upstream calls answered with a tool
+    call (``bench_tool_rounds``), 10 tool runs, an 11th call answered with 5
+    content chunks. The client times request sent -> end of the response
+    (``[DONE]``). The floor is the same upstream work through the floor relay:
+    the 11 upstream calls of the loop, each with the history turnlog would send
+    (k tool rounds, k = 0..10), timed one by one (median of 3 per k, keep-alive)
+    and summed. Added per iteration = (turnlog turn - floor sum) / 10.
+    """
+    rounds_n, answer_chunks = 10, 5
+    runs_per_round, rounds = (3, 1) if ctx.quick else (5, 2)
+    per_k = 3
+    tools_dir = ctx.workdir / "bench-tools"
+    tools_dir.mkdir(exist_ok=True)
+    (tools_dir / "bench_tools.py").write_text(TOOLS_MODULE)
+    proc, v1 = ctx.procs.start_turnlog(
+        "turnlog-tools", ctx.upstream_v1, ctx.workdir / "turnlog-tools.db",
+        extra_env={"TURNLOG_TOOLS_DIR": str(tools_dir)},
+    )
+    try:
+        turn_body = {**body(answer_chunks), "bench_tool_rounds": rounds_n, "tool_ids": ["bench_tools"]}
+
+        def floor_body(k: int) -> dict[str, Any]:
+            return {**body(answer_chunks), "bench_tool_rounds": rounds_n, "messages": _tool_history(k), "tools": [NOOP_SPEC]}
+
+        phases = [
+            phase("_warmup", ctx.floor_v1, floor_body(0), requests=3),
+            phase("_warmup", ctx.floor_v1, floor_body(rounds_n), requests=2),
+            phase("_warmup", v1, turn_body, requests=2),
+        ]
+        for i in range(rounds):  # interleaved, so drift hits both alike
+            for k in range(rounds_n + 1):
+                phases.append(phase(f"floor{i}_k{k}", ctx.floor_v1, floor_body(k), requests=per_k))
+            phases.append(phase(f"turnlog{i}", v1, turn_body, requests=runs_per_round, announce=True))
+        stats0 = http_json("GET", ctx.up_root + "/bench/stats")
+        meter = CpuMeter(proc.pid)
+        res = ctx.procs.run_client({"phases": phases, "timeout_s": 180}, name="c-toolloop", on_event=meter.on_event)
+        stats1 = http_json("GET", ctx.up_root + "/bench/stats")
+    finally:
+        ctx.procs.stop(proc)
+    by = {p["name"]: p["streams"] for p in res["phases"]}
+    bad: list[str] = []
+    for name, streams in by.items():
+        if name.startswith("turnlog") or name.endswith(f"_k{rounds_n}"):
+            bad += failures(streams, answer_chunks)
+        else:
+            bad += failures(streams, 0)  # a tool call: no content chunk
+    if bad or res.get("error"):
+        raise BenchError(f"tool loop streams failed: {bad[:3] or res.get('error')}")
+    # Every turnlog turn must have made its 10 tool calls upstream (warm-up included).
+    turns = 2 + rounds * runs_per_round
+    expected_calls = 3 + rounds * rounds_n * per_k + turns * rounds_n
+    got_calls = stats1.get("tool_calls", 0) - stats0.get("tool_calls", 0)
+    if got_calls != expected_calls:
+        raise BenchError(f"upstream answered {got_calls} tool calls, expected {expected_calls}: the loop did not run as planned")
+
+    def floor_sum_ms(i: int) -> float:
+        return sum(statistics.median(r["total"] for r in by[f"floor{i}_k{k}"]) for k in range(rounds_n + 1)) * 1000
+
+    floor_round_ms = [floor_sum_ms(i) for i in range(rounds)]
+    turn_ms = [r["total"] * 1000 for i in range(rounds) for r in by[f"turnlog{i}"]]
+    per_round_added = [
+        (statistics.median(r["total"] * 1000 for r in by[f"turnlog{i}"]) - floor_round_ms[i]) / rounds_n
+        for i in range(rounds)
+    ]
+    added = (med(turn_ms) - med(floor_round_ms)) / rounds_n  # type: ignore[operator]
+    cpu_ms = [meter.spent.get(f"turnlog{i}", float("nan")) / runs_per_round * 1000 for i in range(rounds)]
+    return {
+        "status": "ok",
+        "checks": [check("added_ms_per_iteration", added, "<=", 5.0)],
+        "figures": {
+            "iterations": rounds_n,
+            "turnlog_turns": rounds * runs_per_round,
+            "rounds": rounds,
+            "turnlog_turn_ms": spread(turn_ms, digits=2),
+            "floor_upstream_work_ms": spread(floor_round_ms, digits=2),
+            "floor_call_ms_by_k_round0": [
+                round(statistics.median(r["total"] for r in by[f"floor0_k{k}"]) * 1000, 3) for k in range(rounds_n + 1)
+            ],
+            "added_ms_per_iteration_per_round": [round(x, 3) for x in per_round_added],
+            "turnlog_ttfb_ms": spread([r["ttfb"] * 1000 for i in range(rounds) for r in by[f"turnlog{i}"] if r.get("ttfb")], digits=2),
+            "turnlog_cpu_ms_per_turn": spread(cpu_ms, digits=2),
+            "upstream_tool_calls": got_calls,
+            "note": "turn = request sent -> end of response ([DONE]), 10 tool calls (instant tool) + a 5-chunk answer; "
+            "floor = sum over the loop's 11 upstream calls (k = 0..10 tool rounds of history) of the floor relay's time "
+            f"for that call (median of {per_k}); added = (turn - floor) / 10",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- postgres (issue 5)
+
+
+class _PgServer:
+    """``scripts/pg-test-server`` in the work directory (stopped in ``close``)."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.dir = ctx.workdir / "pg"
+        self.script = ROOT / "scripts" / "pg-test-server"
+        self.started = False
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k != "PG_TEST_FSYNC"}  # durable commits, always
+        env.setdefault("VENV", sys.prefix)
+        return env
+
+    def start(self) -> str:
+        port = free_port()
+        self.started = True  # from here on, always try to stop it
+        r = subprocess.run(
+            [str(self.script), "start", str(self.dir), str(port)],
+            cwd=str(ROOT), env=self.env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+        )
+        lines = r.stdout.strip().splitlines()
+        url = lines[-1].strip() if lines else ""
+        if r.returncode != 0 or not url.startswith("postgresql"):
+            raise RuntimeError(f"pg-test-server start failed ({r.returncode}): {(r.stderr or r.stdout).strip()[-500:]}")
+        return url
+
+    def close(self) -> None:
+        if not self.started:
+            return
+        self.started = False
+        try:
+            subprocess.run(
+                [str(self.script), "stop", str(self.dir), "immediate"],
+                cwd=str(ROOT), env=self.env(), capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            print(f"[bench] postgres: stopping the test server failed: {exc}", file=sys.stderr, flush=True)
+
+
+def postgres(ctx: Ctx) -> dict[str, Any]:
+    """PostgreSQL: (a) durable group-commit events/s (like ``append_throughput``);
+    (b) the long-answer relay ratio with turnlog on PostgreSQL, beside SQLite's
+    (informational).
+
+    The URL comes from ``TURNLOG_BENCH_POSTGRES_URL``, else a throw-away server
+    is started with ``scripts/pg-test-server`` (and stopped at the end); if
+    neither works the scenario is skipped.
+    """
+    url = os.environ.get("TURNLOG_BENCH_POSTGRES_URL", "").strip()
+    server = _PgServer(ctx)
+    source = "TURNLOG_BENCH_POSTGRES_URL"
+    try:
+        if not url:
+            source = "scripts/pg-test-server"
+            try:
+                url = server.start()
+            except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+                return {"status": "skipped", "reason": f"no PostgreSQL: TURNLOG_BENCH_POSTGRES_URL unset and {exc}"}
+        figures: dict[str, Any] = {"source": source, "url": _redact(url)}
+
+        # (a) append throughput: the same driver as append_throughput, on PostgreSQL
+        args = ["append", "--url", url, "--turns", "200", "--events", "100", "--repeat", "3"]
+        r = _storebench(ctx, args, 300, name="storebench-append-pg")
+        figures["append"] = {
+            "events_per_s": spread([x["events_per_s"] for x in r["runs"]], digits=0),
+            "concurrent_appenders": r["turns"],
+            "events_per_appender": r["events_per_turn"],
+            "appends_per_commit": spread([x["appends_per_commit"] for x in r["runs"]], digits=1),
+            "durability": r["synchronous"] + (
+                "; scripts/pg-test-server: fsync=on, synchronous_commit=on" if source != "TURNLOG_BENCH_POSTGRES_URL" else ""
+            ),
+        }
+
+        # (b) long answer through turnlog on PostgreSQL, beside turnlog on SQLite and the floor
+        n, pairs = 20_000, 3
+        proc, pg_v1 = ctx.procs.start_turnlog("turnlog-pg", ctx.upstream_v1, ctx.workdir / "unused.db", database_url=url)
+        try:
+            phases: list[dict[str, Any]] = [
+                phase("_warmup", ctx.floor_v1, body(2000)),
+                phase("_warmup", pg_v1, body(2000)),
+                phase("_warmup", ctx.turnlog_v1, body(2000)),
+            ]
+            for i in range(pairs):  # interleaved, so drift hits all three alike
+                phases.append(phase(f"floor{i}", ctx.floor_v1, body(n)))
+                phases.append(phase(f"pg{i}", pg_v1, body(n)))
+                phases.append(phase(f"sqlite{i}", ctx.turnlog_v1, body(n)))
+            res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name="c-long-pg")
+        finally:
+            ctx.procs.stop(proc)
+        by = {p["name"]: p["streams"][0] for p in res["phases"]}
+        bad = {k: failures([v], n) for k, v in by.items()}
+        bad = {k: v for k, v in bad.items() if v}
+        if bad or res.get("error"):
+            raise BenchError(f"postgres long answer streams failed: {bad or res.get('error')}")
+        floor = [stream_rate(by[f"floor{i}"]) for i in range(pairs)]
+        pg = [stream_rate(by[f"pg{i}"]) for i in range(pairs)]
+        lite = [stream_rate(by[f"sqlite{i}"]) for i in range(pairs)]
+        pg_ratio = med(pg) / med(floor)  # type: ignore[operator]
+        lite_ratio = med(lite) / med(floor)  # type: ignore[operator]
+        figures["long_answer"] = {
+            "chunks": n,
+            "runs": pairs,
+            "floor_chunks_per_s": spread(floor, digits=0),
+            "postgres_chunks_per_s": spread(pg, digits=0),
+            "sqlite_chunks_per_s": spread(lite, digits=0),
+            "postgres_ratio": round(pg_ratio, 4),
+            "sqlite_ratio": round(lite_ratio, 4),
+            "postgres_ratio_per_pair": spread([t / f for t, f in zip(pg, floor)], digits=4),
+            "postgres_ttfc_ms": spread([by[f"pg{i}"]["ttfc"] for i in range(pairs)], 1000),
+            "sqlite_ttfc_ms": spread([by[f"sqlite{i}"]["ttfc"] for i in range(pairs)], 1000),
+        }
+    finally:
+        server.close()
+    return {
+        "status": "ok",
+        "checks": [
+            check("durable_events_per_s", r["events_per_s"], ">=", 10_000.0),
+            check("long_answer_ratio_postgres", pg_ratio, ">=", 0.6, informational=True),
+        ],
+        "figures": figures,
+    }
+
+
+def _redact(url: str) -> str:
+    """The URL without its password."""
+    head, sep, tail = url.rpartition("@")
+    if not sep:
+        return url
+    scheme, _, userinfo = head.partition("//")
+    if ":" not in userinfo:
+        return url
+    return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
+
+
 # --------------------------------------------------------------------------- checks
 
 
-def check(metric: str, value: float | None, op: str, target: float) -> dict[str, Any]:
+def check(metric: str, value: float | None, op: str, target: float, *, informational: bool = False) -> dict[str, Any]:
+    """A target. ``informational``: reported (pass / large_regression computed as
+    usual) but never counted in the scenario's verdict or the exit status."""
+    if informational:
+        return {**check(metric, value, op, target), "informational": True}
     if value is None or value != value:  # None or NaN
         return {"metric": metric, "value": None, "op": op, "target": target, "pass": False, "large_regression": True}
     if op == ">=":
@@ -708,8 +970,6 @@ def check(metric: str, value: float | None, op: str, target: float) -> dict[str,
 
 
 NOT_IMPLEMENTED = {
-    "tool_loop": "tool loop of 10 iterations: needs the native tool loop (issue 3)",
-    "postgres": "PostgreSQL append and relay: needs the PostgreSQL deployment (issue 5)",
     "openwebui": "Open WebUI peer modes (--openwebui VENV): not implemented yet",
 }
 
@@ -724,4 +984,6 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "replay_fold": (replay_fold, False, True),
     "log_size": (log_size, True, True),
     "cpu_per_chunk": (cpu_per_chunk, True, True),
+    "tool_loop": (tool_loop, True, True),
+    "postgres": (postgres, True, False),
 }

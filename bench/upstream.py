@@ -25,7 +25,15 @@ forwards upstream unchanged) or by the model name:
   ``@<time.monotonic() at write>`` followed by a space, so a client on the same
   host can compute the one-way delivery latency of every chunk;
 * ``bench_tokens`` (list of str): the content pieces, cycled (default: English
-  words of ~4.5 bytes on average, none holding a ``<``).
+  words of ~4.5 bytes on average, none holding a ``<``);
+* ``bench_tool_rounds`` (int N): a tool loop. While the request holds fewer
+  than N ``role: "tool"`` messages, the answer is one call of the tool
+  ``bench_tool`` (default ``noop``, arguments ``bench_tool_args``, default
+  ``"{}"``): a chunk ``delta: {"role": "assistant", "content": null,
+  "tool_calls": [{"index": 0, "id": "call_K", "type": "function", "function":
+  {...}}]}`` (K = the number of tool messages), a finish chunk with
+  ``finish_reason: "tool_calls"``, the usage chunk if asked, ``[DONE]``; once N
+  tool results are there, the usual text answer.
 
 ``POST /bench/release`` makes every paced stream in progress skip its remaining
 chunks and finish at once (finish chunk, usage, ``[DONE]``): benchmarks that
@@ -67,6 +75,7 @@ class Upstream:
         self.started = 0
         self.completed = 0
         self.aborted = 0
+        self.tool_calls = 0
 
     # -- handlers ---------------------------------------------------------------
 
@@ -81,7 +90,8 @@ class Upstream:
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"active": self.active, "started": self.started, "completed": self.completed, "aborted": self.aborted}
+            {"active": self.active, "started": self.started, "completed": self.completed, "aborted": self.aborted,
+             "tool_calls": self.tool_calls}
         )
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
@@ -98,6 +108,12 @@ class Upstream:
         tokens = body.get("bench_tokens") or DEFAULT_TOKENS
         stamp = bool(body.get("bench_stamp")) and rate > 0
         block = int(body.get("bench_block") or BLOCK)
+        tool_call: tuple[str, str, str] | None = None
+        if body.get("bench_tool_rounds") is not None:
+            msgs = body.get("messages") or []
+            done_calls = sum(1 for m in msgs if isinstance(m, dict) and m.get("role") == "tool")
+            if done_calls < int(body["bench_tool_rounds"]):
+                tool_call = (f"call_{done_calls}", str(body.get("bench_tool") or "noop"), str(body.get("bench_tool_args") or "{}"))
 
         resp = web.StreamResponse(
             status=200,
@@ -112,7 +128,10 @@ class Upstream:
         self.active += 1
         self.started += 1
         try:
-            if rate > 0:
+            if tool_call is not None:
+                self.tool_calls += 1
+                await resp.write(chunks.tool_call(*tool_call))
+            elif rate > 0:
                 await self._paced(request, resp, chunks, n, rate, tokens, stamp)
             else:
                 await self._fast(resp, chunks, n, tokens, block)
@@ -271,8 +290,14 @@ class _Chunks:
     def role(self) -> bytes:
         return self._head + b'{"role":"assistant","content":""}' + self._end
 
-    def tail(self, n: int) -> bytes:
-        finish = self._head + b'{},"logprobs":null,"finish_reason":"stop"}]'
+    def tool_call(self, call_id: str, name: str, arguments: str) -> bytes:
+        """A whole tool-call answer: call chunk, finish (``tool_calls``), usage, ``[DONE]``."""
+        call = {"index": 0, "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        delta = _dumps({"role": "assistant", "content": None, "tool_calls": [call]}).encode()
+        return self._head + delta + self._end + self.tail(1, "tool_calls")
+
+    def tail(self, n: int, finish_reason: str = "stop") -> bytes:
+        finish = self._head + b'{},"logprobs":null,"finish_reason":"' + finish_reason.encode() + b'"}]'
         finish += (b',"usage":null' if self.include_usage else b"") + b"}\n\n"
         out = [finish]
         if self.include_usage:

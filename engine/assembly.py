@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
+
 # Request fields that are turnlog extensions, never forwarded upstream.
 EXTENSION_FIELDS = frozenset(
     {
@@ -89,21 +91,6 @@ def reconcile_history(history: list[dict[str, Any]], incoming: list[dict[str, An
     return [*systems, *stored, *rest], len(stored)
 
 
-def _decode_custom(params: dict[str, Any]) -> dict[str, Any]:
-    custom = params.get("custom_params")
-    if not isinstance(custom, dict):
-        return {}
-    out: dict[str, Any] = {}
-    for key, value in custom.items():
-        if isinstance(value, str):
-            try:
-                value = json.loads(value)
-            except ValueError:
-                pass
-        out[key] = value
-    return out
-
-
 def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
     """Model parameters for the upstream call: profile params < request ``params`` <
     top-level request fields (the body wins, as in Open WebUI's apply_params)."""
@@ -111,7 +98,7 @@ def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str,
     params = request.get("params") or {}
     if isinstance(params, dict):
         merged.update({k: v for k, v in params.items() if v is not None and k not in TURNLOG_PARAMS})
-        merged.update(_decode_custom(params))
+        merged.update(_decode_custom_params(params.get("custom_params")))
     for key, value in request.items():
         if key in EXTENSION_FIELDS or key in CONTROLLED_FIELDS:
             continue
@@ -120,22 +107,11 @@ def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str,
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
-    """Prepend the model's system prompt to the first system message anywhere in the
-    list (not only index 0: quirk Q24), or insert one at the front."""
+    """Prepend the model's system prompt to the system message wherever it is
+    (not only at index 0: quirk Q24), or insert one at the front."""
     if not system:
         return messages
-    out = list(messages)
-    for i, message in enumerate(out):
-        if message.get("role") == "system":
-            content = message.get("content")
-            if isinstance(content, str):
-                out[i] = {**message, "content": f"{system}\n{content}" if content else system}
-            elif isinstance(content, list):
-                out[i] = {**message, "content": [{"type": "text", "text": system}, *content]}
-            else:
-                out[i] = {**message, "content": system}
-            return out
-    return [{"role": "system", "content": system}, *out]
+    return add_or_update_system_message(system, list(messages), append=False)
 
 
 CODE_INTERPRETER_PROMPT = """You can run code. To do so, write it inside a block like:
@@ -154,16 +130,7 @@ def legacy_code_interpreter(request: dict[str, Any]) -> bool:
 
 
 def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
-    out = list(messages)
-    for i in range(len(out) - 1, -1, -1):
-        if out[i].get("role") == "user":
-            content = out[i].get("content")
-            if isinstance(content, str):
-                out[i] = {**out[i], "content": f"{content}\n\n{text}"}
-            elif isinstance(content, list):
-                out[i] = {**out[i], "content": [*content, {"type": "text", "text": text}]}
-            return out
-    return [*out, {"role": "user", "content": text}]
+    return add_or_update_user_message(text, list(messages), append=True)
 
 
 def assemble(request: dict[str, Any], history: list[dict[str, Any]], profile: ModelProfile) -> Assembled:

@@ -193,7 +193,9 @@ async def call_model_node(actor: TurnActor, *, resume: bool, preceding: list[Eve
         await actor.fail({"message": f"model {v.model!r} is not available", "type": "model_not_found"})
         return
     prefill = v.acc.content if resume and not v.round_closed else None
-    requested = ModelRequested(iteration=v.iteration, prefill=prefill or None, resumed=resume, api=resolved.api)
+    # The iteration this request belongs to (a re-injection in ``preceding`` starts the next one).
+    iteration = next((p.iteration for p in preceding or [] if isinstance(p, ContextReinjected)), v.iteration)
+    requested = ModelRequested(iteration=iteration, prefill=prefill or None, resumed=resume, api=resolved.api)
     # Write-ahead: durable before the request goes out (with the assembly, if
     # any, in the same commit).
     await actor.record_many([*(preceding or []), requested])
@@ -291,9 +293,8 @@ async def after_model_node(actor: TurnActor) -> None:
         # Legacy mode: the model wrote a <code_interpreter> block. It is run
         # whatever its type attribute says (Q11: never re-prompt without running).
         arguments = json.dumps({"code": code.get("code", ""), "lang": code.get("lang") or "python"})
-        await actor.record(
-            ToolsBatch(iteration=v.iteration + 1, calls=[{"call_id": code["id"], "name": CODE_TOOL, "arguments": arguments, "kind": "code"}])
-        )
+        batch = ToolsBatch(iteration=v.iteration + 1, calls=[{"call_id": code["id"], "name": CODE_TOOL, "arguments": arguments, "kind": "code"}])
+        await run_tools_node(actor, batch)
         return
     if not calls:
         # Includes finish_reason "tool_calls" with an empty list: the loop ends
@@ -310,13 +311,12 @@ async def after_model_node(actor: TurnActor) -> None:
         await actor.record(IterationLimit(limit=limit, pending_calls=pending, message=message))
         await actor.record(TurnFinalized(finish_reason="tool_calls" if client else "stop"))
         return
-    await actor.record(
-        ToolsBatch(
-            iteration=v.iteration + 1,
-            calls=[_call_ref(c) for c in ours],
-            client_calls=[_call_ref(c) for c in client],
-        )
+    batch = ToolsBatch(
+        iteration=v.iteration + 1,
+        calls=[_call_ref(c) for c in ours],
+        client_calls=[_call_ref(c) for c in client],
     )
+    await run_tools_node(actor, batch)
 
 
 def _call_ref(item: dict[str, Any]) -> dict[str, Any]:
@@ -326,11 +326,13 @@ def _call_ref(item: dict[str, Any]) -> dict[str, Any]:
 # -- running tools -------------------------------------------------------------
 
 
-async def run_tools_node(actor: TurnActor) -> None:
+async def run_tools_node(actor: TurnActor, new_batch: ToolsBatch | None = None) -> None:
+    """Run a batch: a new one (recorded here, with its write-ahead events, in
+    one commit) or, on resume, the one the log shows in progress."""
     v = actor.view
-    batch = v.batch or {}
+    batch = new_batch.model_dump() if new_batch is not None else (v.batch or {})
     prepared: list[tuple[dict[str, Any], dict[str, Any], Any, int]] = []
-    started: list[ToolStarted] = []
+    started: list[EventData] = [new_batch] if new_batch is not None else []
     for call in batch.get("calls", []):
         call_id, name = call["call_id"], call["name"]
         if call_id in v.batch_done:
@@ -339,7 +341,7 @@ async def run_tools_node(actor: TurnActor) -> None:
         if call_id in v.batch_started:
             previous = v.started_args[call_id]
             if not previous.get("idempotent"):
-                await actor.record(_failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)))
+                started.append(_failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)))
                 continue
             attempt = previous.get("attempt", 1) + 1
         if call.get("kind") == "code":
@@ -349,10 +351,10 @@ async def run_tools_node(actor: TurnActor) -> None:
         handle = actor.tool_handles.get(name)
         parsed = parse_arguments(call.get("arguments"), name)
         if isinstance(parsed, ArgumentError):
-            await actor.record(_failed(call_id, name, parsed.message))
+            started.append(_failed(call_id, name, parsed.message))
             continue
         if handle is None:
-            await actor.record(_failed(call_id, name, not_found_message(name)))
+            started.append(_failed(call_id, name, not_found_message(name)))
             continue
         args = filter_arguments(handle.spec, parsed)
         prepared.append((call, args, handle, attempt))
@@ -379,7 +381,8 @@ async def run_tools_node(actor: TurnActor) -> None:
     if batch.get("client_calls"):
         await actor.record(TurnFinalized(finish_reason="tool_calls"))
         return
-    await actor.record(_reinjection(actor))
+    # The re-injection is committed with the next model.requested.
+    await call_model_node(actor, resume=False, preceding=[_reinjection(actor)])
 
 
 def _failed(call_id: str, name: str, text: str) -> ToolCompleted:
