@@ -184,7 +184,9 @@ async def follow(
                         outs.extend(follower.on_delta(item))
                     elif isinstance(item, LiveEvent):
                         outs.extend(follower.on_event(item.event))
-            except Gap:
+            except (Gap, ValueError):
+                # Out of step with the log (a gap, or live text that does not
+                # line up): the log decides; rebuild from it.
                 yield follower, outs
                 follower, outs = await _resync(store, follower, turn_id)
             yield follower, outs
@@ -204,6 +206,6 @@ async def _resync(store: Any, follower: TurnFollower, turn_id: str) -> tuple[Tur
     events = await store.read(turn_id, after=follower.last_seq)
     try:
         return follower, _catch_up(follower, events)
-    except Gap:
+    except (Gap, ValueError):
         fresh = TurnFollower(turn_id)
         return fresh, _catch_up(fresh, await store.read(turn_id))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from aiohttp import web
 
 from adapters.http.auth import USER
@@ -15,6 +16,7 @@ from engine.projection import fold
 from engine.turn import TurnActor
 
 KEEPALIVE = b": keep-alive\n\n"
+log = logging.getLogger("turnlog.http")
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -95,6 +97,14 @@ async def stream_turn(
                 break
     except (ConnectionResetError, ConnectionError):
         return response
+    except Exception:
+        # Headers are sent: an error response is impossible now. End the stream
+        # with an error event (the turn itself runs on; a reconnect resumes).
+        log.exception("stream of turn %s failed", turn_id)
+        try:
+            await response.write(b'data: {"error":{"message":"stream interrupted; reconnect with Last-Event-ID","type":"stream_error"}}\n\n')
+        except (ConnectionResetError, ConnectionError):
+            return response
     try:
         await response.write_eof()
     except (ConnectionResetError, ConnectionError):
