@@ -1,11 +1,12 @@
 from __future__ import annotations
 
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import aiohttp
 import pytest
+from aiohttp import web
 
 from tests.pg import pg_url  # noqa: F401  (fixture: a fresh PostgreSQL database)
 from tests.harness import Service, make_settings, start_service, stop_service
@@ -67,3 +68,33 @@ async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str)
 async def http() -> AsyncIterator[aiohttp.ClientSession]:
     async with aiohttp.ClientSession() as session:
         yield session
+
+
+RawHandler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@pytest.fixture
+async def handler_server() -> AsyncIterator[Callable[..., Awaitable[str]]]:
+    """Serve one hand-written aiohttp handler on a loopback port (for wire
+    details no scripted upstream produces: split lines, CRLF, odd endings).
+    ``await handler_server(handler, path, url_suffix)`` returns the base URL."""
+    runners: list[web.AppRunner] = []
+
+    async def serve(handler: RawHandler, path: str, url_suffix: str = "") -> str:
+        async def quiet(request: web.Request) -> web.StreamResponse:
+            try:
+                return await handler(request)
+            except ConnectionResetError:
+                return web.Response()
+
+        app = web.Application()
+        app.router.add_post(path, quiet)
+        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        runners.append(runner)
+        return f"http://127.0.0.1:{runner.addresses[0][1]}{url_suffix}"
+
+    yield serve
+    for runner in runners:
+        await runner.cleanup()

@@ -42,29 +42,9 @@ Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 @pytest.fixture
-async def raw_server() -> AsyncIterator[Callable[[Handler], Awaitable[str]]]:
-    """Serve one hand-written handler at /v1/chat/completions; returns the base URL."""
-    runners: list[web.AppRunner] = []
-
-    async def serve(handler: Handler) -> str:
-        async def quiet(request: web.Request) -> web.StreamResponse:
-            try:
-                return await handler(request)
-            except ConnectionResetError:  # the client stopped reading (e.g. at [DONE])
-                return web.Response()
-
-        app = web.Application()
-        app.router.add_post("/v1/chat/completions", quiet)
-        runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        runners.append(runner)
-        return f"http://127.0.0.1:{runner.addresses[0][1]}/v1"
-
-    yield serve
-    for runner in runners:
-        await runner.cleanup()
+def raw_server(handler_server: Callable[..., Awaitable[str]]) -> Callable[[Handler], Awaitable[str]]:
+    """One hand-written handler at ``/v1/chat/completions``; returns the provider's base URL."""
+    return lambda handler: handler_server(handler, "/v1/chat/completions", "/v1")
 
 
 async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
