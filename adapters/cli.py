@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -30,6 +31,24 @@ async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -
         await store.close()
 
 
+def tune_gc(gen0_threshold: int) -> None:
+    """Keep the cyclic garbage collector off the streaming path.
+
+    Measured with 200 concurrent streams (bench ``concurrent_paced``): with the
+    defaults, full collections walked every object imported at start and paused
+    the event loop for up to 100 ms, and young collections ran ~170 times a
+    second. Freezing what exists at start (modules, classes, settings) removes
+    it from every later collection; a larger young-generation threshold lets
+    short-lived per-chunk objects die by reference counting before a collection
+    sees them.
+    """
+    gc.collect()
+    gc.freeze()
+    if gen0_threshold > 0:
+        _, gen1, gen2 = gc.get_threshold()
+        gc.set_threshold(gen0_threshold, gen1, gen2)
+
+
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from aiohttp import web
 
@@ -37,12 +56,26 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
 
     try:
         settings.check_startable()
+        loop = settings.new_event_loop()
     except ValueError as exc:
         print(f"turnlog: {exc}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    print(f"turnlog serving on http://{settings.host}:{settings.port} (database {settings.database_url})", flush=True)
-    web.run_app(create_app(settings), host=settings.host, port=settings.port, print=None, access_log=None)
+    loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
+    print(
+        f"turnlog serving on http://{settings.host}:{settings.port} (database {settings.database_url}, "
+        f"event loop {loop_name})",
+        flush=True,
+    )
+    app = create_app(settings)
+
+    async def gc_after_startup(_app: web.Application) -> None:
+        tune_gc(settings.gc_gen0_threshold)
+
+    app.on_startup.append(gc_after_startup)  # after the store and supervisor are up
+    web.run_app(
+        app, host=settings.host, port=settings.port, print=None, access_log=None, loop=loop
+    )
     return 0
 
 

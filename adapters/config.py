@@ -6,13 +6,18 @@ written to the event log.
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
 
 
 class ModelSettings(BaseModel):
@@ -59,6 +64,13 @@ class Settings(BaseSettings):
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # The asyncio event loop of `turnlog serve`: uvloop (libuv) halves the
+    # per-socket-event cost that dominates many concurrent streams; "auto" uses it
+    # when it is installed (the default install has it on Linux and macOS).
+    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    # Young-generation threshold of Python's cyclic GC in `serve` (0 keeps
+    # Python's default of 700); see adapters.cli.tune_gc.
+    gc_gen0_threshold: int = Field(default=20_000, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
 
     @field_validator("auth", mode="before")
@@ -78,6 +90,18 @@ class Settings(BaseSettings):
         if self.auth is not None:
             return self.auth == "on"
         return not is_loopback(self.host)
+
+    def new_event_loop(self) -> asyncio.AbstractEventLoop:
+        """The loop `serve` runs on; a named uvloop that is not installed is an error."""
+        if self.event_loop != "asyncio":
+            try:
+                import uvloop
+            except ImportError:
+                if self.event_loop == "uvloop":
+                    raise ValueError("TURNLOG_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)")
+            else:
+                return uvloop.new_event_loop()
+        return asyncio.new_event_loop()
 
     def check_startable(self) -> None:
         """Refuse an unauthenticated service on a non-loopback address (API.md §1)."""

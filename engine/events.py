@@ -305,6 +305,17 @@ def make_event(turn_id: str, seq: int, data: EventData, at: float | None = None)
     )
 
 
+def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str]) -> Event:
+    """``make_event`` of a ``ModelDelta``, built without validation.
+
+    Sealed every flush window of every streaming turn, so it skips pydantic: the
+    fields are produced here, by the actor, never by a client. A test holds it
+    equal to ``make_event(..., ModelDelta(...))``.
+    """
+    data = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": [len(t) for t in texts]}
+    return Event.model_construct(turn_id=turn_id, seq=seq, type=ModelDelta.TYPE, at=time.time(), data=data)
+
+
 def upcast(event: Event) -> Event:
     """Bring an event read from the log to the current data version.
 

@@ -10,7 +10,6 @@ mid-stream, or reconnects: each position exactly once, in order.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -159,11 +158,7 @@ async def follow(
         while not follower.finished:
             messages = sub.drain()
             if not messages:
-                try:
-                    async with asyncio.timeout(poll_seconds):
-                        message = await sub.get()
-                except TimeoutError:
-                    message = None
+                message = await sub.get(poll_seconds)
                 if message is None:
                     if sub.closed:
                         break

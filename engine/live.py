@@ -63,7 +63,7 @@ class Subscription:
         self.runs_tools = runs_tools
         self.turn_id = turn_id
         self._items: deque[Any] = deque()
-        self._waiter: asyncio.Future[None] | None = None
+        self._waiter: asyncio.Future[Any] | None = None
         self._limit = limit
         self.lagged = False
         self.closed = False
@@ -81,17 +81,32 @@ class Subscription:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self) -> Any:
-        """The next message, or None once the subscription is lagged or closed."""
-        while not self._items:
-            if self.lagged or self.closed:
-                return None
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
+    async def get(self, timeout: float | None = None) -> Any:
+        """The next message, or None once the subscription is lagged or closed, or
+        after ``timeout`` seconds without one.
+
+        A plain timer instead of ``asyncio.timeout``: this wait happens once per
+        streamed chunk of every followed turn.
+        """
+        timer: asyncio.TimerHandle | None = None
+        try:
+            while not self._items:
+                if self.lagged or self.closed:
+                    return None
+                loop = asyncio.get_running_loop()
+                waiter = self._waiter = loop.create_future()
+                if timeout is not None and timer is None:
+                    timer = loop.call_later(timeout, _expire, waiter)
+                try:
+                    await waiter
+                finally:
+                    self._waiter = None
+                if waiter.result() is _EXPIRED:
+                    return None
+            return self._items.popleft()
+        finally:
+            if timer is not None:
+                timer.cancel()
 
     def drain(self) -> list[Any]:
         items = list(self._items)
@@ -110,6 +125,14 @@ class Subscription:
             waiter = self._waiter
             if waiter is not None and not waiter.done():
                 waiter.set_result(None)
+
+
+_EXPIRED = object()
+
+
+def _expire(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(_EXPIRED)
 
 
 class InProcessBus:

@@ -27,12 +27,12 @@ from engine.events import (
     TERMINAL_TYPES,
     Event,
     EventData,
-    ModelDelta,
     TurnCancelled,
     TurnCancelRequested,
     TurnCompleted,
     TurnFailed,
     TurnResumed,
+    delta_event,
     make_event,
 )
 from engine.live import LiveDelta, LiveEvent, LiveRequest
@@ -291,8 +291,7 @@ class TurnActor:
         if not self._batch or self._lost:
             return
         texts, self._batch = self._batch, []
-        data = ModelDelta(kind=self._batch_kind, pos=self._batch_pos, text="".join(texts), lens=[len(t) for t in texts])
-        event = make_event(self.turn_id, self._batch_seq, data)
+        event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self.view.apply(event, live_applied=True)
         task = self._loop.create_task(self._persist(event, None))
         self._inflight.append(task)

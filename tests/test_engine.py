@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 
-from engine.events import Event, ModelDelta, TurnStarted, make_event
+from engine.events import Event, ModelDelta, TurnStarted, delta_event, make_event
 from engine.machine import STATES, TRANSITIONS, IllegalTransition, TurnMachine
 from engine.projection import fold
 from tests.harness import Service
@@ -16,15 +17,35 @@ USER = [{"role": "user", "content": "go"}]
 LEGAL_ORDER = ["turn.started", "assembly.completed", "model.requested", "model.completed", "turn.finalized", "turn.completed"]
 
 
-def test_every_declared_transition_is_legal_and_others_raise() -> None:
+@pytest.mark.parametrize("enforce", [False, True], ids=["table", "transitions"])
+def test_every_declared_transition_is_legal_and_others_raise(enforce: bool) -> None:
+    # The fold's table and the live actor's transitions.Machine must agree.
     for event_type, sources, dest in TRANSITIONS:
         for state in STATES:
-            machine = TurnMachine(state)
+            machine = TurnMachine(state, enforce=enforce)
             if state in sources:
                 assert machine.apply(event_type) == (dest or state)
+                assert machine.state == (dest or state)
             else:
                 with pytest.raises(IllegalTransition):
                     machine.apply(event_type)
+                assert machine.state == state
+
+
+def test_live_machines_share_one_transitions_machine_but_not_state() -> None:
+    a, b = TurnMachine(enforce=True), TurnMachine(enforce=True)
+    assert a.apply("turn.started") == "assembling"
+    assert b.state == "new"
+    assert b.apply("turn.started") == "assembling"
+    assert a.apply("assembly.completed") != "new"
+    assert b.state == "assembling"
+
+
+def test_delta_event_equals_the_validated_model_delta() -> None:
+    fast = delta_event("t1", 7, "reasoning", 3, ["a", "é✓", "", "xyz"])
+    slow = make_event("t1", 7, ModelDelta(kind="reasoning", pos=3, text="aé✓xyz", lens=[1, 2, 0, 3]), at=fast.at)
+    assert fast == slow
+    assert fast.model_dump() == slow.model_dump()
 
 
 def test_unknown_event_type_raises() -> None:
@@ -91,3 +112,23 @@ async def test_replay_of_every_prefix_is_consistent(service: Service) -> None:
     events = await service.events(headers["X-Turn-Id"])
     replayed = fold(view["id"], [Event(turn_id=view["id"], **e) for e in events]).public()
     assert json.loads(json.dumps(replayed)) == view
+
+
+async def test_subscription_get_times_out_and_wakes() -> None:
+    from engine.live import InProcessBus
+
+    bus = InProcessBus(limit=3)
+    sub = bus.subscribe("t1")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    assert await sub.get(0.05) is None  # nothing came: a timeout, not an error
+    assert loop.time() - t0 >= 0.04
+    loop.call_later(0.02, bus.publish, "t1", "m1")
+    assert await sub.get(5.0) == "m1"  # a message ends the wait long before the timeout
+    assert loop.time() - t0 < 2.0
+    for i in range(4):  # over the limit: lagged, get says None at once
+        bus.publish("t1", i)
+    assert sub.lagged and await sub.get(5.0) is None
+    sub.reset()
+    loop.call_later(0.02, sub.close)
+    assert await sub.get(5.0) is None and sub.closed

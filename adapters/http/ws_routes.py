@@ -141,11 +141,7 @@ class Connection:
             while True:
                 messages = sub.drain()
                 if not messages:
-                    try:
-                        async with asyncio.timeout(1.0):
-                            item = await sub.get()
-                    except TimeoutError:
-                        item = None
+                    item = await sub.get(1.0)
                     if item is None:
                         if sub.closed:
                             return

@@ -58,6 +58,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import orjson
 from sqlalchemy import Float, Text, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
@@ -73,8 +74,23 @@ from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, LeaseLost, T
 
 log = logging.getLogger(__name__)
 
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-_loads = json.loads
+_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _dumps(obj: Any) -> str:
+    """Compact JSON text; orjson (every flush window is encoded) with the stdlib for
+    what orjson refuses (integers beyond 64 bits, non-string keys)."""
+    try:
+        return orjson.dumps(obj).decode()
+    except TypeError:
+        return _json_dumps(obj)
+
+
+def _loads(text: str | bytes) -> Any:
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)  # e.g. integers beyond 64 bits
 
 _STOP = object()
 
