@@ -141,17 +141,19 @@ async def follow(
 ) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
     """Catch up from the log, then tail the turn live until it ends.
 
-    ``subscribe(turn_id)`` returns ``(subscription, open_window)`` taken together.
+    ``subscribe(turn_id)`` returns ``(subscription, open_window, history)`` taken
+    together; ``history`` (the committed events, when the live actor still holds
+    them all) saves the first read of the log.
     The log stays the source of truth: a lagged subscription, an out-of-order
     event or a quiet second (a turn owned elsewhere, or interrupted) each lead to
     a re-read of the log after the follower's last seq, so a missed live message
     delays output but never loses it. Yields ``(follower, outs)``; an empty
     ``outs`` is a heartbeat (the caller may send a keep-alive).
     """
-    sub, window = subscribe(turn_id)
+    sub, window, history = subscribe(turn_id)
     follower = TurnFollower(turn_id)
     try:
-        outs = _catch_up(follower, await store.read(turn_id))
+        outs = _catch_up(follower, history if history is not None else await store.read(turn_id))
         for delta in window:
             outs.extend(follower.on_delta(delta))
         yield follower, outs

@@ -16,7 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
+from engine.events import Event, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.live import LiveDelta, LiveEvent
 from engine.blobs import Blobs
 from engine.direct_tools import DirectToolHandle, direct_tool_specs
@@ -130,7 +130,9 @@ class Supervisor:
 
     # -- turns -----------------------------------------------------------------
 
-    def _spawn(self, view: TurnView, fencing: int, *, resume: bool) -> TurnActor:
+    def _spawn(
+        self, view: TurnView, fencing: int, *, resume: bool, history: list[Event] | None = None
+    ) -> TurnActor:
         actor = TurnActor(
             view=view,
             fencing=fencing,
@@ -140,6 +142,7 @@ class Supervisor:
             config=self.engine_config,
             model_client=self.model_client,
             blobs=Blobs(self.store, view.user_id or "") if hasattr(self.store, "put_blob") else None,  # type: ignore[arg-type]
+            history=history,
         )
         actor.tool_handles = self.tool_handles(view, actor)
         if self.code_executor is not None:
@@ -200,13 +203,19 @@ class Supervisor:
         fencing = await self.store.start_turn(record, [event], lease_seconds=self.config.lease_seconds)
         view = TurnView(turn_id, enforce=True)
         view.apply(event)
-        return self._spawn(view, fencing, resume=False)
+        return self._spawn(view, fencing, resume=False, history=[event])
 
-    def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> tuple[Any, list[LiveDelta]]:
-        """A live subscription plus the open window of the turn's actor, taken together."""
+    def subscribe(
+        self, turn_id: str, *, runs_tools: bool = False
+    ) -> tuple[Any, list[LiveDelta], list[Event] | None]:
+        """A live subscription, the open window of the turn's actor and, while
+        the actor still holds them, the committed events so far (else None: read
+        the log) — taken together, so that nothing falls between them."""
         sub = self.bus.subscribe(turn_id, runs_tools=runs_tools)  # type: ignore[call-arg]
         actor = self.actors.get(turn_id)
-        return sub, (actor.open_batch() if actor is not None else [])
+        if actor is None:
+            return sub, [], None
+        return sub, actor.open_batch(), actor.history()
 
     async def cancel(self, turn_id: str, by: str) -> str:
         """Cancel and return the final status once it is durable."""

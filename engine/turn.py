@@ -78,6 +78,10 @@ class TurnLost(Exception):
     """This actor may no longer write the turn (lease lost, or a log conflict)."""
 
 
+# Events a live actor keeps for followers that join early (see TurnActor.history).
+HISTORY_LIMIT = 64
+
+
 class TurnActor:
     def __init__(
         self,
@@ -91,6 +95,7 @@ class TurnActor:
         tool_handles: dict[str, Any] | None = None,
         model_client: ModelClient | None = None,
         blobs: Any = None,
+        history: list[Event] | None = None,
     ) -> None:
         self.view = view
         self.tool_handles: dict[str, Any] = dict(tool_handles or {})
@@ -121,6 +126,14 @@ class TurnActor:
         # In-order publication of committed events.
         self._next_publish = view.last_seq + 1
         self._committed: dict[int, Event] = {}
+        # Every committed event of the turn while there are few (``history``: the
+        # events ``view`` was folded from), so that a follower joining early —
+        # the client that started the turn — starts without reading the log.
+        self._history: list[Event] | None = list(history) if history is not None else None
+        if self._history is not None and (
+            len(self._history) != view.last_seq or any(e.seq != i for i, e in enumerate(self._history, 1))
+        ):
+            self._history = None
         self._cancel_by: str | None = None
         self._cancel_done: asyncio.Future[None] = self._loop.create_future()
         self.done: asyncio.Future[None] = self._loop.create_future()
@@ -139,6 +152,12 @@ class TurnActor:
             self._cancel_by = by or "client"
             self.task.cancel()
         await asyncio.shield(self._cancel_done)
+
+    def history(self) -> list[Event] | None:
+        """The committed (and published) events so far, or None once there are
+        more than ``HISTORY_LIMIT``; taken with a subscription, it replaces a
+        read of the log."""
+        return list(self._history) if self._history is not None else None
 
     def open_batch(self) -> list[LiveDelta]:
         """The chunks already shown live but not yet sealed into an event.
@@ -351,4 +370,8 @@ class TurnActor:
         while self._next_publish in self._committed:
             committed = self._committed.pop(self._next_publish)
             self._next_publish += 1
+            if self._history is not None:
+                self._history.append(committed)
+                if len(self._history) > HISTORY_LIMIT:
+                    self._history = None
             self.bus.publish(self.turn_id, LiveEvent(committed))

@@ -120,3 +120,29 @@ async def test_websocket_bad_messages_get_error_replies(service: Service) -> Non
             await ws.send_str(bad)
             reply = await ws.receive_json()
             assert reply["type"] == "error" and reply["code"] == code, (bad, reply)
+
+
+async def test_early_followers_get_the_actors_history_equal_to_the_log(service: Service) -> None:
+    # The client that starts a turn follows it from the actor's committed events
+    # instead of a read of the log; they must be the log, exactly, until the
+    # actor stops keeping them.
+    from engine.turn import HISTORY_LIMIT
+
+    service.upstream.enqueue(Reply(text=TEXT, chunk_size=3, pause_after=10))
+    resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+    turn_id = resp.headers["X-Turn-Id"]
+    await asyncio.wait_for(service.upstream.paused.wait(), 5)
+    supervisor, store = service.services.supervisor, service.services.store
+    sub, _window, history = supervisor.subscribe(turn_id)
+    sub.close()
+    assert history is not None and [e.seq for e in history] == list(range(1, len(history) + 1))
+    logged = await store.read(turn_id)
+    assert [e.model_dump() for e in history] == [e.model_dump() for e in logged[: len(history)]]
+    actor = supervisor.actors[turn_id]
+    assert len(history) <= HISTORY_LIMIT
+    service.upstream.release()
+    assert sse_text(await resp.text()) == TEXT
+    await asyncio.shield(actor.done)
+    sub, _window, history = supervisor.subscribe(turn_id)
+    sub.close()
+    assert history is None  # the actor is gone: followers read the log

@@ -121,7 +121,7 @@ class Connection:
 
     async def pump(self, turn_id: str, after: int) -> None:
         store = self.svc.store
-        sub, _window = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
+        sub, _window, _history = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
         last = after
 
         async def send_events(events: list[Event]) -> bool:
