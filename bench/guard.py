@@ -40,7 +40,7 @@ def judge(current: dict, baseline: dict) -> list[str]:
             problems.append(f"{name}: could not be measured ({scenario.get('reason', 'error')})")
     for key, check in _checks(current).items():
         value, op = check["value"], check["op"]
-        if key[1] == "failed_turns":
+        if key[1].endswith("failed_turns"):
             if value > 0:
                 problems.append(f"{key[0]}: {value:g} failed turns")
             continue

@@ -41,6 +41,7 @@ ORDER = [
     "open_turns_rss",
     "tool_loop",
     "postgres",
+    "openwebui",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)
@@ -110,9 +111,10 @@ class Servers:
         if not ctx.upstream_v1:
             _, ctx.upstream_v1 = ctx.procs.start_url_server("upstream", [py, "-m", "bench.upstream", "--port", "0"])
         if not ctx.floor_v1:
-            _, ctx.floor_v1 = ctx.procs.start_url_server(
+            floor_proc, ctx.floor_v1 = ctx.procs.start_url_server(
                 "floor", [py, "-m", "bench.floor", "--upstream", ctx.upstream_v1, "--port", "0"]
             )
+            ctx.floor_pid = floor_proc.pid
         if self.turnlog_proc is None or self.turnlog_proc.poll() is not None:
             if self.turnlog_proc is not None:
                 self.restarts += 1
@@ -171,7 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(ALL)}")
     p.add_argument("--json-out", help="also write the JSON to this file")
     p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during ttfc, long_answer and concurrent_paced into DIR")
-    p.add_argument("--openwebui", metavar="VENV", help="Open WebUI peer modes (not implemented yet: reported as a slot)")
+    p.add_argument(
+        "--openwebui", metavar="VENV",
+        help="also run the openwebui scenario: Open WebUI (installed in the virtualenv VENV) as a peer, beside turnlog",
+    )
     p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
     p.add_argument(
         "--turnlog-env", action="append", default=[], metavar="KEY=VALUE",
@@ -208,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
     ctx = Ctx(procs=procs, quick=args.quick, workdir=workdir, profile_dir=profile_dir)
+    if args.openwebui:
+        ctx.cache["openwebui_venv"] = args.openwebui  # read by bench.peer_openwebui
     servers = Servers(ctx)
     results: dict[str, dict[str, Any]] = {}
     interrupted = False
@@ -253,10 +260,7 @@ def main(argv: list[str] | None = None) -> int:
         calibration["end"] = calibrate()
     for name, reason in NOT_IMPLEMENTED.items():
         if name in selected:
-            r = {"status": "not_implemented", "reason": reason}
-            if name == "openwebui" and args.openwebui:
-                r["venv"] = args.openwebui
-            results[name] = r
+            results[name] = {"status": "not_implemented", "reason": reason}
 
     measured = {k: v for k, v in results.items() if v["status"] == "ok"}
     missed = [k for k, v in measured.items() if not v["pass"]]

@@ -39,6 +39,7 @@ class Ctx:
     floor_v1: str = ""
     turnlog_v1: str = ""
     turnlog_pid: int = 0
+    floor_pid: int = 0
     db_path: Path | None = None
     profile_dir: Path | None = None
     profiles: dict[str, Any] = field(default_factory=dict)
@@ -412,7 +413,7 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
             phase("_warmup", v1, body(5, rate=200.0, stamp=True), requests=20, concurrency=20),
             phase(name, v1, b, requests=turns, concurrency=turns, ramp_s=ramp, stamps=True, gaps=True, announce=True),
         ]
-        meter = CpuMeter(ctx.turnlog_pid)
+        meter = CpuMeter(ctx.turnlog_pid if name.startswith("turnlog") else ctx.floor_pid)
         prof = Profiler(ctx, "concurrent_paced", ctx.turnlog_pid) if name == "turnlog0" else None
         if prof:
             prof.__enter__()
@@ -487,6 +488,12 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
             "turnlog_failed": len(failed_t),
             "turnlog_failures_sample": failed_t[:5],
             "turnlog_cpu_cores_busy_round0": round(cpu["turnlog0"] / wall, 3) if wall == wall else None,
+            # CPU per relayed chunk when every chunk arrives alone (paced): the
+            # per-wakeup cost, which batching hides in the long-answer scenario.
+            "cpu_us_per_chunk_paced": {
+                who: round(1e6 * med([cpu[f"{who}{i}"] for i in range(rounds)]) / (turns * chunks), 1)
+                for who in ("floor", "turnlog")
+            },
             "note": "latency = client arrival - upstream write time of the same chunk (time.monotonic stamp carried "
             "in the content); *_steady: only chunks that arrived once every turn of the round had started",
         },
@@ -969,9 +976,9 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
     }
 
 
-NOT_IMPLEMENTED = {
-    "openwebui": "Open WebUI peer modes (--openwebui VENV): not implemented yet",
-}
+NOT_IMPLEMENTED: dict[str, str] = {}
+
+from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
 
 # name -> (function, needs the shared servers, runs in --quick)
 SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
@@ -986,4 +993,5 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "cpu_per_chunk": (cpu_per_chunk, True, True),
     "tool_loop": (tool_loop, True, True),
     "postgres": (postgres, True, False),
+    "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
 }
