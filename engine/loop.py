@@ -268,7 +268,8 @@ async def _consume(actor: TurnActor, resolved: Any, request: ModelRequest) -> bo
                 )
             )
             return True
-        await actor.backpressure()
+        if actor.writes_behind():
+            await actor.backpressure()
     await actor.fail({"message": "the model stream ended without finishing", "type": "upstream_truncated"})
     return False
 

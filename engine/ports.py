@@ -8,6 +8,7 @@ domain can be driven by real adapters in tests and by recorded results in
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -79,6 +80,18 @@ class EventStore(Protocol):
     ) -> None:
         """Append atomically. Raises ``ConcurrencyError`` on a taken ``(turn_id, seq)``
         and ``LeaseLost`` if ``fencing`` is given and no longer current."""
+        ...
+
+    def append_nowait(
+        self,
+        events: Sequence[Event],
+        *,
+        fencing: int | None = None,
+        index: IndexUpdate | None = None,
+    ) -> asyncio.Future[None]:
+        """``append`` without a coroutine: queue the write now and return a future
+        that resolves (or fails the same way) once it is durable. For the
+        per-window delta path, where a task per write is measurable."""
         ...
 
     async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]: ...

@@ -18,6 +18,7 @@ Durability rules:
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections import deque
 from dataclasses import dataclass
@@ -122,7 +123,7 @@ class TurnActor:
         self._batch_pos = 0
         self._batch_seq = 0
         self._timer: asyncio.TimerHandle | None = None
-        self._inflight: deque[asyncio.Task[None]] = deque()
+        self._inflight: deque[asyncio.Future[None]] = deque()
         # In-order publication of committed events.
         self._next_publish = view.last_seq + 1
         self._committed: dict[int, Event] = {}
@@ -240,10 +241,19 @@ class TurnActor:
             return
         await self.record(TurnFailed(error={k: v for k, v in error.items() if v is not None}))
 
+    def writes_behind(self) -> bool:
+        """Whether ``backpressure`` would wait (checked per chunk, without a coroutine)."""
+        return len(self._inflight) > self.config.max_inflight_flushes
+
     async def backpressure(self) -> None:
         """Let the writer catch up when delta batches pile up."""
         if len(self._inflight) > self.config.max_inflight_flushes:
-            await self._inflight[0]
+            oldest = self._inflight[0]
+            await asyncio.wait((oldest,))
+            if self._lost:
+                raise TurnLost("this actor lost the turn")
+            if not oldest.cancelled() and oldest.exception() is not None:
+                raise oldest.exception()  # type: ignore[misc]
 
     async def externalize(self, payload: Any) -> Any:
         """Large strings in a payload go to the blob store; the event keeps a reference."""
@@ -312,17 +322,27 @@ class TurnActor:
         texts, self._batch = self._batch, []
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self.view.apply(event, live_applied=True)
-        task = self._loop.create_task(self._persist(event, None))
-        self._inflight.append(task)
-        task.add_done_callback(self._flush_done)
+        # No task per window: the store's future, and the bookkeeping in its
+        # callback (a window is sealed ~20 times a second per streaming turn).
+        future = self.store.append_nowait([event], fencing=self.fencing)
+        self._inflight.append(future)
+        future.add_done_callback(functools.partial(self._flush_done, [event]))
 
-    def _flush_done(self, task: asyncio.Task[None]) -> None:
+    def _flush_done(self, events: list[Event], future: asyncio.Future[None]) -> None:
         try:
-            self._inflight.remove(task)
+            self._inflight.remove(future)
         except ValueError:
             pass
-        if not task.cancelled() and task.exception() is not None:
-            log.error("turn %s: delta batch not written: %s", self.turn_id, task.exception())
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is None:
+            self._published(events)
+        elif isinstance(exc, (LeaseLost, ConcurrencyError)):
+            self._lost = True
+            log.warning("turn %s: delta batch refused, this actor lost the turn: %s", self.turn_id, exc)
+        else:
+            log.error("turn %s: delta batch not written: %s", self.turn_id, exc)
 
     # -- appending ------------------------------------------------------------------
 
@@ -365,6 +385,10 @@ class TurnActor:
         except (LeaseLost, ConcurrencyError) as exc:
             self._lost = True
             raise TurnLost(str(exc)) from exc
+        self._published(events)
+
+    def _published(self, events: list[Event]) -> None:
+        """Committed: publish, in seq order, every event whose predecessors are out."""
         for event in events:
             self._committed[event.seq] = event
         while self._next_publish in self._committed:

@@ -8,10 +8,13 @@ import sqlite3
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import aiohttp
 import pytest
 
 from tests.harness import Service
+from tests.processes import Server
 from tests.upstream import Reply
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -75,6 +78,29 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
 def test_serve_refuses_insecure_non_loopback(tmp_path: Path) -> None:
     out = turnlog(tmp_path / "x.db", "serve", "--host", "0.0.0.0", "--port", "1", TURNLOG_AUTH="off")
     assert out.returncode == 2 and "TURNLOG_AUTH=on" in out.stderr
+
+
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_serve_runs_on_the_configured_event_loop(loop: str, upstream: Any, tmp_path: Path) -> None:
+    if loop == "uvloop":
+        pytest.importorskip("uvloop")
+    server = Server(tmp_path / "loop.db", upstream.url, auto_resume=False, TURNLOG_EVENT_LOOP=loop)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await server.ready(http)
+            body = {"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}
+            upstream.enqueue(Reply(text="on " + loop))
+            async with http.post(server.url + "/v1/chat/completions", json=body) as resp:
+                assert resp.status == 200
+                assert (await resp.json())["choices"][0]["message"]["content"] == "on " + loop
+    finally:
+        server.stop()
+    assert f"event loop {loop}" in server.log_path.read_text()
+
+
+def test_serve_refuses_an_unknown_event_loop(tmp_path: Path) -> None:
+    out = turnlog(tmp_path / "x.db", "serve", "--port", "1", TURNLOG_EVENT_LOOP="trio")
+    assert out.returncode != 0 and "event_loop" in (out.stderr + out.stdout)
 
 
 @pytest.mark.sqlite_only

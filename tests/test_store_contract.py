@@ -445,6 +445,26 @@ class TestEventStoreContract:
         assert turn is not None and (turn.owner, turn.fencing) == ("w2", new)
         assert turn.lease_until == pytest.approx(clock() + 30)
 
+    async def test_append_nowait_queues_at_once_and_fails_like_append(
+        self, store: SqlEventStore, clock: Clock, ids: Any
+    ) -> None:
+        t = ids("t")
+        token = await start(store, t, owner="w1", lease=30)
+        # Both queued before either is awaited: one group commit, in order.
+        first = store.append_nowait([ev(t, 2)], fencing=token)
+        second = store.append_nowait([ev(t, 3)], fencing=token)
+        assert not first.done()
+        await asyncio.gather(first, second)
+        assert [e.seq for e in await store.read(t)] == [1, 2, 3]
+        with pytest.raises(ConcurrencyError):
+            await store.append_nowait([ev(t, 3)], fencing=token)
+        clock.advance(31)
+        assert await store.claim_turn(t, "w2", lease_seconds=30) == token + 1
+        with pytest.raises(LeaseLost):
+            await store.append_nowait([ev(t, 4)], fencing=token)
+        with pytest.raises(ValueError):
+            store.append_nowait([ev(t, 4), ev(ids("u"), 1)], fencing=token)  # refused before queueing
+
     async def test_fencing_on_unknown_turn_is_lease_lost(self, store: SqlEventStore, ids: Any) -> None:
         with pytest.raises(LeaseLost):
             await store.append([ev(ids("nobody"), 1)], fencing=1)

@@ -64,13 +64,18 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from adapters.store.schema import api_keys, chats, events, turns
-from adapters.store.schema import blobs
 from adapters.store import postgres as _pg
+from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN
 from engine.blobs import blob_id as _blob_id
 from engine.events import Event
-from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
+from engine.ports import (
+    ChatRecord,
+    ConcurrencyError,
+    IndexUpdate,
+    LeaseLost,
+    TurnRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -287,6 +292,15 @@ class SqlEventStore:
         fencing: int | None = None,
         index: IndexUpdate | None = None,
     ) -> None:
+        await self.append_nowait(events, fencing=fencing, index=index)
+
+    def append_nowait(
+        self,
+        events: Sequence[Event],
+        *,
+        fencing: int | None = None,
+        index: IndexUpdate | None = None,
+    ) -> asyncio.Future[None]:
         rows = _event_rows(events)
         turn_ids = {row[0] for row in rows}
         turn_id = next(iter(turn_ids)) if len(turn_ids) == 1 else None
@@ -300,7 +314,7 @@ class SqlEventStore:
                 "i_view": None if index.view is None else _dumps(index.view),
                 "i_updated_at": rows[-1][3],
             }
-        await self._submit(_Append, rows, turn_id, fencing, index_row)
+        return self._submit(_Append, rows, turn_id, fencing, index_row)
 
     async def set_chat_meta(
         self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None
