@@ -146,7 +146,7 @@ class UpstreamError(Exception):
         return self.message
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
 class RawChunk:
     """One parsed ``data:`` payload of the upstream stream."""
 

@@ -32,7 +32,7 @@ def epoch_base(epoch: int) -> int:
     return epoch << EPOCH_SHIFT
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
 class ChunkOut:
     """What one upstream chunk contributes to a client's stream."""
 

@@ -407,7 +407,7 @@ def _parse_attributes(text: str | None) -> dict[str, str]:
 PieceKind = Literal["text", "reasoning", "code"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
 class Piece:
     """What a live client should be shown for a chunk: text that entered a
     message item (``"text"``), a reasoning item (``"reasoning"``) or the code

@@ -538,10 +538,14 @@ class SqlEventStore:
         """Queue a request for the writer; the future resolves once committed."""
         if self._closed:
             raise RuntimeError("event store is closed")
-        loop = asyncio.get_running_loop()
-        if self._writer is None or self._writer.done():
-            self._writer = loop.create_task(self._write_loop(), name="turnlog-store-writer")
-        future = loop.create_future()
+        writer = self._writer
+        if writer is None or writer.done():
+            writer = self._writer = asyncio.get_running_loop().create_task(
+                self._write_loop(), name="turnlog-store-writer"
+            )
+        # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
+        # getpid() system call, and this runs for every delta window.
+        future = writer.get_loop().create_future()
         self._queue.put_nowait(kind(*args, future))
         return future
 
