@@ -581,6 +581,9 @@ class TestEventStoreContract:
         await start(store, t2, chat_id=chat, user_id=user, created_at=T0 + 5)
         got = await store.get_chat(chat)
         assert got is not None and (got.created_at, got.updated_at) == (T0 + 1, T0 + 5)
+        await start(store, ids("t3"), chat_id=chat, user_id=user, created_at=T0 + 3)  # an older clock
+        got = await store.get_chat(chat)
+        assert got is not None and got.updated_at == T0 + 5, "a turn never moves its chat back in time"
         turn = await store.get_turn(t1)
         assert turn is not None
         assert (turn.chat_id, turn.user_id, turn.model, turn.status, turn.fencing, turn.owner) == (

@@ -9,9 +9,9 @@ chunk: the fixed part of every chunk is serialized once.
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import orjson
-from typing import Any
 
 from engine.follow import EventOut, Out
 from engine.projection import ChunkOut, TurnView
@@ -50,6 +50,8 @@ class ChunkRenderer:
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
         """One ``chat.completion.chunk`` JSON (the fixed head serialized once)."""
         body = self._chunk_prefix() + _dumpb(delta)
+        if finish is None and not extra:
+            return body + b',"logprobs":null,"finish_reason":null}]}'  # every text chunk
         body += b',"logprobs":null,"finish_reason":' + _dumps(finish).encode() + b"}]"
         if extra:
             body += b"," + _dumps(extra)[1:-1].encode()

@@ -233,47 +233,26 @@ class SqlEventStore:
         if any(row[0] != turn.id for row in rows):
             raise ValueError("start_turn: events of another turn")
         view = None if turn.view is None else _dumps(turn.view)
-        insert_chat = self._insert_ignore(chats).values(
-            id=turn.chat_id,
-            user_id=turn.user_id,
-            title=None,
-            tags="[]",
-            created_at=turn.created_at,
-            updated_at=turn.created_at,
-        )
-        bump_chat = (
-            update(chats)
-            .where(chats.c.id == turn.chat_id)
-            .values(
-                updated_at=case(
-                    (
-                        or_(chats.c.updated_at.is_(None), chats.c.updated_at < turn.created_at),
-                        turn.created_at,
-                    ),
-                    else_=chats.c.updated_at,
-                )
-            )
-        )
+        insert_chat, bump_chat, insert_turn = self._start_statements
+        chat = {"c_id": turn.chat_id, "c_user": turn.user_id, "c_at": turn.created_at}
+        row = {
+            "t_id": turn.id,
+            "t_chat": turn.chat_id,
+            "t_user": turn.user_id,
+            "t_model": turn.model,
+            "t_status": turn.status,
+            "t_created": turn.created_at,
+            "t_updated": turn.updated_at,
+            "t_owner": turn.owner,
+            "t_lease": self._clock() + lease_seconds,
+            "t_view": view,
+        }
 
         def op(conn: Connection) -> int:
-            if conn.execute(insert_chat).rowcount == 0:
-                conn.execute(bump_chat)
+            if conn.execute(insert_chat, chat).rowcount == 0:
+                conn.execute(bump_chat, chat)
             try:
-                conn.execute(
-                    turns.insert().values(
-                        id=turn.id,
-                        chat_id=turn.chat_id,
-                        user_id=turn.user_id,
-                        model=turn.model,
-                        status=turn.status,
-                        created_at=turn.created_at,
-                        updated_at=turn.updated_at,
-                        owner=turn.owner,
-                        lease_until=self._clock() + lease_seconds,
-                        fencing=1,
-                        view=view,
-                    )
-                )
+                conn.execute(insert_turn, row)
             except IntegrityError as exc:
                 raise ConcurrencyError(f"turn {turn.id} already exists") from exc
             if rows:
@@ -366,12 +345,8 @@ class SqlEventStore:
         await self._submit(_Op, op)
 
     async def release_turn(self, turn_id: str, owner: str) -> None:
-        stmt = (
-            update(turns)
-            .where(turns.c.id == turn_id, turns.c.owner == owner)
-            .values(owner=None, lease_until=None)
-        )
-        await self._submit(_Op, _executing(stmt))
+        params = {"r_id": turn_id, "r_owner": owner}
+        await self._submit(_Op, lambda conn: conn.execute(_RELEASE_TURN, params))
 
     async def create_api_key(self, user_id: str) -> str:
         key = "tl-" + secrets.token_urlsafe(32)
@@ -765,6 +740,39 @@ class SqlEventStore:
         else:
             conn.execute(_INSERT_EVENTS, [dict(zip(_EVENT_COLUMNS, row)) for row in rows])
 
+    @functools.cached_property
+    def _start_statements(self) -> tuple[Any, Any, Any]:
+        """``start_turn``'s statements, built once with bind parameters: building
+        them per turn cost ~0.3 ms of the event loop at every turn start."""
+        at = bindparam("c_at", type_=Float)
+        insert_chat = self._insert_ignore(chats).values(
+            id=bindparam("c_id"), user_id=bindparam("c_user"), title=None, tags="[]", created_at=at, updated_at=at
+        )
+        bump_chat = (
+            update(chats)
+            .where(chats.c.id == bindparam("c_id"))
+            .values(
+                updated_at=case(
+                    (or_(chats.c.updated_at.is_(None), chats.c.updated_at < at), at),
+                    else_=chats.c.updated_at,
+                )
+            )
+        )
+        insert_turn = turns.insert().values(
+            id=bindparam("t_id"),
+            chat_id=bindparam("t_chat"),
+            user_id=bindparam("t_user"),
+            model=bindparam("t_model"),
+            status=bindparam("t_status"),
+            created_at=bindparam("t_created"),
+            updated_at=bindparam("t_updated"),
+            owner=bindparam("t_owner"),
+            lease_until=bindparam("t_lease"),
+            fencing=1,
+            view=bindparam("t_view"),
+        )
+        return insert_chat, bump_chat, insert_turn
+
     def _insert_ignore(self, table: Any) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` for this dialect."""
         if self._dialect == "sqlite":
@@ -774,6 +782,13 @@ class SqlEventStore:
         else:  # pragma: no cover
             raise NotImplementedError(f"dialect {self._dialect}")
         return insert(table).on_conflict_do_nothing()
+
+
+_RELEASE_TURN = (
+    update(turns)
+    .where(turns.c.id == bindparam("r_id"), turns.c.owner == bindparam("r_owner"))
+    .values(owner=None, lease_until=None)
+)
 
 
 def _executing(stmt: Any) -> Op:
