@@ -10,9 +10,10 @@ mid-stream, or reconnects: each position exactly once, in order.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from engine.events import Event
 from engine.live import WAKE, LiveDelta, LiveEvent
@@ -132,12 +133,25 @@ def describe(out: Out) -> dict[str, Any]:
 POLL_SECONDS = 1.0
 
 
+class DirectOutput(Protocol):
+    """A consumer that can take live output synchronously (see ``follow``)."""
+
+    def ready(self) -> bool:
+        """Whether ``deliver`` may be called now (e.g. the socket is not backed up)."""
+        ...
+
+    def deliver(self, follower: TurnFollower, outs: list[Out]) -> None:
+        """Send ``outs`` now, without awaiting."""
+        ...
+
+
 async def follow(
     store: Any,
     subscribe: Any,
     turn_id: str,
     *,
     poll_seconds: float = POLL_SECONDS,
+    direct: DirectOutput | None = None,
 ) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
     """Catch up from the log, then tail the turn live until it ends.
 
@@ -149,14 +163,25 @@ async def follow(
     a re-read of the log after the follower's last seq, so a missed live message
     delays output but never loses it. Yields ``(follower, outs)``; an empty
     ``outs`` is a heartbeat (the caller may send a keep-alive).
+
+    With ``direct``, a live delta that arrives while the caller is waiting for
+    the next item (everything before it already consumed) is folded and handed
+    to ``direct.deliver`` at once, inside the publisher's call, instead of
+    waking this generator: the same output in the same order, one event-loop
+    hop sooner. Events (and anything while ``direct`` is not ready) take the
+    normal path.
     """
     sub, window, history = subscribe(turn_id)
-    follower = TurnFollower(turn_id)
+    state = _Direct()
+    if direct is not None:
+        sub.sink = functools.partial(_sink, direct, state)
+    follower = state.follower = TurnFollower(turn_id)
     try:
         outs = _catch_up(follower, history if history is not None else await store.read(turn_id))
         for delta in window:
             outs.extend(follower.on_delta(delta))
         yield follower, outs
+        state.live = True
         while not follower.finished:
             messages = sub.drain()
             if not messages:
@@ -166,14 +191,18 @@ async def follow(
                         break
                     sub.reset()
                     follower, outs = await _resync(store, follower, turn_id)
+                    state.follower = follower
                     yield follower, outs
                     continue
                 messages = [message, *sub.drain()]
             outs = []
-            if any(item is WAKE for item in messages):
-                # Appended elsewhere: the log has it (live items here are then
-                # only this process's own, and the log includes them too).
+            if state.broken or any(item is WAKE for item in messages):
+                # Appended elsewhere (the log has it: live items here are then
+                # only this process's own, and the log includes them too), or
+                # the direct path failed to fold a delta: rebuild from the log.
+                state.broken = False
                 follower, outs = await _resync(store, follower, turn_id)
+                state.follower = follower
                 messages = [item for item in messages if item is not WAKE]
             try:
                 for item in messages:
@@ -186,9 +215,35 @@ async def follow(
                 # line up): the log decides; rebuild from it.
                 yield follower, outs
                 follower, outs = await _resync(store, follower, turn_id)
+                state.follower = follower
             yield follower, outs
     finally:
+        sub.sink = None
         sub.close()
+
+
+@dataclass
+class _Direct:
+    follower: TurnFollower | None = None
+    live: bool = False  # the catch-up was yielded: the caller can render
+    broken: bool = False  # a delta failed to fold on the direct path: resync
+
+
+def _sink(direct: DirectOutput, state: _Direct, message: Any) -> bool:
+    """``Subscription.sink`` of a follower with a direct output."""
+    follower = state.follower
+    if not state.live or state.broken or follower is None or not isinstance(message, LiveDelta):
+        return False
+    if not direct.ready():
+        return False
+    try:
+        outs = follower.on_delta(message)
+    except (Gap, ValueError):
+        state.broken = True  # the generator rebuilds from the log when it wakes
+        return False
+    if outs:
+        direct.deliver(follower, outs)
+    return True
 
 
 def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:

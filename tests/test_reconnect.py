@@ -146,3 +146,35 @@ async def test_early_followers_get_the_actors_history_equal_to_the_log(service: 
     sub, _window, history = supervisor.subscribe(turn_id)
     sub.close()
     assert history is None  # the actor is gone: followers read the log
+
+
+async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> None:
+    # Live chunks are written from the actor's publish while the socket keeps up;
+    # a client that stops reading backs the socket up (the handler's own writes
+    # then wait for it) and must still get the whole answer, once, in order.
+    lines = [f"{i:06d} " + "y" * 1992 + "\n" for i in range(3000)]  # ~6 MB, one line per chunk
+    service.upstream.enqueue(Reply(chunks=lines))
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        assert resp.status == 200
+        first = await resp.content.readany()
+        await asyncio.sleep(1.0)  # stop reading while the upstream keeps streaming
+        body = first + await resp.read()
+    assert sse_text(body.decode()) == "".join(lines)
+    ids = [i for i, _ in sse_messages(body.decode()) if i is not None]
+    assert ids == sorted(set(ids))
+
+
+async def test_direct_and_queued_output_interleave_in_order(service: Service) -> None:
+    # Paced chunks (each alone: written directly) with tool-free events in
+    # between (written by the handler's task): the client sees one ordered stream.
+    service.upstream.enqueue(Reply(chunks=[f"c{i} " for i in range(40)], delay=0.01))
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        body = (await resp.read()).decode()
+    assert sse_text(body) == "".join(f"c{i} " for i in range(40))
+    ids = [i for i, _ in sse_messages(body) if i is not None]
+    assert ids == sorted(set(ids))
+    assert body.rstrip().endswith("data: [DONE]")
