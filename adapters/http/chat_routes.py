@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from typing import Any
+
 from aiohttp import web
 
 from adapters.http.auth import USER
