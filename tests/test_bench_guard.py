@@ -1,0 +1,39 @@
+"""The CI benchmark guard's verdicts (bench/guard.py), on synthetic results."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.guard import judge
+
+
+def result(**checks: tuple[float | None, str, float]) -> dict[str, Any]:
+    return {
+        "scenarios": {
+            "s": {
+                "status": "ok",
+                "checks": [{"metric": m, "value": v, "op": op, "target": t} for m, (v, op, t) in checks.items()],
+            }
+        }
+    }
+
+
+def test_met_targets_are_judged_against_their_large_regression_mark() -> None:
+    base = result(rate=(10.0, ">=", 8.0), cost=(4.0, "<=", 5.0))
+    assert judge(result(rate=(4.5, ">=", 8.0), cost=(9.0, "<=", 5.0)), base) == []  # slower, not halved
+    problems = judge(result(rate=(3.9, ">=", 8.0), cost=(10.5, "<=", 5.0)), base)
+    assert len(problems) == 2 and "s.rate" in problems[0] and "s.cost" in problems[1]
+
+
+def test_a_target_the_baseline_misses_is_judged_against_the_baseline() -> None:
+    base = result(ratio=(0.06, ">=", 0.6))
+    assert judge(result(ratio=(0.03, ">=", 0.6)), base) == []  # far from 0.6, as the baseline
+    assert judge(result(ratio=(0.019, ">=", 0.6)), base) != []  # a third of the baseline: a slip
+
+
+def test_failed_turns_missing_values_and_errors_fail() -> None:
+    base = result(failed_turns=(0.0, "<=", 0.0))
+    assert judge(result(failed_turns=(1.0, "<=", 0.0)), base) == ["s: 1.0 failed turns"]
+    assert judge(result(cost=(None, "<=", 5.0)), base) != []
+    broken = {"scenarios": {"s": {"status": "error", "reason": "boom", "checks": []}}}
+    assert judge(broken, base) == ["s: could not be measured (boom)"]
