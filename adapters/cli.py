@@ -45,8 +45,9 @@ def tune_gc(gen0_threshold: int) -> None:
     gc.collect()
     gc.freeze()
     if gen0_threshold > 0:
-        _, gen1, gen2 = gc.get_threshold()
-        gc.set_threshold(gen0_threshold, gen1, gen2)
+        # Full collections (every turn's live objects walked: 30 ms with 200
+        # streams) only every 100 middle ones instead of 10.
+        gc.set_threshold(gen0_threshold, 10, 100)
 
 
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:

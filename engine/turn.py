@@ -80,7 +80,7 @@ class TurnLost(Exception):
 
 
 # Events a live actor keeps for followers that join early (see TurnActor.history).
-HISTORY_LIMIT = 64
+HISTORY_LIMIT = 16
 
 
 class TurnActor:
