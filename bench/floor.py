@@ -7,6 +7,12 @@ POSTs the request body unchanged to the upstream and forwards the upstream's
 response bytes as they arrive (``iter_any``), nothing else: no parsing, no
 storage. turnlog's figures are divided by this relay's, measured in the same
 run on the same machine, so the ratios do not depend on the host's speed.
+
+``POST /parse/v1/chat/completions`` is a second, informational floor: the least
+a service that must *see* every token can do. It splits the upstream's bytes
+into SSE lines and, per ``data:`` chunk, parses the JSON and serializes it again
+(orjson both ways), writing each read's chunks in one write. No state, no
+storage, no fan-out.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import signal
 import sys
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 
@@ -48,12 +55,36 @@ def make_app(upstream: str) -> web.Application:
             await resp.write_eof()
             return resp
 
+    async def chat_parsed(request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        loads, dumps = orjson.loads, orjson.dumps
+        async with holder["s"].post(
+            base + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        ) as up:
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            pending = b""
+            async for data in up.content.iter_any():
+                lines = (pending + data).split(b"\n")
+                pending = lines.pop()
+                out = []
+                for line in lines:
+                    if line.startswith(b"data: {"):
+                        out.append(b"data: " + dumps(loads(line[6:])) + b"\n\n")
+                    elif line.startswith(b"data: "):
+                        out.append(line + b"\n\n")
+                if out:
+                    await resp.write(b"".join(out))
+            await resp.write_eof()
+            return resp
+
     async def models(request: web.Request) -> web.Response:
         async with holder["s"].get(base + "/models") as up:
             return web.Response(body=await up.read(), status=up.status, content_type="application/json")
 
     app.cleanup_ctx.append(session_ctx)
     app.router.add_post("/v1/chat/completions", chat)
+    app.router.add_post("/parse/v1/chat/completions", chat_parsed)
     app.router.add_get("/v1/models", models)
     return app
 
