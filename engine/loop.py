@@ -130,9 +130,10 @@ async def _legacy_tools(actor: TurnActor, resolved: Any, messages: list[dict[str
     request = ModelRequest(messages=build_selection_request(specs, messages), params={})
     reply: list[str] = []
     try:
-        async for event in actor.model_client.stream(resolved, request, _call_id_factory(actor.view.id, -1)):
-            if isinstance(event, TextDelta):
-                reply.append(event.text)
+        async for events in actor.model_client.stream(resolved, request, _call_id_factory(actor.view.id, -1)):
+            for event in events:
+                if isinstance(event, TextDelta):
+                    reply.append(event.text)
     except UpstreamError as exc:
         # Tool selection is best effort: the answer goes on without tools.
         return AssemblyStep(step="legacy_tools", detail={"error": exc.message, "calls": [], "sources": []}), messages
@@ -231,43 +232,44 @@ async def _consume(actor: TurnActor, resolved: Any, request: ModelRequest) -> bo
     v = actor.view
     usage: dict[str, Any] | None = None
     ids = _call_id_factory(v.id, v.iteration)
-    async for event in actor.model_client.stream(resolved, request, ids):
-        if isinstance(event, TextDelta):
-            if event.text:
-                actor.chunk("text", event.text)
-        elif isinstance(event, ReasoningDelta):
-            if event.text:
-                actor.chunk("reasoning", event.text)
-        elif isinstance(event, ToolCall):
-            item = {
-                "type": "function_call",
-                "id": event.item_id or event.call_id,
-                "call_id": event.call_id,
-                "name": event.name,
-                "arguments": event.arguments,
-                "status": "completed",
-            }
-            await actor.record(ModelItem(item=item))
-        elif isinstance(event, ProviderItem):
-            await actor.record(ModelItem(item=event.item))
-        elif isinstance(event, UsageReport):
-            usage = event.usage
-        elif isinstance(event, StreamWarning):
-            raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
-            await actor.record(ModelWarning(message=event.message, raw=raw))
-        elif isinstance(event, StreamFailed):
-            await actor.fail({"message": event.message, "type": "upstream_failed", "code": event.code})
-            return False
-        elif isinstance(event, Finished):
-            await actor.record(
-                ModelCompleted(
-                    finish_reason=event.reason,
-                    usage=event.usage or usage,
-                    response_id=event.response_id,
-                    status=event.status,
+    async for events in actor.model_client.stream(resolved, request, ids):
+        for event in events:
+            if isinstance(event, TextDelta):
+                if event.text:
+                    actor.chunk("text", event.text)
+            elif isinstance(event, ReasoningDelta):
+                if event.text:
+                    actor.chunk("reasoning", event.text)
+            elif isinstance(event, ToolCall):
+                item = {
+                    "type": "function_call",
+                    "id": event.item_id or event.call_id,
+                    "call_id": event.call_id,
+                    "name": event.name,
+                    "arguments": event.arguments,
+                    "status": "completed",
+                }
+                await actor.record(ModelItem(item=item))
+            elif isinstance(event, ProviderItem):
+                await actor.record(ModelItem(item=event.item))
+            elif isinstance(event, UsageReport):
+                usage = event.usage
+            elif isinstance(event, StreamWarning):
+                raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
+                await actor.record(ModelWarning(message=event.message, raw=raw))
+            elif isinstance(event, StreamFailed):
+                await actor.fail({"message": event.message, "type": "upstream_failed", "code": event.code})
+                return False
+            elif isinstance(event, Finished):
+                await actor.record(
+                    ModelCompleted(
+                        finish_reason=event.reason,
+                        usage=event.usage or usage,
+                        response_id=event.response_id,
+                        status=event.status,
+                    )
                 )
-            )
-            return True
+                return True
         if actor.writes_behind():
             await actor.backpressure()
     await actor.fail({"message": "the model stream ended without finishing", "type": "upstream_truncated"})

@@ -150,7 +150,9 @@ class RecordedModelClient:
 
     async def stream(
         self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
-    ) -> AsyncIterator[ModelEvent]:
+    ) -> AsyncIterator[list[ModelEvent]]:
+        """One recorded event's worth of model events per batch (a ``model.delta``
+        window's chunks together, as a read would have carried them)."""
         script = self.script
         recorded = script.rounds[script.round_index] if script.round_index < len(script.rounds) else []
         script.round_index += 1
@@ -159,28 +161,31 @@ class RecordedModelClient:
             t = event.type
             if t == "model.delta":
                 text, offset = event.data["text"], 0
+                kind = TextDelta if event.data["kind"] == "text" else ReasoningDelta
+                window: list[ModelEvent] = []
                 for n in event.data["lens"]:
-                    chunk = text[offset : offset + n]
+                    window.append(kind(text[offset : offset + n]))
                     offset += n
-                    yield TextDelta(chunk) if event.data["kind"] == "text" else ReasoningDelta(chunk)
+                if window:
+                    yield window
             elif t == "model.item":
                 item = event.data["item"]
                 if item.get("type") == "function_call":
-                    yield ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"))
+                    yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"))]
                 else:
-                    yield ProviderItem(item)
+                    yield [ProviderItem(item)]
             elif t == "model.warning":
-                yield StreamWarning(event.data["message"], event.data.get("raw"))
+                yield [StreamWarning(event.data["message"], event.data.get("raw"))]
             elif t == "model.fallback":
                 return
             elif t == "model.completed":
                 d = event.data
-                yield Finished(d.get("finish_reason"), d.get("response_id"), d.get("usage") or usage, d.get("status"))
+                yield [Finished(d.get("finish_reason"), d.get("response_id"), d.get("usage") or usage, d.get("status"))]
                 return
             elif t == "turn.failed":
                 error = event.data["error"]
                 if error.get("type") == "upstream_failed":
-                    yield StreamFailed(error.get("message", ""), error.get("code"))
+                    yield [StreamFailed(error.get("message", ""), error.get("code"))]
                     return
                 raise UpstreamError(error.get("message", ""), error.get("type", "upstream_error"), error.get("status"))
             elif t in ("turn.cancel_requested", "turn.interrupted"):

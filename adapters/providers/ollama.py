@@ -56,8 +56,9 @@ class OllamaProvider(HTTPProvider):
     def _body_is_error(self, result: dict[str, Any]) -> bool:
         return "error" in result and "message" not in result and "models" not in result
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """POST ``body`` with ``stream: true`` and yield each NDJSON object."""
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+        """POST ``body`` with ``stream: true`` and yield the NDJSON objects of each
+        network read as one list (never empty)."""
         payload = dict(body)
         payload["stream"] = True
 
@@ -66,28 +67,40 @@ class OllamaProvider(HTTPProvider):
         try:
             async with aclosing(self._post_lines("/api/chat", payload)) as batches:
                 async for lines in batches:
+                    out: list[RawChunk | RawWarning] = []
                     for line in lines:
                         try:
                             obj = _loads(line)
                         except ValueError as exc:
                             if not line.strip():
                                 continue  # blank line
-                            yield self._warning(line, exc, "line")
+                            out.append(self._warning(line, exc, "line"))
                             continue
                         if type(obj) is not dict:
-                            yield self._warning(line, None, "line")
+                            out.append(self._warning(line, None, "line"))
                             continue
                         if obj.get("done") is True:
                             done = True
                         elif not done and "error" in obj and "message" not in obj:
+                            if out:
+                                yield out
                             raise self._stream_error(obj)
-                        yield RawChunk(obj)
+                        out.append(RawChunk(obj))
+                    if out:
+                        yield out
         except UpstreamError as exc:
             if not (done and exc.kind in ("upstream_disconnected", "upstream_timeout")):
                 raise
             return  # the reply was complete; only the connection's end was untidy
         if not done:
             raise self._error("upstream_truncated", 'upstream stream ended without a "done": true object')
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
+        """``stream_batches``, one object at a time."""
+        async with aclosing(self.stream_batches(body)) as batches:
+            async for batch in batches:
+                for item in batch:
+                    yield item
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` with ``stream: false`` and return Ollama's single reply object."""

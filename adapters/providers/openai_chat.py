@@ -54,11 +54,13 @@ class OpenAIChatProvider(HTTPProvider):
     async def __aenter__(self) -> OpenAIChatProvider:
         return self
 
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """POST a streaming request and yield each ``data:`` payload.
+    async def stream_chat_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+        """POST a streaming request and yield the ``data:`` payloads of each
+        network read as one list (never empty).
 
         Ends normally on ``[DONE]``, or on a clean end of body after a chunk
-        with a non-null ``finish_reason``; raises ``UpstreamError`` otherwise.
+        with a non-null ``finish_reason``; raises ``UpstreamError`` otherwise
+        (after yielding what came before the error).
         """
         payload = dict(body)
         payload["stream"] = True
@@ -70,6 +72,7 @@ class OpenAIChatProvider(HTTPProvider):
         _loads = loads
         async with aclosing(self._post_lines("/chat/completions", payload)) as batches:
             async for lines in batches:
+                out: list[RawChunk | RawWarning] = []
                 for line in lines:
                     # Blank lines, ":" comments, event:/id:/retry: and unknown
                     # fields all fail this one test (SSE says ignore them).
@@ -81,11 +84,13 @@ class OpenAIChatProvider(HTTPProvider):
                         obj = _loads(line[5:])
                     except ValueError as exc:
                         if line[5:].strip() == b"[DONE]":
+                            if out:
+                                yield out
                             return
-                        yield self._warning(line, exc)
+                        out.append(self._warning(line, exc))
                         continue
                     if type(obj) is not dict:
-                        yield self._warning(line, None)
+                        out.append(self._warning(line, None))
                         continue
                     if not finished:
                         choices = obj.get("choices")
@@ -94,8 +99,12 @@ class OpenAIChatProvider(HTTPProvider):
                                 if type(choice) is dict and choice.get("finish_reason"):
                                     finished = True
                         elif "error" in obj:
+                            if out:
+                                yield out
                             raise self._stream_error(obj)
-                    yield RawChunk(obj)
+                    out.append(RawChunk(obj))
+                if out:
+                    yield out
         # Clean end of body without [DONE].
         if not finished:
             raise self._error(
@@ -103,7 +112,15 @@ class OpenAIChatProvider(HTTPProvider):
                 "upstream stream ended without a finish reason or [DONE]",
             )
 
-    stream = stream_chat  # the transport-neutral name (``api`` says which protocol)
+    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
+        """``stream_chat_batches``, one payload at a time."""
+        async with aclosing(self.stream_chat_batches(body)) as batches:
+            async for batch in batches:
+                for item in batch:
+                    yield item
+
+    stream = stream_chat  # the transport-neutral names (``api`` says which protocol)
+    stream_batches = stream_chat_batches
 
     async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a non-streaming request and return the ``chat.completion`` dict."""

@@ -68,8 +68,9 @@ class OpenAIResponsesProvider(HTTPProvider):
         # A Response object always has an "error" key (null, or set when failed).
         return result.get("error") is not None and result.get("object") != "response" and "data" not in result
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """POST ``body`` with ``stream: true`` and yield each event object."""
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+        """POST ``body`` with ``stream: true`` and yield the event objects of each
+        network read as one list (never empty)."""
         payload = dict(body)
         payload["stream"] = True
 
@@ -79,6 +80,8 @@ class OpenAIResponsesProvider(HTTPProvider):
         try:
             async with aclosing(self._post_lines("/responses", payload)) as batches:
                 async for lines in batches:
+                    out: list[RawChunk | RawWarning] = []
+                    done_marker = False
                     for line in lines:
                         if line[:5] != b"data:":  # event:, comments, blank lines
                             continue
@@ -86,21 +89,23 @@ class OpenAIResponsesProvider(HTTPProvider):
                             obj = _loads(line[5:])
                         except ValueError as exc:
                             if line[5:].strip() == b"[DONE]":
+                                done_marker = True
                                 break
-                            yield self._warning(line, exc)
+                            out.append(self._warning(line, exc))
                             continue
                         if type(obj) is not dict:
-                            yield self._warning(line, None)
+                            out.append(self._warning(line, None))
                             continue
                         kind = obj.get("type")
                         if kind in TERMINAL_EVENTS:
                             terminal = True
                         elif kind == "error" and not terminal:
                             error_event = obj
-                        yield RawChunk(obj)
-                    else:
-                        continue
-                    break  # [DONE]
+                        out.append(RawChunk(obj))
+                    if out:
+                        yield out
+                    if done_marker:
+                        break
         except UpstreamError as exc:
             if not (terminal and exc.kind in ("upstream_disconnected", "upstream_timeout")):
                 raise
@@ -114,6 +119,13 @@ class OpenAIResponsesProvider(HTTPProvider):
             "upstream_truncated",
             "upstream stream ended without response.completed, response.incomplete or response.failed",
         )
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
+        """``stream_batches``, one event at a time."""
+        async with aclosing(self.stream_batches(body)) as batches:
+            async for batch in batches:
+                for item in batch:
+                    yield item
 
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` with ``stream: false`` and return the Response object."""
