@@ -3,7 +3,8 @@
     python -m bench.client --spec '{"phases": [...], "timeout_s": 60}'
 
 A spec is a list of *phases*, run one after the other; each phase sends
-``requests`` streaming POSTs of ``body`` to ``url`` with at most
+``requests`` streaming POSTs of ``body`` to ``url`` (plus the optional request
+``headers``, e.g. ``{"Authorization": "Bearer ..."}``) with at most
 ``concurrency`` in flight (workers start at random offsets in ``[0, ramp_s)``). A phase
 named ``_warmup`` is run but not reported. The result is ONE JSON line on stdout
 (``{"phases": [{"name", "streams": [...], "agg": {...}}, ...]}``); with
@@ -40,6 +41,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -269,12 +271,13 @@ class _Conn:
             self.proto.transport.close()
 
 
-def build_request(url: str, body: dict[str, Any]) -> tuple[str, int, bytes]:
+def build_request(url: str, body: dict[str, Any], headers: dict[str, str] | None = None) -> tuple[str, int, bytes]:
     u = urlsplit(url)
     payload = json.dumps(body).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (
         f"POST {u.path or '/'} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\nContent-Length: {len(payload)}\r\n\r\n"
+        f"Accept: text/event-stream\r\n{extra}Content-Length: {len(payload)}\r\n\r\n"
     )
     return u.hostname or "127.0.0.1", u.port or 80, head.encode() + payload
 
@@ -334,12 +337,24 @@ async def one_stream(conn: _Conn, request: bytes, state: _PhaseState) -> dict[st
     return r
 
 
-async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
-    host, port, request = build_request(phase["url"], phase["body"])
-    total = int(phase.get("requests", 1))
+async def run_workers(
+    phase: dict[str, Any],
+    deadline: float,
+    total: int,
+    one: Callable[[Any, int], Awaitable[dict[str, Any]]],
+    connect: Callable[[], Any] | None = None,
+) -> tuple[list[dict[str, Any] | None], float, bool, list[asyncio.Task[None]]]:
+    """Runs ``one(conn, i)`` for ``i`` in ``range(total)`` on at most ``concurrency``
+    workers (started at random offsets in ``[0, ramp_s)``), each with its own
+    connection from ``connect()`` (None without it), closed at its end; stops at
+    ``deadline`` (the workers still running are cancelled). Prints the
+    ``phase_start`` / ``phase_end`` events with ``"announce": true``.
+
+    Returns the results (None: not run), the wall time, whether the deadline was
+    reached, and the worker tasks.
+    """
     conc = max(1, min(int(phase.get("concurrency", 1)), total))
     ramp = float(phase.get("ramp_s", 0.0))
-    state = _PhaseState(phase, total)
     results: list[dict[str, Any] | None] = [None] * total
 
     next_index = 0
@@ -349,14 +364,15 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
         nonlocal next_index
         if ramp > 0:  # random start offsets: paced streams do not tick in lockstep
             await asyncio.sleep(starts[w])
-        conn = _Conn(host, port)
+        conn = connect() if connect is not None else None
         try:
             while next_index < total and not stopped:
                 i = next_index
                 next_index += 1
-                results[i] = await one_stream(conn, request, state)
+                results[i] = await one(conn, i)
         finally:
-            conn.close()
+            if conn is not None:
+                conn.close()
 
     announce = bool(phase.get("announce"))
     if announce:
@@ -374,10 +390,20 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     wall = time.monotonic() - t0
     if announce:
         print(json.dumps({"event": "phase_end", "name": phase.get("name")}), flush=True)
+    return results, wall, bool(pending), tasks
+
+
+async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
+    host, port, request = build_request(phase["url"], phase["body"], phase.get("headers"))
+    total = int(phase.get("requests", 1))
+    state = _PhaseState(phase, total)
+    results, wall, timed_out, _tasks = await run_workers(
+        phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), lambda: _Conn(host, port)
+    )
     streams = [r if r is not None else {"error": "not run", "n": 0, "done": False} for r in results]
     for r in streams:
         r.pop("t0", None)
-    agg: dict[str, Any] = {"wall": wall, "timed_out": bool(pending)}
+    agg: dict[str, Any] = {"wall": wall, "timed_out": timed_out}
     if state.gaps is not None:
         agg["gaps_ms"] = percentiles([g * 1000 for g in state.gaps])
     if state.lats is not None:
@@ -399,17 +425,33 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     return {"phases": out}
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.client", description=__doc__.split("\n")[0])
-    p.add_argument("--spec", required=True, help="JSON spec (or @file)")
+def cli(
+    argv: list[str] | None,
+    prog: str,
+    doc: str,
+    run_spec: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+    *,
+    stdin: bool = False,
+) -> None:
+    """A client's command line: ``--spec JSON`` or ``--spec @FILE`` (with ``stdin``,
+    no ``--spec`` reads the spec from stdin); writes ``run_spec``'s result as ONE JSON line."""
+    p = argparse.ArgumentParser(prog=prog, description=doc.split("\n")[0])
+    if stdin:
+        p.add_argument("--spec", help="JSON spec or @file (default: read it from stdin)")
+    else:
+        p.add_argument("--spec", required=True, help="JSON spec (or @file)")
     args = p.parse_args(argv)
-    raw = args.spec
+    raw = args.spec if args.spec is not None else sys.stdin.read()
     if raw.startswith("@"):
         with open(raw[1:], encoding="utf-8") as f:
             raw = f.read()
-    result = asyncio.run(run(json.loads(raw)))
+    result = asyncio.run(run_spec(json.loads(raw)))
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
+
+
+def main(argv: list[str] | None = None) -> None:
+    cli(argv, "python -m bench.client", __doc__, run)
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
     VENV/bin/python bench/owui_client.py [--spec JSON | --spec @FILE]     (no --spec: the JSON spec on stdin)
 
-Self-contained: the standard library plus ``aiohttp`` (which every Open WebUI
-install has), so it runs in the Open WebUI virtualenv, not in the project's.
+It needs only the standard library, ``aiohttp`` (which every Open WebUI install
+has) and ``bench/client.py`` (standard library only; the repository root is put
+on ``sys.path``), so it runs in the Open WebUI virtualenv, not in the project's.
 It mirrors ``bench/client.py``: a spec is a list of *phases* run one after the
 other, each sending ``requests`` turns with at most ``concurrency`` in flight
 (workers start at random offsets in ``[0, ramp_s)``); a phase named ``_warmup``
@@ -16,10 +17,10 @@ deadline ``timeout_s`` was reached).
 Two kinds of phase:
 
 ``"kind": "sse"`` -- a streaming POST of ``body`` to ``url`` (optional
-``headers``, e.g. ``Authorization: Bearer``) read by a bare asyncio protocol
-(HTTP/1.1 keep-alive, chunked decoding) that takes each read's arrival time
-first and only counts content chunks (``"delta":{"content":`` in ``data:``
-events), like ``bench/client.py``. Used for turnlog, the floor and Open WebUI's
+``headers``, e.g. ``Authorization: Bearer``) read by ``bench/client.py``'s bare
+asyncio protocol (HTTP/1.1 keep-alive, chunked decoding) that takes each read's
+arrival time first and only counts content chunks (``"delta":{"content":`` in
+``data:`` events). Used for turnlog, the floor and Open WebUI's
 plain API path (``POST /api/chat/completions`` without ``chat_id``: its
 OpenAI-format SSE passthrough), so both sides of a ratio are read by the same
 code.
@@ -53,235 +54,22 @@ every chunk as percentiles in ms (``latency_ms``).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import random
 import re
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-CONTENT = b'"delta":{"content":'
-DONE = b"data: [DONE]"
-ERROR = b'data: {"error"'
-STAMP = re.compile(rb'"delta":\{"content":"@([0-9]+\.[0-9]+) ')
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.client (stdlib only)
+
+from bench.client import _Conn, _PhaseState, build_request, cli, one_stream, percentiles, run_workers  # noqa: E402
+
 STAMP_TEXT = re.compile(r"@([0-9]+\.[0-9]+) ")
 PROMPT = "Write a very long answer, please."
-
-
-def percentiles(values: list[float], qs: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)) -> dict[str, float]:
-    if not values:
-        return {"n": 0}
-    s = sorted(values)
-    out: dict[str, float] = {"n": len(s), "min": s[0], "max": s[-1], "mean": sum(s) / len(s)}
-    for q in qs:
-        k = min(len(s) - 1, max(0, int(round(q * (len(s) - 1)))))
-        out[f"p{q * 100:g}"] = s[k]
-    return out
-
-
-class _PhaseState:
-    def __init__(self, phase: dict[str, Any]) -> None:
-        self.lats: list[float] | None = [] if phase.get("stamps") else None
-
-
-# ----------------------------------------------------------------------------- plain SSE (raw HTTP/1.1)
-
-
-class _Dechunk:
-    """Undoes HTTP/1.1 chunked transfer coding, incrementally."""
-
-    __slots__ = ("buf", "remaining", "skip", "eof")
-
-    def __init__(self) -> None:
-        self.buf = b""
-        self.remaining = 0
-        self.skip = 0
-        self.eof = False
-
-    def feed(self, data: bytes) -> bytes:
-        if self.buf:
-            data, self.buf = self.buf + data, b""
-        out = []
-        pos, end = 0, len(data)
-        while pos < end and not self.eof:
-            if self.remaining:
-                take = min(self.remaining, end - pos)
-                out.append(data[pos : pos + take])
-                pos += take
-                self.remaining -= take
-                if not self.remaining:
-                    self.skip = 2
-            elif self.skip:
-                take = min(self.skip, end - pos)
-                pos += take
-                self.skip -= take
-            else:
-                nl = data.find(b"\r\n", pos)
-                if nl < 0:
-                    self.buf = data[pos:]
-                    break
-                size = int(data[pos:nl].split(b";", 1)[0], 16)
-                pos = nl + 2
-                if size == 0:
-                    self.eof = True
-                else:
-                    self.remaining = size
-        return b"".join(out)
-
-
-class _Stream(asyncio.Protocol):
-    """One keep-alive HTTP/1.1 connection; the arrival time is taken first thing
-    in ``data_received`` and content chunks are only counted."""
-
-    def __init__(self) -> None:
-        self.transport: asyncio.Transport | None = None
-        self.closed = asyncio.get_running_loop().create_future()
-        self.r: dict[str, Any] | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if self.r is not None and not self.done_fut.done():
-            if not self.r.get("done") and self.r.get("error") is None:
-                self.r["error"] = f"connection closed ({exc!r})" if exc else "connection closed by server"
-            self.done_fut.set_result(None)
-        if not self.closed.done():
-            self.closed.set_result(None)
-
-    def start(self, request: bytes, r: dict[str, Any], state: _PhaseState) -> asyncio.Future[None]:
-        self.r = r
-        self.lats = state.lats
-        self.head = b""
-        self.headers_done = False
-        self.dechunk: _Dechunk | None = None
-        self.length: int | None = None
-        self.body_left = 0
-        self.pending = b""
-        self.first: float | None = None
-        self.last: float | None = None
-        self.error_body = b""
-        self.done_fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        r["t0"] = time.monotonic()
-        assert self.transport is not None
-        self.transport.write(request)
-        return self.done_fut
-
-    def data_received(self, data: bytes) -> None:
-        t = time.monotonic()
-        r = self.r
-        if r is None or self.done_fut.done():
-            return
-        r["bytes"] += len(data)
-        if not self.headers_done:
-            self.head += data
-            i = self.head.find(b"\r\n\r\n")
-            if i < 0:
-                return
-            self._headers(self.head[:i].decode("latin-1"))
-            self.headers_done = True
-            data, self.head = self.head[i + 4 :], b""
-            r["ttfb"] = t - r["t0"]
-            if not data and not self._finished():
-                return
-        if self.dechunk is not None:
-            data = self.dechunk.feed(data)
-        elif self.length is not None:
-            data = data[: self.body_left]
-            self.body_left -= len(data)
-        if r["status"] != 200:
-            self.error_body += data
-        elif data:
-            self._body(data, t)
-        if self._finished():
-            if r["status"] != 200:
-                r["error"] = f"HTTP {r['status']}: {self.error_body[:300].decode('utf-8', 'replace')}"
-            if not self.done_fut.done():
-                self.done_fut.set_result(None)
-
-    def _headers(self, head: str) -> None:
-        lines = head.split("\r\n")
-        r = self.r
-        assert r is not None
-        r["status"] = int(lines[0].split(" ", 2)[1])
-        chunked = False
-        for line in lines[1:]:
-            k, _, v = line.partition(":")
-            k = k.strip().lower()
-            v = v.strip()
-            if k == "transfer-encoding" and "chunked" in v.lower():
-                chunked = True
-            elif k == "content-length":
-                self.length = int(v)
-                self.body_left = int(v)
-        if chunked:
-            self.dechunk = _Dechunk()
-            self.length = None
-
-    def _finished(self) -> bool:
-        if self.dechunk is not None:
-            return self.dechunk.eof
-        if self.length is not None:
-            return self.body_left <= 0
-        return False  # until the server closes
-
-    def _body(self, data: bytes, t: float) -> None:
-        r = self.r
-        assert r is not None
-        if self.pending:
-            data = self.pending + data
-        cut = data.rfind(b"\n") + 1
-        if cut == 0:
-            self.pending = data
-            return
-        part = data[:cut] if cut < len(data) else data
-        self.pending = data[cut:]
-        k = part.count(CONTENT)
-        if k:
-            if self.first is None:
-                self.first = t
-            if self.lats is not None:
-                for m in STAMP.findall(part):
-                    self.lats.append(t - float(m))
-            self.last = t
-            r["n"] += k
-        if DONE in part:
-            r["done"] = True
-        if ERROR in part:
-            i = part.find(ERROR)
-            r["error"] = part[i : i + 300].decode("utf-8", "replace")
-
-
-class _Conn:
-    def __init__(self, host: str, port: int) -> None:
-        self.host, self.port = host, port
-        self.proto: _Stream | None = None
-
-    async def get(self) -> _Stream:
-        p = self.proto
-        if p is None or p.closed.done() or p.transport is None or p.transport.is_closing():
-            _, proto = await asyncio.get_running_loop().create_connection(_Stream, self.host, self.port)
-            self.proto = proto
-        return self.proto  # type: ignore[return-value]
-
-    def close(self) -> None:
-        if self.proto is not None and self.proto.transport is not None:
-            self.proto.transport.close()
-
-
-def build_request(url: str, body: dict[str, Any], headers: dict[str, str] | None) -> tuple[str, int, bytes]:
-    u = urlsplit(url)
-    payload = json.dumps(body).encode()
-    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-    head = (
-        f"POST {u.path or '/'} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nContent-Type: application/json\r\n"
-        f"Accept: text/event-stream\r\n{extra}Content-Length: {len(payload)}\r\n\r\n"
-    )
-    return u.hostname or "127.0.0.1", u.port or 80, head.encode() + payload
 
 
 # ----------------------------------------------------------------------------- Open WebUI full path (socket.io)
@@ -586,10 +374,7 @@ class OwuiSession:
 async def run_phase(phase: dict[str, Any], deadline: float, sessions: dict[str, OwuiSession]) -> dict[str, Any]:
     kind = phase.get("kind", "sse")
     total = int(phase.get("requests", 1))
-    conc = max(1, min(int(phase.get("concurrency", 1)), total))
-    ramp = float(phase.get("ramp_s", 0.0))
-    state = _PhaseState(phase)
-    results: list[dict[str, Any] | None] = [None] * total
+    state = _PhaseState(phase, total)
     prep: dict[str, Any] = {}
 
     if kind == "owui":
@@ -607,81 +392,31 @@ async def run_phase(phase: dict[str, Any], deadline: float, sessions: dict[str, 
             batch = [sess.new_chat(model) for _ in range(min(8, total - i))]
             chats.extend(await asyncio.wait_for(asyncio.gather(*batch), max(1.0, deadline - time.monotonic())))
         prep["chat_new_ms"] = percentiles([c[1] * 1000 for c in chats], (0.5, 0.99))
+
+        async def owui_turn(_conn: None, i: int) -> dict[str, Any]:
+            r = await sess.turn(chats[i][0], model, extra, state.lats)
+            r["chat_new_ms"] = chats[i][1] * 1000
+            return r
+
+        results, wall, timed_out, tasks = await run_workers(phase, deadline, total, owui_turn)
     else:
         host, port, request = build_request(phase["url"], phase["body"], phase.get("headers"))
+        results, wall, timed_out, tasks = await run_workers(
+            phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), lambda: _Conn(host, port)
+        )
 
-    next_index = 0
-    stopped = False
-
-    async def worker(w: int) -> None:
-        nonlocal next_index
-        if ramp > 0:
-            await asyncio.sleep(starts[w])
-        conn = _Conn(host, port) if kind != "owui" else None
-        try:
-            while next_index < total and not stopped:
-                i = next_index
-                next_index += 1
-                if conn is not None:
-                    results[i] = await sse_stream(conn, request, state)
-                else:
-                    results[i] = await sess.turn(chats[i][0], model, extra, state.lats)
-                    results[i]["chat_new_ms"] = chats[i][1] * 1000  # type: ignore[index]
-        finally:
-            if conn is not None:
-                conn.close()
-
-    announce = bool(phase.get("announce"))
-    if announce:
-        print(json.dumps({"event": "phase_start", "name": phase.get("name")}), flush=True)
-    rnd = random.Random(int(phase.get("seed", 1)))
-    starts = sorted(rnd.uniform(0, ramp) for _ in range(conc))
-    tasks = [asyncio.create_task(worker(w)) for w in range(conc)]
-    t0 = time.monotonic()
-    _done, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - t0))
-    if pending:
-        stopped = True
-        for t in pending:
-            t.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-    wall = time.monotonic() - t0
-    if announce:
-        print(json.dumps({"event": "phase_end", "name": phase.get("name")}), flush=True)
     for t in tasks:  # a worker that crashed (not a stream failure) is reported, not hidden
         if t.done() and not t.cancelled() and t.exception() is not None:
             prep.setdefault("worker_errors", []).append(repr(t.exception())[:300])
     streams = [r if r is not None else {"error": "not run", "n": 0, "done": False} for r in results]
-    agg: dict[str, Any] = {"wall": wall, "timed_out": bool(pending), **prep}
+    for r in streams:
+        r.pop("t0", None)
+    agg: dict[str, Any] = {"wall": wall, "timed_out": timed_out, **prep}
     if state.lats is not None:
         agg["latency_ms"] = percentiles([x * 1000 for x in state.lats])
     if kind == "owui":
         agg["socket"] = dict(sess.stats)
     return {"name": phase.get("name", "phase"), "kind": kind, "streams": streams, "agg": agg}
-
-
-async def sse_stream(conn: _Conn, request: bytes, state: _PhaseState) -> dict[str, Any]:
-    """One streaming POST on a keep-alive connection; times are relative to the request."""
-    r: dict[str, Any] = {"status": None, "n": 0, "done": False, "error": None, "bytes": 0, "t0": time.monotonic()}
-    proto: _Stream | None = None
-    try:
-        proto = await conn.get()
-        await proto.start(request, r, state)
-    except asyncio.CancelledError:
-        r["error"] = r["error"] or "timeout (client deadline)"
-        conn.close()
-    except Exception as exc:  # noqa: BLE001
-        r["error"] = f"{type(exc).__name__}: {exc}"
-        conn.close()
-    t0 = r.pop("t0")
-    r["total"] = time.monotonic() - t0
-    if proto is not None:
-        if proto.first is not None:
-            r["ttfc"] = proto.first - t0
-            r["t_last"] = proto.last - t0  # type: ignore[operator]
-        proto.r = None
-    if r["status"] != 200 or not r["done"]:
-        conn.close()  # do not reuse a connection in an unknown state
-    return r
 
 
 async def run(spec: dict[str, Any]) -> dict[str, Any]:
@@ -708,16 +443,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="owui_client.py", description=__doc__.split("\n")[0])
-    p.add_argument("--spec", help="JSON spec or @file (default: read it from stdin)")
-    args = p.parse_args(argv)
-    raw = args.spec if args.spec is not None else sys.stdin.read()
-    if raw.startswith("@"):
-        with open(raw[1:], encoding="utf-8") as f:
-            raw = f.read()
-    result = asyncio.run(run(json.loads(raw)))
-    sys.stdout.write(json.dumps(result) + "\n")
-    sys.stdout.flush()
+    cli(argv, "owui_client.py", __doc__, run, stdin=True)
 
 
 if __name__ == "__main__":

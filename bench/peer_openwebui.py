@@ -183,39 +183,9 @@ def run_owui_client(
     ctx: Ctx, python: str, spec: dict[str, Any], *, name: str,
     on_event: Callable[[dict[str, Any]], None] | None = None, grace: float = 30.0,
 ) -> dict[str, Any]:
-    """``bench/owui_client.py`` under Open WebUI's python (like ``Procs.run_client``)."""
-    timeout = float(spec.get("timeout_s", 120))
-    spec_file = ctx.workdir / f"{name}-spec.json"
-    spec_file.write_text(json.dumps(spec))
-    proc, lines = ctx.procs.spawn(name, [python, str(CLIENT), "--spec", "@" + str(spec_file)], env={"PYTHONPATH": ""})
-    assert lines is not None
-    deadline = time.monotonic() + timeout + grace
-    result: dict[str, Any] | None = None
-    try:
-        while True:
-            try:
-                line = lines.get(deadline)
-            except TimeoutError:
-                raise BenchError(f"client {name} gave no result within {timeout + grace:g}s") from None
-            if line is None:
-                break
-            try:
-                obj = json.loads(line)
-            except ValueError:
-                continue
-            if "event" in obj:
-                if on_event is not None:
-                    on_event(obj)
-            elif "phases" in obj:
-                result = obj
-        proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        raise BenchError(f"client {name} did not exit") from None
-    finally:
-        ctx.procs.stop(proc, timeout=3.0)
-    if result is None:
-        raise BenchError(f"client {name} exited ({proc.returncode}) without a result\n{ctx.procs.log_tail(name)}")
-    return result
+    """``bench/owui_client.py`` under Open WebUI's python (``Procs.run_client``)."""
+    return ctx.procs.run_client(spec, name=name, on_event=on_event, grace=grace, argv=[python, str(CLIENT)],
+                                env={"PYTHONPATH": ""})
 
 
 def _meters(*meters: Any) -> Callable[[dict[str, Any]], None]:

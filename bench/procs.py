@@ -183,12 +183,16 @@ class Procs:
         name: str = "client",
         on_event: Callable[[dict[str, Any]], None] | None = None,
         grace: float = 30.0,
+        argv: list[str] | None = None,
+        env: dict[str, str] | None = None,
     ) -> dict[str, Any]:
-        """Run ``bench.client`` with ``spec``; return its result (events go to ``on_event``)."""
+        """Run ``bench.client`` (or another client: ``argv``, given ``--spec @FILE``)
+        with ``spec``; return its result (events go to ``on_event``)."""
         timeout = float(spec.get("timeout_s", 120))
         spec_file = self.workdir / f"{name}-spec.json"
         spec_file.write_text(json.dumps(spec))
-        proc, lines = self.spawn(name, [sys.executable, "-m", "bench.client", "--spec", "@" + str(spec_file)])
+        argv = argv or [sys.executable, "-m", "bench.client"]
+        proc, lines = self.spawn(name, [*argv, "--spec", "@" + str(spec_file)], env=env)
         assert lines is not None
         deadline = time.monotonic() + timeout + grace
         result: dict[str, Any] | None = None
@@ -210,6 +214,8 @@ class Procs:
                 elif "phases" in obj:
                     result = obj
             proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            raise BenchError(f"client {name} did not exit") from None
         finally:
             self.stop(proc, timeout=3.0)
         if result is None:
