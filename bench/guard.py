@@ -43,6 +43,9 @@ def judge(current: dict, baseline: dict) -> list[str]:
             if value is None or value > 0:
                 problems.append(f"{key[0]}: {value} failed turns")
             continue
+        if check.get("informational"):
+            print(f"guard: {key[0]}.{key[1]} = {value} (informational, not judged)")
+            continue
         if value is None:
             problems.append(f"{key[0]}.{key[1]}: no value")
             continue

@@ -37,3 +37,9 @@ def test_failed_turns_missing_values_and_errors_fail() -> None:
     assert judge(result(cost=(None, "<=", 5.0)), base) != []
     broken = {"scenarios": {"s": {"status": "error", "reason": "boom", "checks": []}}}
     assert judge(broken, base) == ["s: could not be measured (boom)"]
+
+
+def test_informational_checks_are_not_judged() -> None:
+    current = result(ratio=(0.01, ">=", 0.6))
+    current["scenarios"]["s"]["checks"][0]["informational"] = True
+    assert judge(current, result()) == []
