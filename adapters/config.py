@@ -70,7 +70,7 @@ class Settings(BaseSettings):
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
     # Young-generation threshold of Python's cyclic GC in `serve` (0 keeps
     # Python's default of 700); see adapters.cli.tune_gc.
-    gc_gen0_threshold: int = Field(default=20_000, ge=0)
+    gc_gen0_threshold: int = Field(default=100_000, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
 
     @field_validator("auth", mode="before")
