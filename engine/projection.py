@@ -43,6 +43,22 @@ class ChunkOut:
 STATUS_BY_TERMINAL = {"turn.completed": "completed", "turn.cancelled": "cancelled", "turn.failed": "failed"}
 
 
+class ItemIds:
+    """Output item ids, deterministic in (turn, order of creation): a replay
+    reproduces every id."""
+
+    __slots__ = ("turn_id", "counter")
+
+    def __init__(self, turn_id: str) -> None:
+        self.turn_id = turn_id
+        self.counter = 0
+
+    def next(self, prefix: str) -> str:
+        self.counter += 1
+        digest = hashlib.sha256(f"{self.turn_id}:{self.counter}".encode()).hexdigest()[:24]
+        return f"{prefix}_{digest}"
+
+
 class TurnView:
     """Folds one turn's events. ``apply`` returns the chunks a renderer should show."""
 
@@ -76,7 +92,7 @@ class TurnView:
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
-        self._id_counter = 0
+        self._ids = ItemIds(turn_id)
         self._reasoning_tags: Any = None
         self.acc = self._new_accumulator()
         self.round_closed = False
@@ -110,15 +126,16 @@ class TurnView:
     # -- ids -----------------------------------------------------------------
 
     def _item_id(self, prefix: str) -> str:
-        # Deterministic in (turn, order of creation): replay reproduces every id.
-        self._id_counter += 1
-        digest = hashlib.sha256(f"{self.id}:{self._id_counter}".encode()).hexdigest()[:24]
-        return f"{prefix}_{digest}"
+        return self._ids.next(prefix)
 
     def _new_accumulator(self, reasoning_tags: Any = None) -> Accumulator:
+        # The accumulator gets the id source, not a method of this view: a
+        # view <-> accumulator cycle made every turn's state garbage that only
+        # the cyclic GC could free (~60 objects per turn, each collection
+        # walking them).
         if getattr(self, "code_interpreter", False):
-            return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags, code_interpreter=True)
-        return Accumulator(id_factory=self._item_id, reasoning_tags=reasoning_tags)
+            return Accumulator(id_factory=self._ids.next, reasoning_tags=reasoning_tags, code_interpreter=True)
+        return Accumulator(id_factory=self._ids.next, reasoning_tags=reasoning_tags)
 
     # -- the fold --------------------------------------------------------------
 

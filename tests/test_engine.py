@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import Event, ModelDelta, TurnStarted, delta_event, make_event
 from engine.machine import STATES, TRANSITIONS, IllegalTransition, TurnMachine
-from engine.projection import fold
+from engine.projection import TurnView, fold
 from tests.harness import Service
 from tests.upstream import Reply
 
@@ -132,3 +132,31 @@ async def test_subscription_get_times_out_and_wakes() -> None:
     sub.reset()
     loop.call_later(0.02, sub.close)
     assert await sub.get(5.0) is None and sub.closed
+
+
+def test_a_turn_view_is_freed_without_the_cyclic_gc() -> None:
+    # A view <-> accumulator cycle once made every turn's state garbage that
+    # only a GC pass could free; under load those passes paused the loop.
+    import gc
+    import weakref
+
+    from engine.events import ModelRequested
+
+    gc.collect()
+    gc.disable()
+    try:
+        view = TurnView("t-free", enforce=True)
+        for seq, data in enumerate(
+            [TurnStarted(chat_id="c", user_id="u", model="m", stream=True, request={"model": "m"}), ModelRequested(iteration=0)],
+            start=1,
+        ):
+            view.apply(make_event("t-free", seq, data))
+        for i in range(20):
+            view.feed_chunk("text", f"<think>a{i}</think>b{i} " if i % 5 == 0 else f"w{i} ")
+        assert view.output  # items were made (ids drawn from the view's id source)
+        ref = weakref.ref(view)
+        acc_ref = weakref.ref(view.acc)
+        del view
+        assert ref() is None and acc_ref() is None
+    finally:
+        gc.enable()
