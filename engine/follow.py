@@ -11,8 +11,9 @@ mid-stream, or reconnects: each position exactly once, in order.
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.events import Event
@@ -131,6 +132,7 @@ def describe(out: Out) -> dict[str, Any]:
 
 
 POLL_SECONDS = 1.0
+log = logging.getLogger("turnlog.follow")
 
 
 class DirectOutput(Protocol):
@@ -195,13 +197,14 @@ async def follow(
                     yield follower, outs
                     continue
                 messages = [message, *sub.drain()]
-            outs = []
+            outs, state.undelivered = state.undelivered, []
             if state.broken or any(item is WAKE for item in messages):
                 # Appended elsewhere (the log has it: live items here are then
                 # only this process's own, and the log includes them too), or
                 # the direct path failed to fold a delta: rebuild from the log.
                 state.broken = False
-                follower, outs = await _resync(store, follower, turn_id)
+                follower, resynced = await _resync(store, follower, turn_id)
+                outs.extend(resynced)
                 state.follower = follower
                 messages = [item for item in messages if item is not WAKE]
             try:
@@ -227,22 +230,35 @@ class _Direct:
     follower: TurnFollower | None = None
     live: bool = False  # the catch-up was yielded: the caller can render
     broken: bool = False  # a delta failed to fold on the direct path: resync
+    off: bool = False  # the direct output failed once: not used again
+    undelivered: list[Out] = field(default_factory=list)  # folded, not sent: the generator yields them
 
 
 def _sink(direct: DirectOutput, state: _Direct, message: Any) -> bool:
     """``Subscription.sink`` of a follower with a direct output."""
     follower = state.follower
-    if not state.live or state.broken or follower is None or not isinstance(message, LiveDelta):
+    if not state.live or state.broken or state.off or follower is None or not isinstance(message, LiveDelta):
         return False
     if not direct.ready():
         return False
+    # This runs inside the actor's publish: nothing may escape into the actor.
     try:
         outs = follower.on_delta(message)
     except (Gap, ValueError):
         state.broken = True  # the generator rebuilds from the log when it wakes
         return False
-    if outs:
+    if not outs:
+        return True
+    try:
         direct.deliver(follower, outs)
+    except Exception:
+        # The follower has taken the delta: its output goes out through the
+        # generator instead (queueing the message wakes it), and this stream
+        # stays on the normal path from now on.
+        log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
+        state.undelivered.extend(outs)
+        state.off = True
+        return False
     return True
 
 

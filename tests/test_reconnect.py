@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from tests.harness import Service, sse_messages, sse_text
 from tests.upstream import Reply
@@ -178,3 +179,63 @@ async def test_direct_and_queued_output_interleave_in_order(service: Service) ->
     ids = [i for i, _ in sse_messages(body) if i is not None]
     assert ids == sorted(set(ids))
     assert body.rstrip().endswith("data: [DONE]")
+
+
+async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
+    service: Service, monkeypatch: Any, caplog: Any
+) -> None:
+    # A bug (or an unexpected error) in the direct SSE path runs inside the
+    # actor's publish: it must neither reach the actor nor lose output.
+    from adapters.http import chat_routes
+
+    real = chat_routes._DirectSSE.deliver
+    calls = {"n": 0}
+
+    def flaky(self: Any, follower: Any, outs: list[Any]) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("injected failure in deliver")
+        real(self, follower, outs)
+
+    monkeypatch.setattr(chat_routes._DirectSSE, "deliver", flaky)
+    chunks = [f"d{i} " for i in range(30)]
+    service.upstream.enqueue(Reply(chunks=chunks, delay=0.005))
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        body = (await resp.read()).decode()
+    assert calls["n"] >= 3, "the direct path was used"
+    assert "direct output failed" in caplog.text
+    assert sse_text(body) == "".join(chunks)
+    ids = [i for i, _ in sse_messages(body) if i is not None]
+    assert ids == sorted(set(ids))
+    turn = await service.turn(turn_id)
+    assert turn["status"] == "completed" and turn["content"] == "".join(chunks)
+
+
+async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the_log(
+    service: Service, monkeypatch: Any
+) -> None:
+    from engine import follow as follow_mod
+
+    real = follow_mod.TurnFollower.on_delta
+    calls = {"n": 0}
+
+    def flaky(self: Any, delta: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 4:
+            raise ValueError("injected: live text out of step")
+        return real(self, delta)
+
+    monkeypatch.setattr(follow_mod.TurnFollower, "on_delta", flaky)
+    chunks = [f"e{i} " for i in range(30)]
+    service.upstream.enqueue(Reply(chunks=chunks, delay=0.005))
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        body = (await resp.read()).decode()
+    assert calls["n"] > 4
+    assert sse_text(body) == "".join(chunks)
+    ids = [i for i, _ in sse_messages(body) if i is not None]
+    assert ids == sorted(set(ids))

@@ -150,7 +150,12 @@ class _DirectSSE:
         renderer = self.renderer
         assert renderer is not None
         renderer.view = follower.view
-        data = renderer.render(outs)
+        sent = renderer.last_sent
+        try:
+            data = renderer.render(outs)
+        except BaseException:
+            renderer.last_sent = sent  # nothing of it went out: the handler renders it again
+            raise
         if not data:
             return
         if self.burst is not None:
