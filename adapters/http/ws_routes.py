@@ -121,7 +121,7 @@ class Connection:
 
     async def pump(self, turn_id: str, after: int) -> None:
         store = self.svc.store
-        sub, _window, _history = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
+        sub, _window, history = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
         last = after
 
         async def send_events(events: list[Event]) -> bool:
@@ -136,7 +136,10 @@ class Connection:
             return False
 
         try:
-            if await send_events(await store.read(turn_id, after=after)):
+            # The actor's committed events, while it still holds them all, stand
+            # in for the first read of the log (as for SSE followers).
+            first = [e for e in history if e.seq > after] if history is not None else await store.read(turn_id, after=after)
+            if await send_events(first):
                 return
             while True:
                 messages = sub.drain()
