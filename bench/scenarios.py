@@ -233,31 +233,46 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
 # --------------------------------------------------------------------------- 1 & 9
 
 
+def interleaved_long_answers(
+    ctx: Ctx,
+    targets: dict[str, str],
+    n: int,
+    runs: int,
+    *,
+    name: str,
+    announce: str | None = None,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+) -> tuple[dict[str, dict[str, Any]], dict[str, list[float | None]]]:
+    """One ``n``-chunk answer through each of ``targets`` (label -> base URL),
+    ``runs`` times, interleaved so that drift hits all alike, after a warm-up.
+    Returns the streams by phase name (``label`` + run index) and the
+    chunks/s of each label's runs; a failed stream is a ``BenchError``."""
+    phases = [phase("_warmup", v1, body(2000)) for v1 in targets.values()]
+    for i in range(runs):
+        for label, v1 in targets.items():
+            phases.append(phase(f"{label}{i}", v1, body(n), announce=label == announce))
+    res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name=name, on_event=on_event)
+    by = {p["name"]: p["streams"][0] for p in res["phases"]}
+    bad = {k: v for k, v in ((k, failures([v], n)) for k, v in by.items()) if v}
+    if bad or res.get("error"):
+        raise BenchError(f"{name}: long answer streams failed: {bad or res.get('error')}")
+    rates = {label: [stream_rate(by[f"{label}{i}"]) for i in range(runs)] for label in targets}
+    return by, rates
+
+
 def long_answer(ctx: Ctx) -> dict[str, Any]:
     """Scenario 1 (and 9): a 20,000-chunk answer through the floor and through turnlog."""
     n = 20_000
     pairs = 2 if ctx.quick else 3
-    phases: list[dict[str, Any]] = [
-        phase("_warmup", ctx.floor_v1, body(2000)),
-        phase("_warmup", ctx.turnlog_v1, body(2000)),
-    ]
     parse_v1 = ctx.floor_v1.rsplit("/v1", 1)[0] + "/parse/v1"
-    for i in range(pairs):  # interleaved, so drift hits both alike
-        phases.append(phase(f"floor{i}", ctx.floor_v1, body(n)))
-        phases.append(phase(f"parse{i}", parse_v1, body(n)))
-        phases.append(phase(f"turnlog{i}", ctx.turnlog_v1, body(n), announce=True))
     meter = CpuMeter(ctx.turnlog_pid)
     with Profiler(ctx, "long_answer", ctx.turnlog_pid):
-        res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name="c-long", on_event=meter.on_event)
-    by = {p["name"]: p["streams"][0] for p in res["phases"]}
-    bad = {k: failures([v], n) for k, v in by.items()}
-    bad = {k: v for k, v in bad.items() if v}
-    if bad or res.get("error"):
-        raise BenchError(f"long answer streams failed: {bad or res.get('error')}")
-    floor = [stream_rate(by[f"floor{i}"]) for i in range(pairs)]
-    turn = [stream_rate(by[f"turnlog{i}"]) for i in range(pairs)]
+        by, rates = interleaved_long_answers(
+            ctx, {"floor": ctx.floor_v1, "parse": parse_v1, "turnlog": ctx.turnlog_v1}, n, pairs,
+            name="c-long", announce="turnlog", on_event=meter.on_event,
+        )
+    floor, parse, turn = rates["floor"], rates["parse"], rates["turnlog"]
     ratio = med(turn) / med(floor)  # type: ignore[operator]
-    parse = [stream_rate(by[f"parse{i}"]) for i in range(pairs)]
     ratio_parse = med(turn) / med(parse)  # type: ignore[operator]
     cpu = [meter.spent.get(f"turnlog{i}", float("nan")) / n for i in range(pairs)]
     ctx.cache["cpu_per_chunk"] = {
@@ -905,26 +920,12 @@ def postgres(ctx: Ctx) -> dict[str, Any]:
         n, pairs = 20_000, 3
         proc, pg_v1 = ctx.procs.start_turnlog("turnlog-pg", ctx.upstream_v1, ctx.workdir / "unused.db", database_url=url)
         try:
-            phases: list[dict[str, Any]] = [
-                phase("_warmup", ctx.floor_v1, body(2000)),
-                phase("_warmup", pg_v1, body(2000)),
-                phase("_warmup", ctx.turnlog_v1, body(2000)),
-            ]
-            for i in range(pairs):  # interleaved, so drift hits all three alike
-                phases.append(phase(f"floor{i}", ctx.floor_v1, body(n)))
-                phases.append(phase(f"pg{i}", pg_v1, body(n)))
-                phases.append(phase(f"sqlite{i}", ctx.turnlog_v1, body(n)))
-            res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name="c-long-pg")
+            by, rates = interleaved_long_answers(
+                ctx, {"floor": ctx.floor_v1, "pg": pg_v1, "sqlite": ctx.turnlog_v1}, n, pairs, name="c-long-pg"
+            )
         finally:
             ctx.procs.stop(proc)
-        by = {p["name"]: p["streams"][0] for p in res["phases"]}
-        bad = {k: failures([v], n) for k, v in by.items()}
-        bad = {k: v for k, v in bad.items() if v}
-        if bad or res.get("error"):
-            raise BenchError(f"postgres long answer streams failed: {bad or res.get('error')}")
-        floor = [stream_rate(by[f"floor{i}"]) for i in range(pairs)]
-        pg = [stream_rate(by[f"pg{i}"]) for i in range(pairs)]
-        lite = [stream_rate(by[f"sqlite{i}"]) for i in range(pairs)]
+        floor, pg, lite = rates["floor"], rates["pg"], rates["sqlite"]
         pg_ratio = med(pg) / med(floor)  # type: ignore[operator]
         lite_ratio = med(lite) / med(floor)  # type: ignore[operator]
         figures["long_answer"] = {
