@@ -168,17 +168,10 @@ async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> N
 
 
 async def test_direct_and_queued_output_interleave_in_order(service: Service) -> None:
-    # Paced chunks (each alone: written directly) with tool-free events in
-    # between (written by the handler's task): the client sees one ordered stream.
-    service.upstream.enqueue(Reply(chunks=[f"c{i} " for i in range(40)], delay=0.01))
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
-        body = (await resp.read()).decode()
-    assert sse_text(body) == "".join(f"c{i} " for i in range(40))
-    ids = [i for i, _ in sse_messages(body) if i is not None]
-    assert ids == sorted(set(ids))
-    assert body.rstrip().endswith("data: [DONE]")
+    # Paced chunks (each alone: written from the actor's publish) while their
+    # committed delta events and the turn's end come through the handler's
+    # task: the client sees one ordered stream.
+    await stream_paced(service, [f"c{i} " for i in range(40)])
 
 
 async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
@@ -199,17 +192,9 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
 
     monkeypatch.setattr(chat_routes._DirectSSE, "deliver", flaky)
     chunks = [f"d{i} " for i in range(30)]
-    service.upstream.enqueue(Reply(chunks=chunks, delay=0.005))
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
-        turn_id = resp.headers["X-Turn-Id"]
-        body = (await resp.read()).decode()
+    turn_id, _body = await stream_paced(service, chunks)
     assert calls["n"] >= 3, "the direct path was used"
     assert "direct output failed" in caplog.text
-    assert sse_text(body) == "".join(chunks)
-    ids = [i for i, _ in sse_messages(body) if i is not None]
-    assert ids == sorted(set(ids))
     turn = await service.turn(turn_id)
     assert turn["status"] == "completed" and turn["content"] == "".join(chunks)
 
@@ -229,13 +214,22 @@ async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the
         return real(self, delta)
 
     monkeypatch.setattr(follow_mod.TurnFollower, "on_delta", flaky)
-    chunks = [f"e{i} " for i in range(30)]
+    await stream_paced(service, [f"e{i} " for i in range(30)])
+    assert calls["n"] > 4
+
+
+async def stream_paced(service: Service, chunks: list[str]) -> tuple[str, str]:
+    """Stream ``chunks`` (5 ms apart) through a turn; check the client got every
+    chunk once, in order, with increasing ids, and the ``[DONE]``. Returns
+    ``(turn_id, body)``."""
     service.upstream.enqueue(Reply(chunks=chunks, delay=0.005))
     async with service.http.post(
         service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
     ) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
         body = (await resp.read()).decode()
-    assert calls["n"] > 4
     assert sse_text(body) == "".join(chunks)
     ids = [i for i, _ in sse_messages(body) if i is not None]
     assert ids == sorted(set(ids))
+    assert body.rstrip().endswith("data: [DONE]")
+    return turn_id, body
