@@ -247,7 +247,7 @@ class TurnActor:
 
     async def backpressure(self) -> None:
         """Let the writer catch up when delta batches pile up."""
-        if len(self._inflight) > self.config.max_inflight_flushes:
+        if self.writes_behind():
             oldest = self._inflight[0]
             await asyncio.wait((oldest,))
             if self._lost:
@@ -338,11 +338,15 @@ class TurnActor:
         exc = future.exception()
         if exc is None:
             self._published(events)
-        elif isinstance(exc, (LeaseLost, ConcurrencyError)):
-            self._lost = True
-            log.warning("turn %s: delta batch refused, this actor lost the turn: %s", self.turn_id, exc)
+            return
+        # A window that is not durable must not be followed by later ones (a gap
+        # in the log): this actor stops writing; the store refuses its later
+        # appends too, and the turn is resumed from what is durable.
+        self._lost = True
+        if isinstance(exc, (LeaseLost, ConcurrencyError)):
+            log.warning("turn %s: delta batch refused, this actor stops: %s", self.turn_id, exc)
         else:
-            log.error("turn %s: delta batch not written: %s", self.turn_id, exc)
+            log.error("turn %s: delta batch not written, this actor stops: %s", self.turn_id, exc)
 
     # -- appending ------------------------------------------------------------------
 

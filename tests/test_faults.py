@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from typing import Any
 
 from tests.harness import Service, sse_messages, sse_text
 from tests.upstream import Reply
@@ -118,3 +119,46 @@ async def test_client_disconnect_never_cancels_the_turn(service: Service) -> Non
     service.upstream.release()
     view = await service.wait_status(turn_id, "completed")
     assert view["content"] == "keeps going after the client left"
+
+
+async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_a_gap(
+    upstream: Any, pg_url: str, tmp_path: Any
+) -> None:
+    # A real fault: PostgreSQL ends every session of the service while a turn
+    # streams. The delta window in flight fails; later windows of that owner
+    # must not land after it (a gap). The owner stops, and the turn is
+    # interrupted and resumed from what is durable, and completes.
+    import asyncpg
+
+    from engine.projection import fold
+    from tests.harness import make_settings, start_service, stop_service
+
+    service = await start_service(make_settings(tmp_path, upstream.url, database_url=pg_url), upstream)
+    try:
+        service.upstream.enqueue(Reply(text="first part of the answer, " * 8, chunk_size=4, pause_after=12))
+        service.upstream.enqueue(Reply(text="and the resumed rest."))
+        resp = await service.http.post(
+            service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+        )
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(service.upstream.paused.wait(), 5)
+        await asyncio.sleep(0.2)  # the windows so far are durable
+        admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            ended = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        assert ended >= 1
+        service.upstream.release()
+        resp.close()
+        view = await service.wait_status(turn_id, "completed", timeout=20.0)
+        events = await service.services.store.read(turn_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1)), "no gap in the log"
+        assert "turn.resumed" in [e.type for e in events]
+        assert fold(turn_id, events).content == view["content"]
+        assert view["content"].endswith("and the resumed rest.")
+    finally:
+        await stop_service(service)

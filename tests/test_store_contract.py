@@ -465,6 +465,33 @@ class TestEventStoreContract:
         with pytest.raises(ValueError):
             store.append_nowait([ev(t, 4), ev(ids("u"), 1)], fencing=token)  # refused before queueing
 
+    async def test_after_a_failed_append_later_ones_with_that_token_are_refused(
+        self, store: SqlEventStore, ids: Any
+    ) -> None:
+        # A failed write followed by a successful later one would leave a gap
+        # in the turn's seqs: the owner's later appends are refused instead.
+        t, other = ids("t"), ids("other")
+        token = await start(store, t)
+        other_token = await start(store, other)
+        await store.append([ev(t, 2)], fencing=token)
+        # Queued together, one group commit: seq 2 is taken, so seq 3 must not land.
+        taken = store.append_nowait([ev(t, 2, who="late")], fencing=token)
+        after = store.append_nowait([ev(t, 3)], fencing=token)
+        bystander = store.append_nowait([ev(other, 2)], fencing=other_token)
+        results = await asyncio.gather(taken, after, bystander, return_exceptions=True)
+        assert isinstance(results[0], ConcurrencyError)
+        assert isinstance(results[1], LeaseLost)
+        assert results[2] is None  # other turns are not affected
+        with pytest.raises(LeaseLost):  # nor any later batch
+            await store.append([ev(t, 3)], fencing=token)
+        assert [e.seq for e in await store.read(t)] == [1, 2]
+        # A new owner (a new token) continues after what is durable.
+        await store.release_turn(t, "w1")
+        new = await store.claim_turn(t, "w2", lease_seconds=30)
+        assert new is not None and new != token
+        await store.append([ev(t, 3)], fencing=new)
+        assert [e.seq for e in await store.read(t)] == [1, 2, 3]
+
     async def test_fencing_on_unknown_turn_is_lease_lost(self, store: SqlEventStore, ids: Any) -> None:
         with pytest.raises(LeaseLost):
             await store.append([ev(ids("nobody"), 1)], fencing=1)

@@ -219,6 +219,11 @@ class SqlEventStore:
         self._sync_conn: Connection | None = None  # used only in the executor thread
         self._async_conn: AsyncConnection | None = None
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # (turn_id, fencing) of appends that failed: later appends with the same
+        # token are refused, so a failed write can never leave a gap in a
+        # turn's seqs behind a later successful one. The owner stops (LeaseLost)
+        # and the turn is resumed under a new token, after the durable events.
+        self._poisoned: set[tuple[str, int]] = set()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
         #: Group-commit counters: committed transactions, requests and events.
@@ -551,6 +556,10 @@ class SqlEventStore:
                 await self._async_conn.close()
                 self._async_conn = None
 
+    def _poison(self, req: Any) -> None:
+        if req.fencing is not None:
+            self._poisoned.add((req.turn_id, req.fencing))
+
     async def _commit(self, batch: list[Any]) -> None:
         """Write one batch in one transaction and resolve its futures."""
         try:
@@ -565,6 +574,8 @@ class SqlEventStore:
         except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
             log.exception("event store: group commit of %d requests failed", len(batch))
             for item in batch:
+                if type(item) is _Append:
+                    self._poison(item)
                 if not item.future.done():
                     item.future.set_exception(exc)
             return
@@ -678,6 +689,8 @@ class SqlEventStore:
                             f"(current: {current.get(req.turn_id)})"
                         ),
                     )
+                elif (req.turn_id, req.fencing) in self._poisoned:
+                    results[i] = (False, _after_failure(req))
                 else:
                     live.append(i)
         else:
@@ -714,6 +727,9 @@ class SqlEventStore:
 
         for i in live:
             req = batch[i]
+            if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
+                results[i] = (False, _after_failure(req))
+                continue
             try:
                 with conn.begin_nested():
                     if req.rows:
@@ -724,6 +740,7 @@ class SqlEventStore:
                 error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
                 error.__cause__ = exc
                 results[i] = (False, error)
+                self._poison(req)
 
     def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """INSERT ``rows``; atomic if ``len(rows) <= _SQLITE_ROWS_PER_INSERT``
@@ -782,6 +799,13 @@ class SqlEventStore:
         else:  # pragma: no cover
             raise NotImplementedError(f"dialect {self._dialect}")
         return insert(table).on_conflict_do_nothing()
+
+
+def _after_failure(req: Any) -> LeaseLost:
+    return LeaseLost(
+        f"turn {req.turn_id}: an earlier append with fencing token {req.fencing} failed; "
+        "later ones are refused so that the log keeps no gap (resume the turn)"
+    )
 
 
 _RELEASE_TURN = (
