@@ -179,9 +179,9 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
 ) -> None:
     # A bug (or an unexpected error) in the direct SSE path runs inside the
     # actor's publish: it must neither reach the actor nor lose output.
-    from adapters.http import chat_routes
+    from adapters.http import direct_sse
 
-    real = chat_routes._DirectSSE.deliver
+    real = direct_sse.DirectSSE.deliver
     calls = {"n": 0}
 
     def flaky(self: Any, follower: Any, outs: list[Any]) -> None:
@@ -190,7 +190,7 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
             raise RuntimeError("injected failure in deliver")
         real(self, follower, outs)
 
-    monkeypatch.setattr(chat_routes._DirectSSE, "deliver", flaky)
+    monkeypatch.setattr(direct_sse.DirectSSE, "deliver", flaky)
     chunks = [f"d{i} " for i in range(30)]
     turn_id, _body = await stream_paced(service, chunks)
     assert calls["n"] >= 3, "the direct path was used"

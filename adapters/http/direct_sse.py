@@ -1,0 +1,113 @@
+"""Live SSE output written from the turn actor's publish (``engine.follow.DirectOutput``).
+
+Without it every streamed chunk wakes the handler's task (one event-loop hop
+and task switch per chunk); with 200 concurrent paced streams that hop was
+most of the added latency (bench ``concurrent_paced``: p50 3-4 ms -> ~1 ms).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from aiohttp import web
+
+from adapters.http.openai_format import ChunkRenderer
+
+
+class DirectSSE:
+    """``engine.follow.DirectOutput`` for an SSE response: live chunks are
+    rendered and written inside the actor's publish, not by this handler's task.
+
+    The first chunk of a burst (what one upstream read carried) is written at
+    once; the rest of the burst is collected and written in one piece by a
+    callback at the end of the loop's pass, so a fast stream still makes one
+    write per read, not one per chunk. ``StreamResponse.write`` only suspends
+    to wait for a backed-up socket (then ``ready`` is False); should it suspend
+    anyway, a task finishes it and later writes queue behind it.
+    """
+
+    def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
+        self.protocol = request.protocol
+        self.response = response
+        self.renderer: ChunkRenderer | None = None
+        self.pending: asyncio.Task[None] | None = None
+        self.failed: BaseException | None = None
+        self.burst: list[bytes] | None = None
+        self._loop = asyncio.get_running_loop()
+
+    def ready(self) -> bool:
+        return (
+            self.renderer is not None
+            and self.failed is None
+            and (self.pending is None or self.pending.done())
+            and self.protocol.transport is not None
+            and not self.protocol.writing_paused
+        )
+
+    def deliver(self, follower: Any, outs: list[Any]) -> None:
+        renderer = self.renderer
+        assert renderer is not None
+        renderer.view = follower.view
+        sent = renderer.last_sent
+        try:
+            data = renderer.render(outs)
+        except BaseException:
+            renderer.last_sent = sent  # nothing of it went out: the handler renders it again
+            raise
+        if not data:
+            return
+        if self.burst is not None:
+            self.burst.append(data)
+            return
+        self.burst = []
+        self._loop.call_soon(self._end_burst)
+        self._write(data)
+
+    def _end_burst(self) -> None:
+        burst, self.burst = self.burst, None
+        if burst:
+            self._write(b"".join(burst))
+
+    def _write(self, data: bytes) -> None:
+        if self.failed is not None:
+            return
+        if self.pending is not None and not self.pending.done():
+            self.pending = self._loop.create_task(_write_after(self.pending, self.response, data))
+            return
+        coro = self.response.write(data)
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+        except Exception as exc:  # the client went away: the handler's task raises it
+            self.failed = exc
+            return
+        self.pending = self._loop.create_task(_finish_write(coro, yielded))
+
+    async def settle(self) -> None:
+        """Before the handler's own write: everything direct is written first."""
+        if self.burst:
+            burst, self.burst = self.burst, None
+            self._write(b"".join(burst))
+        if self.pending is not None:
+            pending, self.pending = self.pending, None
+            await pending
+        if self.failed is not None:
+            failed, self.failed = self.failed, None
+            raise failed
+
+
+async def _finish_write(coro: Any, yielded: Any) -> None:
+    """Drive a coroutine that suspended on its first step (on a future) to its end."""
+    while True:
+        await asyncio.wait((yielded,))
+        try:
+            yielded = coro.send(None)
+        except StopIteration:
+            return
+
+
+async def _write_after(previous: asyncio.Task[None], response: web.StreamResponse, data: bytes) -> None:
+    await previous
+    await response.write(data)
