@@ -167,10 +167,12 @@ class ChatProvider(Protocol):
     Semantics (what a chunk means) live in ``engine.stream``; the adapter only
     frames SSE, decodes JSON and turns transport faults into ``UpstreamError``.
     The iterator ends normally only after ``[DONE]`` (or a finish reason followed
-    by a clean end of body); anything else raises ``UpstreamError``.
+    by a clean end of body); anything else raises ``UpstreamError``. It yields
+    the payloads of each network read as one list (never empty): the engine
+    then takes one async step per read, not per chunk.
     """
 
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]: ...
+    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]: ...
 
     async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
 

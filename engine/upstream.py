@@ -109,9 +109,7 @@ class LiveModelClient:
         else:
             normalizer = OllamaNormalizer(id_factory)
         body = build_body(resolved, request)
-        provider: Any = resolved.provider
-        batches = provider.stream_batches(body) if hasattr(provider, "stream_batches") else _one_by_one(provider.stream(body))
-        async with aclosing(batches) as reads:
+        async with aclosing(resolved.provider.stream_batches(body)) as reads:
             async for raws in reads:
                 events: list[ModelEvent] = []
                 for raw in raws:
@@ -125,8 +123,3 @@ class LiveModelClient:
         if tail:
             yield list(tail)
 
-
-async def _one_by_one(items: AsyncIterator[Any]) -> AsyncIterator[list[Any]]:
-    """A transport without ``stream_batches``: each payload its own read."""
-    async for item in items:
-        yield [item]

@@ -48,13 +48,13 @@ def raw_server(handler_server: Callable[..., Awaitable[str]]) -> Callable[[Handl
 
 
 async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
-    return [item async for item in provider.stream_chat(body)]
+    return [item async for item in provider.stream(body)]
 
 
 async def collect_error(provider: OpenAIChatProvider, body: dict = BODY) -> tuple[list, UpstreamError]:
     items: list = []
     with pytest.raises(UpstreamError) as info:
-        async for item in provider.stream_chat(body):
+        async for item in provider.stream(body):
             items.append(item)
     return items, info.value
 
@@ -422,7 +422,7 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAICha
     got: list[str] = []
 
     async def consume() -> None:
-        async for item in provider.stream_chat(BODY):
+        async for item in provider.stream(BODY):
             got.extend(contents([item]))
 
     task = asyncio.create_task(consume())

@@ -44,11 +44,12 @@ import json
 
 import orjson
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import aiohttp
 
-from engine.ports import RawWarning, UpstreamError
+from engine.ports import RawChunk, RawWarning, UpstreamError
 
 __all__ = ["HTTPProvider", "error_text_from_obj", "truncate"]
 
@@ -186,6 +187,18 @@ class HTTPProvider:
         return RawWarning(message=self._scrub(message), raw=self._scrub(truncate(raw, MAX_RAW)))
 
     # -- I/O -------------------------------------------------------------------
+
+    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+        """The streamed payloads of each network read, as one list (never
+        empty); each transport implements it."""
+        raise NotImplementedError
+
+    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
+        """``stream_batches``, one payload at a time."""
+        async with aclosing(self.stream_batches(body)) as batches:
+            async for batch in batches:
+                for item in batch:
+                    yield item
 
     async def _post_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[list[bytes]]:
         """POST ``payload`` and yield the body's lines, one list per network read.

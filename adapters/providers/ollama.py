@@ -95,13 +95,6 @@ class OllamaProvider(HTTPProvider):
         if not done:
             raise self._error("upstream_truncated", 'upstream stream ended without a "done": true object')
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """``stream_batches``, one object at a time."""
-        async with aclosing(self.stream_batches(body)) as batches:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` with ``stream: false`` and return Ollama's single reply object."""
         payload = dict(body)

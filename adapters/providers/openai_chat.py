@@ -54,7 +54,7 @@ class OpenAIChatProvider(HTTPProvider):
     async def __aenter__(self) -> OpenAIChatProvider:
         return self
 
-    async def stream_chat_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
         """POST a streaming request and yield the ``data:`` payloads of each
         network read as one list (never empty).
 
@@ -111,16 +111,6 @@ class OpenAIChatProvider(HTTPProvider):
                 "upstream_truncated",
                 "upstream stream ended without a finish reason or [DONE]",
             )
-
-    async def stream_chat(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """``stream_chat_batches``, one payload at a time."""
-        async with aclosing(self.stream_chat_batches(body)) as batches:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-
-    stream = stream_chat  # the transport-neutral names (``api`` says which protocol)
-    stream_batches = stream_chat_batches
 
     async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST a non-streaming request and return the ``chat.completion`` dict."""

@@ -120,13 +120,6 @@ class OpenAIResponsesProvider(HTTPProvider):
             "upstream stream ended without response.completed, response.incomplete or response.failed",
         )
 
-    async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
-        """``stream_batches``, one event at a time."""
-        async with aclosing(self.stream_batches(body)) as batches:
-            async for batch in batches:
-                for item in batch:
-                    yield item
-
     async def complete(self, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` with ``stream: false`` and return the Response object."""
         payload = dict(body)
