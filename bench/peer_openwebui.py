@@ -504,10 +504,7 @@ def _concurrent(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], lis
                 http_json("POST", ctx.up_root + "/bench/release", {})
             except (OSError, ValueError):
                 pass
-        ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
-        if res.get("error"):
-            ph["agg"]["client_error"] = res["error"]
-        out[who] = ph
+        out[who] = sc.last_phase(res)
         cpu[who] = meter.spent.get(who, float("nan"))
         time.sleep(1.0)
 

@@ -260,6 +260,14 @@ def interleaved_long_answers(
     return by, rates
 
 
+def last_phase(res: dict[str, Any]) -> dict[str, Any]:
+    """The measured (last) phase of a client result, with the client's error if any."""
+    ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
+    if res.get("error"):
+        ph["agg"]["client_error"] = res["error"]
+    return ph
+
+
 def long_answer(ctx: Ctx) -> dict[str, Any]:
     """Scenario 1 (and 9): a 20,000-chunk answer through the floor and through turnlog."""
     n = 20_000
@@ -451,10 +459,7 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
         finally:
             if prof:
                 prof.__exit__(None, None, None)
-        ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
-        if res.get("error"):
-            ph["agg"]["client_error"] = res["error"]
-        out[name] = ph
+        out[name] = last_phase(res)
         cpu[name] = meter.spent.get(name, float("nan"))
         time.sleep(1.0)
     nan = float("nan")
