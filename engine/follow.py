@@ -192,9 +192,10 @@ async def follow(
                     if sub.closed:
                         break
                     sub.reset()
-                    follower, outs = await _resync(store, follower, turn_id)
+                    outs, state.undelivered = state.undelivered, []
+                    follower, resynced = await _resync(store, follower, turn_id)
                     state.follower = follower
-                    yield follower, outs
+                    yield follower, outs + resynced
                     continue
                 messages = [message, *sub.drain()]
             outs, state.undelivered = state.undelivered, []
