@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
+from engine.settings import EngineSettings
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -85,6 +86,19 @@ class Settings(BaseSettings):
             if value in ("0", "false", "no"):
                 return "off"
         return value
+
+    def engine(self) -> EngineSettings:
+        """The engine's settings: the one object the supervisor and every turn share."""
+        return EngineSettings(
+            lease_seconds=self.lease_seconds,
+            auto_resume=self.auto_resume,
+            flush_interval=self.flush_interval,
+            flush_max_chunks=self.flush_max_chunks,
+            max_tool_call_iterations=self.max_tool_call_iterations,
+            tool_timeout=self.tool_timeout,
+            direct_tool_timeout=self.direct_tool_timeout,
+            responses_stateful=self.responses_stateful,
+        )
 
     def auth_enabled(self) -> bool:
         if self.auth is not None:

@@ -6,7 +6,7 @@ from typing import Any
 
 from engine.convert import convert_output_to_messages, for_model
 from engine.ports import EventStore, TurnRecord
-from engine.projection import TurnView, fold
+from engine.fold.turn_view import TurnView, fold
 
 
 def assistant_message(view: TurnView) -> dict[str, Any] | None:

@@ -7,12 +7,18 @@ sees, never a hung turn.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from engine.tools import ToolContext, ToolSpec
 
-if TYPE_CHECKING:
-    from engine.turn import TurnActor
+
+class ClientChannel(Protocol):
+    """A turn's way to the WebSocket clients that run its direct tools."""
+
+    async def ask(self, call_id: str, name: str, arguments: dict[str, Any], timeout: float) -> Any:
+        """Send ``execute:tool`` and wait for the client's result (an error dict
+        when no client is connected or none answers in time)."""
+        ...
 
 
 def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
@@ -35,10 +41,12 @@ def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
 
 
 class DirectToolHandle:
-    def __init__(self, spec: ToolSpec, actor: TurnActor, timeout: float) -> None:
+    """A ``ToolHandle`` whose call is answered by the client."""
+
+    def __init__(self, spec: ToolSpec, channel: ClientChannel, timeout: float) -> None:
         self.spec = spec
-        self._actor = actor
+        self._channel = channel
         self._timeout = timeout
 
     async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
-        return await self._actor.ask_client(ctx.call_id or "", self.spec.name, args, self._timeout)
+        return await self._channel.ask(ctx.call_id or "", self.spec.name, args, self._timeout)

@@ -18,6 +18,7 @@ A timeout is the engine's business (it wraps the call in ``asyncio.timeout``);
 from __future__ import annotations
 
 import ast
+import asyncio
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -629,3 +630,18 @@ async def execute_tool_call(
         text = json.dumps({"error": error}, indent=2, ensure_ascii=False)
         return Execution(args, arguments_json, error_result(text), error)
     return Execution(args, arguments_json, result)
+
+
+class LiveToolRunner:
+    """``engine.ports.ToolRunner`` that runs the tool here, within its timeout."""
+
+    async def run(
+        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
+    ) -> tuple[ToolResult, str | None]:
+        try:
+            async with asyncio.timeout(timeout):
+                execution = await execute_tool_call(name, args, {name: handle}, ctx)
+        except TimeoutError:
+            result = timeout_result(name, timeout)
+            return result, result.text
+        return execution.result, execution.error

@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from engine.events import Event
-from engine.projection import fold
+from engine.fold.turn_view import fold
 from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream

@@ -9,7 +9,7 @@ import pytest
 
 from engine.events import Event, ModelDelta, TurnStarted, delta_event, make_event
 from engine.machine import STATES, TRANSITIONS, IllegalTransition, TurnMachine
-from engine.projection import TurnView, fold
+from engine.fold.turn_view import TurnView, fold
 from tests.harness import Service
 from tests.upstream import Reply
 
@@ -115,7 +115,7 @@ async def test_replay_of_every_prefix_is_consistent(service: Service) -> None:
 
 
 async def test_subscription_get_times_out_and_wakes() -> None:
-    from engine.live import InProcessBus
+    from engine.run.live import InProcessBus
 
     bus = InProcessBus(limit=3)
     sub = bus.subscribe("t1")

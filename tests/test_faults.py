@@ -130,7 +130,7 @@ async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_
     # interrupted and resumed from what is durable, and completes.
     import asyncpg
 
-    from engine.projection import fold
+    from engine.fold.turn_view import fold
     from tests.harness import make_settings, start_service, stop_service
 
     service = await start_service(make_settings(tmp_path, upstream.url, database_url=pg_url), upstream)

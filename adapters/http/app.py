@@ -26,15 +26,15 @@ from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.store import open_store
 from adapters.store.migrate import migrate
-from engine.live import InProcessBus
 from adapters.tools.catalog import DirToolCatalog
-from engine.ports import ChatProvider, NoTools, ToolCatalog
-from engine.supervisor import Supervisor, SupervisorConfig
+from engine.ports import ChatProvider, CodeExecutor, NoTools, ToolCatalog
+from engine.run.live import InProcessBus
+from engine.run.supervisor import Supervisor
 
 log = logging.getLogger("turnlog")
 
 
-def create_app(settings: Settings, *, code_executor: Any = None) -> web.Application:
+def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
     loop (until the sandbox executor exists, tests pass a double at this port)."""
     holder: dict[str, Services] = {}
@@ -61,31 +61,29 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
         catalog = Catalog(settings, providers)
         tools: ToolCatalog = DirToolCatalog(settings.tools_dir) if settings.tools_dir else NoTools()
         bus = InProcessBus()
-        supervisor = Supervisor(
-            store=store,
-            bus=bus,
-            models=catalog,
-            tools=tools,
-            code_executor=code_executor,
-            config=SupervisorConfig(
-                lease_seconds=settings.lease_seconds,
-                auto_resume=settings.auto_resume,
-                flush_interval=settings.flush_interval,
-                flush_max_chunks=settings.flush_max_chunks,
-                max_tool_call_iterations=settings.max_tool_call_iterations,
-                tool_timeout=settings.tool_timeout,
-                direct_tool_timeout=settings.direct_tool_timeout,
-                responses_stateful=settings.responses_stateful,
-            ),
-        )
         signals: PgSignals | None = None
+        owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
         if make_url(settings.database_url).get_backend_name() == "postgresql":
             # Several processes may share this database: wake each other's
             # subscribers and route cancels to a turn's owner.
-            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=supervisor.cancel_requested_elsewhere)
+            def cancel_here(turn_id: str, by: str) -> None:
+                for owner in owners:
+                    owner.cancel_requested_elsewhere(turn_id, by)
+
+            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here)
             await signals.start()
             bus.on_committed = signals.appended
-            supervisor.remote_cancel = signals.request_cancel
+        supervisor = Supervisor(
+            store=store,
+            blobs=store,
+            bus=bus,
+            models=catalog,
+            settings=settings.engine(),
+            tools=tools,
+            code=code_executor,
+            remote=signals,
+        )
+        owners.append(supervisor)
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
         holder["services"] = svc
         app[SERVICES] = svc
@@ -97,7 +95,7 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
             if signals is not None:
                 await signals.close()
             for provider in providers.values():
-                await provider.close()  # type: ignore[attr-defined]
+                await provider.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -13,9 +13,9 @@ from adapters.http.direct_sse import DirectSSE
 from adapters.http.errors import ApiError, error_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
-from engine.follow import follow
-from engine.projection import fold
-from engine.turn import TurnActor
+from engine.fold.turn_view import fold
+from engine.run.actor import TurnActor
+from engine.run.follow import follow
 
 KEEPALIVE = b": keep-alive\n\n"
 log = logging.getLogger("turnlog.http")
@@ -83,7 +83,7 @@ async def stream_turn(
     direct = DirectSSE(request, response)
     idle = 0
     try:
-        async for follower, outs in follow(svc.store, svc.supervisor.subscribe, turn_id, direct=direct):
+        async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
             if renderer is None:
                 renderer = direct.renderer = ChunkRenderer(follower.view, after=after, include_usage=include_usage)
             await direct.settle()  # a direct write still in flight goes first

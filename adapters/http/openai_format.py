@@ -13,8 +13,8 @@ from typing import Any
 
 import orjson
 
-from engine.follow import EventOut, Out
-from engine.projection import ChunkOut, TurnView
+from engine.fold.turn_view import ChunkOut, TurnView
+from engine.run.follow import EventOut, Out
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.

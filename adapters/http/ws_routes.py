@@ -22,8 +22,8 @@ from adapters.http.errors import ApiError
 from adapters.http.chat_routes import start_turn
 from adapters.http.schemas import parse_chat_request
 from engine.events import TERMINAL_TYPES, Event
-from engine.live import WAKE, LiveDelta, LiveEvent, LiveRequest
-from engine.supervisor import TurnConflict
+from engine.ports import WAKE, LiveDelta, LiveEvent, LiveRequest
+from engine.run.supervisor import TurnConflict
 
 log = logging.getLogger("turnlog.ws")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -121,7 +121,8 @@ class Connection:
 
     async def pump(self, turn_id: str, after: int) -> None:
         store = self.svc.store
-        sub, _window, history = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
+        joined = self.svc.supervisor.join(turn_id, runs_tools=True)
+        sub, history = joined.subscription, joined.history
         last = after
 
         async def send_events(events: list[Event]) -> bool:

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.events import Event
-from engine.live import WAKE, LiveDelta, LiveEvent
-from engine.projection import ChunkOut, TurnView
+from engine.fold.turn_view import ChunkOut, TurnView
+from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage
+from engine.run.live import Joined
 from engine.stream import Piece
 
 
@@ -148,8 +149,8 @@ class DirectOutput(Protocol):
 
 
 async def follow(
-    store: Any,
-    subscribe: Any,
+    store: EventStore,
+    join: Callable[[str], Joined],
     turn_id: str,
     *,
     poll_seconds: float = POLL_SECONDS,
@@ -157,9 +158,9 @@ async def follow(
 ) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
     """Catch up from the log, then tail the turn live until it ends.
 
-    ``subscribe(turn_id)`` returns ``(subscription, open_window, history)`` taken
-    together; ``history`` (the committed events, when the live actor still holds
-    them all) saves the first read of the log.
+    ``join(turn_id)`` returns the subscription, the actor's open window and
+    the history taken together; ``history`` (the committed events, when the
+    live actor still holds them all) saves the first read of the log.
     The log stays the source of truth: a lagged subscription, an out-of-order
     event or a quiet second (a turn owned elsewhere, or interrupted) each lead to
     a re-read of the log after the follower's last seq, so a missed live message
@@ -173,7 +174,8 @@ async def follow(
     hop sooner. Events (and anything while ``direct`` is not ready) take the
     normal path.
     """
-    sub, window, history = subscribe(turn_id)
+    joined = join(turn_id)
+    sub, window, history = joined.subscription, joined.window, joined.history
     state = _Direct()
     if direct is not None:
         sub.sink = functools.partial(_sink, direct, state)
@@ -235,7 +237,7 @@ class _Direct:
     undelivered: list[Out] = field(default_factory=list)  # folded, not sent: the generator yields them
 
 
-def _sink(direct: DirectOutput, state: _Direct, message: Any) -> bool:
+def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
     """``Subscription.sink`` of a follower with a direct output."""
     follower = state.follower
     if not state.live or state.broken or state.off or follower is None or not isinstance(message, LiveDelta):
@@ -270,7 +272,7 @@ def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
     return outs
 
 
-async def _resync(store: Any, follower: TurnFollower, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+async def _resync(store: EventStore, follower: TurnFollower, turn_id: str) -> tuple[TurnFollower, list[Out]]:
     """Re-read the log after the follower; rebuild it if live text was lost."""
     events = await store.read(turn_id, after=follower.last_seq)
     try:

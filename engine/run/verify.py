@@ -28,12 +28,12 @@ from engine.events import (
     AssemblyCompleted,
     AssemblyStep,
     Event,
+    EventData,
     TurnCancelled,
     TurnCancelRequested,
     TurnInterrupted,
     make_event,
 )
-from engine.live import InProcessBus
 from engine.model_events import (
     Finished,
     ModelEvent,
@@ -44,11 +44,23 @@ from engine.model_events import (
     TextDelta,
     ToolCall,
 )
-from engine.ports import EventStore, ResolvedModel, TurnRecord, UpstreamError
-from engine.projection import TurnView, fold
-from engine.tools import ToolContext, ToolResult, ToolSpec
-from engine.turn import EngineConfig, TurnActor
-from engine.upstream import ModelRequest
+from engine.ports import (
+    EventStore,
+    IdFactory,
+    InlinePayloads,
+    ModelApi,
+    ModelRequest,
+    ResolvedModel,
+    TurnInput,
+    TurnRecord,
+    UpstreamError,
+)
+from engine.run.actor import TurnActor
+from engine.run.context import TurnPorts
+from engine.run.live import InProcessBus
+from engine.run.supervisor import Folded
+from engine.settings import EngineSettings
+from engine.tools import ToolContext, ToolHandle, ToolResult, ToolSpec
 
 EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
 IGNORED_FIELDS = {"turn.resumed": ("owner", "from_seq"), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
@@ -148,9 +160,7 @@ class RecordedModelClient:
     def __init__(self, script: _Script) -> None:
         self.script = script
 
-    async def stream(
-        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
-    ) -> AsyncIterator[list[ModelEvent]]:
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncIterator[list[ModelEvent]]:
         """One recorded event's worth of model events per batch (a ``model.delta``
         window's chunks together, as a read would have carried them)."""
         script = self.script
@@ -205,7 +215,7 @@ class RecordedToolRunner:
         self._stopped: set[str] = set()
 
     async def run(
-        self, name: str, args: dict[str, Any], handle: Any, ctx: ToolContext, timeout: float
+        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
     ) -> tuple[ToolResult, str | None]:
         for emitted in self.script.tool_events.get(ctx.call_id or "", []):
             if ctx.emit is not None:
@@ -228,9 +238,9 @@ class RecordedToolRunner:
             self._stopped.add(call_id)
             self.script.on_external(stop)
             await asyncio.Event().wait()
-        if recorded is None:
+        while recorded is None:  # the log ends while this tool ran: it never answers
             await asyncio.Event().wait()
-        d = recorded.data  # type: ignore[union-attr]
+        d = recorded.data
         result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
         return result, d.get("error")
 
@@ -255,6 +265,18 @@ class RecordedCodeRunner:
         return self.outputs.pop(0)
 
 
+class _RecordedAssembler:
+    """The assembly the log shows: its steps, then ``assembly.completed``."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    async def assemble(self, turn: TurnInput) -> list[EventData]:
+        steps: list[EventData] = [AssemblyStep.model_validate(e.data) for e in self.events if e.type == "assembly.step"]
+        completed = [AssemblyCompleted.model_validate(e.data) for e in self.events if e.type == "assembly.completed"]
+        return [*steps, *completed[:1]]
+
+
 class _RecordedHandle:
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
@@ -263,10 +285,10 @@ class _RecordedHandle:
         raise RuntimeError("verify never runs tools")
 
 
-def _recorded_handles(events: list[Event]) -> dict[str, Any]:
+def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
     """Handles for the tools that had one live: their specs keep exactly the keys
     the live filtering kept, so filtering again gives the same arguments."""
-    handles: dict[str, Any] = {}
+    handles: dict[str, ToolHandle] = {}
     for event in events:
         if event.type != "tool.started":
             continue
@@ -286,12 +308,14 @@ def _recorded_handles(events: list[Event]) -> dict[str, Any]:
 
 
 class _RecordedModels:
+    """Every model resolves, to the API the log shows it used, with no upstream."""
+
     def __init__(self, events: list[Event]) -> None:
-        apis = [e.data.get("api", "chat") for e in events if e.type == "model.requested"]
-        self.api = apis[0] if apis else "chat"
+        apis: list[ModelApi] = [e.data.get("api", "chat") for e in events if e.type == "model.requested"]
+        self.api: ModelApi = apis[0] if apis else "chat"
 
     async def resolve(self, model: str) -> ResolvedModel | None:
-        return ResolvedModel(provider=None, upstream_model=model, api=self.api)  # type: ignore[arg-type]
+        return ResolvedModel(provider=None, upstream_model=model, api=self.api)
 
     async def list_models(self) -> list[dict[str, Any]]:
         return []
@@ -315,8 +339,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         e.type == "model.fallback" for e in events
     )
     limit = max([e.data["limit"] for e in events if e.type == "turn.iteration_limit"] or [256])
-    engine_config = EngineConfig(
-        owner="verify",
+    settings = EngineSettings(
         lease_seconds=3600,
         flush_interval=3600,
         flush_max_chunks=1 << 30,
@@ -330,29 +353,22 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     )
     fencing = await scratch.start_turn(record, [started], lease_seconds=3600)
     bus = InProcessBus()
-    models = _RecordedModels(events)
-    assembly = next((e for e in events if e.type == "assembly.completed"), None)
-    handles = _recorded_handles(events)
-    tool_runner = RecordedToolRunner(script)
-    code_runner = RecordedCodeRunner(events)
+    ports = TurnPorts(
+        models=_RecordedModels(events),
+        model_client=RecordedModelClient(script),
+        assembler=_RecordedAssembler(events),
+        tools=_recorded_handles(events),
+        tool_runner=RecordedToolRunner(script),
+        code=RecordedCodeRunner(events),
+        payloads=InlinePayloads(),
+    )
 
-    async def recorded_assembly(_actor: TurnActor) -> list[Any]:
-        assert assembly is not None
-        steps = [AssemblyStep.model_validate(e.data) for e in events if e.type == "assembly.step"]
-        return [*steps, AssemblyCompleted.model_validate(assembly.data)]
+    def make_actor(folded: Folded, token: int) -> TurnActor:
+        return TurnActor(
+            view=folded.view, state=folded.state, fencing=token, store=scratch, bus=bus, ports=ports, settings=settings, owner="verify"
+        )
 
-    def make_actor(view: TurnView, token: int) -> TurnActor:
-        actor = TurnActor(view=view, fencing=token, store=scratch, bus=bus, models=models, config=engine_config,
-                          model_client=RecordedModelClient(script))
-        actor.tool_runner = tool_runner
-        actor.code_runner = code_runner
-        actor.assembler = recorded_assembly
-        actor.tool_handles = handles
-        return actor
-
-    view = TurnView(turn_id, enforce=True)
-    view.apply(started)
-    actor = make_actor(view, fencing)
+    actor = make_actor(Folded.of(turn_id, [started]), fencing)
     external: asyncio.Queue[Event] = asyncio.Queue()
     script.on_external = external.put_nowait
     actor.start()
@@ -369,23 +385,16 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
             await actor.cancel(event.data.get("by"))
             break
         # A crash: stop the actor as the dead process stopped (its open window is
-        # durable in the log, so flush it), then do what the log shows came next.
-        actor._flush()
-        while actor._inflight:
-            await actor._inflight[0]
-        assert actor.task is not None
-        actor.task.cancel()
-        try:
-            await actor.task
-        except asyncio.CancelledError:
-            pass
-        current = fold(turn_id, await scratch.read(turn_id), enforce=True)
+        # durable in the log, so it is kept), then do what the log shows came next.
+        await actor.halt()
+        current = Folded.of(turn_id, await scratch.read(turn_id))
         token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or fencing
         follow_up = [e for e in events if e.seq > event.seq and e.type in ("turn.resumed", "turn.cancel_requested")]
-        for data in [TurnInterrupted(last_owner="verify")] + (
-            [TurnCancelRequested(), TurnCancelled()] if follow_up and follow_up[0].type == "turn.cancel_requested" else []
-        ):
-            appended = make_event(turn_id, current.last_seq + 1, data)
+        next_events: list[EventData] = [TurnInterrupted(last_owner="verify")]
+        if follow_up and follow_up[0].type == "turn.cancel_requested":
+            next_events += [TurnCancelRequested(), TurnCancelled()]
+        for data in next_events:
+            appended = make_event(turn_id, current.view.last_seq + 1, data)
             await scratch.append([appended], fencing=token)
             current.apply(appended)
         if not follow_up or follow_up[0].type != "turn.resumed":

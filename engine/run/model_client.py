@@ -4,46 +4,23 @@ The transcript of a turn is kept as Chat Completions messages. For each call
 this module builds the wire body of the model's API (Chat Completions, Responses
 API, Ollama), streams it through the provider's transport and folds what comes
 back with the protocol's pure normalizer. The turn actor sees only
-``engine.model_events``; ``verify`` swaps this client for one that replays the
-recorded events.
+``engine.model_events``; ``verify`` uses another ``engine.ports.ModelClient``
+that replays the recorded events.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import aclosing
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from engine.convert import ollama_messages, responses_body, to_responses_input
 from engine.model_events import ModelEvent, StreamWarning
 from engine.normalize import ChatNormalizer, OllamaNormalizer, ResponsesNormalizer
-from engine.ports import RawWarning, ResolvedModel
+from engine.ports import IdFactory, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 
 # Parameters an Ollama request takes at the top level; the rest go to ``options``.
 OLLAMA_TOP_LEVEL = frozenset({"tools", "format", "keep_alive", "think"})
-
-
-@dataclass(frozen=True)
-class ModelRequest:
-    """One model call of a turn."""
-
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
-    prefill: str | None = None
-    # Stateful Responses API continuation: only ``input_items`` are sent.
-    previous_response_id: str | None = None
-    input_items: list[dict[str, Any]] = field(default_factory=list)
-
-
-class ModelClient(Protocol):
-    def stream(
-        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
-    ) -> AsyncIterator[list[ModelEvent]]:
-        """The response's events, in order, a list per network read (never empty):
-        a fast stream's reads carry hundreds of chunks, and the consumer then
-        pays one async step per read instead of one per chunk."""
-        ...
 
 
 def chat_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
@@ -97,9 +74,9 @@ def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]
 class LiveModelClient:
     """Calls the real upstream through the resolved provider's transport."""
 
-    async def stream(
-        self, resolved: ResolvedModel, request: ModelRequest, id_factory: Callable[[str], str]
-    ) -> AsyncIterator[list[ModelEvent]]:
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncIterator[list[ModelEvent]]:
+        if resolved.provider is None:
+            raise UpstreamError(f"model {resolved.upstream_model!r} has no upstream", "model_not_found")
         api = resolved.api
         normalizer: ChatNormalizer | ResponsesNormalizer | OllamaNormalizer
         if api == "chat":

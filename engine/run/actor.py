@@ -1,9 +1,8 @@
 """The turn actor: one asyncio task per running turn.
 
-A run is an explicit sequence of nodes chosen from the folded state
-(assemble → request the model → stream → finalize → complete); every node's
-effect is an appended event, and the next node is chosen from the view again, so
-a resumed turn picks up exactly where its log ends.
+It runs the turn's nodes (``engine.run.nodes``) from wherever the log ends and
+is their ``TurnContext``: it appends what they record, folds it into the view
+and the loop state, and publishes it to live subscribers.
 
 Durability rules:
 * state events are durable before the engine acts on them (``record`` awaits the
@@ -21,66 +20,41 @@ import asyncio
 import functools
 import logging
 from collections import deque
-from dataclasses import dataclass
-from typing import Any
 
 from engine.events import (
-    TERMINAL_TYPES,
     Event,
     EventData,
     TurnCancelled,
     TurnCancelRequested,
-    TurnCompleted,
     TurnFailed,
     TurnResumed,
     delta_event,
     make_event,
 )
-from engine.live import LiveDelta, LiveEvent, LiveRequest
-from engine.ports import (
-    ConcurrencyError,
-    EventStore,
-    IndexUpdate,
-    LeaseLost,
-    LiveBus,
-    ModelCatalog,
-    NoCodeExecutor,
-)
-from engine.projection import TurnView
-from engine.upstream import LiveModelClient, ModelClient
+from engine.fold.turn_view import TurnView
+from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
+from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveEvent
+from engine.run.context import END, End, TurnPorts
+from engine.run.loop_state import LoopState
+from engine.run.nodes import entry_node
+from engine.settings import EngineSettings
 
 log = logging.getLogger("turnlog.turn")
 
-STATUS_EVENTS = {
-    "turn.completed": "completed",
-    "turn.cancelled": "cancelled",
-    "turn.failed": "failed",
-    "turn.interrupted": "interrupted",
-    "turn.resumed": "running",
-}
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    owner: str
-    lease_seconds: float = 10.0
-    flush_interval: float = 0.05
-    flush_max_chunks: int = 512
-    max_inflight_flushes: int = 4
-    max_tool_call_iterations: int = 256
-    tool_timeout: float = 60.0
-    direct_tool_timeout: float = 60.0
-    responses_stateful: bool = False
-    # Event payload strings above this size are stored as blobs and referenced.
-    inline_limit: int = 64 * 1024
+# Events a live actor keeps for followers that join early (see TurnActor.history).
+HISTORY_LIMIT = 16
 
 
 class TurnLost(Exception):
     """This actor may no longer write the turn (lease lost, or a log conflict)."""
 
 
-# Events a live actor keeps for followers that join early (see TurnActor.history).
-HISTORY_LIMIT = 16
+def index_update(event: Event, view: TurnView) -> IndexUpdate | None:
+    """What an event changes in the turn's index row (status, and the final view)."""
+    status = STATUS_AFTER.get(event.type)
+    if status is None:
+        return None
+    return IndexUpdate(status=status, view=view.public() if status in TERMINAL_STATUSES else None)
 
 
 class TurnActor:
@@ -88,33 +62,23 @@ class TurnActor:
         self,
         *,
         view: TurnView,
+        state: LoopState,
         fencing: int,
         store: EventStore,
         bus: LiveBus,
-        models: ModelCatalog,
-        config: EngineConfig,
-        tool_handles: dict[str, Any] | None = None,
-        model_client: ModelClient | None = None,
-        blobs: Any = None,
+        ports: TurnPorts,
+        settings: EngineSettings,
+        owner: str,
         history: list[Event] | None = None,
     ) -> None:
-        self.view = view
-        self.tool_handles: dict[str, Any] = dict(tool_handles or {})
-        self.model_client: ModelClient = model_client or LiveModelClient()
-        # Side-effect ports of the nodes; ``verify`` replaces them with recorded results.
-        from engine import loop
-
-        self.tool_runner: Any = loop.LiveToolRunner()
-        self.code_runner: Any = NoCodeExecutor()
-        self.assembler: Any = loop.live_assembly
-        self.blobs = blobs
-        self._client_waits: dict[str, asyncio.Future[Any]] = {}
-        self.turn_id = view.id
+        self._view = view
+        self._state = state
+        self._ports = ports
+        self._settings = settings
+        self.owner = owner
         self.fencing = fencing
         self.store = store
         self.bus = bus
-        self.models = models
-        self.config = config
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
         # Delta batch (group commit window).
@@ -136,9 +100,32 @@ class TurnActor:
         ):
             self._history = None
         self._cancel_by: str | None = None
+        self._halting = False
         self._cancel_done: asyncio.Future[None] = self._loop.create_future()
         self.done: asyncio.Future[None] = self._loop.create_future()
         self._lost = False
+
+    # -- the TurnContext the nodes see ----------------------------------------------
+
+    @property
+    def turn_id(self) -> str:
+        return self._view.id
+
+    @property
+    def view(self) -> TurnView:
+        return self._view
+
+    @property
+    def state(self) -> LoopState:
+        return self._state
+
+    @property
+    def ports(self) -> TurnPorts:
+        return self._ports
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self._settings
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -153,6 +140,18 @@ class TurnActor:
             self._cancel_by = by or "client"
             self.task.cancel()
         await asyncio.shield(self._cancel_done)
+
+    async def halt(self) -> None:
+        """Stop writing, as a process that dies right now would, except that the
+        open delta window is made durable first. (``verify`` replays a crash the
+        log shows with it: the window the log has is the one that survived.)"""
+        self._flush()
+        while self._inflight:
+            await asyncio.wait((self._inflight[0],))
+        self._halting = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.wait((self.task,))
 
     def history(self) -> list[Event] | None:
         """The committed (and published) events so far, or None once there are
@@ -175,25 +174,23 @@ class TurnActor:
     async def _main(self, resume: bool) -> None:
         try:
             if resume:
+                view = self._view
                 await self.record(
-                    TurnResumed(
-                        from_seq=self.view.last_seq,
-                        from_pos=self.view.last_event_pos,
-                        epoch=self.view.epoch + 1,
-                        owner=self.config.owner,
-                    )
+                    TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner)
                 )
-            await self._drive()
+            node = entry_node(self._view, self._state)
+            while not isinstance(node, End):
+                node = await node.run(self)
         except asyncio.CancelledError:
-            if self._cancel_by is None:
-                raise  # shutdown: the turn stays running and is resumed later
+            if self._cancel_by is None or self._halting:
+                raise  # shutdown or halt: the turn stays running and is resumed later
             await asyncio.shield(self._save_cancelled())
         except TurnLost as exc:
             log.warning("turn %s: stopped writing: %s", self.turn_id, exc)
         except Exception as exc:  # a bug must still end the turn with a record
             log.exception("turn %s: internal error", self.turn_id)
             try:
-                await self.fail({"message": f"internal error: {exc}", "type": "internal_error"})
+                await self.fail(f"internal error: {exc}", "internal_error")
             except Exception:
                 log.exception("turn %s: could not record the failure", self.turn_id)
         finally:
@@ -207,106 +204,53 @@ class TurnActor:
         try:
             await self.record(TurnCancelRequested(by=self._cancel_by))
             await self.record(TurnCancelled())
-        except (TurnLost, Exception):
+        except Exception:
             log.exception("turn %s: could not save the cancellation", self.turn_id)
         finally:
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
 
-    # -- the nodes ----------------------------------------------------------------
-
-    async def _drive(self) -> None:
-        from engine import loop
-
-        v = self.view
-        while not v.machine.terminal:
-            state = v.state
-            if state == "assembling":
-                steps = [] if v.assembled else await loop.assemble_node(self)
-                await loop.call_model_node(self, resume=False, preceding=steps)
-            elif state == "streaming":
-                if v.model_open:
-                    await loop.call_model_node(self, resume=True)
-                else:
-                    await loop.after_model_node(self)
-            elif state == "executing_tools":
-                await loop.run_tools_node(self)
-            elif state == "reinjecting":
-                await loop.call_model_node(self, resume=False)
-            elif state in ("finalizing", "outlet", "background"):
-                await self.record(TurnCompleted())
-
-    async def fail(self, error: dict[str, Any]) -> None:
-        if self.view.machine.terminal or self._lost:
-            return
-        await self.record(TurnFailed(error={k: v for k, v in error.items() if v is not None}))
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None) -> End:
+        if not self._view.terminal and not self._lost:
+            error: dict[str, object] = {"message": message, "type": type}
+            if status is not None:
+                error["status"] = status
+            if code is not None:
+                error["code"] = code
+            await self.record(TurnFailed(error=error))
+        return END
 
     def writes_behind(self) -> bool:
-        """Whether ``backpressure`` would wait (checked per chunk, without a coroutine)."""
-        return len(self._inflight) > self.config.max_inflight_flushes
+        return len(self._inflight) > self._settings.max_inflight_flushes
 
-    async def backpressure(self) -> None:
-        """Let the writer catch up when delta batches pile up."""
+    async def catch_up(self) -> None:
         if self.writes_behind():
             oldest = self._inflight[0]
             await asyncio.wait((oldest,))
             if self._lost:
                 raise TurnLost("this actor lost the turn")
-            if not oldest.cancelled() and oldest.exception() is not None:
-                raise oldest.exception()  # type: ignore[misc]
-
-    async def externalize(self, payload: Any) -> Any:
-        """Large strings in a payload go to the blob store; the event keeps a reference."""
-        if self.blobs is None:
-            return payload
-        return await self.blobs.externalize(payload, limit=self.config.inline_limit)
-
-    # -- direct tools (run by the client over the WebSocket) -------------------------
-
-    async def ask_client(self, call_id: str, name: str, arguments: dict[str, Any], timeout: float) -> Any:
-        """Send ``execute:tool`` to the turn's WebSocket clients and wait for a result."""
-        if not self.bus.has_client(self.turn_id):  # type: ignore[attr-defined]
-            return {"error": f"no client is connected to run the direct tool {name}"}
-        future: asyncio.Future[Any] = self._loop.create_future()
-        self._client_waits[call_id] = future
-        self.bus.publish(
-            self.turn_id,
-            LiveRequest(
-                {"type": "execute:tool", "turn_id": self.turn_id, "call_id": call_id, "name": name, "arguments": arguments}
-            ),
-        )
-        try:
-            async with asyncio.timeout(timeout):
-                return await future
-        except TimeoutError:
-            return {"error": f"the client did not answer the direct tool {name} within {timeout:g} s"}
-        finally:
-            self._client_waits.pop(call_id, None)
-
-    def deliver(self, call_id: str, result: Any) -> bool:
-        future = self._client_waits.get(call_id)
-        if future is None or future.done():
-            return False
-        future.set_result(result)
-        return True
+            if not oldest.cancelled():
+                exc = oldest.exception()
+                if exc is not None:
+                    raise exc
 
     # -- deltas and group commit ---------------------------------------------------
 
-    def chunk(self, kind: str, text: str) -> None:
+    def delta(self, kind: str, text: str) -> None:
         """The per-token hot path: show the chunk now, write it with its window."""
         if self._batch and kind != self._batch_kind:
             self._flush()
-        v = self.view
+        v = self._view
         if not self._batch:
             self._batch_kind = kind
-            self._batch_pos = v.next_pos
+            self._batch_pos = v.pos.next
             self._batch_seq = v.last_seq + 1
-            self._timer = self._loop.call_later(self.config.flush_interval, self._flush)
-        pos = v.next_pos
+            self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
+        pos = v.pos.next
         pieces = v.feed_chunk(kind, text)
         self._batch.append(text)
         self.bus.publish(self.turn_id, LiveDelta(self._batch_seq, pos, kind, text, pieces))
-        if len(self._batch) >= self.config.flush_max_chunks:
+        if len(self._batch) >= self._settings.flush_max_chunks:
             self._flush()
 
     def _cancel_timer(self) -> None:
@@ -321,7 +265,7 @@ class TurnActor:
             return
         texts, self._batch = self._batch, []
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
-        self.view.apply(event, live_applied=True)
+        self._view.apply(event, live_applied=True)
         # No task per window: the store's future, and the bookkeeping in its
         # callback (a window is sealed ~20 times a second per streaming turn).
         future = self.store.append_nowait([event], fencing=self.fencing)
@@ -350,40 +294,22 @@ class TurnActor:
 
     # -- appending ------------------------------------------------------------------
 
-    async def record(self, data: EventData) -> Event:
-        """Append one event and wait until it is durable."""
-        if self._lost:
-            raise TurnLost("this actor lost the turn")
-        self._flush()
-        event = make_event(self.turn_id, self.view.last_seq + 1, data)
-        self.view.apply(event)  # raises IllegalTransition before anything is written
-        index = None
-        status = STATUS_EVENTS.get(event.type)
-        if status is not None:
-            index = IndexUpdate(
-                status=status,
-                view=self.view.public() if event.type in TERMINAL_TYPES else None,
-            )
-        await self._persist(event, index)
-        return event
-
-    async def record_many(self, datas: list[EventData]) -> list[Event]:
-        """Append several events in one commit (e.g. every ``tool.started`` of a batch)."""
+    async def record(self, *data: EventData) -> None:
+        """Append events in one commit and wait until they are durable. Each is
+        folded first: an event the state machine refuses raises before anything
+        is written."""
         if self._lost:
             raise TurnLost("this actor lost the turn")
         self._flush()
         events = []
-        for data in datas:
-            event = make_event(self.turn_id, self.view.last_seq + 1, data)
-            self.view.apply(event)
+        for item in data:
+            event = make_event(self.turn_id, self._view.last_seq + 1, item)
+            self._view.apply(event)
+            self._state.apply(event)
             events.append(event)
-        await self._persist_many(events)
-        return events
-
-    async def _persist(self, event: Event, index: IndexUpdate | None) -> None:
-        await self._persist_many([event], index)
-
-    async def _persist_many(self, events: list[Event], index: IndexUpdate | None = None) -> None:
+        index = None
+        for event in events:
+            index = index_update(event, self._view) or index
         try:
             await self.store.append(events, fencing=self.fencing, index=index)
         except (LeaseLost, ConcurrencyError) as exc:

@@ -15,44 +15,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
-from engine.stream import Piece
-
-
-@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
-class LiveDelta:
-    """One upstream chunk, shown live. ``seq`` is the durable event it will belong to.
-
-    ``kind``/``text`` are the raw chunk (what the durable ``model.delta`` will hold);
-    ``pieces`` are what the sender's accumulator made of it (for WebSocket clients).
-    """
-
-    seq: int
-    pos: int
-    kind: str
-    text: str
-    pieces: tuple[Piece, ...]
-
-
-@dataclass(slots=True)
-class LiveEvent:
-    event: Event
-
-
-class _Wake:
-    """Another process appended to the turn: re-read the log after your cursor."""
-
-    def __repr__(self) -> str:
-        return "WAKE"
-
-
-WAKE = _Wake()
+from engine.ports import WAKE, LiveDelta, LiveEvent, LiveMessage, Subscription as SubscriptionPort
 
 
 @dataclass(frozen=True)
-class LiveRequest:
-    """Something the turn asks of a client (e.g. ``execute:tool``)."""
+class Joined:
+    """What a new follower of a turn takes at once: its live subscription, the
+    chunks of the actor's open window and, while the actor still holds them, the
+    committed events so far (None: read the log)."""
 
-    payload: dict[str, Any]
+    subscription: SubscriptionPort
+    window: list[LiveDelta]
+    history: list[Event] | None
 
 
 class Subscription:
@@ -63,7 +37,7 @@ class Subscription:
         # A WebSocket client that can run direct tools (``execute:tool``).
         self.runs_tools = runs_tools
         self.turn_id = turn_id
-        self._items: deque[Any] = deque()
+        self._items: deque[LiveMessage] = deque()
         self._waiter: asyncio.Future[Any] | None = None
         self._limit = limit
         # Kept, not looked up per wait: get_running_loop() costs a getpid()
@@ -78,10 +52,10 @@ class Subscription:
         # ``get`` with nothing queued: returning True means it delivered the
         # message itself, so the reader is not woken for it (one event-loop
         # hop and one task switch less per streamed chunk).
-        self.sink: Callable[[Any], bool] | None = None
+        self.sink: Callable[[LiveMessage], bool] | None = None
         self._sunk = False
 
-    def put(self, message: Any) -> None:
+    def put(self, message: LiveMessage) -> None:
         if self.lagged:
             return
         sink = self.sink
@@ -100,7 +74,7 @@ class Subscription:
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
-    async def get(self, timeout: float | None = None) -> Any:
+    async def get(self, timeout: float | None = None) -> LiveMessage | None:
         """The next message, or None once the subscription is lagged or closed, or
         after ``timeout`` seconds without one.
 
@@ -132,7 +106,7 @@ class Subscription:
             if timer is not None:
                 timer.cancel()
 
-    def drain(self) -> list[Any]:
+    def drain(self) -> list[LiveMessage]:
         items = list(self._items)
         self._items.clear()
         return items
@@ -167,14 +141,14 @@ class InProcessBus:
         self._limit = limit
         # Called with the turn id after a committed event is published (the
         # PostgreSQL deployment tells the other processes).
-        self.on_committed: Any = None
+        self.on_committed: Callable[[str], None] | None = None
 
     def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> Subscription:
         sub = Subscription(self, turn_id, self._limit, runs_tools=runs_tools)
         self._subs.setdefault(turn_id, []).append(sub)
         return sub
 
-    def publish(self, turn_id: str, message: Any) -> None:
+    def publish(self, turn_id: str, message: LiveMessage) -> None:
         subs = self._subs.get(turn_id)
         if subs:
             for sub in subs:
