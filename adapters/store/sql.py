@@ -68,7 +68,7 @@ from adapters.store import postgres as _pg
 from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN
 from engine.blobs import blob_id as _blob_id
-from engine.events import Event
+from engine.events import Event, upcast
 from engine.ports import (
     ChatRecord,
     ConcurrencyError,
@@ -411,7 +411,7 @@ class SqlEventStore:
         rows = await self._fetch(stmt)
         construct = Event.model_construct
         return [
-            construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data))
+            upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
             for seq, type_, at, data in rows
         ]
 
