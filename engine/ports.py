@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from engine.events import Event, EventData
-from engine.model_events import ModelEvent
-from engine.stream import Piece
-from engine.tools import ToolContext, ToolHandle, ToolResult
+from engine.protocols.model_events import ModelEvent
+from engine.fold.accumulator import Piece
+from engine.tools.calls import ToolContext, ToolHandle, ToolResult
 
 # -- the event store -------------------------------------------------------------
 
@@ -189,7 +189,7 @@ ModelApi = Literal["chat", "responses", "ollama"]
 class ChatProvider(Protocol):
     """An upstream's transport: bytes in, parsed payloads out.
 
-    Semantics (what a chunk means) live in ``engine.normalize``; the adapter only
+    Semantics (what a chunk means) live in ``engine.protocols.normalize``; the adapter only
     frames the stream, decodes JSON and turns transport faults into
     ``UpstreamError``. The iterator ends normally only after the protocol's
     terminator; anything else raises ``UpstreamError``. It yields the payloads

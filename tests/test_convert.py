@@ -1,4 +1,4 @@
-"""Tests for engine.convert: output items → Chat / Responses / Ollama inputs.
+"""Tests for engine.protocols.convert: output items → Chat / Responses / Ollama inputs.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
 tests/vectors/). Where turnlog deliberately differs (spec §15, or a part of the
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine.convert import (
+from engine.protocols.convert import (
     TOOL_IMAGES_PROMPT,
     convert_output_to_messages,
     ollama_messages,

@@ -1,4 +1,4 @@
-"""Tests for engine.normalize: wire protocols → engine.model_events.
+"""Tests for engine.protocols.normalize: wire protocols → engine.protocols.model_events.
 
 Tool-call accumulation and splitting are driven by the vectors recorded from
 Open WebUI 0.12.4 (tests/vectors/chat_tool_call_accumulation.json,
@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine.model_events import (
+from engine.protocols.model_events import (
     Finished,
     ProviderItem,
     ReasoningDelta,
@@ -28,7 +28,7 @@ from engine.model_events import (
     ToolCallStarted,
     UsageReport,
 )
-from engine.normalize import (
+from engine.protocols.normalize import (
     ChatNormalizer,
     ChatToolCalls,
     OllamaNormalizer,

@@ -5,7 +5,7 @@ Server-Sent-Events body into ``data:`` lines, decodes each one as JSON and turns
 every way the connection can go wrong into an ``UpstreamError`` with a stable
 ``kind``. It deliberately knows nothing about what a chunk *means* (deltas,
 tool-call fragments, reasoning, usage, refusals): that lives in
-``engine.stream``, so the same semantics can be replayed from the log, tested
+``engine.fold.accumulator``, so the same semantics can be replayed from the log, tested
 without a socket, and shared by any future transport. The only chunk field
 looked at here is ``choices[].finish_reason``, because the transport has to
 tell a stream that ended properly (some servers omit ``[DONE]`` after the finish

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.tools import IDEMPOTENT_ATTR, ToolContext, ToolHandle, ToolSpec
+from engine.tools.calls import IDEMPOTENT_ATTR, ToolContext, ToolHandle, ToolSpec
 
 #: Injected parameters turnlog fills from the ToolContext.
 RESERVED_PARAMS = frozenset(

@@ -11,14 +11,14 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.assembly import ModelProfile, assemble
-from engine.chats import chat_turn_views, history_messages
+from engine.context.assemble import ModelProfile, assemble
+from engine.fold.chat import chat_turn_views, history_messages
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
-from engine.legacy_tools import build_selection_request, parse_selection, tool_source
-from engine.model_events import TextDelta
+from engine.tools.legacy import build_selection_request, parse_selection, tool_source
+from engine.protocols.model_events import TextDelta
 from engine.ports import EventStore, ModelCatalog, ModelClient, ModelRequest, ResolvedModel, ToolRunner, TurnInput, UpstreamError
 from engine.settings import EngineSettings
-from engine.tools import ToolContext, ToolHandle, filter_arguments
+from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
 
 
 class LiveAssembler:

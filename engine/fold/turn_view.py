@@ -29,7 +29,7 @@ from typing import Any
 
 from engine.events import Event
 from engine.machine import STATUS_AFTER, TurnMachine
-from engine.stream import Accumulator, Piece, merge_usage, normalize_usage
+from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
 
 EPOCH_SHIFT = 32
 

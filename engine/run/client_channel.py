@@ -10,7 +10,7 @@ from engine.ports import LiveBus, LiveRequest
 
 
 class ClientRequests:
-    """``engine.direct_tools.ClientChannel`` of one turn."""
+    """``engine.tools.direct.ClientChannel`` of one turn."""
 
     def __init__(self, bus: LiveBus, turn_id: str) -> None:
         self._bus = bus

@@ -18,7 +18,7 @@ from engine.fold.turn_view import TurnView
 from engine.ports import Assembler, CodeExecutor, ModelCatalog, ModelClient, PayloadStore, ToolRunner
 from engine.run.loop_state import LoopState
 from engine.settings import EngineSettings
-from engine.tools import ToolHandle
+from engine.tools.calls import ToolHandle
 
 
 @dataclass(frozen=True)

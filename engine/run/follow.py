@@ -20,7 +20,7 @@ from engine.events import Event
 from engine.fold.turn_view import ChunkOut, TurnView
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage
 from engine.run.live import Joined
-from engine.stream import Piece
+from engine.fold.accumulator import Piece
 
 
 @dataclass(frozen=True)

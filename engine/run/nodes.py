@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from engine.convert import convert_output_to_messages, for_model, stateful_continuation_input
+from engine.protocols.convert import convert_output_to_messages, for_model, stateful_continuation_input
 from engine.events import (
     ContextReinjected,
     EventData,
@@ -39,11 +39,11 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
+from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
 from engine.ports import ModelRequest, ResolvedModel, UpstreamError
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
-from engine.tools import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
+from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
 
 LIMIT_MESSAGE = "Tool-call limit reached ({n} iterations)."
 CODE_TOOL = "code_interpreter"

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.blobs import Blobs
 from engine.context.live import LiveAssembler
-from engine.direct_tools import DirectToolHandle, direct_tool_specs
+from engine.tools.direct import DirectToolHandle, direct_tool_specs
 from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.fold.turn_view import TurnView
 from engine.machine import TERMINAL_STATUSES
@@ -42,9 +42,9 @@ from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
-from engine.run.model_client import LiveModelClient
+from engine.protocols.client import LiveModelClient
 from engine.settings import EngineSettings
-from engine.tools import LiveToolRunner, ToolHandle
+from engine.tools.calls import LiveToolRunner, ToolHandle
 
 log = logging.getLogger("turnlog.supervisor")
 

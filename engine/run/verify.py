@@ -34,7 +34,7 @@ from engine.events import (
     TurnInterrupted,
     make_event,
 )
-from engine.model_events import (
+from engine.protocols.model_events import (
     Finished,
     ModelEvent,
     StreamFailed,
@@ -60,7 +60,7 @@ from engine.run.context import TurnPorts
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Folded
 from engine.settings import EngineSettings
-from engine.tools import ToolContext, ToolHandle, ToolResult, ToolSpec
+from engine.tools.calls import ToolContext, ToolHandle, ToolResult, ToolSpec
 
 EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
 IGNORED_FIELDS = {"turn.resumed": ("owner", "from_seq"), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}

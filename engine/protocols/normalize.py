@@ -1,4 +1,4 @@
-"""Pure normalizers: each upstream wire protocol → ``engine.model_events``.
+"""Pure normalizers: each upstream wire protocol → ``engine.protocols.model_events``.
 
 One normalizer per model call. ``feed`` takes one parsed wire object (a Chat
 Completions chunk, a Responses API event, an Ollama NDJSON line) and returns
@@ -50,7 +50,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final, Protocol
 
-from engine.model_events import (
+from engine.protocols.model_events import (
     Finished,
     ModelEvent,
     ProviderItem,
@@ -63,7 +63,7 @@ from engine.model_events import (
     ToolCallStarted,
     UsageReport,
 )
-from engine.stream import parse_chat_chunk
+from engine.fold.accumulator import parse_chat_chunk
 
 __all__ = [
     "CALL_ID_PREFIX",

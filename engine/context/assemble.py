@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
+from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
 
 # Request fields that are turnlog extensions, never forwarded upstream.
 EXTENSION_FIELDS = frozenset(

@@ -4,7 +4,7 @@ The transcript of a turn is kept as Chat Completions messages. For each call
 this module builds the wire body of the model's API (Chat Completions, Responses
 API, Ollama), streams it through the provider's transport and folds what comes
 back with the protocol's pure normalizer. The turn actor sees only
-``engine.model_events``; ``verify`` uses another ``engine.ports.ModelClient``
+``engine.protocols.model_events``; ``verify`` uses another ``engine.ports.ModelClient``
 that replays the recorded events.
 """
 
@@ -14,9 +14,9 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from engine.convert import ollama_messages, responses_body, to_responses_input
-from engine.model_events import ModelEvent, StreamWarning
-from engine.normalize import ChatNormalizer, OllamaNormalizer, ResponsesNormalizer
+from engine.protocols.convert import ollama_messages, responses_body, to_responses_input
+from engine.protocols.model_events import ModelEvent, StreamWarning
+from engine.protocols.normalize import ChatNormalizer, OllamaNormalizer, ResponsesNormalizer
 from engine.ports import IdFactory, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 
 # Parameters an Ollama request takes at the top level; the rest go to ``options``.

@@ -3,7 +3,7 @@
 Pure code with no I/O. Before the main call, when ``function_calling`` is
 ``legacy``, the engine shows the task model the tool specs and the recent chat
 (``build_selection_request``), reads the calls out of its reply
-(``parse_selection``), runs them like any other tool (``engine.tools``) and
+(``parse_selection``), runs them like any other tool (``engine.tools.calls``) and
 turns each non-empty result into a source (``tool_source``) that is later
 rendered into the prompt as RAG context. It follows Open WebUI's
 ``chat_completion_tools_handler`` (behaviour spec §5.5) with the quirks of §15

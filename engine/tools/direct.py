@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from engine.tools import ToolContext, ToolSpec
+from engine.tools.calls import ToolContext, ToolSpec
 
 
 class ClientChannel(Protocol):

@@ -26,7 +26,7 @@ Message = dict[str, Any]
 
 #: Spec §4.1: keys of ``params`` that steer Open WebUI / turnlog and are never
 #: model parameters. ``max_tool_call_iterations`` is turnlog's own addition
-#: (it steers the agent loop, see ``engine.assembly.TURNLOG_PARAMS``).
+#: (it steers the agent loop, see ``engine.context.assemble.TURNLOG_PARAMS``).
 OWUI_ONLY_PARAMS = frozenset(
     {
         "stream_response",
