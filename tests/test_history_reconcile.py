@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.assembly import ModelProfile, assemble
 from engine.history import Answer, History, Matched, normalized_text, reconcile
 
 
@@ -117,3 +118,19 @@ def test_replace_makes_the_sent_messages_the_whole_history() -> None:
     twice = reconcile(history, [assistant("OK"), user("x"), assistant("OK")], replace=True)
     assert [e.answer.turn_id for e in twice.entries if isinstance(e, Matched)] == ["a", "b"]
 
+
+def test_assemble_records_refs_and_keeps_system_messages_per_request() -> None:
+    history = History((user("q1"), TOOLED), (TOOLED,))
+    system = {"role": "system", "content": "Be brief."}
+    request = {"messages": [system, user("q1"), assistant("It is 3."), user("q2")]}
+    assembled = assemble(request, history, ModelProfile())
+    assert assembled.messages == [system, user("q1"), *TOOLED.messages, user("q2")]
+    assert assembled.history_len == 4 and assembled.new_messages == [user("q2")]
+    assert not assembled.history_reset and assembled.turn_refs == []
+    replaced = assemble({**request, "history": "client"}, history, ModelProfile())
+    assert replaced.history_reset and replaced.history_len == 0
+    assert replaced.new_messages == [user("q1"), assistant("It is 3."), user("q2")]
+    assert replaced.turn_refs == [{"index": 1, "turn_id": "t1"}]
+    # without a stored history the request goes as sent, system messages in place
+    odd = [user("a"), system, user("b")]
+    assert assemble({"messages": odd}, History(), ModelProfile()).messages == odd
