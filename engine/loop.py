@@ -15,7 +15,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from engine.assembly import ModelProfile, assemble
-from engine.chats import chat_turn_views, history_messages
+from engine.chats import chat_turn_views, stored_history
 from engine.convert import convert_output_to_messages, for_model, stateful_continuation_input
 from engine.events import (
     AssemblyCompleted,
@@ -34,6 +34,7 @@ from engine.events import (
     ToolStarted,
     TurnFinalized,
 )
+from engine.history import History
 from engine.model_events import (
     Finished,
     ProviderItem,
@@ -91,10 +92,10 @@ async def live_assembly(actor: TurnActor) -> list[EventData]:
         system=resolved.system if resolved else None,
         params=resolved.params if resolved else {},
     )
-    history: list[dict[str, Any]] = []
+    history = History()
     if v.request.get("chat_id"):  # a chat the client names may have earlier turns
         views = await chat_turn_views(actor.store, v.chat_id or "", before=v.created_at)
-        history = history_messages([w for w in views if w.id != v.id])
+        history = stored_history([w for w in views if w.id != v.id])
     assembled = assemble(v.request, history, profile)
     params = dict(assembled.params)
     messages = assembled.messages
@@ -114,6 +115,8 @@ async def live_assembly(actor: TurnActor) -> list[EventData]:
             params=params,
             history_len=assembled.history_len,
             new_messages=assembled.new_messages,
+            history_reset=assembled.history_reset,
+            turn_refs=assembled.turn_refs,
         )
     )
     return steps

@@ -83,6 +83,8 @@ class TurnView:
         self.params: dict[str, Any] = {}
         self.history_len = 0
         self.new_messages: list[dict[str, Any]] = []
+        self.history_reset = False  # the chat's history restarts at this turn
+        self.turn_refs: list[dict[str, Any]] = []
         self.iteration = 0
         self.model_open = False  # a model.requested without its model.completed
         self.last_seq = 0
@@ -183,6 +185,8 @@ class TurnView:
             self.params = data.get("params", {})
             self.history_len = data.get("history_len", 0)
             self.new_messages = data.get("new_messages", [])
+            self.history_reset = bool(data.get("history_reset"))
+            self.turn_refs = list(data.get("turn_refs") or [])
             self.tool_specs = data.get("tools", [])
         elif t == "model.requested":
             self.iteration = data.get("iteration", 0)
