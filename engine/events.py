@@ -70,6 +70,13 @@ class AssemblyCompleted(EventData):
     history_len: int = 0
     # The messages this turn adds to the chat (the new user message, tool results...).
     new_messages: list[dict[str, Any]] = Field(default_factory=list)
+    # The client sent the whole history (``"history": "client"``): ``new_messages``
+    # are all of it and the chat's history restarts at this turn. Left out when
+    # false, as ``turn_refs`` when empty, so logs written before they existed verify.
+    history_reset: bool = Field(default=False, exclude_if=lambda v: not v)
+    # ``{"index", "turn_id"}``: ``new_messages[index]`` is the client's copy of that
+    # earlier turn's answer, which the history expands from that turn's log.
+    turn_refs: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class ModelRequested(EventData):

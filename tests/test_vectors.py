@@ -11,8 +11,10 @@ hits in exact order (iterative index scans).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import random
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -234,6 +236,50 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         assert len(await store.query("big", q, k=120)) == 120
     finally:
         await store.close()
+
+
+async def test_pgvector_index_of_a_new_dimension_built_by_one_of_two_processes(pg_url: str) -> None:
+    """Two stores (two processes' worth of connections) meeting a new
+    dimension at the same moment: both see no index, both queue for the
+    build; one builds it, the other finds it built, and both upserts land."""
+    import asyncpg
+
+    from adapters.vectors.pgvector import index_name
+
+    name = index_name(24)
+    admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://", 1))
+    stores = [PgVectorStore.open(pg_url) for _ in range(2)]
+    upserts: list[asyncio.Task[None]] = []
+    try:
+        # Hold the build lock, so that both stores get past their "is there an
+        # index?" look before either can build.
+        await admin.execute("BEGIN")
+        await admin.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
+        upserts = [
+            asyncio.create_task(store.upsert(f"c{i}", random_items(20, 24, seed=i)))
+            for i, store in enumerate(stores)
+        ]
+        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        deadline = time.monotonic() + 20
+        while await admin.fetchval(waiting) < 2:
+            for task in upserts:
+                if task.done():
+                    task.result()  # an exception says why
+                    raise AssertionError("an upsert finished while the build lock was held")
+            assert time.monotonic() < deadline, "the stores never queued for the index build"
+            await asyncio.sleep(0.02)
+        await admin.execute("COMMIT")
+        await asyncio.wait_for(asyncio.gather(*upserts), 30)
+        assert await admin.fetchval("SELECT count(*) FROM pg_indexes WHERE indexname = $1", name) == 1
+        for i, store in enumerate(stores):
+            assert len(await store.query(f"c{1 - i}", random_items(1, 24, seed=9)[0].vector, k=5)) == 5
+    finally:
+        for task in upserts:
+            task.cancel()
+        await asyncio.gather(*upserts, return_exceptions=True)
+        await admin.close()
+        for store in stores:
+            await store.close()
 
 
 async def test_sqlite_adapter_type(tmp_path: Path) -> None:

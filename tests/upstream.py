@@ -68,6 +68,23 @@ not know is answered HTTP 400 ``{"error": {"message": "Previous response with id
 "code": "previous_response_not_found"}}``; the request is recorded but *no reply
 is used up*. ``forget_responses()`` simulates expiry.
 
+Tool-call bookkeeping (``/v1/chat/completions``), checked as the Chat Completions
+API checks it, so a test sees the 400 a real upstream would give a malformed
+transcript: an assistant message with ``tool_calls`` must be followed at once by
+consecutive ``role: "tool"`` messages responding to each of its ``tool_call_id``
+(else "An assistant message with 'tool_calls' must be followed by tool messages
+responding to each 'tool_call_id'. The following tool_call_ids did not have
+response messages: call_x, call_y"), and a ``tool`` message must be one of those
+responses (else "Invalid parameter: messages with role 'tool' must be a response
+to a preceeding message with 'tool_calls'." -- OpenAI's spelling -- or, for an id
+the assistant message did not call, "Invalid parameter: 'tool_call_id' of 'X' not
+found in 'tool_calls' of previous message."). The body is ``{"error": {"message",
+"type": "invalid_request_error", "param": "messages.[i].role", "code": null}}``
+(the API names a message index there; which one it picks is not documented:
+here the assistant message's for missing responses, the tool message's
+otherwise, with ``.tool_call_id`` for an unknown id). As with an unknown
+``previous_response_id``, the request is recorded and *no reply is used up*.
+
 Ollama ``/api/chat`` streaming bytes (one compact JSON object per line,
 ``application/x-ndjson``): ``{"model", "created_at", "message": {"role":
 "assistant", "content": …}, "done": false}`` per reasoning piece (as
@@ -373,6 +390,10 @@ class ScriptedUpstream:
         previous = body.get("previous_response_id") if request.path == "/v1/responses" else None
         if previous is not None and previous not in self.response_ids:
             return _previous_not_found_response(str(previous))  # no reply is used up
+        if request.path == "/v1/chat/completions":
+            problem = _tool_bookkeeping(body.get("messages"))
+            if problem is not None:
+                return _invalid_messages_response(*problem)  # no reply is used up
 
         reply = self._queue.popleft() if self._queue else self.default
 
@@ -997,6 +1018,54 @@ def _previous_not_found_response(previous: str) -> web.Response:
             }
         },
         status=400,
+    )
+
+
+def _tool_bookkeeping(messages: Any) -> tuple[str, str] | None:
+    """The first tool-call bookkeeping rule ``messages`` breaks, as (message, param),
+    in the order the Chat Completions API reports them; None if there is none."""
+    if not isinstance(messages, list):
+        return None
+    open_calls: list[str] = []  # calls of the current assistant message not answered yet
+    open_at: int | None = None  # its index while its responses may still come
+    for i, message in enumerate(messages):
+        role = message.get("role") if isinstance(message, dict) else None
+        if role == "tool":
+            call_id = message.get("tool_call_id")
+            if open_at is None:
+                return (
+                    "Invalid parameter: messages with role 'tool' must be a response to a "
+                    "preceeding message with 'tool_calls'.",
+                    f"messages.[{i}].role",
+                )
+            called = [c.get("id") for c in messages[open_at].get("tool_calls") or [] if isinstance(c, dict)]
+            if call_id not in called:
+                return (
+                    f"Invalid parameter: 'tool_call_id' of '{call_id}' not found in 'tool_calls' of previous message.",
+                    f"messages.[{i}].tool_call_id",
+                )
+            if call_id in open_calls:
+                open_calls.remove(call_id)
+            continue
+        if open_calls:
+            break  # the responses stopped before every call was answered
+        open_calls, open_at = [], None
+        if role == "assistant" and message.get("tool_calls"):
+            open_at = i
+            open_calls = [str(c.get("id")) for c in message["tool_calls"] if isinstance(c, dict)]
+    if open_calls:
+        return (
+            "An assistant message with 'tool_calls' must be followed by tool messages responding to "
+            "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
+            + ", ".join(open_calls),
+            f"messages.[{open_at}].role",
+        )
+    return None
+
+
+def _invalid_messages_response(message: str, param: str) -> web.Response:
+    return web.json_response(
+        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}, status=400
     )
 
 

@@ -36,6 +36,9 @@ class ChatRequest(BaseModel):
     params: dict[str, Any] | None = None
     direct_tools: list[dict[str, Any]] | None = None
     background_tasks: dict[str, bool] | None = None
+    # "client": the messages are the whole history (an edited conversation);
+    # "server" or absent: reconciled with the chat's stored history (API.md §8).
+    history: Literal["client", "server"] | None = None
     tools: list[dict[str, Any]] | None = None
 
     @field_validator("messages")

@@ -8,16 +8,17 @@ its result.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.context.history import History, expand, reconcile, recorded_new
 from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
 
 # Request fields that are turnlog extensions, never forwarded upstream.
 EXTENSION_FIELDS = frozenset(
     {
         "chat_id",
+        "history",
         "features",
         "files",
         "tool_ids",
@@ -63,32 +64,8 @@ class Assembled:
     params: dict[str, Any]
     history_len: int
     new_messages: list[dict[str, Any]]
-
-
-def _comparable(message: dict[str, Any]) -> tuple[str, str]:
-    content = message.get("content")
-    if not isinstance(content, str):
-        content = json.dumps(content, sort_keys=True, default=str)
-    return (str(message.get("role")), content or "")
-
-
-def reconcile_history(history: list[dict[str, Any]], incoming: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], int]:
-    """Join the chat's stored history with the request's messages.
-
-    A client may send only the new messages (the chat keeps the rest) or, like any
-    OpenAI client, the full history again. If the request starts with the stored
-    history (system messages aside), it is taken as it is; otherwise the request
-    is appended to the history. Returns the messages and how many came from history.
-    """
-    if not history:
-        return list(incoming), 0
-    body = [m for m in incoming if m.get("role") != "system"]
-    stored = [m for m in history if m.get("role") != "system"]
-    if len(body) >= len(stored) and all(_comparable(a) == _comparable(b) for a, b in zip(stored, body)):
-        return list(incoming), 0
-    systems = [m for m in incoming if m.get("role") == "system"]
-    rest = [m for m in incoming if m.get("role") != "system"]
-    return [*systems, *stored, *rest], len(stored)
+    history_reset: bool = False
+    turn_refs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
@@ -133,13 +110,20 @@ def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict
     return add_or_update_user_message(text, list(messages), append=True)
 
 
-def assemble(request: dict[str, Any], history: list[dict[str, Any]], profile: ModelProfile) -> Assembled:
+def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -> Assembled:
+    """``history``: the chat's stored turns; reconciled with the request's messages
+    by ``engine.context.history`` (API.md §8), the result recorded as the turn's new
+    messages so the next turn's history is right whichever way it is sent."""
     incoming = list(request.get("messages") or [])
-    messages, history_len = reconcile_history(history, incoming)
+    # System messages are per request, never part of the stored history: left
+    # out of the comparison, they go first.
     body = [m for m in incoming if m.get("role") != "system"]
-    # Appended to the history: all of the body is new. Sent in full: what follows
-    # the stored history is new.
-    new_messages = body if history_len else body[len([m for m in history if m.get("role") != "system"]) :]
+    reconciled = reconcile(history, body, replace=request.get("history") == "client")
+    if reconciled.history_len == 0 and reconciled.entries == body:
+        messages = incoming  # nothing stored, nothing expanded: as sent, system messages in place
+    else:
+        messages = [*(m for m in incoming if m.get("role") == "system"), *reconciled.messages]
+    new_messages, turn_refs = recorded_new(reconciled.new_entries)
     params = request.get("params") if isinstance(request.get("params"), dict) else {}
     system = params.get("system") if params and params.get("system") else profile.system
     messages = with_system_prompt(messages, system)
@@ -149,8 +133,10 @@ def assemble(request: dict[str, Any], history: list[dict[str, Any]], profile: Mo
     return Assembled(
         messages=messages,
         params=upstream_params(request, profile),
-        history_len=history_len,
+        history_len=len(expand(reconciled.entries[: reconciled.history_len])),
         new_messages=new_messages,
+        history_reset=reconciled.replaced,
+        turn_refs=turn_refs,
     )
 
 

@@ -12,7 +12,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from engine.context.assemble import ModelProfile, assemble
-from engine.fold.chat import chat_turn_views, history_messages
+from engine.context.history import History
+from engine.fold.chat import chat_turn_views, stored_history
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.tools.legacy import build_selection_request, parse_selection, tool_source
 from engine.protocols.model_events import TextDelta
@@ -47,10 +48,10 @@ class LiveAssembler:
             system=resolved.system if resolved else None,
             params=resolved.params if resolved else {},
         )
-        history: list[dict[str, Any]] = []
+        history = History()
         if turn.request.get("chat_id"):  # a chat the client names may have earlier turns
             views = await chat_turn_views(self._store, turn.chat_id, before=turn.created_at)
-            history = history_messages([w for w in views if w.id != turn.id])
+            history = stored_history([w for w in views if w.id != turn.id])
         assembled = assemble(turn.request, history, profile)
         params = dict(assembled.params)
         messages = assembled.messages
@@ -70,6 +71,8 @@ class LiveAssembler:
                 params=params,
                 history_len=assembled.history_len,
                 new_messages=assembled.new_messages,
+                history_reset=assembled.history_reset,
+                turn_refs=assembled.turn_refs,
             )
         )
         return steps

@@ -121,6 +121,9 @@ class TurnView:
         self.updated_at: float | None = None
         # The messages this turn adds to its chat (the new user message, tool results...).
         self.new_messages: list[dict[str, Any]] = []
+        self.history_reset = False  # the chat's history restarts at this turn
+        # {"index", "turn_id"}: new_messages[index] is a client's copy of that turn's answer.
+        self.turn_refs: list[dict[str, Any]] = []
         self.last_seq = 0
         self.pos = Positions()
         self.title: str | None = None
@@ -217,6 +220,8 @@ class TurnView:
 
     def _on_assembled(self, data: dict[str, Any]) -> None:
         self.new_messages = data.get("new_messages", [])
+        self.history_reset = bool(data.get("history_reset"))
+        self.turn_refs = list(data.get("turn_refs") or [])
 
     def _on_model_requested(self, data: dict[str, Any]) -> None:
         if not data.get("resumed") and self.round_closed:
