@@ -1,7 +1,8 @@
 """The aiohttp application factory.
 
 Everything the service needs is built in one cleanup context, in order: the
-store (migrated), the upstream providers, the model catalog, the supervisor
+store (migrated), the upstream providers,
+the model catalog (which reports the upstreams it finds), the supervisor
 (which records interrupted turns and resumes them) — and torn down in reverse.
 """
 
@@ -90,10 +91,12 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
         holder["services"] = svc
         app[SERVICES] = svc
         await supervisor.start()
+        catalog.start()  # logs the upstreams (or that there is none) and their models
         try:
             yield
         finally:
             await supervisor.stop()
+            await catalog.close()
             if signals is not None:
                 await signals.close()
             for provider in providers.values():
