@@ -72,6 +72,13 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         f"event loop {loop_name})",
         flush=True,
     )
+    if settings.demo:
+        print(
+            "demo mode: model 'demo' and tool 'clock' are on. Try:\n"
+            f"  curl -N http://{settings.host}:{settings.port}/v1/chat/completions -H 'Content-Type: application/json' "
+            '-d \'{"model": "demo", "stream": true, "messages": [{"role": "user", "content": "count to 20"}]}\'',
+            flush=True,
+        )
     app = create_app(settings)
 
     async def gc_after_startup(_app: web.Application) -> None:
@@ -194,6 +201,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--config", dest="config_sub")
+    serve.add_argument(
+        "--demo", action="store_true", default=None,
+        help="also serve the built-in scripted model 'demo' and the 'clock' tool (no key, no network)",
+    )
     serve.set_defaults(fn=cmd_serve)
 
     sub.add_parser("migrate", help="upgrade the database schema").set_defaults(fn=cmd_migrate)
@@ -237,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             database_url=args.database_url,
             host=getattr(args, "host", None),
             port=getattr(args, "port", None),
+            demo=getattr(args, "demo", None),
         )
     except Exception as exc:  # a bad config file or variable: say which
         print(f"turnlog: invalid configuration: {exc}", file=sys.stderr)
