@@ -58,6 +58,7 @@ from engine.tools import (
     timeout_result,
 )
 from engine.legacy_tools import build_selection_request, parse_selection, tool_source
+from engine.unsupported import unsupported_step
 from engine.upstream import ModelRequest
 
 if TYPE_CHECKING:
@@ -119,6 +120,11 @@ async def live_assembly(actor: TurnActor) -> list[EventData]:
             turn_refs=assembled.turn_refs,
         )
     )
+    # Fields the client switched on that do nothing yet: recorded first, so the
+    # client is told early in the stream (engine.unsupported).
+    ignored = unsupported_step(v.request)
+    if ignored is not None:
+        steps.insert(0, ignored)
     return steps
 
 

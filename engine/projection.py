@@ -23,6 +23,7 @@ from engine.events import Event
 from engine.assembly import legacy_code_interpreter
 from engine.machine import TurnMachine
 from engine.stream import Accumulator, Piece, merge_usage, normalize_usage
+from engine.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
 
 EPOCH_SHIFT = 32
 
@@ -204,6 +205,8 @@ class TurnView:
                 self.provider_items.append(item)
         elif t == "model.warning":
             self.warnings.append(data["message"])
+        elif t == "assembly.step" and data.get("step") == UNSUPPORTED_STEP:
+            self.warnings.extend(warnings_of(data.get("detail") or {}))
         elif t == "model.fallback":
             self.stateful_broken = True
             self.pending_stateful = None

@@ -15,6 +15,7 @@ import orjson
 
 from engine.follow import EventOut, Out
 from engine.projection import ChunkOut, TurnView
+from engine.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
@@ -106,6 +107,9 @@ class ChunkRenderer:
                 notice = {"resumed": {"from_pos": event.data["from_pos"], "epoch": event.data["epoch"]}}
                 return [self._chunk({}, extra={"turnlog": notice})]
             return []
+        if t == "assembly.step" and event.data.get("step") == UNSUPPORTED_STEP:
+            # Request fields that do nothing yet: said before the answer starts.
+            return [self._chunk({}, extra={"turnlog": {"warnings": warnings_of(event.data.get("detail") or {})}})]
         if t == "tool.event":
             return [self._chunk({}, extra={"turnlog": {"tool_event": event.data}})]
         if t == "turn.iteration_limit":
@@ -165,8 +169,13 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": view.finish_reason or "stop"}],
         "usage": _openai_usage(view.usage),
     }
+    extension: dict[str, Any] = {}
     if view.status != "completed":
-        body["turnlog"] = {"status": view.status}
+        extension["status"] = view.status
+    if view.warnings:
+        extension["warnings"] = list(view.warnings)
+    if extension:
+        body["turnlog"] = extension
     return body
 
 
