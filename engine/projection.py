@@ -8,7 +8,10 @@ Stream positions: every upstream chunk and every non-delta event gets a position
 strictly increasing within the turn. They are not stored per chunk; the fold
 derives them (a ``model.delta`` carries only its first chunk's position and the
 chunk lengths). After a resume, positions jump to the new epoch so that nothing
-a dead owner handed out live can collide with what the new owner produces.
+a dead owner handed out live can collide with what the new owner produces; the
+``turn.resumed`` event is the new epoch's first position, and the view records
+where the durable answer ended then (``ResumePoint``), for clients that were
+shown more than that.
 """
 
 from __future__ import annotations
@@ -39,6 +42,39 @@ class ChunkOut:
 
     pos: int
     pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where the durable answer ended when a turn was resumed after its owner died.
+
+    A client that was shown output past ``from_pos`` (in the dead owner's epoch)
+    holds text the log never got; the resumed turn re-generates from the durable
+    end, so the client must keep only the first ``content_length`` code points of
+    the content (``reasoning_length`` of the reasoning) it shows, then append
+    what follows (docs/reconnecting.md).
+
+    ``from_pos`` is the last position whose output is durable. It can be one less
+    than the ``turn.resumed`` event's own ``from_pos``, which also counts the
+    ``turn.interrupted`` record (that record takes the position right after the
+    durable end, a position the dead owner may have handed out live).
+    """
+
+    seq: int  # the turn.resumed event
+    pos: int  # its stream position: the first of the new epoch
+    from_pos: int
+    epoch: int
+    content_length: int
+    reasoning_length: int
+
+    def notice(self) -> dict[str, int]:
+        """The client-facing shape (SSE ``turnlog.resumed``, WebSocket ``resumed``)."""
+        return {
+            "from_pos": self.from_pos,
+            "epoch": self.epoch,
+            "content_length": self.content_length,
+            "reasoning_length": self.reasoning_length,
+        }
 
 
 STATUS_BY_TERMINAL = {"turn.completed": "completed", "turn.cancelled": "cancelled", "turn.failed": "failed"}
@@ -92,6 +128,10 @@ class TurnView:
         self.last_event_pos = 0  # position of the last durable event or chunk
         self.next_pos = 1
         self.epoch = 0
+        # The last durable position before a ``turn.interrupted`` record (which
+        # takes a position of its own), and the latest resume.
+        self.interrupted_after = 0
+        self.resume_point: ResumePoint | None = None
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
@@ -163,6 +203,7 @@ class TurnView:
             else:
                 out = self._fold_delta(data)
             return out
+        before = self.last_event_pos
         self.last_event_pos = self.next_pos
         self.next_pos += 1
         if t == "turn.started":
@@ -262,10 +303,24 @@ class TurnView:
                 self.follow_ups = result
         elif t == "turn.interrupted":
             self.status = "interrupted"
+            self.interrupted_after = before
         elif t == "turn.resumed":
+            durable = self.interrupted_after if self.status == "interrupted" else before
             self.status = "running"
             self.epoch = data["epoch"]
-            self.next_pos = epoch_base(self.epoch) + 1
+            # The resume itself is the first position of the new epoch: above
+            # anything the dead owner handed out live, so a client whose
+            # Last-Event-ID is such a position still gets it (and the notice).
+            self.last_event_pos = epoch_base(self.epoch)
+            self.next_pos = self.last_event_pos + 1
+            self.resume_point = ResumePoint(
+                seq=event.seq,
+                pos=self.last_event_pos,
+                from_pos=durable,
+                epoch=self.epoch,
+                content_length=len(self.content),
+                reasoning_length=len(self.reasoning_content),
+            )
         elif t in STATUS_BY_TERMINAL:
             self.status = STATUS_BY_TERMINAL[t]
             if t == "turn.failed":
