@@ -3,10 +3,18 @@
 Upstream model lists are cached briefly (a turn should not pay a ``/models``
 round trip); an unknown id triggers one refresh before it is refused, so a model
 added upstream is usable at once.
+
+A service whose upstreams are missing or down looks healthy and answers every
+chat "model not found", which is hard to tell from a typo. So the catalog says
+so: at start it logs each upstream with its model count (or a warning that
+there is none, or that one is unreachable), it logs again whenever an
+upstream's state changes, and ``problems()`` gives ``GET /v1/models`` the same
+facts as an extension field.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -15,6 +23,18 @@ from adapters.config import Settings
 from engine.ports import ChatProvider, ResolvedModel, UpstreamError
 
 log = logging.getLogger("turnlog.catalog")
+
+NO_UPSTREAM = (
+    "no upstream is configured: every chat request will be answered 'model not found'. "
+    "Set TURNLOG_OPENAI_BASE_URL (and TURNLOG_OPENAI_API_KEY) or TURNLOG_OLLAMA_BASE_URL, "
+    "or run `turnlog serve --demo` for a built-in scripted model"
+)
+SHOWN_IDS = 5  # model ids named in the start-up log line
+
+
+def describe(name: str, provider: ChatProvider) -> str:
+    """An upstream as an operator recognizes it (never its key)."""
+    return f"{name} ({getattr(provider, 'base_url', 'built-in')}, {getattr(provider, 'api', 'chat')} API)"
 
 
 class Catalog:
@@ -25,17 +45,50 @@ class Catalog:
         self._models: dict[str, tuple[str, dict[str, Any]]] = {}  # public id -> (provider name, entry)
         self._fetched_at = 0.0
         self._reachable = False
+        self._errors: dict[str, str] = {}  # upstream -> why its last listing failed
+        self._states: dict[str, str] = {}  # upstream -> last logged state, to log changes only
+        self._inflight: asyncio.Future[None] | None = None
+
+    def start(self) -> None:
+        """Report the upstreams: at once if there is none, else after a first
+        listing in the background (an upstream that times out must not hold up
+        the start, nor the resumption of interrupted turns)."""
+        if not self.providers:
+            log.warning(NO_UPSTREAM)
+            return
+        self._refresh_soon()
+
+    async def close(self) -> None:
+        if self._inflight is not None and not self._inflight.done():
+            self._inflight.cancel()
+            try:
+                await self._inflight
+            except (asyncio.CancelledError, Exception):
+                pass
+
+    def _refresh_soon(self) -> asyncio.Future[None]:
+        """The listing in progress, or a new one: concurrent callers share it."""
+        if self._inflight is None or self._inflight.done():
+            self._inflight = asyncio.ensure_future(self._fetch())
+        return self._inflight
 
     async def _refresh(self) -> None:
+        # Shielded: a client that goes away does not cancel the shared listing.
+        await asyncio.shield(self._refresh_soon())
+
+    async def _fetch(self) -> None:
         models: dict[str, tuple[str, dict[str, Any]]] = {}
         reachable = False
+        errors: dict[str, str] = {}
         for name, provider in self.providers.items():
             try:
                 entries = await provider.list_models()
                 reachable = True
             except UpstreamError as exc:
-                log.warning("listing models of %s failed: %s", name, exc)
+                errors[name] = str(exc)
+                self._log_state(name, provider, "unreachable", None, str(exc))
                 continue
+            ids: list[str] = []
             for entry in entries:
                 model_id = str(entry.get("id", ""))
                 if not model_id:
@@ -44,9 +97,32 @@ class Catalog:
                     # Two upstreams serve the same id: the later one is prefixed.
                     model_id = f"{name}/{model_id}"
                 models[model_id] = (name, entry)
+                ids.append(model_id)
+            self._log_state(name, provider, f"models:{len(ids)}", ids)
         self._models = models
         self._reachable = reachable
+        self._errors = errors
         self._fetched_at = time.monotonic()
+
+    def _log_state(self, name: str, provider: ChatProvider, state: str, ids: list[str] | None, error: str = "") -> None:
+        """Log an upstream's state when it differs from the last one logged."""
+        previous = self._states.get(name)
+        self._states[name] = state
+        if previous == state:
+            return
+        what = describe(name, provider)
+        if ids is None:
+            log.warning(
+                "upstream %s is unreachable: %s. GET /v1/models reports it; requests for its models fail until it answers",
+                what,
+                error,
+            )
+        elif not ids:
+            log.warning("upstream %s lists no models: every chat request for it will be answered 'model not found'", what)
+        else:
+            shown = ", ".join(ids[:SHOWN_IDS]) + (", …" if len(ids) > SHOWN_IDS else "")
+            again = " (reachable again)" if previous == "unreachable" else ""
+            log.info("upstream %s%s: %d model%s: %s", what, again, len(ids), "" if len(ids) == 1 else "s", shown)
 
     async def list_models(self) -> list[dict[str, Any]]:
         if time.monotonic() - self._fetched_at > self.ttl:
@@ -55,6 +131,17 @@ class Catalog:
         for model_id, (name, entry) in self._models.items():
             out.append({"id": model_id, "object": "model", "created": entry.get("created", 0), "owned_by": entry.get("owned_by", name)})
         return out
+
+    def problems(self) -> dict[str, Any] | None:
+        """Why the model list may be short, for ``GET /v1/models`` (None: nothing wrong).
+
+        ``unreachable``: the upstreams whose listing failed at the last refresh;
+        ``warning``: no upstream is configured at all."""
+        if not self.providers:
+            return {"warning": NO_UPSTREAM}
+        if self._errors:
+            return {"unreachable": [{"upstream": name, "error": error} for name, error in self._errors.items()]}
+        return None
 
     async def resolve(self, model: str) -> ResolvedModel | None:
         if not self.providers:

@@ -9,6 +9,7 @@ import json
 import logging
 import sys
 from collections.abc import Awaitable, Callable
+from datetime import datetime
 from typing import Any
 
 from adapters.config import Settings, load_settings
@@ -20,6 +21,88 @@ from engine.fold.turn_view import fold
 
 def _print_json(obj: Any) -> None:
     sys.stdout.write(json.dumps(obj, ensure_ascii=False) + "\n")
+
+
+def local_time(ts: float | None) -> str:
+    """An epoch timestamp as the reader's local time, to the second."""
+    if not ts:
+        return "-"
+    return datetime.fromtimestamp(ts).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+    """Columns padded to their widest cell (the last one left unpadded)."""
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [cell.ljust(widths[i]) for i, cell in enumerate(row[:-1])] + [row[-1]]
+        lines.append("  ".join(cells))
+    return "\n".join(lines)
+
+
+def _short(text: Any, limit: int = 100) -> str:
+    """One line of at most ``limit`` characters."""
+    flat = " ".join(str(text).split())
+    return flat if len(flat) <= limit else flat[: limit - 1] + "…"
+
+
+def _item_line(item: dict[str, Any]) -> str:
+    """One output item, summarized for ``turns show``."""
+    kind = item.get("type", "?")
+    status = f" [{item['status']}]" if item.get("status") else ""
+    if kind == "message":
+        text = "".join(p.get("text") or "" for p in item.get("content") or [] if isinstance(p, dict))
+        return f"message: {_short(text)!r}{status}"
+    if kind == "reasoning":
+        text = "".join(p.get("text") or "" for p in (item.get("content") or item.get("summary") or []) if isinstance(p, dict))
+        return f"reasoning: {_short(text)!r}{status}"
+    if kind == "function_call":
+        return f"function_call {item.get('name')}({_short(item.get('arguments') or '', 60)}) call {item.get('call_id')}{status}"
+    if kind == "function_call_output":
+        return f"function_call_output for {item.get('call_id')}: {_short(item.get('output') or '', 80)!r}{status}"
+    if kind == "code_interpreter":
+        return f"code_interpreter: {_short(item.get('code') or '', 60)!r}{status}"
+    return f"{kind}{status}"
+
+
+def turn_summary(view: dict[str, Any], events: int) -> str:
+    """A projected turn for a person: the facts first, then the answer and its items."""
+    usage = view.get("usage") or {}
+    took = ""
+    if view.get("created_at") and view.get("updated_at"):
+        took = f" ({view['updated_at'] - view['created_at']:.1f} s after start)"
+    error = view.get("error")
+    rows = [
+        ["turn", view["id"]],
+        ["status", f"{view['status']} (state {view['state']}, finish_reason {view.get('finish_reason') or '-'})"],
+        ["model", str(view.get("model"))],
+        ["chat", str(view.get("chat_id"))],
+        ["created", local_time(view.get("created_at"))],
+        ["updated", local_time(view.get("updated_at")) + took],
+        ["events", f"{events} (turnlog turns events {view['id']})"],
+        [
+            "usage",
+            ", ".join(f"{k.removesuffix('_tokens')} {usage[k]}" for k in ("prompt_tokens", "completion_tokens", "total_tokens") if k in usage) + " tokens"
+            if usage
+            else "-",
+        ],
+        ["error", f"{error.get('message')} ({error.get('type')})" if error else "-"],
+    ]
+    for key in ("title", "tags", "follow_ups"):
+        if view.get(key) is not None:
+            rows.append([key, json.dumps(view[key], ensure_ascii=False)])
+    lines = [f"{k:<8} {v}" for k, v in rows]
+    for warning in view.get("warnings") or []:
+        lines.append(f"warning  {warning}")
+    if view.get("reasoning_content"):
+        lines.append("reasoning:")
+        lines.extend("  " + line for line in view["reasoning_content"].splitlines())
+    lines.append("content:" if view.get("content") else "content: (none)")
+    lines.extend("  " + line for line in (view.get("content") or "").splitlines())
+    output = view.get("output") or []
+    lines.append(f"output: {len(output)} item{'' if len(output) == 1 else 's'}")
+    lines.extend(f"  {i}. {_item_line(item)}" for i, item in enumerate(output, 1))
+    return "\n".join(lines)
 
 
 async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -> int:
@@ -72,6 +155,13 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         f"event loop {loop_name})",
         flush=True,
     )
+    if settings.demo:
+        print(
+            "demo mode: model 'demo' and tool 'clock' are on. Try:\n"
+            f"  curl -N http://{settings.host}:{settings.port}/v1/chat/completions -H 'Content-Type: application/json' "
+            '-d \'{"model": "demo", "stream": true, "messages": [{"role": "user", "content": "count to 20"}]}\'',
+            flush=True,
+        )
     app = create_app(settings)
 
     async def gc_after_startup(_app: web.Application) -> None:
@@ -94,16 +184,28 @@ def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
     async def run(store: Any) -> int:
         if args.action == "list":
             records = await store.list_turns(chat_id=args.chat, status=args.status, limit=args.limit)
-            print(f"{'TURN':<30} {'CHAT':<30} {'STATUS':<12} {'MODEL':<20} CREATED")
-            for r in records:
-                print(f"{r.id:<30} {r.chat_id:<30} {r.status:<12} {r.model:<20} {r.created_at:.3f}")
+            if args.json:
+                fields = ("id", "chat_id", "user_id", "model", "status", "created_at", "updated_at")
+                _print_json({"turns": [{f: getattr(r, f) for f in fields} for r in records]})
+                return 0
+            if not records:
+                print("turnlog: no turns match", file=sys.stderr)
+                return 0
+            # The turn id stays the first column of each row after the header (scripts cut it).
+            rows = [[r.id, r.chat_id, r.status, r.model, local_time(r.created_at), local_time(r.updated_at)] for r in records]
+            print(table(["TURN", "CHAT", "STATUS", "MODEL", "CREATED", "UPDATED"], rows))
             return 0
         record = await store.get_turn(args.turn_id)
         if record is None:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
         if args.action == "show":
-            _print_json(fold(record.id, await store.read(record.id)).public())
+            events = await store.read(record.id)
+            view = fold(record.id, events).public()
+            if args.json:
+                _print_json(view)
+            else:
+                print(turn_summary(view, len(events)))
             return 0
         # events
         after = args.after
@@ -165,8 +267,19 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
                 result = await verify_turn(events, scratch)
             finally:
                 await scratch.close()
+        recorded, compared = len(events), len(result.expected)
+        if args.json:
+            _print_json({"turn_id": args.turn_id, "ok": result.ok, "events_recorded": recorded, "events_compared": compared, "diff": result.diff})
+            return 0 if result.ok else 1
         if result.ok:
-            print(f"ok: {len(result.expected)} events reproduced")
+            if compared < recorded:
+                how = (
+                    f"compared as {compared} after merging consecutive model.delta windows "
+                    "(group-commit batching depends on timing, so the windows may differ)"
+                )
+            else:
+                how = "compared one by one"
+            print(f"ok: turn {args.turn_id} reproduced: {recorded} events recorded, {how}")
             return 0
         print(f"turnlog: turn {args.turn_id} does not verify:", file=sys.stderr)
         for line in result.diff:
@@ -194,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host")
     serve.add_argument("--port", type=int)
     serve.add_argument("--config", dest="config_sub")
+    serve.add_argument(
+        "--demo", action="store_true", default=None,
+        help="also serve the built-in scripted model 'demo' and the 'clock' tool (no key, no network)",
+    )
     serve.set_defaults(fn=cmd_serve)
 
     sub.add_parser("migrate", help="upgrade the database schema").set_defaults(fn=cmd_migrate)
@@ -204,8 +321,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--chat")
     listing.add_argument("--status")
     listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--json", action="store_true", help="one JSON document {\"turns\": [...]} (epoch seconds)")
     show = turns_sub.add_parser("show")
     show.add_argument("turn_id")
+    show.add_argument("--json", action="store_true", help="the projected turn as JSON (as GET /v1/turns/ID)")
     events = turns_sub.add_parser("events")
     events.add_argument("turn_id")
     events.add_argument("--after", type=int, default=0)
@@ -218,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     verify = sub.add_parser("verify", help="re-run a turn's engine against its recorded results")
     verify.add_argument("turn_id")
+    verify.add_argument("--json", action="store_true", help="one JSON document: ok, event counts, diff")
     verify.set_defaults(fn=cmd_verify)
 
     keys = sub.add_parser("keys", help="API keys")
@@ -237,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
             database_url=args.database_url,
             host=getattr(args, "host", None),
             port=getattr(args, "port", None),
+            demo=getattr(args, "demo", None),
         )
     except Exception as exc:  # a bad config file or variable: say which
         print(f"turnlog: invalid configuration: {exc}", file=sys.stderr)

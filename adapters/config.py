@@ -72,6 +72,10 @@ class Settings(BaseSettings):
     # Young-generation threshold of Python's cyclic GC in `serve` (0 keeps
     # Python's default of 700); see adapters.cli.tune_gc.
     gc_gen0_threshold: int = Field(default=100_000, ge=0)
+    # `turnlog serve --demo`: the built-in scripted model `demo` and the `clock`
+    # demo tool, to try the service without an upstream; seconds between its chunks.
+    demo: bool = False
+    demo_chunk_delay: float = Field(default=0.1, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
 
     @field_validator("auth", mode="before")

@@ -259,9 +259,12 @@ class TurnInterrupted(EventData):
 class TurnResumed(EventData):
     """A new owner continues the turn from its last durable event.
 
-    ``from_seq``/``from_pos`` say what was durable; anything a client saw after
-    ``from_pos`` was lost with the old owner and must be dropped. ``epoch`` moves
-    stream positions past anything the old owner could have handed out.
+    ``from_seq``/``from_pos`` are the log's end when the resume was recorded (a
+    ``turn.interrupted`` record included: it takes the position after the durable
+    output, which the old owner may also have handed out live). ``epoch`` moves
+    stream positions past anything the old owner could have handed out; the
+    event itself is the new epoch's first position. What a client must drop is
+    derived by the fold (``projection.ResumePoint``, docs/reconnecting.md).
     """
 
     TYPE: ClassVar[str] = "turn.resumed"

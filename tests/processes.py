@@ -104,10 +104,22 @@ def free_port() -> int:
 
 
 class Server:
-    """``turnlog serve`` on a free port; ``db`` is a SQLite file or a database URL."""
+    """``turnlog serve`` on a free port; ``db`` is a SQLite file or a database URL.
+
+    ``upstream_url`` None: no upstream configured (not even one inherited from
+    the environment); ``args``: more ``serve`` arguments (e.g. ``--demo``);
+    ``gate``: the process waits on stdin before it starts (``tests.gate``)."""
 
     def __init__(
-        self, db: Path | str, upstream_url: str, *, auto_resume: bool, log_dir: Path | None = None, gate: bool = False, **env_extra: str
+        self,
+        db: Path | str,
+        upstream_url: str | None,
+        *,
+        auto_resume: bool,
+        log_dir: Path | None = None,
+        args: tuple[str, ...] = (),
+        gate: bool = False,
+        **env_extra: str,
     ) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -117,15 +129,19 @@ class Server:
             **os.environ,
             **env_extra,
             "TURNLOG_DATABASE_URL": database_url,
-            "TURNLOG_OPENAI_BASE_URL": upstream_url,
             "TURNLOG_OPENAI_API_KEY": "sk-test",
             "TURNLOG_LEASE_SECONDS": "1",
             "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
         }
+        if upstream_url is None:
+            env.pop("TURNLOG_OPENAI_BASE_URL", None)
+            env.pop("TURNLOG_OLLAMA_BASE_URL", None)
+        else:
+            env["TURNLOG_OPENAI_BASE_URL"] = upstream_url
         self.log_path = log_dir / f"serve-{self.port}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            turnlog_command("serve", "--port", str(self.port), gate=gate),
+            turnlog_command("serve", "--port", str(self.port), *args, gate=gate),
             cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
             stdin=subprocess.PIPE if gate else None,
         )

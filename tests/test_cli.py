@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import subprocess
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 
-from tests.harness import Service
+from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server
 from tests.upstream import Reply
 
@@ -46,12 +48,31 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
     turn_id = headers["X-Turn-Id"]
     db = tmp_path / "turnlog.db"
 
+    view = await service.turn(turn_id)
     listing = turnlog(db, "turns", "list", "--chat", "chat-cli")
-    assert listing.returncode == 0 and turn_id in listing.stdout and "completed" in listing.stdout
+    assert listing.returncode == 0, listing.stderr
+    header, row = listing.stdout.splitlines()
+    assert header.split() == ["TURN", "CHAT", "STATUS", "MODEL", "CREATED", "UPDATED"]
+    assert row.split()[0] == turn_id  # scripts cut the id from the second line
+    created = datetime.fromtimestamp(view["created_at"]).strftime("%Y-%m-%d %H:%M:%S")
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d", created)
+    # aligned: every value starts under its column's title
+    for title, value in (("CHAT", "chat-cli"), ("STATUS", "completed"), ("MODEL", "gpt-test"), ("CREATED", created)):
+        assert row.index(value) == header.index(title), (title, listing.stdout)
     assert turn_id not in turnlog(db, "turns", "list", "--status", "failed").stdout
+    as_json = json.loads(turnlog(db, "turns", "list", "--chat", "chat-cli", "--json").stdout)
+    assert [(t["id"], t["status"], t["created_at"]) for t in as_json["turns"]] == [(turn_id, "completed", view["created_at"])]
 
     shown = turnlog(db, "turns", "show", turn_id)
-    assert shown.returncode == 0 and json.loads(shown.stdout)["content"] == "cli answer"
+    assert shown.returncode == 0, shown.stderr
+    summary = shown.stdout.splitlines()
+    assert f"turn     {turn_id}" in summary and "status   completed (state done, finish_reason stop)" in summary
+    assert f"created  {created}" in summary and "chat     chat-cli" in summary
+    assert summary[summary.index("content:") + 1] == "  cli answer"
+    assert "output: 1 item" in summary and "  1. message: 'cli answer' [completed]" in summary
+    assert any(line.startswith("usage    prompt ") and line.endswith(" tokens") for line in summary)
+    raw = turnlog(db, "turns", "show", turn_id, "--json")
+    assert raw.returncode == 0 and json.loads(raw.stdout) == view
 
     events = turnlog(db, "turns", "events", turn_id)
     lines = [json.loads(line) for line in events.stdout.splitlines()]
@@ -112,6 +133,8 @@ async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Servic
     db = tmp_path / "turnlog.db"
     ok = turnlog(db, "verify", turn_id)
     assert ok.returncode == 0 and ok.stdout.startswith("ok:"), ok.stderr
+    recorded = len(turnlog(db, "turns", "events", turn_id).stdout.splitlines())
+    assert f"ok: turn {turn_id} reproduced: {recorded} events recorded" in ok.stdout
     # forge the log: the engine would never have finalized with this finish reason
     with sqlite3.connect(db) as conn:
         row = conn.execute("select id, data from events where turn_id = ? and type = 'turn.finalized'", (turn_id,)).fetchone()
@@ -120,6 +143,37 @@ async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Servic
         conn.execute("update events set data = ? where id = ?", (json.dumps(data), row[0]))
     forged = turnlog(db, "verify", turn_id)
     assert forged.returncode == 1 and "turn.finalized" in forged.stderr
+    forged_json = turnlog(db, "verify", turn_id, "--json")
+    assert forged_json.returncode == 1
+    report = json.loads(forged_json.stdout)
+    assert report["ok"] is False and any("turn.finalized" in line for line in report["diff"])
     with sqlite3.connect(db) as conn:  # put the truth back for the teardown's verify
         conn.execute("update events set data = ? where id = ?", (row[1], row[0]))
     assert turnlog(db, "verify", "turn_missing").returncode == 1
+
+
+@pytest.mark.sqlite_only
+async def test_verify_explains_the_merged_delta_windows(upstream: Any, database_url: str, tmp_path: Path) -> None:
+    """A turn written in several delta windows is compared after merging them:
+    the report gives both counts and says why they differ."""
+    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=2), upstream)
+    try:
+        upstream.enqueue(Reply(chunks=["a", "b", "c", "d", "e", "f", "g"]))
+        status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}]})
+        assert status == 200
+        turn_id = headers["X-Turn-Id"]
+        deltas = [e for e in await service.events(turn_id) if e["type"] == "model.delta"]
+        recorded = len(await service.events(turn_id))
+    finally:
+        await stop_service(service)
+    assert len(deltas) == 4  # windows of 2 chunks: the seven chunks took four events
+    db = tmp_path / "turnlog.db"
+    ok = turnlog(db, "verify", turn_id)
+    assert ok.returncode == 0, ok.stderr
+    compared = recorded - 3
+    assert ok.stdout.strip() == (
+        f"ok: turn {turn_id} reproduced: {recorded} events recorded, compared as {compared} after merging "
+        "consecutive model.delta windows (group-commit batching depends on timing, so the windows may differ)"
+    )
+    report = json.loads(turnlog(db, "verify", turn_id, "--json").stdout)
+    assert report == {"turn_id": turn_id, "ok": True, "events_recorded": recorded, "events_compared": compared, "diff": []}

@@ -1,7 +1,8 @@
 """The aiohttp application factory.
 
 Everything the service needs is built in one cleanup context, in order: the
-store (migrated), the upstream providers, the model catalog, the supervisor
+store (migrated), the upstream providers (and the demo model with ``--demo``),
+the model catalog (which reports the upstreams it finds), the supervisor
 (which records interrupted turns and resumes them) — and torn down in reverse.
 """
 
@@ -20,7 +21,9 @@ from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.live_pg import PgSignals
+from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
@@ -58,8 +61,13 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
             providers["openai"] = openai_cls(settings.openai_base_url, key, **timeouts)
         if settings.ollama_base_url:
             providers["ollama"] = OllamaProvider(settings.ollama_base_url, **timeouts)
+        if settings.demo:
+            # Listed first: the id `demo` is always the built-in model, even if
+            # an upstream has one of that name (that one becomes `openai/demo`).
+            providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
         catalog = Catalog(settings, providers)
-        tools: ToolCatalog = DirToolCatalog(settings.tools_dir) if settings.tools_dir else NoTools()
+        tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
+        tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         bus = InProcessBus()
         signals: PgSignals | None = None
         owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
@@ -88,10 +96,12 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
         holder["services"] = svc
         app[SERVICES] = svc
         await supervisor.start()
+        catalog.start()  # logs the upstreams (or that there is none) and their models
         try:
             yield
         finally:
             await supervisor.stop()
+            await catalog.close()
             if signals is not None:
                 await signals.close()
             for provider in providers.values():

@@ -46,7 +46,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
     """Check what a turn request refers to, then start it (HTTP and WebSocket alike)."""
     if await svc.catalog.resolve(body.model) is None:
-        raise ApiError(404, f"model '{body.model}' not found", "not_found_error", "model_not_found", "model")
+        hint = "GET /v1/models lists the models of the configured upstreams"
+        if not svc.catalog.providers:
+            hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL or TURNLOG_OLLAMA_BASE_URL, or run turnlog serve --demo)"
+        raise ApiError(404, f"model '{body.model}' not found: {hint}", "not_found_error", "model_not_found", "model")
     unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
@@ -117,8 +120,15 @@ async def stream_turn(
 
 
 async def list_models(request: web.Request) -> web.Response:
+    """The models of every reachable upstream. When the list may be short (no
+    upstream configured, one unreachable) a ``turnlog`` field says why: the
+    answer stays a 200 that OpenAI clients parse, and the reason is not lost."""
     svc = services(request)
-    return web.json_response({"object": "list", "data": await svc.catalog.list_models()})
+    body: dict[str, object] = {"object": "list", "data": await svc.catalog.list_models()}
+    problems = svc.catalog.problems()
+    if problems:
+        body["turnlog"] = problems
+    return web.json_response(body)
 
 
 def setup(app: web.Application) -> None:

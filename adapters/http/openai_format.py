@@ -3,7 +3,9 @@
 The renderer turns a follower's output (chunks and events at stream positions)
 into SSE messages whose ``id`` is the position. It keeps ``last_sent`` so a
 reconnect with ``Last-Event-ID`` resumes right after it, and it is cheap per
-chunk: the fixed part of every chunk is serialized once.
+chunk: the fixed part of every chunk is serialized once. A client that was shown
+text a dead owner never made durable gets the ``turnlog.resumed`` notice chunk
+(docs/reconnecting.md).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import orjson
 
 from engine.fold.turn_view import ChunkOut, TurnView
 from engine.run.follow import EventOut, Out
+from engine.context.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
@@ -100,12 +103,17 @@ class ChunkRenderer:
         if t == "turn.started":
             return [self._chunk({"role": "assistant", "content": ""})]
         if t == "turn.resumed":
-            if event.data.get("from_pos", 0) < self.last_sent:
-                # This client saw text a dead owner never made durable: tell it
-                # where the durable answer ends so it can drop the rest.
-                notice = {"resumed": {"from_pos": event.data["from_pos"], "epoch": event.data["epoch"]}}
-                return [self._chunk({}, extra={"turnlog": notice})]
+            point = out.resume
+            # ``render`` shows this event only to a client behind its position (the
+            # new epoch's first); one that was shown output past the durable end
+            # holds text a dead owner never made durable: tell it how much of
+            # what it shows to keep (docs/reconnecting.md).
+            if point is not None and self.last_sent > point.from_pos:
+                return [self._chunk({}, extra={"turnlog": {"resumed": point.notice()}})]
             return []
+        if t == "assembly.step" and event.data.get("step") == UNSUPPORTED_STEP:
+            # Request fields that do nothing yet: said before the answer starts.
+            return [self._chunk({}, extra={"turnlog": {"warnings": warnings_of(event.data.get("detail") or {})}})]
         if t == "tool.event":
             return [self._chunk({}, extra={"turnlog": {"tool_event": event.data}})]
         if t == "turn.iteration_limit":
@@ -165,8 +173,13 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": view.finish_reason or "stop"}],
         "usage": _openai_usage(view.usage),
     }
+    extension: dict[str, Any] = {}
     if view.status != "completed":
-        body["turnlog"] = {"status": view.status}
+        extension["status"] = view.status
+    if view.warnings:
+        extension["warnings"] = list(view.warnings)
+    if extension:
+        body["turnlog"] = extension
     return body
 
 

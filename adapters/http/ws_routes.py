@@ -4,7 +4,11 @@ Each subscription is a pump task: durable events after the client's cursor from
 the log, then the live tail. ``event`` messages go out in seq order, exactly
 once; ``delta`` messages are a live preview tagged with the seq of the durable
 event that will carry them, so a client drops a delta whose seq it already has
-as an event. Closing the socket stops the pumps, never the turns.
+as an event. A subscriber that joins mid-window gets the window's deltas so far
+(as an SSE follower does), so it shows the text being generated at once. After
+a ``turn.resumed`` event comes a ``resumed`` message saying where the durable
+answer ended, so a client shown text a dead owner never made durable can drop
+it (docs/reconnecting.md). Closing the socket stops the pumps, never the turns.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from adapters.http.schemas import parse_chat_request
 from engine.events import TERMINAL_TYPES, Event
 from engine.ports import WAKE, LiveDelta, LiveEvent, LiveRequest
 from engine.run.supervisor import TurnConflict
+from engine.fold.turn_view import fold
 
 log = logging.getLogger("turnlog.ws")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -122,7 +127,7 @@ class Connection:
     async def pump(self, turn_id: str, after: int) -> None:
         store = self.svc.store
         joined = self.svc.supervisor.join(turn_id, runs_tools=True)
-        sub, history = joined.subscription, joined.history
+        sub, window, history = joined.subscription, joined.window, joined.history
         last = after
 
         async def send_events(events: list[Event]) -> bool:
@@ -132,9 +137,23 @@ class Connection:
                     continue
                 await self.send({"type": "event", "turn_id": turn_id, "seq": event.seq, "event": {"type": event.type, "at": event.at, "data": event.data}})
                 last = event.seq
+                if event.type == "turn.resumed":
+                    await send_resumed(event)
                 if event.type in TERMINAL_TYPES:
                     return True
             return False
+
+        async def send_resumed(event: Event) -> None:
+            # Rare (once per crash): the durable answer at the resume is the fold
+            # of the log up to it.
+            point = fold(turn_id, await store.read(turn_id), upto=event.seq).resume_point
+            if point is not None:
+                await self.send({"type": "resumed", "turn_id": turn_id, "seq": event.seq, **point.notice()})
+
+        async def send_delta(item: LiveDelta) -> None:
+            if item.seq > last:
+                for piece in item.pieces:
+                    await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
 
         try:
             # The actor's committed events, while it still holds them all, stand
@@ -142,6 +161,10 @@ class Connection:
             first = [e for e in history if e.seq > after] if history is not None else await store.read(turn_id, after=after)
             if await send_events(first):
                 return
+            # The open window's chunks so far (taken with the subscription): the
+            # live tail continues right after them.
+            for delta in window:
+                await send_delta(delta)
             while True:
                 messages = sub.drain()
                 if not messages:
@@ -159,9 +182,7 @@ class Connection:
                         return
                 for item in messages:
                     if isinstance(item, LiveDelta):
-                        if item.seq > last:
-                            for piece in item.pieces:
-                                await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                        await send_delta(item)
                     elif isinstance(item, LiveRequest):
                         await self.send(item.payload)
                     elif isinstance(item, LiveEvent):

@@ -11,18 +11,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from adapters.tools.loader import ModuleTools, load_tools_dir, merge_tools
+from adapters.tools.loader import LoadError, ModuleTools, load_tools_dir, merge_tools
 
 log = logging.getLogger("turnlog.tools")
 
 
 class DirToolCatalog:
-    def __init__(self, path: str | Path) -> None:
-        self.modules: dict[str, ModuleTools]
-        self.modules, errors = load_tools_dir(path)
-        for error in errors:
-            log.error("tool module %s not loaded: %s", error.path, error.message)
-        self.errors = errors
+    """The modules of one or more folders; on a clashing tool id the earlier
+    folder wins (an operator's ``TURNLOG_TOOLS_DIR`` over the demo's tools)."""
+
+    def __init__(self, path: str | Path, *more: str | Path) -> None:
+        self.modules: dict[str, ModuleTools] = {}
+        self.errors: list[LoadError] = []
+        for folder in (path, *more):
+            modules, errors = load_tools_dir(folder)
+            for error in errors:
+                log.error("tool module %s not loaded: %s", error.path, error.message)
+            self.errors.extend(errors)
+            for tool_id, module in modules.items():
+                self.modules.setdefault(tool_id, module)
 
     def known_ids(self) -> set[str]:
         return set(self.modules)

@@ -13,6 +13,7 @@ from typing import Any
 
 from engine.context.assemble import ModelProfile, assemble
 from engine.context.history import History
+from engine.context.unsupported import unsupported_step
 from engine.fold.chat import chat_turn_views, stored_history
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.tools.legacy import build_selection_request, parse_selection, tool_source
@@ -75,6 +76,11 @@ class LiveAssembler:
                 turn_refs=assembled.turn_refs,
             )
         )
+        # Fields the client switched on that do nothing yet: recorded first, so the
+        # client is told early in the stream (engine.context.unsupported).
+        ignored = unsupported_step(turn.request)
+        if ignored is not None:
+            steps.insert(0, ignored)
         return steps
 
     async def _legacy_tools(

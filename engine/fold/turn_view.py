@@ -16,7 +16,9 @@ position, strictly increasing within the turn. They are not stored per chunk;
 the fold derives them (a ``model.delta`` carries only its first chunk's position
 and the chunk lengths). After a resume, positions jump to the new epoch so that
 nothing a dead owner handed out live can collide with what the new owner
-produces.
+produces; the ``turn.resumed`` event is the new epoch's first position, and the
+view records where the durable answer ended then (``ResumePoint``), for clients
+that were shown more than that.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
+from engine.context.assemble import legacy_code_interpreter
+from engine.context.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
 from engine.machine import STATUS_AFTER, TurnMachine
 from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
 
@@ -45,6 +49,39 @@ class ChunkOut:
 
     pos: int
     pieces: tuple[Piece, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    """Where the durable answer ended when a turn was resumed after its owner died.
+
+    A client that was shown output past ``from_pos`` (in the dead owner's epoch)
+    holds text the log never got; the resumed turn re-generates from the durable
+    end, so the client must keep only the first ``content_length`` code points of
+    the content (``reasoning_length`` of the reasoning) it shows, then append
+    what follows (docs/reconnecting.md).
+
+    ``from_pos`` is the last position whose output is durable. It can be one less
+    than the ``turn.resumed`` event's own ``from_pos``, which also counts the
+    ``turn.interrupted`` record (that record takes the position right after the
+    durable end, a position the dead owner may have handed out live).
+    """
+
+    seq: int  # the turn.resumed event
+    pos: int  # its stream position: the first of the new epoch
+    from_pos: int
+    epoch: int
+    content_length: int
+    reasoning_length: int
+
+    def notice(self) -> dict[str, int]:
+        """The client-facing shape (SSE ``turnlog.resumed``, WebSocket ``resumed``)."""
+        return {
+            "from_pos": self.from_pos,
+            "epoch": self.epoch,
+            "content_length": self.content_length,
+            "reasoning_length": self.reasoning_length,
+        }
 
 
 class ItemIds:
@@ -80,21 +117,12 @@ class Positions:
         return self.last_event
 
     def new_epoch(self, epoch: int) -> None:
+        """The resume itself takes the first position of the new epoch: above
+        anything the dead owner handed out live, so a client whose Last-Event-ID
+        is such a position still gets it (and the notice)."""
         self.epoch = epoch
-        self.next = epoch_base(epoch) + 1
-
-
-def legacy_code_interpreter(request: dict[str, Any]) -> bool:
-    """Legacy (prompt-based) function calling with the code interpreter feature
-    on: ``<code_interpreter>`` blocks in the answer become items that run."""
-    params = request.get("params")
-    features = request.get("features")
-    return (
-        isinstance(params, dict)
-        and params.get("function_calling") == "default"
-        and isinstance(features, dict)
-        and bool(features.get("code_interpreter"))
-    )
+        self.last_event = epoch_base(epoch)
+        self.next = self.last_event + 1
 
 
 Handler = Callable[["TurnView", dict[str, Any]], list[ChunkOut] | None]
@@ -126,6 +154,11 @@ class TurnView:
         self.turn_refs: list[dict[str, Any]] = []
         self.last_seq = 0
         self.pos = Positions()
+        # The last durable position before a ``turn.interrupted`` record (which
+        # takes a position of its own), and the latest resume.
+        self._durable_before: int = 0
+        self.interrupted_after = 0
+        self.resume_point: ResumePoint | None = None
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
@@ -194,14 +227,16 @@ class TurnView:
                 self.pos.last_event = data["pos"] + len(data["lens"]) - 1
                 return []
             return self._fold_delta(data)
+        self._durable_before = self.pos.last_event
         self.pos.take()
-        status = STATUS_AFTER.get(event.type)
-        if status is not None:
-            self.status = status
         if event.type == "turn.started":
             self.created_at = event.at
         handler = _HANDLERS.get(event.type)
-        return (handler(self, data) or []) if handler is not None else []
+        out = (handler(self, data) or []) if handler is not None else []
+        status = STATUS_AFTER.get(event.type)
+        if status is not None:
+            self.status = status
+        return out
 
     # -- handlers, one per event type ------------------------------------------------
 
@@ -236,6 +271,10 @@ class TurnView:
 
     def _on_model_warning(self, data: dict[str, Any]) -> None:
         self.warnings.append(data["message"])
+
+    def _on_assembly_step(self, data: dict[str, Any]) -> None:
+        if data.get("step") == UNSUPPORTED_STEP:
+            self.warnings.extend(warnings_of(data.get("detail") or {}))
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")
@@ -310,8 +349,21 @@ class TurnView:
         elif task == "follow_ups" and isinstance(result, list):
             self.follow_ups = result
 
+    def _on_interrupted(self, data: dict[str, Any]) -> None:
+        self.interrupted_after = self._durable_before
+
     def _on_resumed(self, data: dict[str, Any]) -> None:
+        # The status is still the one before this event (set after the handler).
+        durable = self.interrupted_after if self.status == "interrupted" else self._durable_before
         self.pos.new_epoch(data["epoch"])
+        self.resume_point = ResumePoint(
+            seq=self.last_seq,
+            pos=self.pos.last_event,
+            from_pos=durable,
+            epoch=self.pos.epoch,
+            content_length=len(self.content),
+            reasoning_length=len(self.reasoning_content),
+        )
 
     def _on_stopped(self, data: dict[str, Any]) -> list[ChunkOut]:
         """``turn.cancelled`` / ``turn.failed``: what was cut off is incomplete."""
@@ -464,6 +516,7 @@ _HANDLERS: dict[str, Handler] = {
     "model.requested": TurnView._on_model_requested,
     "model.item": TurnView._on_model_item,
     "model.warning": TurnView._on_model_warning,
+    "assembly.step": TurnView._on_assembly_step,
     "model.completed": TurnView._on_model_completed,
     "tools.batch": TurnView._on_tools_batch,
     "tool.started": TurnView._on_tool_started,
@@ -471,6 +524,7 @@ _HANDLERS: dict[str, Handler] = {
     "turn.iteration_limit": TurnView._on_iteration_limit,
     "turn.finalized": TurnView._on_finalized,
     "background.result": TurnView._on_background_result,
+    "turn.interrupted": TurnView._on_interrupted,
     "turn.resumed": TurnView._on_resumed,
     "turn.cancelled": TurnView._on_stopped,
     "turn.failed": TurnView._on_stopped,

@@ -81,8 +81,9 @@ class TurnActor:
         self.bus = bus
         self.task: asyncio.Task[None] | None = None
         self._loop = asyncio.get_running_loop()
-        # Delta batch (group commit window).
-        self._batch: list[str] = []
+        # Delta batch (group commit window): the chunks as published, so that a
+        # subscriber joining mid-window gets them exactly as the others did.
+        self._batch: list[LiveDelta] = []
         self._batch_kind = "text"
         self._batch_pos = 0
         self._batch_seq = 0
@@ -164,12 +165,7 @@ class TurnActor:
 
         A subscriber that joins mid-window takes these together with its
         subscription (no await in between), so it misses nothing."""
-        out = []
-        pos = self._batch_pos
-        for text in self._batch:
-            out.append(LiveDelta(self._batch_seq, pos, self._batch_kind, text, ()))
-            pos += 1
-        return out
+        return list(self._batch)
 
     async def _main(self, resume: bool) -> None:
         try:
@@ -247,9 +243,9 @@ class TurnActor:
             self._batch_seq = v.last_seq + 1
             self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
         pos = v.pos.next
-        pieces = v.feed_chunk(kind, text)
-        self._batch.append(text)
-        self.bus.publish(self.turn_id, LiveDelta(self._batch_seq, pos, kind, text, pieces))
+        delta = LiveDelta(self._batch_seq, pos, kind, text, v.feed_chunk(kind, text))
+        self._batch.append(delta)
+        self.bus.publish(self.turn_id, delta)
         if len(self._batch) >= self._settings.flush_max_chunks:
             self._flush()
 
@@ -263,7 +259,8 @@ class TurnActor:
         self._cancel_timer()
         if not self._batch or self._lost:
             return
-        texts, self._batch = self._batch, []
+        texts = [delta.text for delta in self._batch]
+        self._batch = []
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self._view.apply(event, live_applied=True)
         # No task per window: the store's future, and the bookkeeping in its

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.events import Event
-from engine.fold.turn_view import ChunkOut, TurnView
+from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage
 from engine.run.live import Joined
 from engine.fold.accumulator import Piece
@@ -34,6 +34,9 @@ class EventOut:
     # Copies of the output items the event changed, as they were right after it
     # (rendering later must not see later states).
     items: tuple[dict[str, Any], ...] = ()
+    # For ``turn.resumed``: where the durable answer ended (rendered later, after
+    # the view may have folded more, so it is taken when the event is folded).
+    resume: ResumePoint | None = None
 
 
 Out = ChunkOut | EventOut
@@ -71,7 +74,8 @@ class TurnFollower:
             raise Gap("resumed after a lost tail")
         else:
             released = tuple(p for chunk in v.apply(event) for p in chunk.pieces)
-            out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)))]
+            resume = v.resume_point if event.type == "turn.resumed" else None
+            out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)), resume)]
             if event.type == "turn.resumed":
                 self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
         out.extend(self._drain())
