@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import functools
 import logging
+from contextlib import aclosing
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.events import Event
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage
+from engine.events import TERMINAL_TYPES
+from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
 from engine.run.live import Joined
 from engine.fold.accumulator import Piece
 
@@ -152,6 +154,96 @@ class DirectOutput(Protocol):
         ...
 
 
+Tailed = Event | LiveDelta | LiveRequest
+
+
+async def tail(
+    store: EventStore,
+    join: Callable[[str], Joined],
+    turn_id: str,
+    *,
+    after: int = 0,
+    poll_seconds: float = POLL_SECONDS,
+    sink: Callable[[LiveMessage], bool] | None = None,
+) -> AsyncIterator[list[Tailed]]:
+    """A turn's durable events after seq ``after`` — each exactly once, in seq
+    order — and its live messages, until a terminal event (or shutdown).
+
+    Every client connection of a turn reads it through here: SSE followers fold
+    it (``follow``), WebSocket pumps render it as it comes. The first list is the
+    catch-up (the actor's history when it still holds it, else the log) and the
+    chunks of the actor's open window; then what the live subscription brings.
+    The log stays the source of truth: a lagged subscription, an event past the
+    next seq, a wake-up from another process or a quiet spell of
+    ``poll_seconds`` each lead to a re-read of the log after the last seq, so a
+    missed live message delays output but never loses it. An empty list is a
+    heartbeat (the consumer may send a keep-alive). A live chunk whose durable
+    event was already yielded is dropped.
+
+    ``sink``: a synchronous consumer for live messages (``Subscription.sink``),
+    tried while this generator waits with nothing queued.
+    """
+    joined = join(turn_id)
+    sub = joined.subscription
+    last = after
+    done = False
+
+    def durable(events: list[Event]) -> list[Tailed]:
+        nonlocal last, done
+        out: list[Tailed] = []
+        for event in events:
+            if event.seq <= last or done:
+                continue
+            out.append(event)
+            last = event.seq
+            done = event.type in TERMINAL_TYPES
+        return out
+
+    async def reread() -> list[Tailed]:
+        return durable(await store.read(turn_id, after=last))
+
+    if sink is not None:
+        sub.sink = sink
+    try:
+        history = joined.history
+        first = durable(history if history is not None else await store.read(turn_id, after=after))
+        first.extend(d for d in joined.window if d.seq > last)
+        yield first
+        while not done:
+            messages = sub.drain()
+            if not messages:
+                message = await sub.get(poll_seconds)
+                if message is None:
+                    if sub.closed:
+                        return
+                    sub.reset()
+                    yield await reread()
+                    continue
+                messages = [message, *sub.drain()]
+            out: list[Tailed] = []
+            if any(item is WAKE for item in messages):
+                # Appended elsewhere: the log has it (and this process's own
+                # live items are in the log too).
+                out.extend(await reread())
+            for item in messages:
+                if isinstance(item, LiveEvent):
+                    if item.event.seq > last + 1:  # missed something: the log has it
+                        out.extend(await reread())
+                    else:
+                        out.extend(durable([item.event]))
+                elif isinstance(item, LiveDelta):
+                    if item.seq > last:
+                        out.append(item)
+                elif isinstance(item, LiveRequest):
+                    out.append(item)
+                if done:
+                    break
+            yield out
+    finally:
+        sub.sink = None
+        sub.close()
+
+
 async def follow(
     store: EventStore,
     join: Callable[[str], Joined],
@@ -160,16 +252,12 @@ async def follow(
     poll_seconds: float = POLL_SECONDS,
     direct: DirectOutput | None = None,
 ) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
-    """Catch up from the log, then tail the turn live until it ends.
+    """``tail`` folded: the turn's output (chunks and events at stream
+    positions) as one client shows it, from the first position on.
 
-    ``join(turn_id)`` returns the subscription, the actor's open window and
-    the history taken together; ``history`` (the committed events, when the
-    live actor still holds them all) saves the first read of the log.
-    The log stays the source of truth: a lagged subscription, an out-of-order
-    event or a quiet second (a turn owned elsewhere, or interrupted) each lead to
-    a re-read of the log after the follower's last seq, so a missed live message
-    delays output but never loses it. Yields ``(follower, outs)``; an empty
-    ``outs`` is a heartbeat (the caller may send a keep-alive).
+    Yields ``(follower, outs)``; an empty ``outs`` is a heartbeat. A follower that
+    falls out of step with the log (a gap, or live text that the log lost in a
+    crash) is rebuilt from the log.
 
     With ``direct``, a live delta that arrives while the caller is waiting for
     the next item (everything before it already consumed) is folded and handed
@@ -178,58 +266,34 @@ async def follow(
     hop sooner. Events (and anything while ``direct`` is not ready) take the
     normal path.
     """
-    joined = join(turn_id)
-    sub, window, history = joined.subscription, joined.window, joined.history
     state = _Direct()
-    if direct is not None:
-        sub.sink = functools.partial(_sink, direct, state)
     follower = state.follower = TurnFollower(turn_id)
-    try:
-        outs = _catch_up(follower, history if history is not None else await store.read(turn_id))
-        for delta in window:
-            outs.extend(follower.on_delta(delta))
-        yield follower, outs
-        state.live = True
-        while not follower.finished:
-            messages = sub.drain()
-            if not messages:
-                message = await sub.get(poll_seconds)
-                if message is None:
-                    if sub.closed:
-                        break
-                    sub.reset()
-                    outs, state.undelivered = state.undelivered, []
-                    follower, resynced = await _resync(store, follower, turn_id)
-                    state.follower = follower
-                    yield follower, outs + resynced
-                    continue
-                messages = [message, *sub.drain()]
+    sink = functools.partial(_sink, direct, state) if direct is not None else None
+    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink)) as tailed:
+        async for items in tailed:
             outs, state.undelivered = state.undelivered, []
-            if state.broken or any(item is WAKE for item in messages):
-                # Appended elsewhere (the log has it: live items here are then
-                # only this process's own, and the log includes them too), or
-                # the direct path failed to fold a delta: rebuild from the log.
+            if state.broken:
+                # The direct path failed to fold a delta: rebuild from the log.
                 state.broken = False
-                follower, resynced = await _resync(store, follower, turn_id)
-                outs.extend(resynced)
+                follower, rebuilt = await _rebuild(store, turn_id)
                 state.follower = follower
-                messages = [item for item in messages if item is not WAKE]
+                outs.extend(rebuilt)
             try:
-                for item in messages:
+                for item in items:
                     if isinstance(item, LiveDelta):
                         outs.extend(follower.on_delta(item))
-                    elif isinstance(item, LiveEvent):
-                        outs.extend(follower.on_event(item.event))
+                    elif isinstance(item, Event):
+                        outs.extend(follower.on_event(item))
             except (Gap, ValueError):
                 # Out of step with the log (a gap, or live text that does not
                 # line up): the log decides; rebuild from it.
                 yield follower, outs
-                follower, outs = await _resync(store, follower, turn_id)
+                follower, outs = await _rebuild(store, turn_id)
                 state.follower = follower
             yield follower, outs
-    finally:
-        sub.sink = None
-        sub.close()
+            state.live = True
+            if follower.finished:
+                return
 
 
 @dataclass
@@ -276,11 +340,8 @@ def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
     return outs
 
 
-async def _resync(store: EventStore, follower: TurnFollower, turn_id: str) -> tuple[TurnFollower, list[Out]]:
-    """Re-read the log after the follower; rebuild it if live text was lost."""
-    events = await store.read(turn_id, after=follower.last_seq)
-    try:
-        return follower, _catch_up(follower, events)
-    except (Gap, ValueError):
-        fresh = TurnFollower(turn_id)
-        return fresh, _catch_up(fresh, await store.read(turn_id))
+async def _rebuild(store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+    """A new follower of the whole log (what it yields again, the renderer's
+    position filter drops)."""
+    fresh = TurnFollower(turn_id)
+    return fresh, _catch_up(fresh, await store.read(turn_id))
