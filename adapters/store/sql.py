@@ -48,23 +48,28 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import json
 import logging
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
 from sqlalchemy import Float, Text, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store import postgres as _pg
+from adapters.store.common import (
+    after_failure,
+    dumps as _dumps,
+    event_rows as _event_rows,
+    hash_api_key,
+    loads as _loads,
+    new_api_key,
+    stale_token,
+)
 from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN
 from engine.blobs import blob_id as _blob_id
@@ -73,29 +78,12 @@ from engine.ports import (
     ChatRecord,
     ConcurrencyError,
     IndexUpdate,
-    LeaseLost,
     TurnRecord,
 )
 
 log = logging.getLogger(__name__)
 
-_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def _dumps(obj: Any) -> str:
-    """Compact JSON text; orjson (every flush window is encoded) with the stdlib for
-    what orjson refuses (integers beyond 64 bits, non-string keys)."""
-    try:
-        return orjson.dumps(obj).decode()
-    except TypeError:
-        return _json_dumps(obj)
-
-
-def _loads(text: str | bytes) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)  # e.g. integers beyond 64 bits
+__all__ = ["SqlEventStore", "hash_api_key"]
 
 _STOP = object()
 
@@ -104,12 +92,6 @@ Op = Callable[[Connection], Any]
 
 #: Per request: (True, result) or (False, exception).
 Results = list[tuple[bool, Any]]
-
-
-
-def hash_api_key(key: str) -> str:
-    """What ``api_keys.key_hash`` holds for ``key``: its sha256, hex."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class _Append:
@@ -354,7 +336,7 @@ class SqlEventStore:
         await self._submit(_Op, lambda conn: conn.execute(_RELEASE_TURN, params))
 
     async def create_api_key(self, user_id: str) -> str:
-        key = "tl-" + secrets.token_urlsafe(32)
+        key = new_api_key()
         stmt = api_keys.insert().values(
             key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock()
         )
@@ -682,15 +664,9 @@ class SqlEventStore:
             for i in range(start, end):
                 req = batch[i]
                 if req.fencing is not None and current.get(req.turn_id) != req.fencing:
-                    results[i] = (
-                        False,
-                        LeaseLost(
-                            f"turn {req.turn_id}: fencing token {req.fencing} is stale "
-                            f"(current: {current.get(req.turn_id)})"
-                        ),
-                    )
+                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
                 elif (req.turn_id, req.fencing) in self._poisoned:
-                    results[i] = (False, _after_failure(req))
+                    results[i] = (False, after_failure(req.turn_id, req.fencing))
                 else:
                     live.append(i)
         else:
@@ -728,7 +704,7 @@ class SqlEventStore:
         for i in live:
             req = batch[i]
             if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
-                results[i] = (False, _after_failure(req))
+                results[i] = (False, after_failure(req.turn_id, req.fencing))
                 continue
             try:
                 with conn.begin_nested():
@@ -801,13 +777,6 @@ class SqlEventStore:
         return insert(table).on_conflict_do_nothing()
 
 
-def _after_failure(req: Any) -> LeaseLost:
-    return LeaseLost(
-        f"turn {req.turn_id}: an earlier append with fencing token {req.fencing} failed; "
-        "later ones are refused so that the log keeps no gap (resume the turn)"
-    )
-
-
 _RELEASE_TURN = (
     update(turns)
     .where(turns.c.id == bindparam("r_id"), turns.c.owner == bindparam("r_owner"))
@@ -820,11 +789,6 @@ def _executing(stmt: Any) -> Op:
         conn.execute(stmt)
 
     return op
-
-
-def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    """Rows of ``events`` in ``_EVENT_COLUMNS`` order, data as compact JSON."""
-    return [(e.turn_id, e.seq, e.type, e.at, _dumps(e.data)) for e in events]
 
 
 def _turn(row: Row[Any]) -> TurnRecord:
