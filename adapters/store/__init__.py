@@ -1,8 +1,8 @@
 """The event store: one SQL implementation of ``engine.ports.EventStore``.
 
 Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
-(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine, gap-free
-global positions), ``migrate`` (programmatic Alembic upgrade).
+(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine and event
+INSERTs), ``migrate`` (programmatic Alembic upgrade).
 
 Typical start-up::
 

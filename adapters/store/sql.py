@@ -9,9 +9,7 @@ request isolated in its own SAVEPOINT, then commits once and resolves the
 callers' futures. So:
 
 * one fsync serves a whole batch (appends are on the per-token path);
-* writes are serialized: no "database is locked" between our own writers, and
-  global positions (``events.id``) are handed out in commit order, gap-free on
-  SQLite (a savepoint rolled back gives its ids back);
+* writes are serialized: no "database is locked" between our own writers;
 * a request that fails (``ConcurrencyError``, ``LeaseLost``) fails alone;
   the others in its batch commit.
 
@@ -37,11 +35,9 @@ waiting does not withdraw its request: it may still be committed.
 Reads go straight to pooled connections of the ``AsyncEngine`` (WAL lets them
 run while the writer writes) and see everything whose write call has returned.
 
-Global positions (``events.id``, :meth:`SqlEventStore.read_all`) follow commit
-order with no gaps on both backends: on SQLite because one writer holds the
-write lock per transaction; on PostgreSQL because a group commit that inserts
-events takes ``LOCK TABLE events IN EXCLUSIVE MODE`` first and numbers its rows
-from ``max(id)`` (``adapters.store.postgres``).
+Events are read per turn, in ``seq`` order; ``events.id`` is only a surrogate
+key (no reader follows the log across turns by it: see
+``adapters.store.postgres``).
 """
 
 from __future__ import annotations
@@ -118,13 +114,6 @@ class _Op:
     def __init__(self, fn: Op, future: asyncio.Future[Any]) -> None:
         self.fn = fn
         self.future = future
-
-
-class _EventOp(_Op):
-    """An ``_Op`` that inserts events (``start_turn``): on PostgreSQL its batch
-    takes the events lock (``adapters.store.postgres``)."""
-
-    __slots__ = ()
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
@@ -249,7 +238,7 @@ class SqlEventStore:
                     raise ConcurrencyError(f"turn {turn.id}: event seq already taken") from exc
             return 1
 
-        return await self._submit(_EventOp, op)
+        return await self._submit(_Op, op)
 
     async def append(
         self,
@@ -395,30 +384,6 @@ class SqlEventStore:
         return [
             upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
             for seq, type_, at, data in rows
-        ]
-
-    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
-        """Events of all turns after global position ``after_position``, in
-        position order: ``[(position, event), …]``, at most ``limit``.
-
-        Positions are assigned in commit order and gap-free (SQLite: one
-        writer at a time, AUTOINCREMENT given back on rollback; PostgreSQL: see
-        ``adapters.store.postgres``), so a reader that polls with the last
-        position it saw gets every event exactly once, in order, also with
-        several writing processes.
-        """
-        stmt = (
-            select(
-                events.c.id, events.c.turn_id, events.c.seq, events.c.type, events.c.at, events.c.data
-            )
-            .where(events.c.id > after_position)
-            .order_by(events.c.id)
-            .limit(limit)
-        )
-        construct = Event.model_construct
-        return [
-            (position, construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
-            for position, turn_id, seq, type_, at, data in await self._fetch(stmt)
         ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -621,9 +586,6 @@ class SqlEventStore:
 
     def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
         """The body of a group commit (sync; runs inside the open transaction)."""
-        if self._postgres and any(type(r) is _Append or type(r) is _EventOp for r in batch):
-            # Gap-free positions in commit order (see adapters.store.postgres).
-            _pg.lock_events(conn)
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
         while i < n:
