@@ -233,18 +233,19 @@ class MemoryEventStore:
                 raise ConcurrencyError(f"turn {turn.id} already exists")
             if rows and db.taken(rows):
                 raise ConcurrencyError(f"turn {turn.id}: event seq already taken")
+            created_at = float(turn.created_at)  # what a Float column gives back
             chat = db.chats.get(turn.chat_id)
             if chat is None:
-                db.chats[turn.chat_id] = _ChatRow(turn.user_id, None, "[]", turn.created_at, turn.created_at)
-            elif chat.updated_at < turn.created_at:
-                chat.updated_at = turn.created_at  # never back in time
+                db.chats[turn.chat_id] = _ChatRow(turn.user_id, None, "[]", created_at, created_at)
+            elif chat.updated_at < created_at:
+                chat.updated_at = created_at  # never back in time
             db.turns[turn.id] = _TurnRow(
                 chat_id=turn.chat_id,
                 user_id=turn.user_id,
                 model=turn.model,
                 status=turn.status,
-                created_at=turn.created_at,
-                updated_at=turn.updated_at,
+                created_at=created_at,
+                updated_at=float(turn.updated_at),
                 owner=turn.owner,
                 lease_until=lease_until,
                 fencing=1,
@@ -279,7 +280,7 @@ class MemoryEventStore:
         index_row = None
         if index is not None:
             view = None if index.view is None else dumps(index.view)
-            index_row = (index.status, view, rows[-1][3])
+            index_row = (index.status, view, float(rows[-1][3]))
         return self._submit(_Append, rows, turn_id, fencing, index_row)
 
     async def set_chat_meta(
