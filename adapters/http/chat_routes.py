@@ -30,7 +30,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
     await asyncio.shield(actor.done)
-    view = fold(actor.turn_id, await svc.store.read(actor.turn_id))
+    # The actor's own view of a turn it ended is what the log holds (no read
+    # needed); one that stopped writing midway is rebuilt from the log.
+    view = actor.view if actor.view.terminal and not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
     if view.status == "failed":
         error = view.error or {}
         return error_response(

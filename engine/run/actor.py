@@ -128,6 +128,12 @@ class TurnActor:
     def settings(self) -> EngineSettings:
         return self._settings
 
+    @property
+    def lost(self) -> bool:
+        """This actor stopped writing (its lease or a write failed): its view may
+        hold events the log does not; the log decides."""
+        return self._lost
+
     # -- lifecycle -------------------------------------------------------------
 
     def start(self, *, resume: bool = False) -> None:
