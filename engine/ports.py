@@ -11,7 +11,7 @@ the other lacks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -199,9 +199,7 @@ class ChatProvider(Protocol):
 
     api: ModelApi
 
-    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]: ...
-
-    async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]: ...
 
     async def list_models(self) -> list[dict[str, Any]]: ...
 
@@ -245,7 +243,7 @@ IdFactory = Callable[[str], str]
 class ModelClient(Protocol):
     """Calls a model: the live one goes to the upstream, ``verify``'s replays the log."""
 
-    def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncIterator[list[ModelEvent]]:
+    def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
         """The response's events, in order, a list per network read (never empty):
         a fast stream's reads carry hundreds of chunks, and the consumer then
         pays one async step per read instead of one per chunk."""

@@ -54,13 +54,13 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
         await migrate(settings.database_url)
         store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous)
         providers: dict[str, ChatProvider] = {}
-        timeouts = {"connect_timeout": settings.upstream_connect_timeout, "idle_timeout": settings.upstream_idle_timeout}
+        connect, idle = settings.upstream_connect_timeout, settings.upstream_idle_timeout
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
             openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
-            providers["openai"] = openai_cls(settings.openai_base_url, key, **timeouts)
+            providers["openai"] = openai_cls(settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle)
         if settings.ollama_base_url:
-            providers["ollama"] = OllamaProvider(settings.ollama_base_url, **timeouts)
+            providers["ollama"] = OllamaProvider(settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle)
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).

@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -156,7 +156,7 @@ class DemoProvider:
         out.append({**head, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}})
         return out
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """One chunk per batch, ``chunk_delay`` apart (the first at once)."""
         for i, chunk in enumerate(self._chunks(body)):
             if i and self.chunk_delay > 0 and chunk["choices"] and chunk["choices"][0]["delta"]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 
 import orjson
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -188,7 +188,7 @@ class HTTPProvider:
 
     # -- I/O -------------------------------------------------------------------
 
-    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """The streamed payloads of each network read, as one list (never
         empty); each transport implements it."""
         raise NotImplementedError

@@ -19,7 +19,7 @@ OpenAI transports (see ``adapters.providers.http_base``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -56,7 +56,7 @@ class OllamaProvider(HTTPProvider):
     def _body_is_error(self, result: dict[str, Any]) -> bool:
         return "error" in result and "message" not in result and "models" not in result
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST ``body`` with ``stream: true`` and yield the NDJSON objects of each
         network read as one list (never empty)."""
         payload = dict(body)

@@ -30,7 +30,7 @@ shared with the other transports in ``adapters.providers.http_base``.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -54,7 +54,7 @@ class OpenAIChatProvider(HTTPProvider):
     async def __aenter__(self) -> OpenAIChatProvider:
         return self
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST a streaming request and yield the ``data:`` payloads of each
         network read as one list (never empty).
 

@@ -26,7 +26,7 @@ transcript instead.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -68,7 +68,7 @@ class OpenAIResponsesProvider(HTTPProvider):
         # A Response object always has an "error" key (null, or set when failed).
         return result.get("error") is not None and result.get("object") != "response" and "data" not in result
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST ``body`` with ``stream: true`` and yield the event objects of each
         network read as one list (never empty)."""
         payload = dict(body)

@@ -366,8 +366,8 @@ class SqlEventStore:
         )
         if not rows:
             return None
-        mime, data = rows[0]
-        return mime, bytes(data)
+        row = rows[0]
+        return str(row.mime), bytes(row.data)
 
     # ------------------------------------------------------------------- reads
 
@@ -382,8 +382,8 @@ class SqlEventStore:
         rows = await self._fetch(stmt)
         construct = Event.model_construct
         return [
-            upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
-            for seq, type_, at, data in rows
+            upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data)))
+            for row in rows
         ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -731,12 +731,14 @@ class SqlEventStore:
     def _insert_ignore(self, table: Any) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` for this dialect."""
         if self._dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        elif self._dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:  # pragma: no cover
-            raise NotImplementedError(f"dialect {self._dialect}")
-        return insert(table).on_conflict_do_nothing()
+            from sqlalchemy.dialects import sqlite
+
+            return sqlite.insert(table).on_conflict_do_nothing()
+        if self._dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql
+
+            return postgresql.insert(table).on_conflict_do_nothing()
+        raise NotImplementedError(f"dialect {self._dialect}")  # pragma: no cover
 
 
 _RELEASE_TURN = (

@@ -153,7 +153,7 @@ def _key(message: Message) -> tuple[Any, ...]:
 
 def same_message(stored: Message, sent: Message) -> bool:
     if stored.get("id") is not None and sent.get("id") is not None:
-        return stored["id"] == sent["id"]
+        return bool(stored["id"] == sent["id"])
     return _key(stored) == _key(sent)
 
 

@@ -97,7 +97,7 @@ def chat_messages(views: list[TurnView]) -> list[dict[str, Any]]:
             referenced = by_id.get(refs.get(index, ""))
             shown = assistant_message(referenced) if referenced is not None else None
             out.append(shown if shown is not None else message)
-        message = assistant_message(view)
-        if message is not None:
-            out.append(message)
+        own = assistant_message(view)
+        if own is not None:
+            out.append(own)
     return out

@@ -10,7 +10,7 @@ that replays the recorded events.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -74,7 +74,7 @@ def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]
 class LiveModelClient:
     """Calls the real upstream through the resolved provider's transport."""
 
-    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncIterator[list[ModelEvent]]:
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
         if resolved.provider is None:
             raise UpstreamError(f"model {resolved.upstream_model!r} has no upstream", "model_not_found")
         api = resolved.api

@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import logging
 from contextlib import aclosing
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -165,7 +165,7 @@ async def tail(
     after: int = 0,
     poll_seconds: float = POLL_SECONDS,
     sink: Callable[[LiveMessage], bool] | None = None,
-) -> AsyncIterator[list[Tailed]]:
+) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
     order — and its live messages, until a terminal event (or shutdown).
 

@@ -19,7 +19,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from engine.protocols.convert import convert_output_to_messages, for_model, stateful_continuation_input
 from engine.events import (
@@ -329,6 +329,7 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     """Run a legacy code-interpreter block through the code executor port."""
     timeout = ctx.settings.tool_timeout
     error: str | None = None
+    status: Literal["completed", "failed"]
     try:
         async with asyncio.timeout(timeout):
             output = await ctx.ports.code.run(args.get("code", ""), args.get("lang", "python"))

@@ -97,7 +97,7 @@ class Supervisor:
         self.models = models
         self.settings = settings
         self.tools: ToolCatalog = tools or NoTools()
-        self.model_client: ModelClient = model_client or LiveModelClient()
+        self.model_client: ModelClient = LiveModelClient() if model_client is None else model_client
         self.code: CodeExecutor = code or NoCodeExecutor()
         # Several processes on one database: asks a turn's owner to cancel it.
         self.remote = remote

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,7 +160,7 @@ class RecordedModelClient:
     def __init__(self, script: _Script) -> None:
         self.script = script
 
-    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncIterator[list[ModelEvent]]:
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
         """One recorded event's worth of model events per batch (a ``model.delta``
         window's chunks together, as a read would have carried them)."""
         script = self.script
@@ -262,7 +262,8 @@ class RecordedCodeRunner:
     async def run(self, code: str, lang: str) -> dict[str, Any]:
         if not self.outputs:
             await asyncio.Event().wait()
-        return self.outputs.pop(0)
+        output: dict[str, Any] = self.outputs.pop(0)
+        return output
 
 
 class _RecordedAssembler:
@@ -373,9 +374,9 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     script.on_external = external.put_nowait
     actor.start()
     while True:
-        done_task = asyncio.ensure_future(asyncio.shield(actor.done))
-        ext_task = asyncio.ensure_future(external.get())
-        finished, _ = await asyncio.wait({done_task, ext_task}, return_when=asyncio.FIRST_COMPLETED)
+        done_task: asyncio.Future[None] = asyncio.ensure_future(asyncio.shield(actor.done))
+        ext_task: asyncio.Future[Event] = asyncio.ensure_future(external.get())
+        finished, _ = await asyncio.wait((done_task, ext_task), return_when=asyncio.FIRST_COMPLETED)
         if done_task in finished:
             ext_task.cancel()
             break

@@ -155,7 +155,8 @@ def parse_arguments(raw: str | dict[str, Any] | None, name: str = "") -> dict[st
     if not isinstance(value, dict):
         return ArgumentError(not_object_message(name), "not_object")
     try:
-        return json.loads(json.dumps(value, allow_nan=False))
+        copy: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+        return copy
     except (TypeError, ValueError, RecursionError):
         return ArgumentError(malformed_message(name), "malformed")
 

@@ -21,6 +21,10 @@ class ClientChannel(Protocol):
         ...
 
 
+def _parameters(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {"type": "object", "properties": {}}
+
+
 def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
     """Specs from the request's ``direct_tools`` (OpenAI tool shape, or the bare function)."""
     specs = []
@@ -32,7 +36,7 @@ def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
             ToolSpec(
                 name=fn["name"],
                 description=str(fn.get("description") or ""),
-                parameters=fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {"type": "object", "properties": {}},
+                parameters=_parameters(fn.get("parameters")),
                 tool_id=f"direct:{fn['name']}",
                 kind="direct",
             )
