@@ -89,6 +89,8 @@ class TurnActor:
         self._batch_seq = 0
         self._timer: asyncio.TimerHandle | None = None
         self._inflight: deque[asyncio.Future[None]] = deque()
+        # Recorded with durable=False: committed with the next commit.
+        self._staged: list[Event] = []
         # In-order publication of committed events.
         self._next_publish = view.last_seq + 1
         self._committed: dict[int, Event] = {}
@@ -269,11 +271,12 @@ class TurnActor:
         self._batch = []
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self._view.apply(event, live_applied=True)
+        events, self._staged = [*self._staged, event], []
         # No task per window: the store's future, and the bookkeeping in its
         # callback (a window is sealed ~20 times a second per streaming turn).
-        future = self.store.append_nowait([event], fencing=self.fencing)
+        future = self.store.append_nowait(events, fencing=self.fencing)
         self._inflight.append(future)
-        future.add_done_callback(functools.partial(self._flush_done, [event]))
+        future.add_done_callback(functools.partial(self._flush_done, events))
 
     def _flush_done(self, events: list[Event], future: asyncio.Future[None]) -> None:
         try:
@@ -297,19 +300,23 @@ class TurnActor:
 
     # -- appending ------------------------------------------------------------------
 
-    async def record(self, *data: EventData) -> None:
-        """Append events in one commit and wait until they are durable. Each is
-        folded first: an event the state machine refuses raises before anything
-        is written."""
+    async def record(self, *data: EventData, durable: bool = True) -> None:
+        """Append events; with ``durable``, in one commit with any staged before
+        them, and wait until they are. Each is folded first: an event the state
+        machine refuses raises before anything is written."""
         if self._lost:
             raise TurnLost("this actor lost the turn")
         self._flush()
-        events = []
         for item in data:
             event = make_event(self.turn_id, self._view.last_seq + 1, item)
             self._view.apply(event)
             self._state.apply(event)
-            events.append(event)
+            self._staged.append(event)
+        if not durable:
+            return
+        events, self._staged = self._staged, []
+        if not events:
+            return
         index = None
         for event in events:
             index = index_update(event, self._view) or index

@@ -62,8 +62,14 @@ class TurnContext(Protocol):
     @property
     def settings(self) -> EngineSettings: ...
 
-    async def record(self, *data: EventData) -> None:
-        """Append events (one commit) and wait until they are durable."""
+    async def record(self, *data: EventData, durable: bool = True) -> None:
+        """Append events. ``durable``: commit now (with anything recorded before
+        it not yet committed) and wait for it. ``durable=False``: the events take
+        their place in the log at once and are committed with the next durable
+        record — for what no side effect depends on until then (an assembly or a
+        re-injection, committed with the ``model.requested`` that uses it: one
+        commit less per model call; a crash in between loses only what the
+        resumed turn recomputes)."""
         ...
 
     def delta(self, kind: str, text: str) -> None:

@@ -79,7 +79,8 @@ class Assemble:
     """The upstream request: recorded, so a resume or a replay sends the same."""
 
     async def run(self, ctx: TurnContext) -> Node | End:
-        await ctx.record(*await ctx.ports.assembler.assemble(ctx.state.input))
+        # Committed with the model.requested that sends it.
+        await ctx.record(*await ctx.ports.assembler.assemble(ctx.state.input), durable=False)
         return RequestModel()
 
 
@@ -359,7 +360,10 @@ class Reinject:
         if ctx.settings.responses_stateful and state.response_ids and not state.stateful_broken and state.last_api == "responses":
             previous = state.response_ids[-1]
             items = stateful_continuation_input(round_items)
-        await ctx.record(ContextReinjected(iteration=state.iteration + 1, messages=messages, previous_response_id=previous, input_items=items))
+        # Committed with the model.requested that sends it.
+        await ctx.record(
+            ContextReinjected(iteration=state.iteration + 1, messages=messages, previous_response_id=previous, input_items=items), durable=False
+        )
         return RequestModel()
 
 
