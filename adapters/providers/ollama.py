@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 
-from adapters.providers.http_base import HTTPProvider, loads
+from adapters.providers.http_base import HTTPProvider, NDJSONLines, loads
 from engine.ports import RawChunk, RawWarning, UpstreamError
 
 __all__ = ["OllamaProvider"]
@@ -65,7 +65,7 @@ class OllamaProvider(HTTPProvider):
         done = False
         _loads = loads
         try:
-            async with aclosing(self._post_lines("/api/chat", payload)) as batches:
+            async with aclosing(self._post_stream("/api/chat", payload, NDJSONLines())) as batches:
                 async for lines in batches:
                     out: list[RawChunk | RawWarning] = []
                     for line in lines:
