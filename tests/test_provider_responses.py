@@ -15,6 +15,7 @@ from aiohttp import web
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
 KEY = "sk-test-SECRET-0123456789"
@@ -248,6 +249,69 @@ async def test_comments_and_crlf_are_ignored(upstream: ScriptedUpstream, provide
     async with OpenAIResponsesProvider(await raw_server(sse_handler(payload)), KEY) as p:
         items = await collect(p)
     assert deltas(items) == ["a", "b"] and types(items)[-1] == "response.completed"
+
+
+def pretty_event(type_: str, seq: int, **fields) -> bytes:
+    """An event whose JSON is pretty-printed over several ``data:`` lines."""
+    obj = {"type": type_, **fields, "sequence_number": seq}
+    lines = json.dumps(obj, indent=2).encode().split(b"\n")
+    return f"event: {type_}\n".encode() + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+async def test_multiline_data_and_lone_cr(raw_server) -> None:
+    """One event's data lines are one JSON payload, and CR alone ends a line
+    (the old framing parsed each data line alone, and split on LF only)."""
+    payload = (
+        pretty_event("response.output_text.delta", 0, item_id="msg_1", output_index=0, content_index=0, delta="a")
+        + delta("b", 1)
+        + pretty_event("response.completed", 2, response={"id": "resp_raw", "status": "completed", "output": []})
+    )
+    for body in (payload, payload.replace(b"\n", b"\r"), payload.replace(b"\n", b"\r\n")):
+        async with OpenAIResponsesProvider(await raw_server(sse_handler(body)), KEY) as p:
+            items = await collect(p)
+        assert all(isinstance(i, RawChunk) for i in items)
+        assert deltas(items) == ["a", "b"] and types(items)[-1] == "response.completed"
+
+
+async def test_a_type_given_only_by_the_event_line(raw_server) -> None:
+    """``event:`` names the event when the object has no ``type`` (the old
+    transport ignored the line: every event typeless, then upstream_truncated).
+    When both are there, the object's own type is kept."""
+    payload = (
+        b"event: response.output_text.delta\n"
+        b'data: {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "a"}\n\n'
+        b"event: response.output_text.done\n" + delta("b", 1).split(b"\n", 1)[1]
+        + b'event: response.completed\ndata: {"response": {"id": "resp_raw", "status": "completed", "output": []}}\n\n'
+    )
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(payload)), KEY) as p:
+        items = await collect(p)
+    assert types(items) == ["response.output_text.delta", "response.output_text.delta", "response.completed"]
+    assert deltas(items) == ["a", "b"]
+
+
+async def test_lines_cut_between_reads(raw_server) -> None:
+    """Pieces are separate reads (tests.stepped): an ``event:`` line, a
+    ``data:`` prefix and, inside a multi-line event, a CRLF between CR and LF
+    (taken for two line ends, the LF would be a blank line and split the event)."""
+    steps = Stepped(
+        delta("a", 0) + b"event: response.output_te",
+        b"xt.delta\n" + delta("b", 1).split(b"\n", 1)[1] + b"da",
+        b"ta: " + delta("c", 2).split(b"data: ", 1)[1] + b'data: {"type": "response.completed", "sequence_number": 3,\r',
+        b'\ndata: "response": {"id": "resp_raw", "status": "completed", "output": []}}\r\n\r\n',
+    )
+    async with OpenAIResponsesProvider(await raw_server(steps.handler), KEY, idle_timeout=5) as p:
+        items = await steps.collect(p.stream(BODY))
+    assert all(isinstance(i, RawChunk) for i in items)
+    assert deltas(items) == ["a", "b", "c"] and types(items)[-1] == "response.completed"
+
+
+async def test_ids_retries_and_comments_change_nothing(raw_server) -> None:
+    plain = delta("a", 0) + completed(1)
+    noisy = b"retry: 1000\n\n: ok\n\nid: 1\n" + delta("a", 0) + b"id: 2\n:\nfoo\n" + completed(1) + b": bye\n\n"
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(plain)), KEY) as p:
+        expected = await collect(p)
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(noisy)), KEY) as p:
+        assert await collect(p) == expected
 
 
 async def test_many_concurrent_streams(upstream: ScriptedUpstream) -> None:
