@@ -14,7 +14,10 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from engine.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
+from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
+from engine.run.model_client import LiveModelClient
+from tests.responses_events import FULL_STREAM, USAGE
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -519,6 +522,56 @@ async def test_non_object_data_is_a_warning(raw_server) -> None:
         items = await collect(p)
     assert isinstance(items[0], RawWarning) and "not an object" in items[0].message
     assert types(items) == ["response.output_text.delta", "response.completed"]
+
+
+# -- model events from real bytes (transport + ResponsesNormalizer) ------------------
+
+
+def sse_events(events: list[dict]) -> bytes:
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+async def model_events(base_url: str) -> list[ModelEvent]:
+    """The production path from the socket to model events: LiveModelClient."""
+    counter = iter(range(1, 100))
+    async with OpenAIResponsesProvider(base_url, KEY) as p:
+        resolved = ResolvedModel(provider=p, upstream_model="gpt-test", api="responses")
+        request = ModelRequest(messages=[{"role": "user", "content": "hi"}], params={})
+        stream = LiveModelClient().stream(resolved, request, lambda prefix: f"{prefix}_{next(counter)}")
+        return [event async for batch in stream for event in batch]
+
+
+async def test_model_events_of_a_full_stream(raw_server) -> None:
+    """Item order, text deltas, call arguments, usage and the response id, as
+    the engine gets them (tests/responses_events.py, served as SSE bytes)."""
+    assert await model_events(await raw_server(sse_handler(sse_events(FULL_STREAM)))) == [
+        ResponseStarted("resp_68a"),
+        *(TextDelta(t) for t in ["Let", " me", " check", " the", " weather", "."]),
+        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
+        Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),
+    ]
+
+
+async def test_model_events_when_text_and_reasoning_come_only_in_the_final_output(raw_server) -> None:
+    """A server that streams only the lifecycle: the answer and the reasoning
+    item are taken from response.completed (the turn used to end empty)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan."}]}
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "Only here.", "annotations": []}]}
+    stream = [
+        {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_q", "status": "in_progress", "output": []}},
+        {"type": "response.reasoning_summary_text.delta", "sequence_number": 1, "output_index": 0, "summary_index": 0, "delta": "Plan."},
+        {"type": "response.completed", "sequence_number": 2,
+         "response": {"id": "resp_q", "status": "completed", "output": [reasoning, message], "usage": {"input_tokens": 2}}},
+    ]
+    assert await model_events(await raw_server(sse_handler(sse_events(stream)))) == [
+        ResponseStarted("resp_q"),
+        ReasoningDelta("Plan."),
+        ProviderItem(reasoning),
+        TextDelta("Only here."),
+        Finished(reason="stop", response_id="resp_q", usage={"input_tokens": 2}, status="completed"),
+    ]
 
 
 # -- non-streaming and models -------------------------------------------------------
