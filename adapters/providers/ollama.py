@@ -25,8 +25,8 @@ from typing import Any
 
 import aiohttp
 
-from adapters.providers.http_base import HTTPProvider, loads
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from adapters.providers.http_base import HTTPProvider, NDJSONLines, loads
+from engine.ports import ModelApi, RawChunk, RawWarning, UpstreamError
 
 __all__ = ["OllamaProvider"]
 
@@ -34,7 +34,7 @@ __all__ = ["OllamaProvider"]
 class OllamaProvider(HTTPProvider):
     """Transport for Ollama's ``/api/chat`` (streaming NDJSON) and ``/api/tags``."""
 
-    api = "ollama"
+    api: ModelApi = "ollama"
 
     def __init__(
         self,
@@ -65,7 +65,7 @@ class OllamaProvider(HTTPProvider):
         done = False
         _loads = loads
         try:
-            async with aclosing(self._post_lines("/api/chat", payload)) as batches:
+            async with aclosing(self._post_stream("/api/chat", payload, NDJSONLines())) as batches:
                 async for lines in batches:
                     out: list[RawChunk | RawWarning] = []
                     for line in lines:

@@ -394,6 +394,9 @@ _TEXT_DELTAS: Final[frozenset[str]] = frozenset({"response.output_text.delta", "
 _REASONING_DELTAS: Final[frozenset[str]] = frozenset(
     {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
 )
+#: Message content parts that are the visible answer (the same text as the
+#: ``output_text``/``refusal`` deltas), and the key holding their text.
+_VISIBLE_PARTS: Final[dict[Any, str]] = {"output_text": "text", "text": "text", "refusal": "refusal"}
 #: ``incomplete_details.reason`` → Chat Completions finish reason.
 _INCOMPLETE_REASONS: Final[dict[str, str]] = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
@@ -425,17 +428,29 @@ class ResponsesNormalizer:
       ``ReasoningDelta``. When a new reasoning part or item starts after
       earlier reasoning text, its first delta is prefixed with ``"\\n\\n"`` so
       summary paragraphs do not run together.
+      A delta's event type says what it is: unlike Open WebUI's fold, a text
+      delta whose ``output_index`` names a reasoning item (or the reverse) is
+      not dropped.
     * ``response.output_item.added`` of a ``function_call`` → ``ToolCallStarted``;
       its ``output_item.done`` → ``ToolCall`` (the done item is authoritative;
       ``item_id`` = the item's ``fc_…`` id). A call is emitted once.
     * ``response.output_item.done`` of a ``reasoning`` item → ``ProviderItem``
       (a deep copy), so encrypted reasoning can be replayed (Q10).
-    * ``response.completed`` → first any ``function_call`` in the final
+    * ``response.completed`` and ``response.incomplete``: the final
+      ``response.output`` wins over the stream where the stream lacks
+      something (as in Open WebUI's fold, Q20): a ``reasoning`` item never
+      sent → ``ProviderItem``; message text (``output_text``/``refusal``
+      parts, in order) that continues the streamed text → a ``TextDelta`` with
+      the rest (a server that puts text only in done events or in the final
+      output would otherwise give an empty answer); text that contradicts the
+      streamed text → ``StreamWarning`` (what was streamed cannot be taken
+      back). An empty or missing final output changes nothing.
+    * ``response.completed`` → then any ``function_call`` in the final
       ``response.output`` not yet emitted, then any call that was started but
       never done (arguments from ``function_call_arguments.done``, else the
       concatenated deltas), then ``Finished(reason="tool_calls" if any
       ToolCall was emitted for this response else "stop", status="completed")``.
-    * ``response.incomplete`` → ``Finished(reason="length"`` for
+    * ``response.incomplete`` → then ``Finished(reason="length"`` for
       ``max_output_tokens`` (``content_filter`` kept, other reasons verbatim,
       missing → ``"length"``), ``status="incomplete")``. Unfinished calls are
       not emitted: their arguments were cut off.
@@ -460,6 +475,8 @@ class ResponsesNormalizer:
         self._tool_calls_emitted = 0
         self._reasoning_key: tuple[Any, ...] | None = None
         self._reasoning_seen = False
+        self._text: list[str] = []  # every TextDelta so far, to check the final output against
+        self._items_sent: set[tuple[str, Any]] = set()  # ids and output indexes of the ProviderItems sent
         self._terminal = False
         self._finished = False
 
@@ -475,7 +492,10 @@ class ResponsesNormalizer:
             return self._lifecycle(event)
         if kind in _TEXT_DELTAS:
             delta = event.get("delta")
-            return [TextDelta(delta)] if isinstance(delta, str) and delta else []
+            if isinstance(delta, str) and delta:
+                self._text.append(delta)
+                return [TextDelta(delta)]
+            return []
         if kind in _REASONING_DELTAS:
             return self._reasoning(event, kind)
         if kind == "response.output_item.added":
@@ -573,17 +593,68 @@ class ResponsesNormalizer:
         if not isinstance(item, dict):
             return []
         if item.get("type") == "reasoning":
-            return [ProviderItem(copy.deepcopy(item))]
+            return self._provider_item(item, _int_index(event.get("output_index")))
         if item.get("type") != "function_call":
             return []
         call = self._call_for(event, item)
         emitted = self._emit(call, item)
         return [emitted] if emitted is not None else []
 
+    def _provider_item(self, item: dict[str, Any], output_index: int | None) -> list[ModelEvent]:
+        """A reasoning item, once: an item with the id, or at the output index,
+        of one already sent is that one (a provider may renumber ids in its
+        final output)."""
+        keys: list[tuple[str, Any]] = []
+        item_id = _nonempty_str(item.get("id"))
+        if item_id:
+            keys.append(("id", item_id))
+        if output_index is not None:
+            keys.append(("index", output_index))
+        if any(key in self._items_sent for key in keys):
+            return []
+        self._items_sent.update(keys)
+        return [ProviderItem(copy.deepcopy(item))]
+
+    def _final_output(self, response: Mapping[str, Any]) -> list[ModelEvent]:
+        """What the final ``response.output`` has that the stream did not give:
+        reasoning items never sent with ``output_item.done``, and message text
+        beyond the streamed text (a server that sends text only in done
+        events or in the final output). The streamed text cannot be taken
+        back: when the final text does not continue it, it is kept and a
+        warning says so."""
+        final = response.get("output")
+        if not isinstance(final, list) or not final:
+            return []  # nothing to compare with: the streamed items stand (as in Open WebUI)
+        events: list[ModelEvent] = []
+        parts: list[str] = []
+        for position, item in enumerate(final):
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "reasoning":
+                events.extend(self._provider_item(item, position))
+            elif item.get("type") == "message" and isinstance(item.get("content"), list):
+                for part in item["content"]:
+                    key = _VISIBLE_PARTS.get(part.get("type")) if isinstance(part, dict) else None
+                    if key is not None and isinstance(part.get(key), str):
+                        parts.append(part[key])
+        text, streamed = "".join(parts), "".join(self._text)
+        if text != streamed and text:
+            if text.startswith(streamed):
+                self._text.append(text[len(streamed) :])
+                events.append(TextDelta(self._text[-1]))
+            else:
+                events.append(
+                    StreamWarning(
+                        "the final output's text differs from the streamed text; the streamed text is kept",
+                        raw=text[:500],
+                    )
+                )
+        return events
+
     def _completed(self, event: Mapping[str, Any]) -> list[ModelEvent]:
         self._terminal = True
         response = _response_of(event)
-        events: list[ModelEvent] = []
+        events: list[ModelEvent] = self._final_output(response)
         final = response.get("output")
         for position, item in enumerate(final if isinstance(final, list) else []):
             if isinstance(item, dict) and item.get("type") == "function_call":
@@ -612,6 +683,7 @@ class ResponsesNormalizer:
         else:
             reason = "length"
         return [
+            *self._final_output(response),
             Finished(
                 reason=reason,
                 response_id=_nonempty_str(response.get("id")) or self.response_id,
