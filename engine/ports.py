@@ -156,16 +156,30 @@ class BlobStore(Protocol):
 # -- the upstream model ------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class UpstreamError(Exception):
-    """The upstream failed: HTTP error status, transport error, timeout, truncation."""
+    """The upstream failed: HTTP error status, transport error, timeout, truncation.
 
-    message: str
-    kind: str = "upstream_error"  # upstream_http_error | upstream_disconnected | upstream_timeout | upstream_truncated
-    status: int | None = None
+    A plain exception class (not a frozen dataclass): Python sets
+    ``__traceback__`` and ``__context__`` on what it raises."""
+
+    def __init__(self, message: str, kind: str = "upstream_error", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # upstream_http_error | upstream_disconnected | upstream_timeout | upstream_truncated | ...
+        self.kind = kind
+        self.status = status
 
     def __str__(self) -> str:
         return self.message
+
+    def __repr__(self) -> str:
+        return f"UpstreamError({self.message!r}, {self.kind!r}, {self.status!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UpstreamError) and (self.message, self.kind, self.status) == (other.message, other.kind, other.status)
+
+    def __hash__(self) -> int:
+        return hash((self.message, self.kind, self.status))
 
 
 @dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
