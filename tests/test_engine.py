@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from engine.events import Event, ModelDelta, TurnStarted, delta_event, make_event
+from engine.events import ModelDelta, TurnStarted, delta_event, make_event
 from engine.machine import IllegalTransition, TurnMachine
 from engine.fold.turn_view import TurnView, fold
-from tests.harness import Service
-from tests.upstream import Reply
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
+from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "go"}]
 LEGAL_ORDER = ["turn.started", "assembly.completed", "model.requested", "model.completed", "turn.finalized", "turn.completed"]
@@ -273,16 +276,43 @@ async def test_group_commit_keeps_the_log_compact(service: Service) -> None:
     assert log_bytes <= 3 * len(answer.encode())
 
 
-async def test_replay_of_every_prefix_is_consistent(service: Service) -> None:
-    service.upstream.enqueue(Reply(chunks=["<thi", "nk>hmm", "</think>", "Answer", " here"]))
+@pytest.fixture
+async def one_chunk_windows(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    """The service writing each upstream chunk as its own ``model.delta``: every
+    chunk boundary is a prefix of the log."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=1), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+THINK_CHUNKS = ["<thi", "nk>hmm", "</think>", "Answer", " here"]
+
+
+async def test_think_tags_every_prefix_of_the_log_is_what_clients_were_shown(one_chunk_windows: Service) -> None:
+    service = one_chunk_windows
+    service.upstream.enqueue(Reply(chunks=THINK_CHUNKS), Reply(chunks=THINK_CHUNKS))
+    # Not streamed: the answer is the actor's own view of the turn it ended.
     status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200, body
     assert body["choices"][0]["message"]["content"] == "Answer here"
     assert body["choices"][0]["message"]["reasoning_content"] == "hmm"
     view = await service.turn(headers["X-Turn-Id"])
     assert [i["type"] for i in view["output"]] == ["reasoning", "message"]
-    events = await service.events(headers["X-Turn-Id"])
-    replayed = fold(view["id"], [Event(turn_id=view["id"], **e) for e in events]).public()
-    assert json.loads(json.dumps(replayed)) == view
+    check_completion_against_turn(body, view)
+    deltas = [e for e in await service.events(view["id"]) if e["type"] == "model.delta"]
+    assert [len(e["data"]["lens"]) for e in deltas] == [1] * len(THINK_CHUNKS)
+    await check_stream_against_log(service, view["id"], await read_stream(service, view["id"]))
+    # Streamed: what the client was sent live, at every prefix of the log.
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    stream = await check_stream_against_log(service, turn_id, raw)
+    shown = stream.upto(max(stream.ids))
+    assert (shown.content, shown.reasoning, shown.finish) == ("Answer here", "hmm", "stop")
 
 
 async def test_subscription_get_times_out_and_wakes() -> None:
