@@ -88,7 +88,9 @@ async def test_responses_expired_anchor_falls_back_to_the_full_transcript(respon
     request = asyncio.create_task(
         responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
     )
+    deadline = asyncio.get_running_loop().time() + 10
     while not up.response_ids:  # the first response is stored upstream...
+        assert not request.done() and asyncio.get_running_loop().time() < deadline, "no response was stored upstream"
         await asyncio.sleep(0.01)
     up.forget_responses()  # ...and expires while the tool runs
     status, body, headers = await request
