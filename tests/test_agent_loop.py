@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -339,3 +340,24 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     assert body["choices"][0]["message"]["content"] == "No tools needed."
     step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
     assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="bug: turn.cancelled/turn.failed mark running calls incomplete in the fold but send no turnlog.item "
+    "snapshot, so a streaming client keeps showing them in_progress",
+)
+async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 30}, "sl1")))
+    async with agent.http.post(
+        agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
+    ) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        deadline = time.monotonic() + 10
+        while "tool.started" not in [e["type"] for e in await agent.events(turn_id)]:
+            assert time.monotonic() < deadline, "the tool never started"
+            await asyncio.sleep(0.01)
+        status, _, _ = await agent.post(f"/v1/turns/{turn_id}/cancel")
+        assert status == 202
+        raw = await resp.text()
+    await check_replay(agent, turn_id, raw=raw)
