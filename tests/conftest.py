@@ -8,6 +8,9 @@ import aiohttp
 import pytest
 from aiohttp import web
 
+# The oracles' asserts explain their failures like a test's own.
+pytest.register_assert_rewrite("tests.oracle")
+
 from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection
 from tests.pg import pg_url  # noqa: F401  (fixture: a fresh PostgreSQL database)
 from tests.harness import Service, make_settings, start_service, stop_service

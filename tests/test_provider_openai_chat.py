@@ -503,9 +503,8 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAICha
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    for _ in range(50):
-        if len(got) == 2:
-            break
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
         await asyncio.sleep(0.01)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
@@ -609,6 +608,19 @@ async def test_official_openai_sdk_parses_the_stream(upstream: ScriptedUpstream)
         await client.close()
 
 
+def accept_queue_full(port: int) -> bool:
+    """Whether the IPv4 listener on ``port`` has a full accept queue (Linux:
+    for a listening socket ``/proc/net/tcp`` shows the queued connections as
+    rx_queue and the backlog as tx_queue; the kernel drops SYNs once
+    queued > backlog)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+            backlog, queued = (int(n, 16) for n in fields[4].split(":"))
+            return queued > backlog
+    raise AssertionError(f"no listener on port {port}")
+
+
 async def test_connect_timeout() -> None:
     """A listener whose accept queue is full drops SYNs, so connect() hangs."""
     listener = socket.socket()
@@ -625,7 +637,10 @@ async def test_connect_timeout() -> None:
             except BlockingIOError:
                 pass
             fillers.append(s)
-        await asyncio.sleep(0.05)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not accept_queue_full(port):  # the handshakes complete in the kernel
+            assert asyncio.get_running_loop().time() < deadline, "the accept queue never filled"
+            await asyncio.sleep(0.005)
         async with OpenAIChatProvider(f"http://127.0.0.1:{port}/v1", KEY, connect_timeout=0.3) as p:
             _, err = await collect_error(p)
         assert err.kind == "upstream_timeout" and "connect" in err.message

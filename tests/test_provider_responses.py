@@ -96,9 +96,11 @@ def sse_handler(payload: bytes, *, abort: bool = False) -> Handler:
         await resp.prepare(request)
         await resp.write(payload)
         if abort:
-            await asyncio.sleep(0.05)
-            assert request.transport is not None
-            request.transport.abort()
+            transport = request.transport
+            assert transport is not None
+            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
+                await asyncio.sleep(0.001)
+            transport.abort()
             return resp
         await resp.write_eof()
         return resp
@@ -436,9 +438,8 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAIRes
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    for _ in range(50):
-        if len(got) == 2:
-            break
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
         await asyncio.sleep(0.01)
     assert got == ["a", "b"] and not task.done()
     upstream.release()

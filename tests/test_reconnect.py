@@ -161,7 +161,8 @@ async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> N
     ) as resp:
         assert resp.status == 200
         first = await resp.content.readany()
-        await asyncio.sleep(1.0)  # stop reading while the upstream keeps streaming
+        # Stop reading until the upstream has streamed everything (the turn ended).
+        await service.wait_status(resp.headers["X-Turn-Id"], "completed", timeout=60)
         body = first + await resp.read()
     assert sse_text(body.decode()) == "".join(lines)
     ids = [i for i, _ in sse_messages(body.decode()) if i is not None]
