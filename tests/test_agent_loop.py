@@ -342,11 +342,6 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: turn.cancelled/turn.failed mark running calls incomplete in the fold but send no turnlog.item "
-    "snapshot, so a streaming client keeps showing them in_progress",
-)
 async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:
     agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 30}, "sl1")))
     async with agent.http.post(
@@ -361,3 +356,18 @@ async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent:
         assert status == 202
         raw = await resp.text()
     await check_replay(agent, turn_id, raw=raw)
+
+
+async def test_calls_finishing_out_of_call_order_replay_and_verify(agent: Service, tmp_path: Path) -> None:
+    # The output items and the re-injected messages follow the order the calls
+    # finished in; verify's re-run must reproduce that order, not call order.
+    from tests.harness import verify_all_turns
+
+    agent.upstream.enqueue(tool_reply(call("first", {}, "c_first"), call("second", {}, "c_second")), Reply(text="Both done."))
+    turn_id, body = await run(agent, tool_ids=["order"])
+    assert body["choices"][0]["message"]["content"] == "Both done."
+    outputs = [i["call_id"] for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"]
+    assert outputs == ["c_second", "c_first"], "results in the order they finished"
+    second = agent.upstream.requests[1]["messages"]
+    assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["c_second", "c_first"]
+    assert await verify_all_turns(agent, tmp_path / "verify") == 1

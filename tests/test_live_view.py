@@ -253,11 +253,6 @@ async def test_cancelled_while_a_tool_runs(engine: Engine) -> None:
     assert calls == {"sl1": "incomplete", "a1": "completed"}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: a cancel that lands between an event's commit and the actor's wake-up leaves that event "
-    "unpublished, and in-order publication then holds back every later event (turn.cancelled included)",
-)
 async def test_an_event_committed_as_the_actor_is_cancelled_is_still_published(engine: Engine) -> None:
     engine.upstream.enqueue(tool_reply(("slow", {"seconds": 30}, "sl1"), ("add", {"a": 1, "b": 1}, "a1")))
     watched = await start(engine, {"tool_ids": ["weather"]})

@@ -118,8 +118,30 @@ class Tools:
 '''
 
 
+ORDER = '''
+import asyncio
+
+# Two calls of one batch that finish in the reverse of their call order: the
+# first returns only once the second has returned.
+_second_returned = asyncio.Event()
+
+
+class Tools:
+    async def first(self) -> str:
+        """Returns after second() has returned."""
+        await asyncio.wait_for(_second_returned.wait(), 5)
+        return "first done"
+
+    async def second(self) -> str:
+        """Returns at once."""
+        _second_returned.set()
+        return "second done"
+'''
+
+
 def write_tools(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "order.py").write_text(ORDER)
     (folder / "weather.py").write_text(WEATHER)
     (folder / "mail.py").write_text(SIDE_EFFECTS)
     (folder / "kv.py").write_text(IDEMPOTENT)

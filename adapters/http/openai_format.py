@@ -131,12 +131,13 @@ class ChunkRenderer:
             return [self._usage_chunk(usage)] if self.include_usage and usage else []
         if t == "turn.cancelled":
             self.done = True
-            return [self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
+            # Calls the cancel left incomplete, then the end.
+            return [*payloads, self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
         if t == "turn.failed":
             self.done = True
             error = event.data.get("error", {})
             payload = {"error": {"message": error.get("message", "turn failed"), "type": error.get("type", "upstream_error"), "code": error.get("status")}}
-            return [_dumps(payload).encode()]
+            return [*payloads, _dumps(payload).encode()]
         return payloads
 
 

@@ -181,6 +181,7 @@ class TurnView:
         self.outputs: dict[str, dict[str, Any]] = {}
         self.code_items: dict[str, dict[str, Any]] = {}
         self._arguments_ran: dict[str, str] = {}
+        self._stopped_calls: list[str] = []  # calls a cancel or a failure left incomplete
 
     def _new_accumulator(self) -> Accumulator:
         # The accumulator gets the id source, not a method of this view: a
@@ -374,10 +375,13 @@ class TurnView:
             out = self._flushed(self.acc.flush())
             self.acc.mark_incomplete()
             self._close_round()
+        self._stopped_calls = []
         for item in self.items:
             # Never "completed" for what did not complete.
             if item.get("status") == "in_progress":
                 item["status"] = "incomplete"
+                if item.get("type") == "function_call":
+                    self._stopped_calls.append(item["call_id"])
         return out
 
     # -- output building ------------------------------------------------------------
@@ -472,6 +476,8 @@ class TurnView:
             ids = [data["call_id"]]
         elif t == "turn.iteration_limit":
             ids = [c["call_id"] for c in data.get("pending_calls", [])]
+        elif t in ("turn.cancelled", "turn.failed"):
+            ids = self._stopped_calls
         out = [dict(self.calls[i]) for i in ids if i in self.calls]
         if t == "tool.completed" and data["call_id"] in self.outputs:
             out.append(dict(self.outputs[data["call_id"]]))

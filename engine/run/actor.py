@@ -276,27 +276,26 @@ class TurnActor:
         # callback (a window is sealed ~20 times a second per streaming turn).
         future = self.store.append_nowait(events, fencing=self.fencing)
         self._inflight.append(future)
-        future.add_done_callback(functools.partial(self._flush_done, events))
+        future.add_done_callback(functools.partial(self._written, events))
 
-    def _flush_done(self, events: list[Event], future: asyncio.Future[None]) -> None:
-        try:
+    def _written(self, events: list[Event], future: asyncio.Future[None]) -> None:
+        """A write finished: publish what it made durable, or stop writing."""
+        if self._inflight and future in self._inflight:
             self._inflight.remove(future)
-        except ValueError:
-            pass
         if future.cancelled():
             return
         exc = future.exception()
         if exc is None:
             self._published(events)
             return
-        # A window that is not durable must not be followed by later ones (a gap
-        # in the log): this actor stops writing; the store refuses its later
+        # What is not durable must not be followed by later events (a gap in
+        # the log): this actor stops writing; the store refuses its later
         # appends too, and the turn is resumed from what is durable.
         self._lost = True
         if isinstance(exc, (LeaseLost, ConcurrencyError)):
-            log.warning("turn %s: delta batch refused, this actor stops: %s", self.turn_id, exc)
+            log.warning("turn %s: a write was refused, this actor stops: %s", self.turn_id, exc)
         else:
-            log.error("turn %s: delta batch not written, this actor stops: %s", self.turn_id, exc)
+            log.error("turn %s: a write failed, this actor stops: %s", self.turn_id, exc)
 
     # -- appending ------------------------------------------------------------------
 
@@ -320,12 +319,16 @@ class TurnActor:
         index = None
         for event in events:
             index = index_update(event, self._view) or index
+        # Published from the write's own callback, not after this await: a cancel
+        # that lands between the commit and this task's wake-up must not leave a
+        # durable event unpublished (in-order publication would then hold back
+        # everything after it). Shielded: a cancel does not withdraw the write.
+        future = self.store.append_nowait(events, fencing=self.fencing, index=index)
+        future.add_done_callback(functools.partial(self._written, events))
         try:
-            await self.store.append(events, fencing=self.fencing, index=index)
+            await asyncio.shield(future)
         except (LeaseLost, ConcurrencyError) as exc:
-            self._lost = True
             raise TurnLost(str(exc)) from exc
-        self._published(events)
 
     def _published(self, events: list[Event]) -> None:
         """Committed: publish, in seq order, every event whose predecessors are out."""

@@ -48,6 +48,8 @@ from engine.ports import (
     EventStore,
     IdFactory,
     InlinePayloads,
+    LiveEvent,
+    LiveMessage,
     ModelApi,
     ModelRequest,
     ResolvedModel,
@@ -208,11 +210,55 @@ class RecordedModelClient:
 
 
 class RecordedToolRunner:
-    """Returns each call's recorded result (re-emitting its recorded tool events)."""
+    """Returns each call's recorded result (re-emitting its recorded tool events).
+
+    Concurrent calls of a batch answer in the order the log shows they
+    completed: a call returns only once the calls that completed before it in
+    its batch are committed again (``committed`` is told by verify's bus). The
+    order of completions decides the order of the output items and of the
+    re-injected messages, so a re-run in call order would not reproduce a log
+    where a later call finished first.
+    """
 
     def __init__(self, script: _Script) -> None:
         self.script = script
         self._stopped: set[str] = set()
+        self._before = self._completed_before(script.events)
+        self._committed: set[str] = set()
+        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+
+    @staticmethod
+    def _completed_before(events: list[Event]) -> dict[str, list[str]]:
+        """Per call, the calls of its batch whose results the log has before its."""
+        before: dict[str, list[str]] = {}
+        batch: list[str] = []
+        for event in events:
+            if event.type in ("tools.batch", "turn.resumed"):
+                batch = []
+            elif event.type == "tool.completed":
+                before[event.data["call_id"]] = list(batch)
+                batch.append(event.data["call_id"])
+        return before
+
+    def committed(self, event: Event) -> None:
+        """An event of the re-run is durable (called from verify's bus)."""
+        if event.type != "tool.completed":
+            return
+        self._committed.add(event.data["call_id"])
+        for call_id, future in list(self._waiting):
+            if self._ready(call_id):
+                self._waiting.remove((call_id, future))
+                if not future.done():
+                    future.set_result(None)
+
+    def _ready(self, call_id: str) -> bool:
+        return all(p in self._committed for p in self._before.get(call_id, ()))
+
+    async def _in_turn(self, call_id: str) -> None:
+        if not self._ready(call_id):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append((call_id, future))
+            await future
 
     async def run(
         self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
@@ -240,6 +286,7 @@ class RecordedToolRunner:
             await asyncio.Event().wait()
         while recorded is None:  # the log ends while this tool ran: it never answers
             await asyncio.Event().wait()
+        await self._in_turn(call_id)
         d = recorded.data
         result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
         return result, d.get("error")
@@ -264,6 +311,19 @@ class RecordedCodeRunner:
             await asyncio.Event().wait()
         output: dict[str, Any] = self.outputs.pop(0)
         return output
+
+
+class _CommitBus(InProcessBus):
+    """The re-run's live bus, which also tells ``on_commit`` of each committed event."""
+
+    def __init__(self, on_commit: Callable[[Event], None]) -> None:
+        super().__init__()
+        self._on_commit = on_commit
+
+    def publish(self, turn_id: str, message: LiveMessage) -> None:
+        super().publish(turn_id, message)
+        if isinstance(message, LiveEvent):
+            self._on_commit(message.event)
 
 
 class _RecordedAssembler:
@@ -353,13 +413,14 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         status="running", created_at=started.at, updated_at=started.at, owner="verify",
     )
     fencing = await scratch.start_turn(record, [started], lease_seconds=3600)
-    bus = InProcessBus()
+    tool_runner = RecordedToolRunner(script)
+    bus = _CommitBus(tool_runner.committed)
     ports = TurnPorts(
         models=_RecordedModels(events),
         model_client=RecordedModelClient(script),
         assembler=_RecordedAssembler(events),
         tools=_recorded_handles(events),
-        tool_runner=RecordedToolRunner(script),
+        tool_runner=tool_runner,
         code=RecordedCodeRunner(events),
         payloads=InlinePayloads(),
     )
