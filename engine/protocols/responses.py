@@ -1,0 +1,418 @@
+"""The OpenAI Responses API (``POST /v1/responses``): streaming events → model events.
+
+The Responses API is OpenAI's newer protocol. Its streamed response is SSE
+events typed ``response.*`` (some 59 kinds), with output items carrying their
+own ids (``fc_…``, ``rs_…``), and reasoning items whose ``encrypted_content``
+the provider can take back. :class:`ResponsesNormalizer` turns them into
+``engine.protocols.model_events``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from engine.protocols.common import (
+    CallIds,
+    IdFactory,
+    arguments_text,
+    error_message,
+    int_index,
+    nonempty_str,
+)
+from engine.protocols.model_events import (
+    Finished,
+    ModelEvent,
+    ProviderItem,
+    ReasoningDelta,
+    ResponseStarted,
+    StreamFailed,
+    StreamWarning,
+    TextDelta,
+    ToolCall,
+    ToolCallStarted,
+)
+
+__all__ = ["ResponsesNormalizer"]
+
+
+_LIFECYCLE_START: Final[frozenset[str]] = frozenset({"response.created", "response.queued", "response.in_progress"})
+_TEXT_DELTAS: Final[frozenset[str]] = frozenset({"response.output_text.delta", "response.refusal.delta"})
+_REASONING_DELTAS: Final[frozenset[str]] = frozenset(
+    {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
+)
+#: Message content parts that are the visible answer (the same text as the
+#: ``output_text``/``refusal`` deltas), and the key holding their text.
+_VISIBLE_PARTS: Final[dict[Any, str]] = {"output_text": "text", "text": "text", "refusal": "refusal"}
+#: ``incomplete_details.reason`` → Chat Completions finish reason.
+_INCOMPLETE_REASONS: Final[dict[str, str]] = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+@dataclass(slots=True)
+class _ResponsesCall:
+    item_id: str | None
+    output_index: int | None
+    call_id: str | None = None
+    name: str = ""
+    deltas: list[str] = field(default_factory=list)
+    final_arguments: str | None = None
+    announced: bool = False
+    emitted: bool = False
+
+    @property
+    def arguments(self) -> str:
+        return self.final_arguments if self.final_arguments is not None else "".join(self.deltas)
+
+
+class ResponsesNormalizer:
+    """Responses API streaming events → model events.
+
+    * ``response.created`` / ``queued`` / ``in_progress`` → ``ResponseStarted``
+      (once, when the response has an id).
+    * ``response.output_text.delta`` → ``TextDelta``; also
+      ``response.refusal.delta`` (a refusal is the visible answer).
+    * ``response.reasoning_text.delta`` / ``reasoning_summary_text.delta`` →
+      ``ReasoningDelta``. When a new reasoning part or item starts after
+      earlier reasoning text, its first delta is prefixed with ``"\\n\\n"`` so
+      summary paragraphs do not run together.
+      A delta's event type says what it is: unlike Open WebUI's fold, a text
+      delta whose ``output_index`` names a reasoning item (or the reverse) is
+      not dropped.
+    * ``response.output_item.added`` of a ``function_call`` → ``ToolCallStarted``;
+      its ``output_item.done`` → ``ToolCall`` (the done item is authoritative;
+      ``item_id`` = the item's ``fc_…`` id). A call is emitted once.
+    * ``response.output_item.done`` of a ``reasoning`` item → ``ProviderItem``
+      (a deep copy), so encrypted reasoning can be replayed (Q10).
+    * ``response.completed`` and ``response.incomplete``: the final
+      ``response.output`` wins over the stream where the stream lacks
+      something (as in Open WebUI's fold, Q20): a ``reasoning`` item never
+      sent → ``ProviderItem``; message text (``output_text``/``refusal``
+      parts, in order) that continues the streamed text → a ``TextDelta`` with
+      the rest (a server that puts text only in done events or in the final
+      output would otherwise give an empty answer); text that contradicts the
+      streamed text → ``StreamWarning`` (what was streamed cannot be taken
+      back). An empty or missing final output changes nothing.
+    * ``response.completed`` → then any ``function_call`` in the final
+      ``response.output`` not yet emitted, then any call that was started but
+      never done (arguments from ``function_call_arguments.done``, else the
+      concatenated deltas), then ``Finished(reason="tool_calls" if any
+      ToolCall was emitted for this response else "stop", status="completed")``.
+    * ``response.incomplete`` → then ``Finished(reason="length"`` for
+      ``max_output_tokens`` (``content_filter`` kept, other reasons verbatim,
+      missing → ``"length"``), ``status="incomplete")``. Unfinished calls are
+      not emitted: their arguments were cut off.
+    * ``response.failed`` → ``StreamFailed(response.error.message, code, details=error)``;
+      a top-level ``error`` event → ``StreamFailed`` with the event as details.
+    * Everything else (the API has ~59 event types) → nothing.
+
+    After a terminal event (completed/incomplete/failed/error) further events
+    are ignored. ``finish`` after a terminal event returns nothing; after a
+    stream that ended without one it returns the calls started but not
+    emitted and a ``Finished`` with ``status=None`` (reason ``"tool_calls"``
+    if any call was emitted, else ``None``): the caller can tell a truncated
+    stream by ``status is None``. Usage arrives only in ``Finished.usage``
+    (the provider's dict as sent); no ``UsageReport`` is emitted.
+    """
+
+    def __init__(self, id_factory: IdFactory) -> None:
+        self._ids = CallIds(id_factory)
+        self.response_id: str | None = None
+        self._started = False
+        self._calls: list[_ResponsesCall] = []
+        self._tool_calls_emitted = 0
+        self._reasoning_key: tuple[Any, ...] | None = None
+        self._reasoning_seen = False
+        self._text: list[str] = []  # every TextDelta so far, to check the final output against
+        self._items_sent: set[tuple[str, Any]] = set()  # ids and output indexes of the ProviderItems sent
+        self._terminal = False
+        self._finished = False
+
+    def feed(self, event: Any) -> list[ModelEvent]:
+        if self._finished:
+            raise RuntimeError("ResponsesNormalizer is finished; no more events are accepted")
+        if not isinstance(event, dict) or self._terminal:
+            return []
+        kind = event.get("type")
+        if not isinstance(kind, str):
+            return []
+        if kind in _LIFECYCLE_START:
+            return self._lifecycle(event)
+        if kind in _TEXT_DELTAS:
+            delta = event.get("delta")
+            if isinstance(delta, str) and delta:
+                self._text.append(delta)
+                return [TextDelta(delta)]
+            return []
+        if kind in _REASONING_DELTAS:
+            return self._reasoning(event, kind)
+        if kind == "response.output_item.added":
+            return self._item_added(event)
+        if kind == "response.function_call_arguments.delta":
+            delta = event.get("delta")
+            if isinstance(delta, str) and delta:
+                self._call_for(event).deltas.append(delta)
+            return []
+        if kind == "response.function_call_arguments.done":
+            call = self._call_for(event)
+            arguments = event.get("arguments")
+            if isinstance(arguments, str):
+                call.final_arguments = arguments
+            name = nonempty_str(event.get("name"))
+            if name and not call.name:
+                call.name = name
+            return []
+        if kind == "response.output_item.done":
+            return self._item_done(event)
+        if kind == "response.completed":
+            return self._completed(event)
+        if kind == "response.incomplete":
+            return self._incomplete(event)
+        if kind == "response.failed":
+            return self._failed(event)
+        if kind == "error":
+            self._terminal = True
+            code = event.get("code")
+            return [
+                StreamFailed(
+                    message=error_message(event),
+                    code=code if isinstance(code, str) else None,
+                    details=copy.deepcopy(event),
+                )
+            ]
+        return []
+
+    def finish(self) -> list[ModelEvent]:
+        if self._finished:
+            return []
+        self._finished = True
+        if self._terminal:
+            return []
+        events: list[ModelEvent] = list(self._flush_pending())
+        reason = "tool_calls" if self._tool_calls_emitted else None
+        events.append(Finished(reason=reason, response_id=self.response_id, usage=None, status=None))
+        return events
+
+    # -- handlers ------------------------------------------------------------
+
+    def _lifecycle(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        response = _response_of(event)
+        response_id = nonempty_str(response.get("id"))
+        if self._started or response_id is None:
+            return []
+        self._started = True
+        self.response_id = response_id
+        return [ResponseStarted(response_id)]
+
+    def _reasoning(self, event: Mapping[str, Any], kind: str) -> list[ModelEvent]:
+        delta = event.get("delta")
+        if not isinstance(delta, str) or not delta:
+            return []
+        part_key = "summary_index" if kind.endswith("summary_text.delta") else "content_index"
+        output_index = int_index(event.get("output_index"))
+        where = output_index if output_index is not None else event.get("item_id")
+        key = (where, kind, int_index(event.get(part_key)) or 0)
+        if self._reasoning_seen and key != self._reasoning_key:
+            delta = "\n\n" + delta
+        self._reasoning_key = key
+        self._reasoning_seen = True
+        return [ReasoningDelta(delta)]
+
+    def _item_added(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        item = event.get("item")
+        if not isinstance(item, dict) or item.get("type") != "function_call":
+            return []
+        call = self._call_for(event, item)
+        if call.call_id is None:
+            call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+        name = nonempty_str(item.get("name"))
+        if name and not call.name:
+            call.name = name
+        arguments = item.get("arguments")
+        if arguments and not call.deltas and call.final_arguments is None:
+            call.deltas.append(arguments_text(arguments))
+        if call.emitted or call.announced or not call.name:
+            return []
+        call.announced = True
+        return [ToolCallStarted(call_id=call.call_id, name=call.name)]
+
+    def _item_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        item = event.get("item")
+        if not isinstance(item, dict):
+            return []
+        if item.get("type") == "reasoning":
+            return self._provider_item(item, int_index(event.get("output_index")))
+        if item.get("type") != "function_call":
+            return []
+        call = self._call_for(event, item)
+        emitted = self._emit(call, item)
+        return [emitted] if emitted is not None else []
+
+    def _provider_item(self, item: dict[str, Any], output_index: int | None) -> list[ModelEvent]:
+        """A reasoning item, once: an item with the id, or at the output index,
+        of one already sent is that one (a provider may renumber ids in its
+        final output)."""
+        keys: list[tuple[str, Any]] = []
+        item_id = nonempty_str(item.get("id"))
+        if item_id:
+            keys.append(("id", item_id))
+        if output_index is not None:
+            keys.append(("index", output_index))
+        if any(key in self._items_sent for key in keys):
+            return []
+        self._items_sent.update(keys)
+        return [ProviderItem(copy.deepcopy(item))]
+
+    def _final_output(self, response: Mapping[str, Any]) -> list[ModelEvent]:
+        """What the final ``response.output`` has that the stream did not give:
+        reasoning items never sent with ``output_item.done``, and message text
+        beyond the streamed text (a server that sends text only in done
+        events or in the final output). The streamed text cannot be taken
+        back: when the final text does not continue it, it is kept and a
+        warning says so."""
+        final = response.get("output")
+        if not isinstance(final, list) or not final:
+            return []  # nothing to compare with: the streamed items stand (as in Open WebUI)
+        events: list[ModelEvent] = []
+        parts: list[str] = []
+        for position, item in enumerate(final):
+            if not isinstance(item, dict):
+                continue
+            if item.get("type") == "reasoning":
+                events.extend(self._provider_item(item, position))
+            elif item.get("type") == "message" and isinstance(item.get("content"), list):
+                for part in item["content"]:
+                    key = _VISIBLE_PARTS.get(part.get("type")) if isinstance(part, dict) else None
+                    if key is not None and isinstance(part.get(key), str):
+                        parts.append(part[key])
+        text, streamed = "".join(parts), "".join(self._text)
+        if text != streamed and text:
+            if text.startswith(streamed):
+                self._text.append(text[len(streamed) :])
+                events.append(TextDelta(self._text[-1]))
+            else:
+                events.append(
+                    StreamWarning(
+                        "the final output's text differs from the streamed text; the streamed text is kept",
+                        raw=text[:500],
+                    )
+                )
+        return events
+
+    def _completed(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        self._terminal = True
+        response = _response_of(event)
+        events: list[ModelEvent] = self._final_output(response)
+        final = response.get("output")
+        for position, item in enumerate(final if isinstance(final, list) else []):
+            if isinstance(item, dict) and item.get("type") == "function_call":
+                call = self._call_for({"output_index": position}, item)
+                emitted = self._emit(call, item)
+                if emitted is not None:
+                    events.append(emitted)
+        events.extend(self._flush_pending())
+        events.append(
+            Finished(
+                reason="tool_calls" if self._tool_calls_emitted else "stop",
+                response_id=nonempty_str(response.get("id")) or self.response_id,
+                usage=_usage_of(response),
+                status="completed",
+            )
+        )
+        return events
+
+    def _incomplete(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        self._terminal = True
+        response = _response_of(event)
+        details = response.get("incomplete_details")
+        raw_reason = details.get("reason") if isinstance(details, dict) else None
+        if isinstance(raw_reason, str) and raw_reason:
+            reason = _INCOMPLETE_REASONS.get(raw_reason, raw_reason)
+        else:
+            reason = "length"
+        return [
+            *self._final_output(response),
+            Finished(
+                reason=reason,
+                response_id=nonempty_str(response.get("id")) or self.response_id,
+                usage=_usage_of(response),
+                status="incomplete",
+            )
+        ]
+
+    def _failed(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        self._terminal = True
+        error = _response_of(event).get("error")
+        details = copy.deepcopy(error) if isinstance(error, dict) else ({"error": error} if error else {})
+        code = error.get("code") if isinstance(error, dict) else None
+        message = error_message(error) if error else "The response failed."
+        return [StreamFailed(message=message, code=code if isinstance(code, str) else None, details=details)]
+
+    # -- calls ---------------------------------------------------------------
+
+    def _call_for(self, event: Mapping[str, Any], item: Mapping[str, Any] | None = None) -> _ResponsesCall:
+        """The tracked call an event is about, found by item id, then call id,
+        then output index (only among calls whose item id is unknown, or when
+        the event names no item); created when unknown."""
+        if item is not None:
+            item_id, call_id = nonempty_str(item.get("id")), nonempty_str(item.get("call_id"))
+        else:
+            item_id, call_id = nonempty_str(event.get("item_id")), None
+        output_index = int_index(event.get("output_index"))
+        for call in self._calls:
+            if item_id and call.item_id == item_id:
+                return call
+        for call in self._calls:
+            if call_id and call.call_id == call_id:
+                return call
+        if output_index is not None:
+            for call in reversed(self._calls):
+                if call.output_index == output_index and (item_id is None or call.item_id is None):
+                    call.item_id = call.item_id or item_id
+                    return call
+        call = _ResponsesCall(item_id=item_id, output_index=output_index)
+        self._calls.append(call)
+        return call
+
+    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> ToolCall | None:
+        if call.emitted:
+            return None
+        if item is not None:
+            name = nonempty_str(item.get("name"))
+            if name:
+                call.name = name
+            if item.get("arguments") is not None:
+                call.final_arguments = arguments_text(item.get("arguments"))
+            if call.call_id is None:
+                call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+            if call.item_id is None:
+                call.item_id = nonempty_str(item.get("id"))
+        if call.call_id is None:
+            call.call_id = self._ids.fresh()
+        call.emitted = True
+        self._tool_calls_emitted += 1
+        return ToolCall(
+            call_id=call.call_id,
+            name=call.name,
+            arguments=call.arguments,
+            item_id=call.item_id or call.call_id,
+        )
+
+    def _flush_pending(self) -> list[ToolCall]:
+        events: list[ToolCall] = []
+        for call in self._calls:
+            emitted = self._emit(call, None)
+            if emitted is not None:
+                events.append(emitted)
+        return events
+
+
+def _response_of(event: Mapping[str, Any]) -> dict[str, Any]:
+    response = event.get("response")
+    return response if isinstance(response, dict) else {}
+
+
+def _usage_of(response: Mapping[str, Any]) -> dict[str, Any] | None:
+    usage = response.get("usage")
+    return copy.deepcopy(usage) if isinstance(usage, dict) and usage else None
