@@ -14,11 +14,10 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-from engine.protocols.convert import ollama_messages, responses_body, to_responses_input
 from engine.protocols.chat import ChatNormalizer
 from engine.protocols.model_events import ModelEvent, StreamWarning
-from engine.protocols.ollama import OllamaNormalizer
-from engine.protocols.responses import ResponsesNormalizer
+from engine.protocols.ollama import OllamaNormalizer, ollama_messages
+from engine.protocols.responses import ResponsesNormalizer, responses_body, to_responses_input
 from engine.ports import IdFactory, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 
 # Parameters an Ollama request takes at the top level; the rest go to ``options``.

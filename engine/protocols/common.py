@@ -1,9 +1,11 @@
-"""What the upstream wire protocols share: tool-call ids and arguments, errors.
+"""What the upstream wire protocols share: tool-call ids and arguments, errors, content parts.
 
 turnlog speaks three upstream protocols, one module each: ``chat`` (OpenAI
 Chat Completions), ``responses`` (the OpenAI Responses API) and ``ollama``
-(Ollama ``/api/chat``), each with a pure normalizer (wire objects →
-``engine.protocols.model_events``). This module holds what more than one of
+(Ollama ``/api/chat``). Each has a pure normalizer (wire objects →
+``engine.protocols.model_events``); ``history`` turns stored output items
+into the canonical transcript (Chat Completions messages), which
+``responses`` and ``ollama`` map onto their inputs. This module holds what more than one of
 them needs, so that no protocol module imports another for a helper.
 
 Normalizers (:class:`Normalizer`): one per model call. ``feed`` takes one
@@ -43,16 +45,27 @@ __all__ = [
     "CALL_ID_PREFIX",
     "CallIds",
     "IdFactory",
+    "Item",
+    "Message",
     "Normalizer",
     "arguments_text",
     "error_message",
+    "image_url",
     "int_index",
+    "is_image_part",
+    "is_text_part",
+    "json_object",
     "nonempty_str",
+    "object_string",
     "split_json_values",
     "split_tool_calls",
 ]
 
 IdFactory = Callable[[str], str]
+#: A Chat Completions message (the canonical transcript's unit).
+Message = dict[str, Any]
+#: A stored output item, or a Responses API input item.
+Item = dict[str, Any]
 
 #: Prefix passed to ``id_factory`` for every tool-call id turnlog makes up.
 CALL_ID_PREFIX: Final[str] = "call"
@@ -181,3 +194,47 @@ def split_tool_calls(calls: Sequence[ToolCall], id_factory: IdFactory) -> list[T
             result.append(replace(call, call_id=call_id, arguments=piece, item_id=call_id))
     return result
 
+
+# --------------------------------------------------------------------------
+# Content parts (Chat and Responses spellings)
+# --------------------------------------------------------------------------
+
+
+def image_url(part: Mapping[str, Any]) -> str | None:
+    """The URL of an ``input_image`` or ``image_url`` part (string or ``{url}``)."""
+    value = part.get("image_url")
+    if isinstance(value, Mapping):
+        value = value.get("url")
+    return value if isinstance(value, str) and value else None
+
+
+def is_image_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in ("input_image", "image_url")
+
+
+def is_text_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in ("input_text", "text", "output_text")
+
+
+def json_object(value: Any) -> dict[str, Any] | None:
+    """``value`` as a JSON object: a mapping, or a string holding one; else None."""
+    if isinstance(value, Mapping):
+        return dict(value)
+    if isinstance(value, str):
+        try:
+            decoded = json.loads(value)
+        except ValueError:
+            return None
+        return decoded if isinstance(decoded, dict) else None
+    return None
+
+
+def object_string(value: Any) -> str | None:
+    """A JSON object string for ``value``: a valid object string is kept verbatim
+    (what the model wrote; also keeps provider prompt caches warm), a mapping is
+    dumped; anything else → None."""
+    if isinstance(value, Mapping):
+        return json.dumps(dict(value), ensure_ascii=False)
+    if isinstance(value, str) and json_object(value) is not None:
+        return value
+    return None

@@ -1,11 +1,17 @@
-"""Ollama's native chat API (``POST /api/chat``): NDJSON lines → model events.
+"""Ollama's native chat API (``POST /api/chat``): messages, normalizer.
 
-Ollama speaks its own protocol besides its OpenAI-compatible endpoint. The
+Ollama speaks its own protocol besides its OpenAI-compatible endpoint: the
+request takes ``messages`` whose content is a plain string with images as
+base64 in ``images``, assistant ``tool_calls`` whose ``function.arguments``
+is an object (not a JSON string), ``thinking`` for reasoning, and sampling
+parameters under ``options`` (``num_predict`` for ``max_tokens``) beside a
+few top-level ones (``tools``, ``format``, ``keep_alive``, ``think``). The
 response streams newline-delimited JSON objects, each with a ``message``
-fragment (``thinking``, ``content``, whole ``tool_calls`` whose
-``function.arguments`` is an object), the last with ``done: true``, the
-reason and token counts. :class:`OllamaNormalizer` turns them into
-``engine.protocols.model_events``.
+fragment, the last with ``done: true``, the reason and token counts.
+
+This module holds :func:`ollama_messages` (Chat messages → Ollama messages)
+and :class:`OllamaNormalizer` (NDJSON lines →
+``engine.protocols.model_events``).
 """
 
 from __future__ import annotations
@@ -14,10 +20,101 @@ import copy
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.protocols.common import CallIds, IdFactory, arguments_text, error_message, nonempty_str
+from engine.protocols.common import (
+    CallIds,
+    IdFactory,
+    Message,
+    arguments_text,
+    error_message,
+    image_url,
+    is_image_part,
+    is_text_part,
+    json_object,
+    nonempty_str,
+)
 from engine.protocols.model_events import Finished, ModelEvent, ReasoningDelta, StreamFailed, TextDelta, ToolCall
 
-__all__ = ["OllamaNormalizer"]
+__all__ = ["OllamaNormalizer", "ollama_messages"]
+
+
+# --------------------------------------------------------------------------
+# Chat Completions messages → Ollama /api/chat messages
+# --------------------------------------------------------------------------
+
+
+def _base64_of(url: str) -> str | None:
+    """The base64 payload of a ``data:`` URL. Ollama takes only inline base64;
+    remote URLs cannot be sent (this module does no I/O) and are skipped."""
+    if not url.startswith("data:"):
+        return None
+    header, sep, payload = url.partition(",")
+    if not sep or ";base64" not in header:
+        return None
+    return payload
+
+
+def _ollama_content(content: Any) -> tuple[str, list[str]]:
+    if isinstance(content, str):
+        return content, []
+    if not isinstance(content, list):
+        return "", []
+    texts: list[str] = []
+    images: list[str] = []
+    for part in content:
+        if is_text_part(part):
+            if part.get("text"):
+                texts.append(part["text"])
+        elif is_image_part(part):
+            url = image_url(part)
+            data = _base64_of(url) if url else None
+            if data:
+                images.append(data)
+    return "\n".join(texts), images
+
+
+def ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages → Ollama ``/api/chat`` messages.
+
+    Content is a string (text parts joined with ``\\n``) and images go to
+    ``images`` as base64 (``data:`` URLs only); assistant ``tool_calls`` carry
+    ``function.arguments`` as OBJECTS (invalid JSON → ``{}``);
+    ``reasoning_content``/``thinking`` become ``thinking``; tool results are
+    ``role: tool`` with ``tool_name`` when the call is known.
+    """
+    names: dict[Any, str] = {}
+    out: list[Message] = []
+    for message in messages:
+        role = message.get("role")
+        text, images = _ollama_content(message.get("content"))
+        msg: Message = {"role": role, "content": text}
+        if images:
+            msg["images"] = images
+        if role == "assistant":
+            thinking = message.get("thinking") or message.get("reasoning_content")
+            if thinking:
+                msg["thinking"] = thinking
+            calls = []
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call, Mapping):
+                    continue
+                fn = call.get("function") or {}
+                name = fn.get("name") or ""
+                names[call.get("id")] = name
+                calls.append({"function": {"name": name, "arguments": json_object(fn.get("arguments")) or {}}})
+            if calls:
+                msg["tool_calls"] = calls
+        elif role == "tool":
+            name = message.get("tool_name") or message.get("name") or names.get(message.get("tool_call_id"))
+            if name:
+                msg["tool_name"] = name
+        out.append(msg)
+    return out
+
+
+# --------------------------------------------------------------------------
+# NDJSON lines → model events
+# --------------------------------------------------------------------------
+
 
 class OllamaNormalizer:
     """Ollama ``/api/chat`` NDJSON objects → model events.

@@ -1,15 +1,41 @@
-"""The OpenAI Responses API (``POST /v1/responses``): streaming events → model events.
+"""The OpenAI Responses API (``POST /v1/responses``): body and input items, reasoning items, normalizer.
 
-The Responses API is OpenAI's newer protocol. Its streamed response is SSE
-events typed ``response.*`` (some 59 kinds), with output items carrying their
-own ids (``fc_…``, ``rs_…``), and reasoning items whose ``encrypted_content``
-the provider can take back. :class:`ResponsesNormalizer` turns them into
-``engine.protocols.model_events``.
+The Responses API is OpenAI's newer protocol. The request carries
+``instructions`` and typed ``input`` items (``message``, ``function_call``,
+``function_call_output``, ``reasoning``) instead of ``messages``; function
+tools are flat; the provider can keep the response (``store``) so that a
+continuation sends only ``previous_response_id`` and the new items. The
+streamed response is SSE events typed ``response.*`` (some 59 kinds), with
+output items carrying their own ids (``fc_…``, ``rs_…``), and reasoning items
+whose ``encrypted_content`` the provider can take back.
+
+This module is everything specific to it, so the engine's transcript stays
+Chat Completions messages (``engine.protocols.history``) and only this module
+knows the Responses shapes:
+
+* :func:`responses_body` / :func:`to_responses_input` — a Chat Completions
+  body and its messages as a Responses API body (§6.6);
+  :func:`stateful_continuation_input` — the items of a
+  ``previous_response_id`` continuation (Q9);
+* reasoning items (Q10): :func:`has_provider_reasoning`,
+  :func:`responses_reasoning_item`, :func:`is_local_id` — used by
+  ``history`` for the ``"responses"`` reasoning format, whose
+  ``responses_items`` :func:`to_responses_input` replays. A Responses API
+  reasoning item the provider can take back has ``encrypted_content`` or a
+  provider id (``rs_…``). The ids of the message / function_call items that
+  follow it are replayed too, unless they are turnlog-made ids
+  (:func:`is_local_id`): the API pairs a reasoning item with its following
+  item by id, so the stream layer should keep the provider's item ids for an
+  exact replay;
+* :class:`ResponsesNormalizer` — streaming events →
+  ``engine.protocols.model_events``.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -17,10 +43,15 @@ from typing import Any, Final
 from engine.protocols.common import (
     CallIds,
     IdFactory,
+    Item,
     arguments_text,
     error_message,
+    image_url,
     int_index,
+    is_image_part,
+    is_text_part,
     nonempty_str,
+    object_string,
 )
 from engine.protocols.model_events import (
     Finished,
@@ -35,8 +66,339 @@ from engine.protocols.model_events import (
     ToolCallStarted,
 )
 
-__all__ = ["ResponsesNormalizer"]
+__all__ = [
+    "RESPONSES_DROPPED_KEYS",
+    "ResponsesNormalizer",
+    "has_provider_reasoning",
+    "is_local_id",
+    "responses_body",
+    "responses_reasoning_item",
+    "stateful_continuation_input",
+    "to_responses_input",
+    "tool_output_value",
+]
 
+#: Chat Completions body keys the Responses API does not take (§6.6).
+RESPONSES_DROPPED_KEYS = frozenset(
+    {"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"}
+)
+
+
+# --------------------------------------------------------------------------
+# Chat Completions → Responses API (§6.6 adapter mapping)
+# --------------------------------------------------------------------------
+
+
+def _input_image(part: Mapping[str, Any]) -> Item | None:
+    url = image_url(part)
+    if url is None:
+        return None
+    detail = part.get("detail")
+    if detail is None and isinstance(part.get("image_url"), Mapping):
+        detail = part["image_url"].get("detail")
+    return {"type": "input_image", "image_url": url, "detail": detail or "auto"}
+
+
+def _input_parts(content: Any) -> list[Item]:
+    """User/developer content → Responses input content parts."""
+    if content is None:
+        return [{"type": "input_text", "text": ""}]
+    if isinstance(content, str):
+        return [{"type": "input_text", "text": content}]
+    parts: list[Item] = []
+    for part in content if isinstance(content, list) else []:
+        if not isinstance(part, Mapping):
+            continue
+        kind = part.get("type")
+        if kind in ("text", "input_text", "output_text"):
+            parts.append({"type": "input_text", "text": part.get("text") or ""})
+        elif kind in ("image_url", "input_image"):
+            image = _input_image(part)
+            if image is not None:
+                parts.append(image)
+        elif kind == "file" and isinstance(part.get("file"), Mapping):
+            parts.append({"type": "input_file", **{k: v for k, v in part["file"].items() if v is not None}})
+        else:
+            parts.append(dict(part))  # already a Responses part (input_file, input_audio…)
+    return parts or [{"type": "input_text", "text": ""}]
+
+
+def _assistant_text(content: Any) -> str:
+    """String content, or the non-empty text parts of list content joined with ``\n``."""
+    if isinstance(content, list):
+        return "\n".join(part.get("text") for part in content if is_text_part(part) and part.get("text"))
+    return content if isinstance(content, str) else ""
+
+
+def tool_output_value(content: Any) -> str | list[Item]:
+    """A tool result as a Responses ``function_call_output.output``: a string,
+    or a list of ``input_text``/``input_image`` parts when there are images."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        return "" if content is None else json.dumps(content, ensure_ascii=False)
+    if not any(is_image_part(p) for p in content):
+        return "\n".join(p.get("text") or "" for p in content if is_text_part(p))
+    parts: list[Item] = []
+    for part in content:
+        if is_text_part(part):
+            parts.append({"type": "input_text", "text": part.get("text") or ""})
+        elif is_image_part(part):
+            image = _input_image(part)
+            if image is not None:
+                parts.append(image)
+    return parts
+
+
+def _strip_ids(item: Item) -> Item:
+    return {k: v for k, v in item.items() if k not in ("id", "status")}
+
+
+def _replay_items(message: Mapping[str, Any], store: bool) -> list[Item]:
+    """An assistant message's kept Responses items (``responses`` reasoning
+    format), filtered to its surviving tool calls; a reasoning item must be
+    immediately followed by the item it belongs to or it is dropped."""
+    calls = {c.get("id"): c for c in message.get("tool_calls") or [] if isinstance(c, Mapping)}
+    items: list[Item] = []
+    for raw_item in message.get("responses_items") or []:
+        if not isinstance(raw_item, Mapping):
+            continue
+        item = dict(raw_item)
+        if item.get("type") == "function_call":
+            if item.get("call_id") not in calls:
+                continue
+            calls.pop(item["call_id"])
+        if item.get("type") == "reasoning" and not store and not item.get("encrypted_content"):
+            continue  # only resolvable from the provider's store
+        items.append(item if store else _strip_ids(item))
+    # Calls the kept items do not cover (should not happen) are derived.
+    for call_id, call in calls.items():
+        fn = call.get("function") or {}
+        items.append(
+            {
+                "type": "function_call",
+                "call_id": call_id,
+                "name": fn.get("name") or "",
+                "arguments": object_string(fn.get("arguments")) or "{}",
+            }
+        )
+    paired: list[Item] = []
+    for index, item in enumerate(items):
+        if item.get("type") == "reasoning":
+            following = items[index + 1] if index + 1 < len(items) else None
+            if following is None or following.get("type") not in ("message", "function_call"):
+                continue
+        paired.append(item)
+    return paired
+
+
+def to_responses_input(
+    messages: list[dict[str, Any]], *, store: bool = True
+) -> tuple[str | None, list[dict[str, Any]]]:
+    """Chat messages → (``instructions``, Responses ``input`` items) (§6.6).
+
+    * system → ``instructions`` (the LAST system message wins; list content: its
+      text parts joined with ``\\n``);
+    * user / developer → ``message`` with ``input_text`` / ``input_image
+      {image_url, detail}`` (``detail`` defaults to ``"auto"``; a detail given on
+      the Chat part is kept) / ``input_file`` parts;
+    * assistant → an optional ``message`` with an ``output_text`` part (when it
+      has text), followed by one ``function_call {call_id, name, arguments}``
+      per tool call; an assistant message carrying ``responses_items``
+      (reasoning format ``"responses"``) replays those items instead, in their
+      original order, reasoning included (Q10);
+    * tool → ``function_call_output {call_id, output}``.
+
+    ``store=False`` (the provider keeps nothing): reasoning items without
+    ``encrypted_content`` are dropped and item ids are removed, since nothing
+    can be looked up by id.
+    """
+    instructions: str | None = None
+    items: list[Item] = []
+    for message in messages:
+        role = message.get("role")
+        content = message.get("content")
+        if role == "system":
+            instructions = _assistant_text(content) if isinstance(content, list) else (content or "")
+        elif role in ("user", "developer"):
+            items.append({"type": "message", "role": role, "content": _input_parts(content)})
+        elif role == "assistant":
+            if message.get("responses_items"):
+                items.extend(_replay_items(message, store))
+                continue
+            text = _assistant_text(content)
+            if text:
+                items.append(
+                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
+                )
+            for call in message.get("tool_calls") or []:
+                if not isinstance(call, Mapping):
+                    continue
+                fn = call.get("function") or {}
+                items.append(
+                    {
+                        "type": "function_call",
+                        "call_id": call.get("id"),
+                        "name": fn.get("name") or "",
+                        "arguments": object_string(fn.get("arguments")) or "{}",
+                    }
+                )
+        elif role == "tool":
+            items.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": message.get("tool_call_id"),
+                    "output": tool_output_value(content),
+                }
+            )
+    return instructions, items
+
+
+def _responses_tool(tool: Any) -> Any:
+    if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"), Mapping):
+        return tool  # already flat, or a hosted tool (web_search, file_search…)
+    fn = tool["function"]
+    out: dict[str, Any] = {"type": "function", "name": fn.get("name")}
+    if fn.get("description") is not None:
+        out["description"] = fn["description"]
+    out["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
+    out["strict"] = fn["strict"] if isinstance(fn.get("strict"), bool) else False
+    return out
+
+
+def _responses_tool_choice(choice: Any) -> Any:
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("function"), Mapping):
+        return {"type": "function", "name": choice["function"].get("name")}
+    return choice
+
+
+def _responses_text_format(response_format: Any) -> dict[str, Any] | None:
+    if not isinstance(response_format, Mapping):
+        return None
+    kind = response_format.get("type")
+    if kind == "json_schema" and isinstance(response_format.get("json_schema"), Mapping):
+        return {"type": "json_schema", **response_format["json_schema"]}
+    if kind in ("json_object", "text"):
+        return {"type": kind}
+    return None
+
+
+def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> dict[str, Any]:
+    """A Chat Completions request body as a Responses API body (§6.6).
+
+    ``messages`` → ``instructions`` + ``input`` (``to_responses_input``);
+    ``max_tokens``/``max_completion_tokens`` → ``max_output_tokens`` (the latter
+    wins); ``stream_options, logit_bias, frequency_penalty, presence_penalty,
+    stop`` are dropped; function tools are flattened to ``{type:"function", name,
+    description, parameters, strict}`` (``strict`` false unless the tool sets it);
+    a forced ``tool_choice`` becomes ``{type:"function", name}``. Beyond Open
+    WebUI: ``response_format`` → ``text.format`` and ``reasoning_effort`` →
+    ``reasoning.effort`` (the Responses API rejects the Chat spellings). Other
+    keys pass through. ``store`` defaults to the body's ``store`` (the
+    provider's default, true, when absent) and steers ``to_responses_input``.
+    """
+    if store is None:
+        store = chat_body.get("store") is not False
+    body: dict[str, Any] = {}
+    for key, value in chat_body.items():
+        if key in RESPONSES_DROPPED_KEYS or key in ("max_tokens", "max_completion_tokens"):
+            continue
+        if key == "tools" and isinstance(value, list):
+            body["tools"] = [_responses_tool(t) for t in value]
+        elif key == "tool_choice":
+            body["tool_choice"] = _responses_tool_choice(value)
+        elif key == "response_format":
+            text_format = _responses_text_format(value)
+            if text_format is not None:
+                body["text"] = {**(chat_body.get("text") or {}), "format": text_format}
+        elif key == "reasoning_effort":
+            if value is not None:
+                body["reasoning"] = {**(chat_body.get("reasoning") or {}), "effort": value}
+        else:
+            body.setdefault(key, value)
+    limit = chat_body.get("max_completion_tokens", chat_body.get("max_tokens"))
+    if limit is not None:
+        body["max_output_tokens"] = limit
+    if "messages" in chat_body:
+        instructions, items = to_responses_input(chat_body.get("messages") or [], store=store)
+        if instructions is not None:
+            body["instructions"] = instructions
+        body["input"] = items
+    return body
+
+
+def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ``input`` of a stateful tool-loop continuation (``previous_response_id``).
+
+    Only the round's new ``function_call_output`` items (Q9: Open WebUI also
+    re-sends the round's assistant text and calls, which the provider already
+    stores under ``previous_response_id``), in output order, one per call. An
+    output is sent only when its call is a ``function_call`` of the same round
+    (the provider's response knows nothing else); the ``instructions`` are the
+    caller's to set.
+    """
+    calls = {
+        item.get("call_id")
+        for item in round_output
+        if isinstance(item, Mapping) and item.get("type") == "function_call" and item.get("call_id")
+    }
+    items: list[Item] = []
+    seen: set[Any] = set()
+    for item in round_output:
+        if not isinstance(item, Mapping) or item.get("type") != "function_call_output":
+            continue
+        call_id = item.get("call_id")
+        if call_id not in calls or call_id in seen:
+            continue
+        seen.add(call_id)
+        output = item.get("output")
+        items.append({"type": "function_call_output", "call_id": call_id, "output": tool_output_value(output)})
+    return items
+
+
+# --------------------------------------------------------------------------
+# Reasoning items (Q10)
+# --------------------------------------------------------------------------
+
+
+_LOCAL_ID = re.compile(r"(?:msg|r|fc|fco|ci|cc|call)_[0-9a-f]{24}")
+
+
+def is_local_id(value: Any) -> bool:
+    """An id turnlog made itself (``prefix_`` + 24 hex, spec §1.1), as opposed to
+    a provider's item id (OpenAI's are longer), which a stored-response replay
+    may reference."""
+    return isinstance(value, str) and _LOCAL_ID.fullmatch(value) is not None
+
+
+def has_provider_reasoning(item: Mapping[str, Any]) -> bool:
+    """A reasoning item the provider can take back (Q10): it has
+    ``encrypted_content`` or a provider id (``rs_…``)."""
+    if item.get("type") != "reasoning":
+        return False
+    item_id = item.get("id")
+    return bool(item.get("encrypted_content")) or (isinstance(item_id, str) and item_id.startswith("rs_"))
+
+
+def responses_reasoning_item(item: Mapping[str, Any]) -> Item:
+    """A stored reasoning item as a Responses API input item (only the fields the
+    API takes back: ``id``, ``summary``, ``encrypted_content``)."""
+    summary = [
+        {"type": "summary_text", "text": s.get("text") or ""}
+        for s in (item.get("summary") or [])
+        if isinstance(s, Mapping)
+    ]
+    out: Item = {"type": "reasoning", "summary": summary}
+    if isinstance(item.get("id"), str) and item["id"].startswith("rs_"):
+        out["id"] = item["id"]
+    if item.get("encrypted_content"):
+        out["encrypted_content"] = item["encrypted_content"]
+    return out
+
+
+# --------------------------------------------------------------------------
+# Streaming events → model events
+# --------------------------------------------------------------------------
 
 _LIFECYCLE_START: Final[frozenset[str]] = frozenset({"response.created", "response.queued", "response.in_progress"})
 _TEXT_DELTAS: Final[frozenset[str]] = frozenset({"response.output_text.delta", "response.refusal.delta"})
