@@ -1,17 +1,19 @@
-"""OpenAI Chat Completions (``POST /v1/chat/completions``): chunks → model events.
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): normalizer and request body.
 
 Chat Completions is the protocol most upstreams speak (OpenAI, vLLM,
 llama.cpp, LiteLLM, OpenRouter…): the request carries ``messages``, the
 streamed response is SSE ``data:`` chunks whose ``choices[0].delta`` holds
 text, reasoning (``reasoning_content`` and its aliases) and tool-call
 fragments, ended by ``[DONE]``. Its messages are also the engine's canonical
-transcript.
+transcript (``engine.protocols.history``), so its body is the request as
+kept, and the other protocols' bodies are derived from it.
 
 This module is everything specific to it:
 
 * :class:`ChatToolCalls` — accumulation of ``delta.tool_calls`` fragments
   (behaviour spec §6.5), with quirks Q1/Q2 fixed;
-* :class:`ChatNormalizer` — chunks → ``engine.protocols.model_events``.
+* :class:`ChatNormalizer` — chunks → ``engine.protocols.model_events``;
+* :func:`request_body` — the wire body.
 
 Deliberate differences from Open WebUI 0.12.4 in tool-call accumulation (the
 ones shared with the other protocols, Q4 and ids, are in
@@ -38,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine.fold.accumulator import parse_chat_chunk
+from engine.ports import ModelRequest, ResolvedModel
 from engine.protocols.common import (
     CallIds,
     IdFactory,
@@ -45,6 +48,7 @@ from engine.protocols.common import (
     error_message,
     int_index,
     nonempty_str,
+    outgoing_messages,
     split_tool_calls,
 )
 from engine.protocols.model_events import (
@@ -58,7 +62,13 @@ from engine.protocols.model_events import (
     UsageReport,
 )
 
-__all__ = ["ChatNormalizer", "ChatToolCalls"]
+__all__ = ["ChatNormalizer", "ChatToolCalls", "request_body"]
+
+
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The Chat Completions body: the request's params, the upstream model, the
+    transcript (with the assistant prefill) and ``stream``."""
+    return {**request.params, "model": resolved.upstream_model, "messages": outgoing_messages(request), "stream": True}
 
 
 # --------------------------------------------------------------------------

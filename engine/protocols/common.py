@@ -3,9 +3,9 @@
 turnlog speaks three upstream protocols, one module each: ``chat`` (OpenAI
 Chat Completions), ``responses`` (the OpenAI Responses API) and ``ollama``
 (Ollama ``/api/chat``). Each has a pure normalizer (wire objects →
-``engine.protocols.model_events``); ``history`` turns stored output items
-into the canonical transcript (Chat Completions messages), which
-``responses`` and ``ollama`` map onto their inputs. This module holds what more than one of
+``engine.protocols.model_events``) and a request-body builder; ``history``
+turns stored output items into the canonical transcript (Chat Completions
+messages) the bodies are built from. This module holds what more than one of
 them needs, so that no protocol module imports another for a helper.
 
 Normalizers (:class:`Normalizer`): one per model call. ``feed`` takes one
@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final, Protocol
 
+from engine.ports import ModelRequest
 from engine.protocols.model_events import ModelEvent, ToolCall
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "json_object",
     "nonempty_str",
     "object_string",
+    "outgoing_messages",
     "split_json_values",
     "split_tool_calls",
 ]
@@ -75,6 +77,16 @@ class Normalizer(Protocol):
     def feed(self, obj: Any) -> list[ModelEvent]: ...
 
     def finish(self) -> list[ModelEvent]: ...
+
+
+def outgoing_messages(request: ModelRequest) -> list[Message]:
+    """The transcript as sent: the request's messages, then the assistant prefill if any."""
+    messages = list(request.messages)
+    if request.prefill:
+        # Providers that continue an assistant prefill go on from it, so a
+        # resumed turn generates nothing twice.
+        messages.append({"role": "assistant", "content": request.prefill})
+    return messages
 
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Ollama's native chat API (``POST /api/chat``): messages, normalizer.
+"""Ollama's native chat API (``POST /api/chat``): messages, request body, normalizer.
 
 Ollama speaks its own protocol besides its OpenAI-compatible endpoint: the
 request takes ``messages`` whose content is a plain string with images as
@@ -9,8 +9,9 @@ few top-level ones (``tools``, ``format``, ``keep_alive``, ``think``). The
 response streams newline-delimited JSON objects, each with a ``message``
 fragment, the last with ``done: true``, the reason and token counts.
 
-This module holds :func:`ollama_messages` (Chat messages → Ollama messages)
-and :class:`OllamaNormalizer` (NDJSON lines →
+This module is everything specific to it: :func:`ollama_messages` (Chat
+messages → Ollama messages), :func:`request_body` (the wire body, with the
+``options`` mapping) and :class:`OllamaNormalizer` (NDJSON lines →
 ``engine.protocols.model_events``).
 """
 
@@ -18,8 +19,9 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Final
 
+from engine.ports import ModelRequest, ResolvedModel
 from engine.protocols.common import (
     CallIds,
     IdFactory,
@@ -31,10 +33,37 @@ from engine.protocols.common import (
     is_text_part,
     json_object,
     nonempty_str,
+    outgoing_messages,
 )
 from engine.protocols.model_events import Finished, ModelEvent, ReasoningDelta, StreamFailed, TextDelta, ToolCall
 
-__all__ = ["OllamaNormalizer", "ollama_messages"]
+__all__ = ["OLLAMA_TOP_LEVEL", "OllamaNormalizer", "ollama_messages", "request_body"]
+
+#: Parameters an Ollama request takes at the top level; the rest go to ``options``.
+OLLAMA_TOP_LEVEL: Final[frozenset[str]] = frozenset({"tools", "format", "keep_alive", "think"})
+
+
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The ``/api/chat`` body: the transcript as Ollama messages, the top-level
+    parameters, and every other parameter under ``options`` (``max_tokens`` →
+    ``num_predict``; ``stream_options`` dropped; the request's own
+    ``options`` win)."""
+    params = dict(request.params)
+    top = {k: params.pop(k) for k in list(params) if k in OLLAMA_TOP_LEVEL}
+    params.pop("stream_options", None)
+    options = params.pop("options", {}) or {}
+    if "max_tokens" in params:
+        params["num_predict"] = params.pop("max_tokens")
+    out = {
+        "model": resolved.upstream_model,
+        "messages": ollama_messages(outgoing_messages(request)),
+        "stream": True,
+        **top,
+    }
+    merged = {**params, **options}
+    if merged:
+        out["options"] = merged
+    return out
 
 
 # --------------------------------------------------------------------------

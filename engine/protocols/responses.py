@@ -1,4 +1,4 @@
-"""The OpenAI Responses API (``POST /v1/responses``): body and input items, reasoning items, normalizer.
+"""The OpenAI Responses API (``POST /v1/responses``): body, input items, reasoning items, normalizer.
 
 The Responses API is OpenAI's newer protocol. The request carries
 ``instructions`` and typed ``input`` items (``message``, ``function_call``,
@@ -13,10 +13,11 @@ This module is everything specific to it, so the engine's transcript stays
 Chat Completions messages (``engine.protocols.history``) and only this module
 knows the Responses shapes:
 
-* :func:`responses_body` / :func:`to_responses_input` — a Chat Completions
-  body and its messages as a Responses API body (§6.6);
-  :func:`stateful_continuation_input` — the items of a
-  ``previous_response_id`` continuation (Q9);
+* :func:`request_body` — the wire body of a call: the Chat Completions body
+  (``engine.protocols.chat``) mapped by :func:`responses_body` /
+  :func:`to_responses_input` (§6.6), or, for a stateful continuation, the
+  ``previous_response_id`` and the items of :func:`stateful_continuation_input`
+  (Q9);
 * reasoning items (Q10): :func:`has_provider_reasoning`,
   :func:`responses_reasoning_item`, :func:`is_local_id` — used by
   ``history`` for the ``"responses"`` reasoning format, whose
@@ -40,6 +41,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from engine.ports import ModelRequest, ResolvedModel
+from engine.protocols import chat
 from engine.protocols.common import (
     CallIds,
     IdFactory,
@@ -71,6 +74,7 @@ __all__ = [
     "ResponsesNormalizer",
     "has_provider_reasoning",
     "is_local_id",
+    "request_body",
     "responses_body",
     "responses_reasoning_item",
     "stateful_continuation_input",
@@ -82,6 +86,25 @@ __all__ = [
 RESPONSES_DROPPED_KEYS = frozenset(
     {"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"}
 )
+
+
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The Responses API body of a call: the Chat Completions body mapped by
+    :func:`responses_body`; a stateful continuation (``previous_response_id``)
+    sends the request's ``input_items`` instead of the transcript."""
+    body = chat.request_body(resolved, request)
+    out = responses_body(body)
+    out.pop("messages", None)
+    instructions, items = to_responses_input(body["messages"])
+    if instructions:
+        out["instructions"] = instructions
+    if request.previous_response_id:
+        out["previous_response_id"] = request.previous_response_id
+        out["input"] = request.input_items
+    else:
+        out["input"] = items
+    out["stream"] = True
+    return out
 
 
 # --------------------------------------------------------------------------
