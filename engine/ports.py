@@ -203,7 +203,8 @@ ModelApi = Literal["chat", "responses", "ollama"]
 class ChatProvider(Protocol):
     """An upstream's transport: bytes in, parsed payloads out.
 
-    Semantics (what a chunk means) live in ``engine.protocols.normalize``; the adapter only
+    Semantics (what a chunk means) live in the protocol modules
+    (``engine.protocols.chat``, ``responses``, ``ollama``); the adapter only
     frames the stream, decodes JSON and turns transport faults into
     ``UpstreamError``. The iterator ends normally only after the protocol's
     terminator; anything else raises ``UpstreamError``. It yields the payloads

@@ -1,4 +1,7 @@
-"""Tests for engine.protocols.convert: output items → Chat / Responses / Ollama inputs.
+"""Tests for the history conversions: output items → Chat / Responses / Ollama inputs.
+
+engine.protocols.history, and the input mappings of engine.protocols.responses
+and engine.protocols.ollama.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
 tests/vectors/). Where turnlog deliberately differs (spec §15, or a part of the
@@ -13,17 +16,15 @@ from typing import Any
 
 import pytest
 
-from engine.protocols.convert import (
+from engine.protocols.history import (
     TOOL_IMAGES_PROMPT,
     convert_output_to_messages,
-    ollama_messages,
     process_messages_with_output,
     replay_arguments,
-    responses_body,
     sanitize_tool_pairs,
-    stateful_continuation_input,
-    to_responses_input,
 )
+from engine.protocols.ollama import ollama_messages
+from engine.protocols.responses import responses_body, stateful_continuation_input, to_responses_input
 from tests.vectors_util import load_vectors
 
 CONVERT_VECTORS = load_vectors("convert_output_to_messages.json")

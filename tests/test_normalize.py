@@ -1,4 +1,7 @@
-"""Tests for engine.protocols.normalize: wire protocols → engine.protocols.model_events.
+"""Tests for the normalizers: wire protocols → engine.protocols.model_events.
+
+engine.protocols.chat, responses and ollama, and the shared tool-call helpers
+of engine.protocols.common.
 
 Tool-call accumulation and splitting are driven by the vectors recorded from
 Open WebUI 0.12.4 (tests/vectors/chat_tool_call_accumulation.json,
@@ -18,6 +21,8 @@ from typing import Any
 
 import pytest
 
+from engine.protocols.chat import ChatNormalizer, ChatToolCalls
+from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
 from engine.protocols.model_events import (
     Finished,
     ProviderItem,
@@ -30,15 +35,8 @@ from engine.protocols.model_events import (
     ToolCallStarted,
     UsageReport,
 )
-from engine.protocols.normalize import (
-    ChatNormalizer,
-    ChatToolCalls,
-    OllamaNormalizer,
-    ResponsesNormalizer,
-    arguments_text,
-    split_json_values,
-    split_tool_calls,
-)
+from engine.protocols.ollama import OllamaNormalizer
+from engine.protocols.responses import ResponsesNormalizer
 from tests.responses_events import FULL_STREAM, MSG_ITEM_DONE, USAGE
 from tests.vectors_util import load_vectors
 

@@ -1,8 +1,8 @@
 """Normalized model-stream events: what every upstream protocol is folded into.
 
 Chat Completions chunks, Responses API events and Ollama NDJSON lines each have
-a pure normalizer (``engine.protocols.normalize``) that turns them into this small
-vocabulary; the turn actor only ever sees these. Text and reasoning arrive as
+a pure normalizer (in ``engine.protocols.chat``, ``responses``, ``ollama``)
+that turns them into this small vocabulary; the turn actor only ever sees these. Text and reasoning arrive as
 deltas; a tool call arrives whole (its arguments complete) once the protocol
 says it is done, so the log records each call once.
 """

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from engine.protocols.convert import convert_output_to_messages, for_model, stateful_continuation_input
+from engine.protocols.history import convert_output_to_messages, for_model
+from engine.protocols.responses import stateful_continuation_input
 from engine.events import (
     ContextReinjected,
     EventData,
