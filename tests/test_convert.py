@@ -751,3 +751,29 @@ def test_ollama_from_converted_output() -> None:
         {"role": "tool", "content": "2", "tool_name": "add"},
         {"role": "assistant", "content": "two"},
     ]
+
+
+def test_responses_request_body_honours_store_false() -> None:
+    # With store: false the provider keeps nothing, so the input may not point
+    # at stored items: the reasoning item without encrypted content is dropped
+    # and item ids are removed (the body once recomputed the input as if store
+    # were true).
+    from engine.ports import ModelRequest, ResolvedModel
+    from engine.protocols.responses import request_body
+
+    assistant = {
+        "role": "assistant",
+        "content": "Done.",
+        "responses_items": [
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]},
+            {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        ],
+    }
+    messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
+    resolved = ResolvedModel(provider=None, upstream_model="m", api="responses")
+    stored = request_body(resolved, ModelRequest(messages=messages, params={}))
+    unstored = request_body(resolved, ModelRequest(messages=messages, params={"store": False}))
+    assert any(i.get("type") == "reasoning" for i in stored["input"])
+    assert not any(i.get("type") == "reasoning" for i in unstored["input"])
+    assert not any("id" in i for i in unstored["input"])
+    assert unstored["store"] is False

@@ -92,17 +92,12 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
     """The Responses API body of a call: the Chat Completions body mapped by
     :func:`responses_body`; a stateful continuation (``previous_response_id``)
     sends the request's ``input_items`` instead of the transcript."""
-    body = chat.request_body(resolved, request)
-    out = responses_body(body)
-    out.pop("messages", None)
-    instructions, items = to_responses_input(body["messages"])
-    if instructions:
-        out["instructions"] = instructions
+    out = responses_body(chat.request_body(resolved, request))  # input as the body's ``store`` allows
+    if out.get("instructions") == "":
+        del out["instructions"]
     if request.previous_response_id:
         out["previous_response_id"] = request.previous_response_id
         out["input"] = request.input_items
-    else:
-        out["input"] = items
     out["stream"] = True
     return out
 
