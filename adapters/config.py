@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
-from engine.settings import EngineSettings
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
+
+from engine.settings import EngineSettings
 
 
 class ModelSettings(BaseModel):
@@ -116,7 +117,7 @@ class Settings(BaseSettings):
                 import uvloop
             except ImportError:
                 if self.event_loop == "uvloop":
-                    raise ValueError("TURNLOG_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)")
+                    raise ValueError("TURNLOG_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)") from None
             else:
                 return uvloop.new_event_loop()
         return asyncio.new_event_loop()

@@ -43,8 +43,8 @@ from engine.events import (
     TurnStarted,
     make_event,
 )
-from engine.ports import TurnRecord
 from engine.fold.turn_view import TurnView, fold
+from engine.ports import TurnRecord
 
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
 

@@ -11,13 +11,13 @@ the other lacks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from engine.events import Event, EventData
-from engine.protocols.model_events import ModelEvent
 from engine.fold.accumulator import Piece
+from engine.protocols.model_events import ModelEvent
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult
 
 # -- the event store -------------------------------------------------------------

@@ -8,13 +8,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-# The oracles' asserts explain their failures like a test's own.
+# The oracles' asserts explain their failures like a test's own (before the import below).
 pytest.register_assert_rewrite("tests.oracle")
 
-from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection
-from tests.pg import pg_url  # noqa: F401  (fixture: a fresh PostgreSQL database)
-from tests.harness import Service, make_settings, start_service, stop_service
-from tests.upstream import ScriptedUpstream
+from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection  # noqa: E402
+from tests.harness import Service, make_settings, start_service, stop_service  # noqa: E402
+from tests.pg import pg_url  # noqa: F401, E402  (fixture: a fresh PostgreSQL database)
+from tests.upstream import ScriptedUpstream  # noqa: E402
 
 
 @pytest.fixture

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from engine.events import ModelDelta, TurnStarted, delta_event, make_event
-from engine.machine import IllegalTransition, TurnMachine
 from engine.fold.turn_view import TurnView, fold
+from engine.machine import IllegalTransition, TurnMachine
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.upstream import Reply, ScriptedUpstream

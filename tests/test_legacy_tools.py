@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from engine.tools.calls import ToolSpec, filter_arguments, normalize_result
 from engine.tools.legacy import (
     DEFAULT_TOOLS_TEMPLATE,
     HISTORY_WINDOW,
@@ -26,7 +27,6 @@ from engine.tools.legacy import (
     parse_selection,
     tool_source,
 )
-from engine.tools.calls import ToolSpec, filter_arguments, normalize_result
 from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------

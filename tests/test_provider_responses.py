@@ -14,9 +14,9 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
-from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
 from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols.client import LiveModelClient
+from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
 from tests.responses_events import FULL_STREAM, USAGE
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream

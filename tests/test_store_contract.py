@@ -32,7 +32,6 @@ from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
 from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
 from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
-from tests.pg import pg_url  # noqa: F401  (fixture)
 
 #: The newest revision in migrations/versions.
 HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()

@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
+from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
-from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.live_pg import PgSignals
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider

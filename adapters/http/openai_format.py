@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
+from engine.context.unsupported import STEP as UNSUPPORTED_STEP
+from engine.context.unsupported import warnings_of
 from engine.fold.turn_view import ChunkOut, TurnView
 from engine.run.follow import EventOut, Out
-from engine.context.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.

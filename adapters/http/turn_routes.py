@@ -7,13 +7,13 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.http.chat_routes import stream_turn
 from adapters.http.auth import USER
+from adapters.http.chat_routes import stream_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, not_found
 from engine.fold.chat import chat_messages, chat_turn_views
-from engine.ports import TurnRecord
 from engine.fold.turn_view import TurnView, fold
+from engine.ports import TurnRecord
 from engine.run.supervisor import TurnConflict
 
 

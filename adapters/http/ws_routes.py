@@ -22,16 +22,16 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from adapters.http.auth import USER
+from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
-from adapters.http.chat_routes import start_turn
 from adapters.http.schemas import parse_chat_request
 from engine.events import Event
+from engine.fold.turn_view import fold
 from engine.ports import LiveDelta
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import TurnConflict
-from engine.fold.turn_view import fold
 
 log = logging.getLogger("turnlog.ws")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode

@@ -19,7 +19,7 @@ OpenAI transports (see ``adapters.providers.http_base``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 

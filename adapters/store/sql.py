@@ -59,12 +59,18 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from adapters.store import postgres as _pg
 from adapters.store.common import (
     after_failure,
-    dumps as _dumps,
-    event_rows as _event_rows,
     hash_api_key,
-    loads as _loads,
     new_api_key,
     stale_token,
+)
+from adapters.store.common import (
+    dumps as _dumps,
+)
+from adapters.store.common import (
+    event_rows as _event_rows,
+)
+from adapters.store.common import (
+    loads as _loads,
 )
 from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN

@@ -14,13 +14,13 @@ from typing import Any
 from engine.context.assemble import ModelProfile, assemble
 from engine.context.history import History
 from engine.context.unsupported import unsupported_step
-from engine.fold.chat import chat_turn_views, stored_history
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
-from engine.tools.legacy import build_selection_request, parse_selection, tool_source
-from engine.protocols.model_events import TextDelta
+from engine.fold.chat import chat_turn_views, stored_history
 from engine.ports import EventStore, ModelCatalog, ModelClient, ModelRequest, ResolvedModel, ToolRunner, TurnInput, UpstreamError
+from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
+from engine.tools.legacy import build_selection_request, parse_selection, tool_source
 
 
 class LiveAssembler:

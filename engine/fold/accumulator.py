@@ -53,7 +53,6 @@ Deliberate differences from Open WebUI 0.12.4 (spec §15 and below):
 from __future__ import annotations
 
 import functools
-
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from engine.context.history import Answer, Entry, History, expand
-from engine.protocols.history import convert_output_to_messages, for_model
-from engine.ports import EventStore, TurnRecord
 from engine.fold.turn_view import TurnView, fold
+from engine.ports import EventStore, TurnRecord
+from engine.protocols.history import convert_output_to_messages, for_model
 
 
 def assistant_message(view: TurnView) -> dict[str, Any] | None:

@@ -29,11 +29,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.events import Event
 from engine.context.assemble import legacy_code_interpreter
-from engine.context.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
-from engine.machine import STATUS_AFTER, TurnMachine
+from engine.context.unsupported import STEP as UNSUPPORTED_STEP
+from engine.context.unsupported import warnings_of
+from engine.events import Event
 from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
+from engine.machine import STATUS_AFTER, TurnMachine
 
 EPOCH_SHIFT = 32
 

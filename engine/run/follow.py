@@ -12,17 +12,16 @@ from __future__ import annotations
 
 import functools
 import logging
-from contextlib import aclosing
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from engine.events import Event
+from engine.events import TERMINAL_TYPES, Event
+from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.events import TERMINAL_TYPES
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
 from engine.run.live import Joined
-from engine.fold.accumulator import Piece
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
-from engine.ports import WAKE, LiveDelta, LiveEvent, LiveMessage, Subscription as SubscriptionPort
+from engine.ports import WAKE, LiveDelta, LiveEvent, LiveMessage
+from engine.ports import Subscription as SubscriptionPort
 
 
 @dataclass(frozen=True)

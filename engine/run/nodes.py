@@ -21,8 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from engine.protocols.history import convert_output_to_messages, for_model
-from engine.protocols.responses import stateful_continuation_input
 from engine.events import (
     ContextReinjected,
     EventData,
@@ -40,8 +38,10 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
 from engine.ports import ModelRequest, ResolvedModel, UpstreamError
+from engine.protocols.history import convert_output_to_messages, for_model
+from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
+from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
 from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments

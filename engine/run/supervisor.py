@@ -19,7 +19,6 @@ from typing import Any
 
 from engine.blobs import Blobs
 from engine.context.live import LiveAssembler
-from engine.tools.direct import DirectToolHandle, direct_tool_specs
 from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.fold.turn_view import TurnView
 from engine.machine import TERMINAL_STATUSES
@@ -37,14 +36,15 @@ from engine.ports import (
     ToolCatalog,
     TurnRecord,
 )
+from engine.protocols.client import LiveModelClient
 from engine.run.actor import TurnActor, index_update
 from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
-from engine.protocols.client import LiveModelClient
 from engine.settings import EngineSettings
 from engine.tools.calls import LiveToolRunner, ToolHandle
+from engine.tools.direct import DirectToolHandle, direct_tool_specs
 
 log = logging.getLogger("turnlog.supervisor")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,16 +34,6 @@ from engine.events import (
     TurnInterrupted,
     make_event,
 )
-from engine.protocols.model_events import (
-    Finished,
-    ModelEvent,
-    StreamFailed,
-    ProviderItem,
-    ReasoningDelta,
-    StreamWarning,
-    TextDelta,
-    ToolCall,
-)
 from engine.ports import (
     EventStore,
     IdFactory,
@@ -56,6 +46,16 @@ from engine.ports import (
     TurnInput,
     TurnRecord,
     UpstreamError,
+)
+from engine.protocols.model_events import (
+    Finished,
+    ModelEvent,
+    ProviderItem,
+    ReasoningDelta,
+    StreamFailed,
+    StreamWarning,
+    TextDelta,
+    ToolCall,
 )
 from engine.run.actor import TurnActor
 from engine.run.context import TurnPorts
