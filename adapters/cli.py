@@ -16,7 +16,7 @@ from adapters.config import Settings, load_settings
 from adapters.store import open_store
 from adapters.store.migrate import migrate
 from engine.events import TERMINAL_TYPES
-from engine.projection import fold
+from engine.fold.turn_view import fold
 
 
 def _print_json(obj: Any) -> None:
@@ -254,7 +254,7 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
     """Re-run the engine against the recorded results; exit 1 with a diff on mismatch."""
     import tempfile
 
-    from engine.verify import verify_turn
+    from engine.run.verify import verify_turn
 
     async def run(store: Any) -> int:
         events = await store.read(args.turn_id)

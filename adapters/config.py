@@ -19,6 +19,8 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
+from engine.settings import EngineSettings
+
 
 class ModelSettings(BaseModel):
     """Per-model settings from the TOML file (``[models."name"]``)."""
@@ -90,6 +92,19 @@ class Settings(BaseSettings):
                 return "off"
         return value
 
+    def engine(self) -> EngineSettings:
+        """The engine's settings: the one object the supervisor and every turn share."""
+        return EngineSettings(
+            lease_seconds=self.lease_seconds,
+            auto_resume=self.auto_resume,
+            flush_interval=self.flush_interval,
+            flush_max_chunks=self.flush_max_chunks,
+            max_tool_call_iterations=self.max_tool_call_iterations,
+            tool_timeout=self.tool_timeout,
+            direct_tool_timeout=self.direct_tool_timeout,
+            responses_stateful=self.responses_stateful,
+        )
+
     def auth_enabled(self) -> bool:
         if self.auth is not None:
             return self.auth == "on"
@@ -102,7 +117,7 @@ class Settings(BaseSettings):
                 import uvloop
             except ImportError:
                 if self.event_loop == "uvloop":
-                    raise ValueError("TURNLOG_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)")
+                    raise ValueError("TURNLOG_EVENT_LOOP=uvloop but uvloop is not installed (pip install uvloop)") from None
             else:
                 return uvloop.new_event_loop()
         return asyncio.new_event_loop()

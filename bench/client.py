@@ -45,7 +45,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-
 CONTENT = b'"delta":{"content":'
 DONE = b"data: [DONE]"
 ERROR = b'data: {"error"'

@@ -428,7 +428,7 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
         for phase in spec["phases"]:
             try:
                 res = await run_phase(phase, deadline, sessions)
-            except (asyncio.TimeoutError, TimeoutError):
+            except TimeoutError:
                 return {"phases": out, "error": f"phase {phase.get('name')}: setup timed out (client deadline {timeout:g}s)"}
             except Exception as exc:  # noqa: BLE001 - e.g. the socket.io handshake failed
                 return {"phases": out, "error": f"phase {phase.get('name')}: {type(exc).__name__}: {exc}"}

@@ -32,8 +32,9 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from bench.client import percentiles
 from bench.procs import ROOT, BenchError, free_port, http_json

@@ -23,8 +23,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent  # the repository (holds engine/, adapters/, bench/)
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 import traceback
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "bench": "turnlog",
         "version": 1,
         "mode": "quick" if args.quick else "full",
-        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "started_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "duration_s": round(time.monotonic() - started, 1),
         "host": {**host_info(), "calibration": calibration},
         "interrupted": interrupted,

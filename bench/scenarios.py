@@ -20,9 +20,10 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from bench.client import percentiles
 from bench.procs import ROOT, BenchError, Procs, cpu_seconds, free_port, http_json, rss_kb

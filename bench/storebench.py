@@ -15,7 +15,7 @@ figure is *durable* events/s.
 ``replay``: a turn of exactly E events (``turn.started``, ``assembly.completed``,
 ``model.requested``, E-6 ``model.delta`` of C chunks each, ``model.completed``,
 ``turn.finalized``, ``turn.completed``) is written to the store, read back with
-``store.read`` and folded with ``engine.projection.fold``; the fold (and,
+``store.read`` and folded with ``engine.fold.turn_view.fold``; the fold (and,
 separately, the read) is timed.
 """
 
@@ -43,8 +43,8 @@ from engine.events import (
     TurnStarted,
     make_event,
 )
+from engine.fold.turn_view import TurnView, fold
 from engine.ports import TurnRecord
-from engine.projection import TurnView, fold
 
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
 

@@ -40,7 +40,9 @@ import binascii
 import hashlib
 import re
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
+
+from engine.ports import BlobStore
 
 #: The path blobs are served under (``adapters.http.blob_routes``).
 BLOB_URL_PREFIX = "/v1/blobs/"
@@ -81,18 +83,6 @@ _AUDIO_FORMATS = {
     "opus": "audio/opus",
     "aac": "audio/aac",
 }
-
-
-class BlobStore(Protocol):
-    """Where blob bytes live (``adapters.store.sql.SqlEventStore`` implements it)."""
-
-    async def put_blob(self, user_id: str, data: bytes, mime: str) -> str:
-        """Store ``data`` (idempotent) and return its id, :func:`blob_id`."""
-        ...
-
-    async def get_blob(self, user_id: str, blob_id: str) -> tuple[str, bytes] | None:
-        """``(mime, data)``, or None if unknown or not ``user_id``'s."""
-        ...
 
 
 def blob_id(user_id: str, data: bytes) -> str:

@@ -10,6 +10,7 @@ an old version into the current shape.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -79,16 +80,19 @@ class AssemblyCompleted(EventData):
 
 
 class ModelRequested(EventData):
-    """Write-ahead for the upstream call: durable before the request leaves."""
+    """Write-ahead for the upstream call: durable before the request leaves.
+
+    v2: version 1 also had ``provider``, always ``"openai"`` whatever the
+    upstream was; ``api`` says which protocol was spoken.
+    """
 
     TYPE: ClassVar[str] = "model.requested"
+    v: int = 2
     iteration: int = 0
-    provider: str = "openai"
-    api: str = "chat"
+    api: Literal["chat", "responses", "ollama"] = "chat"
     # Only what differs from assembly: a resumed request carries the prefill.
     prefill: str | None = None
     resumed: bool = False
-    api: str = "chat"
 
 
 class ModelDelta(EventData):
@@ -326,12 +330,37 @@ def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str]) -
     return Event.model_construct(turn_id=turn_id, seq=seq, type=ModelDelta.TYPE, at=time.time(), data=data)
 
 
+def _model_requested_v1(data: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in data.items() if k != "provider"}
+    out["v"] = 2
+    return out
+
+
+# (event type, version) -> the function that turns that version into the next.
+UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+    ("model.requested", 1): _model_requested_v1,
+}
+CURRENT_VERSION: dict[str, int] = {
+    cls.TYPE: cls.model_fields["v"].default for cls in EVENT_TYPES.values()
+}
+
+
 def upcast(event: Event) -> Event:
     """Bring an event read from the log to the current data version.
 
-    Version 1 is the only version so far; this is the seam for later ones.
+    Every store's ``read`` passes its events through here, so nothing past the
+    store sees an old shape. Cheap when there is nothing to do (one dict lookup
+    per event): a replay folds thousands of deltas.
     """
-    return event
+    current = CURRENT_VERSION.get(event.type)
+    version = event.data.get("v", 1)
+    if current is None or version >= current:
+        return event
+    data = event.data
+    while version < current:
+        data = UPCASTERS[(event.type, version)](data)
+        version = data["v"]
+    return Event.model_construct(turn_id=event.turn_id, seq=event.seq, type=event.type, at=event.at, data=data)
 
 
 def parse_data(event: Event) -> EventData:

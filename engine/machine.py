@@ -54,6 +54,16 @@ TRANSITIONS: list[tuple[str, list[str], str | None]] = [
     ("turn.failed", ACTIVE, "failed"),
 ]
 
+# The turn's status is a function of its log: these events set it; nothing else does.
+STATUS_AFTER: dict[str, str] = {
+    "turn.completed": "completed",
+    "turn.cancelled": "cancelled",
+    "turn.failed": "failed",
+    "turn.interrupted": "interrupted",
+    "turn.resumed": "running",
+}
+TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed"})
+
 _INTERNAL: dict[str, frozenset[str]] = {t: frozenset(src) for t, src, dest in TRANSITIONS if dest is None}
 _CHANGING = {t for t, _, dest in TRANSITIONS if dest is not None}
 _DEST: dict[tuple[str, str], str] = {

@@ -1,19 +1,26 @@
 """The ports the engine talks through; adapters implement them.
 
-The engine never imports an adapter. Everything with I/O (the event store, the
-upstream model, the live fan-out) is reached through these protocols, so the
-domain can be driven by real adapters in tests and by recorded results in
-``verify``.
+The engine never imports an adapter. Everything with I/O — the event store, the
+upstream model, the live fan-out, tools, code execution, blob storage — is
+reached through these protocols, and each declares exactly what its callers in
+``engine/`` use: a real adapter and a recorded one (``verify``) are both checked
+against the same declaration by the type checker, so neither can need a method
+the other lacks.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
-from engine.events import Event
+from engine.events import Event, EventData
+from engine.fold.accumulator import Piece
+from engine.protocols.model_events import ModelEvent
+from engine.tools.calls import ToolContext, ToolHandle, ToolResult
+
+# -- the event store -------------------------------------------------------------
 
 
 class ConcurrencyError(Exception):
@@ -60,11 +67,13 @@ class IndexUpdate:
 
 
 class EventStore(Protocol):
-    """Durable, per-turn ordered log plus the small index tables around it."""
+    """Durable, per-turn ordered log plus the small index tables around it.
 
-    async def start_turn(
-        self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float
-    ) -> int:
+    Events come back from ``read`` upcast to the current version of their data
+    (``engine.events.upcast``): readers never see an old shape.
+    """
+
+    async def start_turn(self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float) -> int:
         """Create the turn row (and its chat if new) and append its first events.
 
         Returns the fencing token the owner must present on later appends.
@@ -109,9 +118,7 @@ class EventStore(Protocol):
 
     async def get_chat(self, chat_id: str) -> ChatRecord | None: ...
 
-    async def list_chats(
-        self, user_id: str, *, limit: int = 50, before: float | None = None
-    ) -> list[ChatRecord]: ...
+    async def list_chats(self, user_id: str, *, limit: int = 50, before: float | None = None) -> list[ChatRecord]: ...
 
     async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float) -> int | None:
         """Take ownership of a turn whose lease has expired (or that we own).
@@ -134,16 +141,45 @@ class EventStore(Protocol):
     async def close(self) -> None: ...
 
 
-@dataclass(frozen=True)
-class UpstreamError(Exception):
-    """The upstream failed: HTTP error status, transport error, timeout, truncation."""
+class BlobStore(Protocol):
+    """Content-addressed binary payloads, per user (big base64 taken out of events)."""
 
-    message: str
-    kind: str = "upstream_error"  # upstream_http_error | upstream_disconnected | upstream_timeout | upstream_truncated
-    status: int | None = None
+    async def put_blob(self, user_id: str, data: bytes, mime: str) -> str:
+        """Store ``data`` once per user; returns its id (``engine.blobs.blob_id``)."""
+        ...
+
+    async def get_blob(self, user_id: str, blob_id: str) -> tuple[str, bytes] | None:
+        """``(mime, data)``, or None if unknown or another user's."""
+        ...
+
+
+# -- the upstream model ------------------------------------------------------------
+
+
+class UpstreamError(Exception):
+    """The upstream failed: HTTP error status, transport error, timeout, truncation.
+
+    A plain exception class (not a frozen dataclass): Python sets
+    ``__traceback__`` and ``__context__`` on what it raises."""
+
+    def __init__(self, message: str, kind: str = "upstream_error", status: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        # upstream_http_error | upstream_disconnected | upstream_timeout | upstream_truncated | ...
+        self.kind = kind
+        self.status = status
 
     def __str__(self) -> str:
         return self.message
+
+    def __repr__(self) -> str:
+        return f"UpstreamError({self.message!r}, {self.kind!r}, {self.status!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UpstreamError) and (self.message, self.kind, self.status) == (other.message, other.kind, other.status)
+
+    def __hash__(self) -> int:
+        return hash((self.message, self.kind, self.status))
 
 
 @dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
@@ -161,45 +197,37 @@ class RawWarning:
     raw: str
 
 
-class ChatProvider(Protocol):
-    """Chat Completions transport: bytes in, parsed chunk dicts out.
+ModelApi = Literal["chat", "responses", "ollama"]
 
-    Semantics (what a chunk means) live in ``engine.stream``; the adapter only
-    frames SSE, decodes JSON and turns transport faults into ``UpstreamError``.
-    The iterator ends normally only after ``[DONE]`` (or a finish reason followed
-    by a clean end of body); anything else raises ``UpstreamError``. It yields
-    the payloads of each network read as one list (never empty): the engine
-    then takes one async step per read, not per chunk.
+
+class ChatProvider(Protocol):
+    """An upstream's transport: bytes in, parsed payloads out.
+
+    Semantics (what a chunk means) live in the protocol modules
+    (``engine.protocols.chat``, ``responses``, ``ollama``); the adapter only
+    frames the stream, decodes JSON and turns transport faults into
+    ``UpstreamError``. The iterator ends normally only after the protocol's
+    terminator; anything else raises ``UpstreamError``. It yields the payloads
+    of each network read as one list (never empty): the engine then takes one
+    async step per read, not per chunk.
     """
 
-    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]: ...
+    api: ModelApi
 
-    async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]: ...
+    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]: ...
 
     async def list_models(self) -> list[dict[str, Any]]: ...
 
-
-class LiveBus(Protocol):
-    """Live fan-out of a turn's deltas and committed events to subscribers."""
-
-    def publish(self, turn_id: str, message: Any) -> None: ...
-
-    def subscribe(self, turn_id: str) -> Subscription: ...
-
-
-class Subscription(Protocol):
-    async def get(self) -> Any: ...
-
-    def close(self) -> None: ...
+    async def close(self) -> None: ...
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
     """Where a model id goes: its provider, the upstream's own name, the operator's profile."""
 
-    provider: ChatProvider
+    provider: ChatProvider | None  # None only for a re-run that never calls the upstream (verify)
     upstream_model: str
-    api: str = "chat"  # chat | responses | ollama
+    api: ModelApi = "chat"
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
 
@@ -212,13 +240,41 @@ class ModelCatalog(Protocol):
     async def list_models(self) -> list[dict[str, Any]]: ...
 
 
+@dataclass(frozen=True)
+class ModelRequest:
+    """One model call of a turn, protocol-neutral (Chat Completions messages)."""
+
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    prefill: str | None = None
+    # Stateful Responses API continuation: only ``input_items`` are sent.
+    previous_response_id: str | None = None
+    input_items: list[dict[str, Any]] = field(default_factory=list)
+
+
+IdFactory = Callable[[str], str]
+
+
+class ModelClient(Protocol):
+    """Calls a model: the live one goes to the upstream, ``verify``'s replays the log."""
+
+    def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+        """The response's events, in order, a list per network read (never empty):
+        a fast stream's reads carry hundreds of chunks, and the consumer then
+        pays one async step per read instead of one per chunk."""
+        ...
+
+
+# -- tools and code -----------------------------------------------------------------
+
+
 class ToolCatalog(Protocol):
     """Server tools (modules in ``TURNLOG_TOOLS_DIR``) by tool id."""
 
     def known_ids(self) -> set[str]: ...
 
-    def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
-        """Function name -> ``engine.tools.ToolHandle`` for the selected modules."""
+    def handles(self, tool_ids: Sequence[str]) -> dict[str, ToolHandle]:
+        """Function name -> handle, for the selected modules."""
         ...
 
 
@@ -228,12 +284,22 @@ class NoTools:
     def known_ids(self) -> set[str]:
         return set()
 
-    def handles(self, tool_ids: Sequence[str]) -> dict[str, Any]:
+    def handles(self, tool_ids: Sequence[str]) -> dict[str, ToolHandle]:
         return {}
 
 
+class ToolRunner(Protocol):
+    """Runs one call of a tool within its timeout (``verify``'s answers from the log)."""
+
+    async def run(
+        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
+    ) -> tuple[ToolResult, str | None]:
+        """The result and, if the call failed, the error text."""
+        ...
+
+
 class CodeExecutor(Protocol):
-    """Runs code for the legacy ``<code_interpreter>`` loop (the sandbox comes later)."""
+    """Runs code for the legacy ``<code_interpreter>`` loop."""
 
     async def run(self, code: str, lang: str) -> dict[str, Any]:
         """``{"stdout", "stderr", "result"}`` (any may be missing)."""
@@ -243,3 +309,127 @@ class CodeExecutor(Protocol):
 class NoCodeExecutor:
     async def run(self, code: str, lang: str) -> dict[str, Any]:
         return {"stdout": "Code interpreter engine not configured."}
+
+
+class PayloadStore(Protocol):
+    """Where a turn puts big base64 payloads before they enter an event."""
+
+    async def externalize(self, payload: Any, *, limit: int) -> Any:
+        """A copy of ``payload`` with every big base64 string replaced by a blob reference."""
+        ...
+
+
+class InlinePayloads:
+    """No blob store: payloads stay inline."""
+
+    async def externalize(self, payload: Any, *, limit: int) -> Any:
+        return payload
+
+
+# -- assembly --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TurnInput:
+    """What the client asked for, as ``turn.started`` recorded it."""
+
+    id: str
+    chat_id: str
+    user_id: str
+    model: str
+    request: dict[str, Any]
+    created_at: float
+
+
+class Assembler(Protocol):
+    """Builds the upstream request of a turn: the live one from the request and
+    the chat; ``verify``'s returns the recorded assembly."""
+
+    async def assemble(self, turn: TurnInput) -> Sequence[EventData]:
+        """The ``assembly.step`` events, then ``assembly.completed``."""
+        ...
+
+
+# -- live fan-out -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
+class LiveDelta:
+    """One upstream chunk, shown live. ``seq`` is the durable event it will belong to.
+
+    ``kind``/``text`` are the raw chunk (what the durable ``model.delta`` will hold);
+    ``pieces`` are what the sender's accumulator made of it (for WebSocket clients).
+    """
+
+    seq: int
+    pos: int
+    kind: str
+    text: str
+    pieces: tuple[Piece, ...]
+
+
+@dataclass(slots=True)
+class LiveEvent:
+    """A committed event, published in seq order after its commit."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class LiveRequest:
+    """Something the turn asks of a client (e.g. ``execute:tool``)."""
+
+    payload: dict[str, Any]
+
+
+class Wake:
+    """Another process appended to the turn: re-read the log after your cursor."""
+
+    def __repr__(self) -> str:
+        return "WAKE"
+
+
+WAKE = Wake()
+
+LiveMessage = LiveDelta | LiveEvent | LiveRequest | Wake
+
+
+class Subscription(Protocol):
+    """A bounded mailbox for one subscriber of one turn (``engine.run.live``)."""
+
+    lagged: bool
+    closed: bool
+    # A synchronous consumer tried while the reader waits with nothing queued:
+    # returning True means it took the message (see ``engine.run.follow``).
+    sink: Callable[[LiveMessage], bool] | None
+
+    async def get(self, timeout: float | None = None) -> LiveMessage | None: ...
+
+    def drain(self) -> list[LiveMessage]: ...
+
+    def reset(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class LiveBus(Protocol):
+    """Live fan-out of a turn's deltas and committed events to subscribers."""
+
+    def publish(self, turn_id: str, message: LiveMessage) -> None: ...
+
+    def subscribe(self, turn_id: str, *, runs_tools: bool = False) -> Subscription: ...
+
+    def has_client(self, turn_id: str) -> bool:
+        """Whether a subscriber that runs direct tools follows this turn."""
+        ...
+
+    def close_turn(self, turn_id: str) -> None:
+        """Wake every subscriber of a turn that will publish no more (shutdown)."""
+        ...
+
+
+class RemoteControl(Protocol):
+    """Asks the process that owns a turn to act on it (several processes, one database)."""
+
+    async def request_cancel(self, turn_id: str, by: str) -> None: ...
+

@@ -8,9 +8,13 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from tests.pg import pg_url  # noqa: F401  (fixture: a fresh PostgreSQL database)
-from tests.harness import Service, make_settings, start_service, stop_service
-from tests.upstream import ScriptedUpstream
+# The oracles' asserts explain their failures like a test's own (before the import below).
+pytest.register_assert_rewrite("tests.oracle")
+
+from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection  # noqa: E402
+from tests.harness import Service, make_settings, start_service, stop_service  # noqa: E402
+from tests.pg import pg_url  # noqa: F401, E402  (fixture: a fresh PostgreSQL database)
+from tests.upstream import ScriptedUpstream  # noqa: E402
 
 
 @pytest.fixture
@@ -26,33 +30,46 @@ async def upstream() -> AsyncIterator[ScriptedUpstream]:
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--backend",
-        choices=["sqlite", "postgres", "both"],
-        default=os.environ.get("TURNLOG_TEST_BACKEND", "both"),
-        help="event-store backend(s) for the service-level tests (default: both)",
+        default=os.environ.get("TURNLOG_TEST_BACKEND", "all"),
+        help="event-store backends: all (default), both (sqlite and postgres), or a comma list "
+        "of memory, sqlite, postgres; the service-level tests run on sqlite and postgres only",
     )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: the test reads the SQLite file itself")
+    config.addinivalue_line(
+        "markers", "backends(*names): the backends the test can run on (tests/backends.py)"
+    )
+    try:
+        parse_selection(config.getoption("backend"))
+    except ValueError as exc:
+        raise pytest.UsageError(str(exc)) from None
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    """Every test that runs the service runs it on each selected backend."""
+    """Every test that uses ``db_backend`` (the service's ``database_url``, the
+    store's ``store_backend``) runs on each selected backend it supports."""
     if "db_backend" not in metafunc.fixturenames:
         return
-    choice = metafunc.config.getoption("backend")
-    backends = ["sqlite", "postgres"] if choice == "both" else [choice]
-    if metafunc.definition.get_closest_marker("sqlite_only"):
-        backends = ["sqlite"]
-    metafunc.parametrize("db_backend", backends)
+    selection = parse_selection(metafunc.config.getoption("backend"))
+    metafunc.parametrize("db_backend", backends_for(metafunc.definition, selection))
 
 
 @pytest.fixture
 def database_url(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> str:
     """The service's database: a SQLite file, or a fresh PostgreSQL database."""
-    if db_backend == "postgres":
+    if db_backend not in SERVICE_BACKENDS:
+        raise ValueError(f"the service cannot run on {db_backend!r}: mark the test with a database backend")
+    if db_backend == POSTGRES:
         return str(request.getfixturevalue("pg_url"))
     return f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}"
+
+
+@pytest.fixture
+async def store_backend(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> Backend:
+    """The store-level side of ``db_backend``: opens stores on one migrated database."""
+    return await make_backend(db_backend, tmp_path, request)
 
 
 @pytest.fixture

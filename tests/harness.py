@@ -109,7 +109,7 @@ async def verify_all_turns(service: Service, scratch_dir: Path) -> int:
     """``turnlog verify`` on every finished turn of the service: the engine re-run
     against each turn's recorded results must append the same events."""
     from adapters.cli import scratch_store
-    from engine.verify import verify_turn
+    from engine.run.verify import verify_turn
 
     store = service.services.store
     records = [r for r in await store.list_turns(limit=100_000) if r.status in ("completed", "cancelled", "failed")]

@@ -111,7 +111,7 @@ class PgCluster:
     # ----------------------------------------------------------- start/stop
 
     @classmethod
-    def start_server(cls) -> "PgCluster":
+    def start_server(cls) -> PgCluster:
         """``scripts/pg-test-server start`` in a temp dir, on a free port."""
         # Absolute, symlink-free paths only: the script checks what its
         # server user can reach by the paths it is given, and the dynamic

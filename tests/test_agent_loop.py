@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
@@ -10,9 +11,8 @@ from pathlib import Path
 import openai
 import pytest
 
-from engine.events import Event
-from engine.projection import fold
 from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
+from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -50,11 +50,16 @@ async def run(service: Service, **extra: object) -> tuple[str, dict]:
     return headers["X-Turn-Id"], data
 
 
-async def check_replay(service: Service, turn_id: str) -> dict:
+async def check_replay(service: Service, turn_id: str, *, body: dict | None = None, raw: str | None = None) -> dict:
+    """Replay equals live: the non-streaming answer ``body`` (built from the
+    actor's own view) and the live SSE body ``raw`` against the fold of the log
+    (every prefix for a stream); a client following the finished turn too."""
     view = await service.turn(turn_id)
-    events = await service.events(turn_id)
-    replayed = fold(turn_id, [Event(turn_id=turn_id, **e) for e in events]).public()
-    assert json.loads(json.dumps(replayed)) == view
+    if body is not None:
+        check_completion_against_turn(body, view)
+    if raw is not None:
+        await check_stream_against_log(service, turn_id, raw)
+    await check_stream_against_log(service, turn_id, await read_stream(service, turn_id))
     return view
 
 
@@ -64,12 +69,13 @@ async def test_two_parallel_calls_run_concurrently_and_are_fed_back(agent: Servi
         tool_reply(call("get_weather", {"city": "Paris"}, "call_p"), call("get_weather", {"city": "Oslo"}, "call_o")),
         Reply(text="Paris is sunny, Oslo too."),
     )
-    started = time.monotonic()
+    # Each lookup returns only once the other one has started (a barrier in the
+    # tool module): both complete only if they ran concurrently.
     turn_id, body = await run(agent)
-    elapsed = time.monotonic() - started
     assert body["choices"][0]["message"]["content"] == "Paris is sunny, Oslo too."
-    assert elapsed < 0.55, f"two 0.3 s tools took {elapsed:.2f} s: not concurrent"
     second = up.requests[1]["messages"]
+    ran = [m["content"] for m in second[2:]]
+    assert not any("ran alone" in str(r) for r in ran), f"the two calls did not run concurrently: {ran}"
     assert second[0] == USER[0]
     assert second[1]["role"] == "assistant" and [c["id"] for c in second[1]["tool_calls"]] == ["call_p", "call_o"]
     assert [(m["role"], m["tool_call_id"], m["content"]) for m in second[2:]] == [
@@ -80,7 +86,7 @@ async def test_two_parallel_calls_run_concurrently_and_are_fed_back(agent: Servi
     offered = {t["function"]["name"]: t["function"] for t in up.requests[0]["tools"]}
     assert set(offered) >= {"get_weather", "add", "explode"}
     assert list(offered["get_weather"]["parameters"]["properties"]) == ["city"]
-    view = await check_replay(agent, turn_id)
+    view = await check_replay(agent, turn_id, body=body)
     types = [i["type"] for i in view["output"]]
     assert types == ["function_call", "function_call", "function_call_output", "function_call_output", "message"]
     assert all(i["status"] == "completed" for i in view["output"])
@@ -93,12 +99,12 @@ async def test_two_parallel_calls_run_concurrently_and_are_fed_back(agent: Servi
 
 async def test_glued_json_arguments_become_separate_calls(agent: Service) -> None:
     agent.upstream.enqueue(tool_reply(call("add", '{"a": 1, "b": 2}{"a": 3, "b": 4}')), Reply(text="3 and 7"))
-    turn_id, _ = await run(agent)
+    turn_id, body = await run(agent)
     outputs = [i["output"] for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"]
     assert outputs == ["3", "7"]
     calls = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call"]
     assert len(calls) == 2 and len({c["call_id"] for c in calls}) == 2  # the glued call is replaced (Q4)
-    await check_replay(agent, turn_id)
+    await check_replay(agent, turn_id, body=body)
 
 
 async def test_python_literal_unknown_tool_raising_tool_and_bad_json(agent: Service) -> None:
@@ -111,7 +117,7 @@ async def test_python_literal_unknown_tool_raising_tool_and_bad_json(agent: Serv
         ),
         Reply(text="done"),
     )
-    turn_id, _ = await run(agent)
+    turn_id, body = await run(agent)
     view = await agent.turn(turn_id)
     out = {i["call_id"]: i for i in view["output"] if i["type"] == "function_call_output"}
     assert out["c1"]["output"] == "7" and out["c1"]["status"] == "completed"
@@ -123,7 +129,7 @@ async def test_python_literal_unknown_tool_raising_tool_and_bad_json(agent: Serv
     args = {c["id"]: json.loads(c["function"]["arguments"]) for c in sent}
     assert args["c1"] == {"a": 2, "b": 5}
     assert args["c4"] == {}
-    await check_replay(agent, turn_id)
+    await check_replay(agent, turn_id, body=body)
 
 
 async def test_tool_timeout_is_an_error_result(agent: Service) -> None:
@@ -149,7 +155,7 @@ async def test_iteration_cap_finalizes_instead_of_looping(agent: Service) -> Non
     events = await agent.events(turn_id)
     limit = [e for e in events if e["type"] == "turn.iteration_limit"]
     assert limit and limit[0]["data"]["message"] == "Tool-call limit reached (2 iterations)."
-    view = await check_replay(agent, turn_id)
+    view = await check_replay(agent, turn_id, raw=raw)
     assert view["status"] == "completed"
     assert "Tool-call limit reached" in raw and raw.rstrip().endswith("[DONE]")
     unanswered = [i for i in view["output"] if i["type"] == "function_call"][-1]
@@ -172,6 +178,7 @@ async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service
         raw = await resp.text()
         turn_id = resp.headers["X-Turn-Id"]
     assert sse_text(raw) == "Let me add. It is 4."
+    await check_replay(agent, turn_id, raw=raw)
     items = [json.loads(d)["turnlog"]["item"] for _, d in sse_messages(raw) if '"turnlog":{"item"' in d]
     statuses = [(i["type"], i.get("status")) for i in items]
     assert ("function_call", "in_progress") in statuses
@@ -253,7 +260,7 @@ async def test_three_iterations_replay_exactly(agent: Service) -> None:
     )
     turn_id, body = await run(agent)
     assert body["choices"][0]["message"]["content"] == "one two three done"
-    view = await check_replay(agent, turn_id)
+    view = await check_replay(agent, turn_id, body=body)
     assert [i["type"] for i in view["output"]].count("function_call_output") == 3
     for upto in (5, 12, 20):
         status, partial = await agent.get(f"/v1/turns/{turn_id}/replay?upto={upto}")
@@ -333,3 +340,34 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     assert body["choices"][0]["message"]["content"] == "No tools needed."
     step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
     assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
+
+
+async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 30}, "sl1")))
+    async with agent.http.post(
+        agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
+    ) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        deadline = time.monotonic() + 10
+        while "tool.started" not in [e["type"] for e in await agent.events(turn_id)]:
+            assert time.monotonic() < deadline, "the tool never started"
+            await asyncio.sleep(0.01)
+        status, _, _ = await agent.post(f"/v1/turns/{turn_id}/cancel")
+        assert status == 202
+        raw = await resp.text()
+    await check_replay(agent, turn_id, raw=raw)
+
+
+async def test_calls_finishing_out_of_call_order_replay_and_verify(agent: Service, tmp_path: Path) -> None:
+    # The output items and the re-injected messages follow the order the calls
+    # finished in; verify's re-run must reproduce that order, not call order.
+    from tests.harness import verify_all_turns
+
+    agent.upstream.enqueue(tool_reply(call("first", {}, "c_first"), call("second", {}, "c_second")), Reply(text="Both done."))
+    turn_id, body = await run(agent, tool_ids=["order"])
+    assert body["choices"][0]["message"]["content"] == "Both done."
+    outputs = [i["call_id"] for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"]
+    assert outputs == ["c_second", "c_first"], "results in the order they finished"
+    second = agent.upstream.requests[1]["messages"]
+    assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["c_second", "c_first"]
+    assert await verify_all_turns(agent, tmp_path / "verify") == 1

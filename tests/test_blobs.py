@@ -1,7 +1,7 @@
 """Large base64 payloads are stored as blobs and referenced (``engine.blobs``).
 
-* ``Blobs.externalize`` against a real, migrated store (SQLite file, both write
-  paths; PostgreSQL when ``TURNLOG_TEST_POSTGRES_URL`` is set);
+* ``Blobs.externalize`` against a real store on every store backend
+  (``tests/backends.py``: memory, SQLite with both write paths, PostgreSQL);
 * the store's ``put_blob``/``get_blob``: round trip, dedupe, owner isolation,
   interleaving with appends on the group-commit writer;
 * ``GET /v1/blobs/{id}`` on the real service (auth on, two users).
@@ -18,6 +18,7 @@ import base64
 import copy
 import hashlib
 import os
+import time
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,15 +30,15 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 
-from adapters.store import SqlEventStore, migrate, open_store, sqlite_engine
+from adapters.store import MemoryEventStore, SqlEventStore, migrate, sqlite_engine
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import blobs as blobs_table
 from adapters.store.schema import metadata
 from engine.blobs import BLOB_KEY, Blobs, blob_id, decode_base64, is_blob_ref, parse_data_uri
 from engine.events import Event
 from engine.ports import TurnRecord
+from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
 from tests.harness import Service, make_settings, start_service, stop_service
-from tests.pg import pg_url  # noqa: F401  (fixture)
 from tests.upstream import ScriptedUpstream
 
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8  # 2056 bytes, a PNG by its magic
@@ -56,17 +57,13 @@ def data_uri(data: bytes, mime: str = "image/png") -> str:
 # ------------------------------------------------------------------ fixtures
 
 
-@pytest.fixture(params=["sqlite", "sqlite-async", "postgres"])
-async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[SqlEventStore]:
-    if request.param == "postgres":
-        url = request.getfixturevalue("pg_url")  # a fresh database, or skipped
-    else:
-        url = f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}"
-    await migrate(url)
-    if request.param == "sqlite-async":
-        s = SqlEventStore(sqlite_engine(url))  # group commits via AsyncConnection.run_sync
-    else:
-        s = await open_store(url)
+#: The store-level tests here run on every store backend (the HTTP ones on the service's).
+pytestmark = pytest.mark.backends(*STORE_BACKENDS)
+
+
+@pytest.fixture
+async def store(store_backend: Backend) -> AsyncIterator[Store]:
+    s = await store_backend.open(time.time)
     yield s
     await s.close()
 
@@ -77,7 +74,10 @@ def user() -> str:
     return f"u-{uuid.uuid4().hex[:10]}"
 
 
-async def blob_rows(store: SqlEventStore, user_id: str) -> int:
+async def blob_rows(store: Store, user_id: str) -> int:
+    """How many blobs of ``user_id`` the backend holds."""
+    if isinstance(store, MemoryEventStore):
+        return sum(row.user_id == user_id for row in store.database.blobs.values())
     async with store.engine.connect() as conn:
         stmt = select(func.count()).select_from(blobs_table).where(blobs_table.c.user_id == user_id)
         return (await conn.execute(stmt)).scalar_one()
@@ -117,7 +117,7 @@ def test_decode_base64_is_strict() -> None:
 # ----------------------------------------------------------- externalize
 
 
-async def test_files_event_image_is_externalized(store: SqlEventStore, user: str) -> None:
+async def test_files_event_image_is_externalized(store: Store, user: str) -> None:
     uri = data_uri(PNG)
     event = {"type": "files", "data": {"files": [{"type": "image", "url": uri}]}}
     out = await Blobs(store, user).externalize(event, limit=1024)
@@ -138,7 +138,7 @@ async def test_files_event_image_is_externalized(store: SqlEventStore, user: str
     assert await store.get_blob(user, ident) == ("image/png", PNG)
 
 
-async def test_nested_dicts_and_lists(store: SqlEventStore, user: str) -> None:
+async def test_nested_dicts_and_lists(store: Store, user: str) -> None:
     payload = {
         "a": [1, 2.5, None, True, "short", [data_uri(PNG), {"deep": {"deeper": [data_uri(JPEG, "image/jpeg")]}}]],
         "b": ("tuple", data_uri(RANDOM, "application/octet-stream")),
@@ -159,7 +159,7 @@ async def test_nested_dicts_and_lists(store: SqlEventStore, user: str) -> None:
     assert await store.get_blob(user, blob_id(user, RANDOM)) == ("application/octet-stream", RANDOM)
 
 
-async def test_limit_is_on_the_string_length(store: SqlEventStore, user: str) -> None:
+async def test_limit_is_on_the_string_length(store: Store, user: str) -> None:
     uri = data_uri(PNG)
     blobs = Blobs(store, user)
     assert await blobs.externalize({"u": uri}, limit=len(uri)) == {"u": uri}  # not longer than limit
@@ -170,7 +170,7 @@ async def test_limit_is_on_the_string_length(store: SqlEventStore, user: str) ->
     assert await blob_rows(store, user) == 1
 
 
-async def test_other_strings_are_untouched(store: SqlEventStore, user: str) -> None:
+async def test_other_strings_are_untouched(store: Store, user: str) -> None:
     long_text = "lorem ipsum dolor sit amet " * 100
     looks_b64 = "A" * 3000  # valid base64, but under a key that does not say so
     payload = {
@@ -188,7 +188,7 @@ async def test_other_strings_are_untouched(store: SqlEventStore, user: str) -> N
     assert await blob_rows(store, user) == 0
 
 
-async def test_bare_base64_under_named_keys(store: SqlEventStore, user: str) -> None:
+async def test_bare_base64_under_named_keys(store: Store, user: str) -> None:
     payload = {
         # OpenAI images: {"data": [{"b64_json": ...}]}
         "images": {"data": [{"b64_json": b64(PNG)}]},
@@ -215,7 +215,7 @@ async def test_bare_base64_under_named_keys(store: SqlEventStore, user: str) -> 
     assert await store.get_blob(user, out["mcp"]["data"]["$blob"]) == ("image/webp", RANDOM)
 
 
-async def test_deterministic_and_deduplicated(store: SqlEventStore, user: str) -> None:
+async def test_deterministic_and_deduplicated(store: Store, user: str) -> None:
     uri = data_uri(PNG)
     payload = {"files": [{"url": uri}, {"url": uri}], "again": {"image_url": {"url": uri}}}
     original = copy.deepcopy(payload)
@@ -231,7 +231,7 @@ async def test_deterministic_and_deduplicated(store: SqlEventStore, user: str) -
     assert await blob_rows(store, user) == 1
 
 
-async def test_users_never_share_blobs(store: SqlEventStore, user: str) -> None:
+async def test_users_never_share_blobs(store: Store, user: str) -> None:
     other = user + "-other"
     payload = {"url": data_uri(PNG)}
     mine = (await Blobs(store, user).externalize(payload, limit=10))["url"]["$blob"]
@@ -243,7 +243,7 @@ async def test_users_never_share_blobs(store: SqlEventStore, user: str) -> None:
     assert await store.get_blob(other, theirs) == ("image/png", PNG)
 
 
-async def test_non_container_values_pass_through(store: SqlEventStore, user: str) -> None:
+async def test_non_container_values_pass_through(store: Store, user: str) -> None:
     blobs = Blobs(store, user)
     assert await blobs.externalize(None, limit=0) is None
     assert await blobs.externalize(42, limit=0) == 42
@@ -256,7 +256,7 @@ async def test_non_container_values_pass_through(store: SqlEventStore, user: str
 # ------------------------------------------------------------------ store
 
 
-async def test_store_round_trip_dedupe_and_isolation(store: SqlEventStore, user: str) -> None:
+async def test_store_round_trip_dedupe_and_isolation(store: Store, user: str) -> None:
     data = bytes(range(256)) * 4 + b"\x00\x00"  # NULs, every byte value
     ident = await store.put_blob(user, data, "application/x-test")
     assert ident == blob_id(user, data)
@@ -273,7 +273,7 @@ async def test_store_round_trip_dedupe_and_isolation(store: SqlEventStore, user:
     assert await store.get_blob(user, empty) == ("text/plain", b"")
 
 
-async def test_concurrent_puts_and_appends(store: SqlEventStore, user: str) -> None:
+async def test_concurrent_puts_and_appends(store: Store, user: str) -> None:
     """Blob writes share the group-commit writer with appends: nothing is
     locked out, nothing lost, duplicates collapse."""
     turn_id = f"t-{uuid.uuid4().hex[:10]}"
@@ -315,9 +315,12 @@ def _reflect_blobs_only(name: str | None, type_: str, parent_names: Any) -> bool
     return type_ != "table" or name == "blobs"
 
 
-async def test_migration_0002_matches_schema(store: SqlEventStore) -> None:
+@pytest.mark.backends(*SERVICE_BACKENDS)
+async def test_migration_0002_matches_schema(store: Store) -> None:
     """The ``blobs`` table the migrations create is the one ``schema`` describes
-    (the whole schema is ``test_store_contract``'s business)."""
+    (the whole schema is ``test_store_contract``'s business). SQL's alone: the
+    in-memory store has no schema."""
+    assert isinstance(store, SqlEventStore)
     scripts = ScriptDirectory.from_config(alembic_config(""))
     assert scripts.get_revision("0002").down_revision == "0001"
     assert "0002" in {rev.revision for rev in scripts.iterate_revisions(scripts.get_current_head(), "base")}

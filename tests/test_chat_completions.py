@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-import openai
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-from tests.harness import Service, sse_messages, sse_text
-from tests.upstream import Reply
+import openai
+import pytest
+
+from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
+from tests.oracle import check_stream_against_log
+from tests.upstream import Reply, ScriptedUpstream
 
 
 def client(service: Service, **kw: object) -> openai.AsyncOpenAI:
@@ -59,19 +64,39 @@ async def test_models_listing(service: Service) -> None:
     assert {m.id for m in models.data} == {"gpt-test", "gpt-other"}
 
 
-async def test_live_stream_equals_replay(service: Service) -> None:
-    service.upstream.enqueue(Reply(text="Event sourcing keeps every step. " * 20, chunk_size=3))
+@pytest.fixture
+async def windowed(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    """The service with small delta windows: a long answer is many ``model.delta``
+    events, so the log has many prefixes inside the answer."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=16), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+async def test_live_stream_equals_replay(windowed: Service) -> None:
+    # What the client was sent live, against the fold of every prefix of the log.
+    service = windowed
+    text = "Event sourcing keeps every step. " * 20
+    service.upstream.enqueue(Reply(text=text, chunk_size=3))
     async with service.http.post(
         service.v1 + "/chat/completions",
-        json={"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "stream": True},
+        json={
+            "model": "gpt-test",
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
     ) as resp:
         raw = await resp.text()
         turn_id = resp.headers["X-Turn-Id"]
     live = sse_text(raw)
     ids = [i for i, _ in sse_messages(raw) if i is not None]
     assert ids == sorted(ids) and len(ids) == len(set(ids)), "SSE ids strictly increasing"
+    stream = await check_stream_against_log(service, turn_id, raw, include_usage=True)
+    assert stream.upto(ids[-1]).finish == "stop" and stream.done
+    deltas = [e for e in await service.events(turn_id) if e["type"] == "model.delta"]
+    assert len(deltas) >= 10, "the answer spans many windows (prefixes)"
     view = await service.turn(turn_id)
-    status, replay = await service.get(f"/v1/turns/{turn_id}/replay")
-    assert status == 200
-    assert live == view["content"] == replay["content"] == "Event sourcing keeps every step. " * 20
-    assert replay == view
+    assert live == view["content"] == text

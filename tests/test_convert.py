@@ -1,4 +1,7 @@
-"""Tests for engine.convert: output items → Chat / Responses / Ollama inputs.
+"""Tests for the history conversions: output items → Chat / Responses / Ollama inputs.
+
+engine.protocols.history, and the input mappings of engine.protocols.responses
+and engine.protocols.ollama.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
 tests/vectors/). Where turnlog deliberately differs (spec §15, or a part of the
@@ -13,17 +16,15 @@ from typing import Any
 
 import pytest
 
-from engine.convert import (
+from engine.protocols.history import (
     TOOL_IMAGES_PROMPT,
     convert_output_to_messages,
-    ollama_messages,
     process_messages_with_output,
     replay_arguments,
-    responses_body,
     sanitize_tool_pairs,
-    stateful_continuation_input,
-    to_responses_input,
 )
+from engine.protocols.ollama import ollama_messages
+from engine.protocols.responses import responses_body, stateful_continuation_input, to_responses_input
 from tests.vectors_util import load_vectors
 
 CONVERT_VECTORS = load_vectors("convert_output_to_messages.json")
@@ -750,3 +751,29 @@ def test_ollama_from_converted_output() -> None:
         {"role": "tool", "content": "2", "tool_name": "add"},
         {"role": "assistant", "content": "two"},
     ]
+
+
+def test_responses_request_body_honours_store_false() -> None:
+    # With store: false the provider keeps nothing, so the input may not point
+    # at stored items: the reasoning item without encrypted content is dropped
+    # and item ids are removed (the body once recomputed the input as if store
+    # were true).
+    from engine.ports import ModelRequest, ResolvedModel
+    from engine.protocols.responses import request_body
+
+    assistant = {
+        "role": "assistant",
+        "content": "Done.",
+        "responses_items": [
+            {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "thinking"}]},
+            {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
+        ],
+    }
+    messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
+    resolved = ResolvedModel(provider=None, upstream_model="m", api="responses")
+    stored = request_body(resolved, ModelRequest(messages=messages, params={}))
+    unstored = request_body(resolved, ModelRequest(messages=messages, params={"store": False}))
+    assert any(i.get("type") == "reasoning" for i in stored["input"])
+    assert not any(i.get("type") == "reasoning" for i in unstored["input"])
+    assert not any("id" in i for i in unstored["input"])
+    assert unstored["store"] is False

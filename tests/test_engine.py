@@ -4,32 +4,206 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
-from engine.events import Event, ModelDelta, TurnStarted, delta_event, make_event
-from engine.machine import STATES, TRANSITIONS, IllegalTransition, TurnMachine
-from engine.projection import TurnView, fold
-from tests.harness import Service
-from tests.upstream import Reply
+from engine.events import ModelDelta, TurnStarted, delta_event, make_event
+from engine.fold.turn_view import TurnView, fold
+from engine.machine import IllegalTransition, TurnMachine
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
+from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "go"}]
 LEGAL_ORDER = ["turn.started", "assembly.completed", "model.requested", "model.completed", "turn.finalized", "turn.completed"]
 
 
+# The state machine, written out by hand (an oracle independent of
+# engine.machine.TRANSITIONS): legal logs as (event, state after it) ...
+LEGAL_SEQUENCES: dict[str, list[tuple[str, str]]] = {
+    "plain answer, every optional step": [
+        ("turn.started", "assembling"),
+        ("assembly.step", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("model.delta", "streaming"),
+        ("model.warning", "streaming"),
+        ("model.item", "streaming"),
+        ("model.completed", "streaming"),
+        ("turn.finalized", "finalizing"),
+        ("outlet.applied", "outlet"),
+        ("background.started", "background"),
+        ("background.result", "background"),
+        ("turn.completed", "done"),
+    ],
+    "two tool rounds, then the iteration limit": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("model.item", "streaming"),
+        ("model.completed", "streaming"),
+        ("tools.batch", "executing_tools"),
+        ("tool.started", "executing_tools"),
+        ("tool.event", "executing_tools"),
+        ("tool.completed", "executing_tools"),
+        ("context.reinjected", "reinjecting"),
+        ("model.requested", "streaming"),
+        ("model.fallback", "streaming"),
+        ("model.requested", "streaming"),
+        ("model.completed", "streaming"),
+        ("tools.batch", "executing_tools"),
+        ("tool.completed", "executing_tools"),
+        ("context.reinjected", "reinjecting"),
+        ("turn.iteration_limit", "reinjecting"),
+        ("turn.finalized", "finalizing"),
+        ("turn.completed", "done"),
+    ],
+    "client tools end the turn from executing_tools": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("model.completed", "streaming"),
+        ("tools.batch", "executing_tools"),
+        ("turn.iteration_limit", "executing_tools"),
+        ("turn.finalized", "finalizing"),
+        ("background.started", "background"),
+        ("turn.completed", "done"),
+    ],
+    "limit while streaming, outlet then done": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("turn.iteration_limit", "streaming"),
+        ("turn.finalized", "finalizing"),
+        ("outlet.applied", "outlet"),
+        ("turn.completed", "done"),
+    ],
+    "crash mid-stream, resumed, re-requested": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("model.delta", "streaming"),
+        ("turn.interrupted", "streaming"),
+        ("turn.resumed", "streaming"),
+        ("model.requested", "streaming"),
+        ("model.delta", "streaming"),
+        ("model.completed", "streaming"),
+        ("turn.finalized", "finalizing"),
+        ("turn.completed", "done"),
+    ],
+    "crash during tools, resumed, then cancelled": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("model.completed", "streaming"),
+        ("tools.batch", "executing_tools"),
+        ("tool.started", "executing_tools"),
+        ("turn.interrupted", "executing_tools"),
+        ("turn.resumed", "executing_tools"),
+        ("turn.cancel_requested", "executing_tools"),
+        ("turn.cancelled", "cancelled"),
+    ],
+    "cancelled while assembling": [
+        ("turn.started", "assembling"),
+        ("turn.cancel_requested", "assembling"),
+        ("turn.cancelled", "cancelled"),
+    ],
+    "failed while streaming": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("turn.failed", "failed"),
+    ],
+    "failed while reinjecting": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("tools.batch", "executing_tools"),
+        ("context.reinjected", "reinjecting"),
+        ("turn.failed", "failed"),
+    ],
+    "cancelled in the background step": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("turn.finalized", "finalizing"),
+        ("background.started", "background"),
+        ("turn.cancel_requested", "background"),
+        ("turn.cancelled", "cancelled"),
+    ],
+    "failed in the outlet step": [
+        ("turn.started", "assembling"),
+        ("assembly.completed", "assembling"),
+        ("model.requested", "streaming"),
+        ("turn.finalized", "finalizing"),
+        ("outlet.applied", "outlet"),
+        ("turn.failed", "failed"),
+    ],
+}
+
+# ... and events that must be refused in a state.
+ILLEGAL: list[tuple[str, str]] = [
+    ("new", "assembly.completed"),
+    ("new", "model.requested"),
+    ("new", "turn.cancelled"),
+    ("new", "turn.interrupted"),
+    ("assembling", "turn.started"),
+    ("assembling", "model.delta"),
+    ("assembling", "tools.batch"),
+    ("assembling", "turn.finalized"),
+    ("assembling", "turn.completed"),
+    ("streaming", "assembly.completed"),
+    ("streaming", "tool.started"),
+    ("streaming", "context.reinjected"),
+    ("streaming", "turn.completed"),
+    ("executing_tools", "model.delta"),
+    ("executing_tools", "model.completed"),
+    ("executing_tools", "model.requested"),
+    ("executing_tools", "tools.batch"),
+    ("reinjecting", "tool.completed"),
+    ("reinjecting", "model.delta"),
+    ("reinjecting", "context.reinjected"),
+    ("finalizing", "model.requested"),
+    ("finalizing", "turn.finalized"),
+    ("finalizing", "background.result"),
+    ("outlet", "outlet.applied"),
+    ("outlet", "model.delta"),
+    ("background", "turn.finalized"),
+    ("background", "outlet.applied"),
+    ("done", "turn.cancelled"),
+    ("done", "turn.failed"),
+    ("done", "turn.resumed"),
+    ("done", "turn.completed"),
+    ("cancelled", "turn.failed"),
+    ("cancelled", "turn.cancel_requested"),
+    ("failed", "turn.resumed"),
+    ("failed", "model.requested"),
+    ("streaming", "model.teleported"),
+]
+
+
 @pytest.mark.parametrize("enforce", [False, True], ids=["table", "transitions"])
-def test_every_declared_transition_is_legal_and_others_raise(enforce: bool) -> None:
-    # The fold's table and the live actor's transitions.Machine must agree.
-    for event_type, sources, dest in TRANSITIONS:
-        for state in STATES:
-            machine = TurnMachine(state, enforce=enforce)
-            if state in sources:
-                assert machine.apply(event_type) == (dest or state)
-                assert machine.state == (dest or state)
-            else:
-                with pytest.raises(IllegalTransition):
-                    machine.apply(event_type)
-                assert machine.state == state
+@pytest.mark.parametrize("name", list(LEGAL_SEQUENCES))
+def test_legal_sequences_reach_the_expected_states(name: str, enforce: bool) -> None:
+    # The fold's dict lookup and the live actor's transitions.Machine both.
+    machine = TurnMachine(enforce=enforce)
+    for event_type, expected in LEGAL_SEQUENCES[name]:
+        assert machine.allows(event_type), f"{event_type} refused in {machine.state}"
+        assert machine.apply(event_type) == expected, f"{event_type}: expected {expected}"
+        assert machine.state == expected
+    assert machine.terminal == (machine.state in ("done", "cancelled", "failed"))
+
+
+@pytest.mark.parametrize("enforce", [False, True], ids=["table", "transitions"])
+@pytest.mark.parametrize(("state", "event_type"), ILLEGAL)
+def test_illegal_events_raise_and_leave_the_state(state: str, event_type: str, enforce: bool) -> None:
+    machine = TurnMachine(state, enforce=enforce)
+    assert not machine.allows(event_type)
+    with pytest.raises(IllegalTransition):
+        machine.apply(event_type)
+    assert machine.state == state
 
 
 def test_live_machines_share_one_transitions_machine_but_not_state() -> None:
@@ -102,20 +276,47 @@ async def test_group_commit_keeps_the_log_compact(service: Service) -> None:
     assert log_bytes <= 3 * len(answer.encode())
 
 
-async def test_replay_of_every_prefix_is_consistent(service: Service) -> None:
-    service.upstream.enqueue(Reply(chunks=["<thi", "nk>hmm", "</think>", "Answer", " here"]))
+@pytest.fixture
+async def one_chunk_windows(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    """The service writing each upstream chunk as its own ``model.delta``: every
+    chunk boundary is a prefix of the log."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=1), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+THINK_CHUNKS = ["<thi", "nk>hmm", "</think>", "Answer", " here"]
+
+
+async def test_think_tags_every_prefix_of_the_log_is_what_clients_were_shown(one_chunk_windows: Service) -> None:
+    service = one_chunk_windows
+    service.upstream.enqueue(Reply(chunks=THINK_CHUNKS), Reply(chunks=THINK_CHUNKS))
+    # Not streamed: the answer is the actor's own view of the turn it ended.
     status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200, body
     assert body["choices"][0]["message"]["content"] == "Answer here"
     assert body["choices"][0]["message"]["reasoning_content"] == "hmm"
     view = await service.turn(headers["X-Turn-Id"])
     assert [i["type"] for i in view["output"]] == ["reasoning", "message"]
-    events = await service.events(headers["X-Turn-Id"])
-    replayed = fold(view["id"], [Event(turn_id=view["id"], **e) for e in events]).public()
-    assert json.loads(json.dumps(replayed)) == view
+    check_completion_against_turn(body, view)
+    deltas = [e for e in await service.events(view["id"]) if e["type"] == "model.delta"]
+    assert [len(e["data"]["lens"]) for e in deltas] == [1] * len(THINK_CHUNKS)
+    await check_stream_against_log(service, view["id"], await read_stream(service, view["id"]))
+    # Streamed: what the client was sent live, at every prefix of the log.
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    stream = await check_stream_against_log(service, turn_id, raw)
+    shown = stream.upto(max(stream.ids))
+    assert (shown.content, shown.reasoning, shown.finish) == ("Answer here", "hmm", "stop")
 
 
 async def test_subscription_get_times_out_and_wakes() -> None:
-    from engine.live import InProcessBus
+    from engine.run.live import InProcessBus
 
     bus = InProcessBus(limit=3)
     sub = bus.subscribe("t1")

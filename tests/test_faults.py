@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 from tests.harness import Service, sse_messages, sse_text
@@ -130,7 +131,7 @@ async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_
     # interrupted and resumed from what is durable, and completes.
     import asyncpg
 
-    from engine.projection import fold
+    from engine.fold.turn_view import fold
     from tests.harness import make_settings, start_service, stop_service
 
     service = await start_service(make_settings(tmp_path, upstream.url, database_url=pg_url), upstream)
@@ -142,7 +143,11 @@ async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_
         )
         turn_id = resp.headers["X-Turn-Id"]
         await asyncio.wait_for(service.upstream.paused.wait(), 5)
-        await asyncio.sleep(0.2)  # the windows so far are durable
+        # The 12 chunks sent before the pause are durable (their windows committed).
+        deadline = time.monotonic() + 10
+        while sum(len(e.data["lens"]) for e in await service.services.store.read(turn_id) if e.type == "model.delta") < 12:
+            assert time.monotonic() < deadline, "the chunks before the pause never became durable"
+            await asyncio.sleep(0.01)
         admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
             ended = await admin.fetchval(

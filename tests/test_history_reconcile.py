@@ -1,11 +1,11 @@
-"""``engine.history.reconcile``: the pure join of a stored history and sent messages."""
+"""``engine.context.history.reconcile``: the pure join of a stored history and sent messages."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from engine.assembly import ModelProfile, assemble
-from engine.history import Answer, History, Matched, normalized_text, reconcile
+from engine.context.assemble import ModelProfile, assemble
+from engine.context.history import Answer, History, Matched, normalized_text, reconcile
 
 
 def user(text: str, **extra: Any) -> dict[str, Any]:

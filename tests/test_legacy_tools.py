@@ -1,4 +1,4 @@
-"""Tests for engine.legacy_tools (prompt-based tool selection, spec §5.5).
+"""Tests for engine.tools.legacy (prompt-based tool selection, spec §5.5).
 
 The table-driven part runs the vectors recorded from Open WebUI 0.12.4 (copied
 into tests/vectors/). Each vector is checked end to end: the task-model
@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from engine.legacy_tools import (
+from engine.tools.calls import ToolSpec, filter_arguments, normalize_result
+from engine.tools.legacy import (
     DEFAULT_TOOLS_TEMPLATE,
     HISTORY_WINDOW,
     TASK,
@@ -26,7 +27,6 @@ from engine.legacy_tools import (
     parse_selection,
     tool_source,
 )
-from engine.tools import ToolSpec, filter_arguments, normalize_result
 from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Tests for engine.messages: the message helpers and apply_params_to_form_data.
+"""Tests for engine.context.messages: the message helpers and apply_params_to_form_data.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
 tests/vectors/). Where a vector records a quirk that turnlog fixes (spec §15),
@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from engine import messages as M
-from engine.messages import (
+from engine.context import messages as M
+from engine.context.messages import (
     add_or_update_system_message,
     add_or_update_user_message,
     apply_params_to_form_data,

@@ -1,10 +1,15 @@
-"""Tests for engine.normalize: wire protocols → engine.model_events.
+"""Tests for the normalizers: wire protocols → engine.protocols.model_events.
+
+engine.protocols.chat, responses and ollama, and the shared tool-call helpers
+of engine.protocols.common.
 
 Tool-call accumulation and splitting are driven by the vectors recorded from
 Open WebUI 0.12.4 (tests/vectors/chat_tool_call_accumulation.json,
 split_tool_calls.json). Where a vector records a quirk turnlog fixes (spec
 §15: Q1, Q2, Q4), the test asserts turnlog's behaviour, checks that it differs
-from the recording, and names the quirk.
+from the recording, and names the quirk. The Responses API vectors
+(responses_stream_fold.json, Open WebUI's fold of events into output items)
+are replayed through ResponsesNormalizer, the production path.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from engine.model_events import (
+from engine.protocols.chat import ChatNormalizer, ChatToolCalls
+from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
+from engine.protocols.model_events import (
     Finished,
     ProviderItem,
     ReasoningDelta,
@@ -28,16 +35,9 @@ from engine.model_events import (
     ToolCallStarted,
     UsageReport,
 )
-from engine.normalize import (
-    ChatNormalizer,
-    ChatToolCalls,
-    OllamaNormalizer,
-    ResponsesNormalizer,
-    arguments_text,
-    split_json_values,
-    split_tool_calls,
-)
-from tests.test_responses_fold import FULL_STREAM, USAGE
+from engine.protocols.ollama import OllamaNormalizer
+from engine.protocols.responses import ResponsesNormalizer
+from tests.responses_events import FULL_STREAM, MSG_ITEM_DONE, USAGE
 from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
@@ -707,6 +707,247 @@ def test_responses_is_deterministic_and_pure() -> None:
     stream = copy.deepcopy(FULL_STREAM)
     assert run_responses(stream) == run_responses(stream)
     assert stream == FULL_STREAM
+
+
+@pytest.mark.parametrize("event", [None, "x", {}, {"type": 3}, {"type": "response.output_item.added", "item": {}}])
+def test_responses_malformed_events_are_ignored(event: Any) -> None:
+    assert ResponsesNormalizer(counter_ids()).feed(event) == []
+
+
+# --------------------------------------------------------------------------
+# responses_stream_fold.json through the production path
+# --------------------------------------------------------------------------
+# Open WebUI builds its output items by folding every Responses event
+# (spec §6.4); the vectors record that fold. turnlog's production path is
+# ResponsesNormalizer → model events → the turn's fold, so each vector is
+# replayed here as events: what the recorded output says about text, reasoning,
+# calls, outcome, usage and the response id must come out as model events.
+# ``prelude`` rebuilds the vector's ``current_output`` from events; ``after``
+# continues the stream where the fold's answer shows only at the end.
+
+FOLD_VECTORS = load_vectors("responses_stream_fold.json")
+END = Finished(reason=None, response_id=None, usage=None, status=None)  # a stream with no terminal event
+
+
+def _text_delta(delta: str, index: int = 0) -> dict[str, Any]:
+    return {"type": "response.output_text.delta", "output_index": index, "content_index": 0, "delta": delta}
+
+
+def _message(text: str, item_id: str = "msg_1") -> dict[str, Any]:
+    part = {"type": "output_text", "text": text, "annotations": []}
+    return {"type": "message", "id": item_id, "status": "completed", "role": "assistant", "content": [part]}
+
+
+def _completed_with(output: list[dict[str, Any]], **response: Any) -> dict[str, Any]:
+    return {"type": "response.completed", "response": {"id": "resp_1", "output": output, **response}}
+
+
+_FC_PARTIAL = [_fc_added(0, "fc_1", "call_1", "add"), _args_delta(0, "fc_1", '{"a":')]
+_FC_DONE = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "add", "arguments": "{}"}
+
+#: vector name → (prelude, after, the events of the vector's event(s) + after + finish()).
+FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any]]] = {
+    # Structure events say nothing by themselves: text comes from deltas,
+    # reasoning items and calls from their done events.
+    "output_item_added_appends": ([], [], [END]),
+    "output_item_added_inserts_at_index": ([], [], [END]),
+    "output_item_added_empty_item_ignored": ([], [], [END]),
+    "content_part_added": ([], [], [END]),
+    "content_part_added_ignored_for_reasoning": ([], [], [END]),
+    # The same item announced again is the same call, not a second one.
+    "output_item_added_replaces_same_id": (
+        [{"type": "response.output_item.added", "output_index": 0, "item": {"type": "function_call", "id": "fc_1", "call_id": "call_1", "arguments": "x"}}],
+        [{"type": "response.output_item.done", "output_index": 0, "item": _FC_DONE}],
+        [ToolCall("call_1", "add", "{}", item_id="fc_1"), Finished(reason="tool_calls", status=None)],
+    ),
+    "output_text_delta_appends": ([_text_delta("Hel")], [], [TextDelta("lo"), END]),
+    # Q7 (padding parts typed "text", lost on replay) cannot happen: text is
+    # never stored in a part here, so the text is simply kept.
+    "output_text_delta_without_part_creates_text_part": ([], [], [TextDelta("Hi"), END]),
+    "delta_beyond_end_creates_item": ([], [], [TextDelta("x"), END]),
+    "reasoning_text_delta_on_reasoning": ([], [], [ReasoningDelta("think"), END]),
+    "reasoning_summary_text_delta": ([], [], [ReasoningDelta("Sum"), END]),
+    # Deliberately different: Open WebUI drops a delta aimed at an item of the
+    # other kind; the delta's own type says what it is, so it is kept.
+    "reasoning_delta_on_message_ignored": ([_text_delta("Hel")], [], [ReasoningDelta("x"), END]),
+    "text_delta_on_reasoning_ignored": ([], [], [TextDelta("x"), END]),
+    "function_call_arguments_delta": (
+        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
+    ),
+    "function_call_arguments_done": (
+        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
+    ),
+    "output_item_done_replaces": (
+        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
+    ),
+    # The final text wins: the part of it never streamed arrives with the final output.
+    "output_text_done_overwrites_part": (
+        [_text_delta("Hel")],
+        [_completed_with([_message("Hello")])],
+        [TextDelta("lo"), Finished(reason="stop", response_id="resp_1", status="completed")],
+    ),
+    # The final reasoning text is not copied: the streamed text stands.
+    "reasoning_text_done_marks_completed": (
+        [{"type": "response.reasoning_text.delta", "output_index": 0, "content_index": 0, "delta": "a"}], [], [END]
+    ),
+    "output_item_done_out_of_range_appends": ([], [], [END]),  # a message without text
+    # The provider's final output wins: its reasoning item is kept for replay (Q10).
+    "completed_with_output_replaces_all": (
+        [],
+        [],
+        [
+            ProviderItem({"type": "reasoning", "id": "r"}),
+            Finished(reason="stop", response_id="resp_1", usage={"input_tokens": 3, "output_tokens": 2}, status="completed"),
+        ],
+    ),
+    "completed_with_empty_output_keeps_streamed": (
+        [_text_delta("x")], [], [Finished(reason="stop", response_id="resp_2", usage=None, status="completed")]
+    ),
+    # Q20: the failure is reported as one (Open WebUI: meta without a status).
+    "failed": (
+        [_text_delta("Hel")], [], [StreamFailed("boom", code="server_error", details={"code": "server_error", "message": "boom"})]
+    ),
+    "error_event": ([], [], [StreamFailed("slow", code="rate_limit", details={"type": "error", "code": "rate_limit", "message": "slow"})]),
+    "in_progress_and_unknown_ignored": ([_text_delta("Hel")], [], [END]),
+    # Q20: response.incomplete ends the response with its reason (Open WebUI ignored it).
+    "incomplete_not_handled": ([_text_delta("Hel")], [], [Finished(reason="length", status="incomplete")]),
+    "sequence_reasoning_message_function_call": (
+        [],
+        [],
+        [
+            ResponseStarted("resp_1"),
+            ReasoningDelta("Thi"),
+            ReasoningDelta("nk"),
+            TextDelta("Let me "),
+            TextDelta("add."),
+            ToolCallStarted("call_1", "add"),
+            ToolCall("call_1", "add", '{"a":1,"b":2}', item_id="fc_1"),
+            Finished(reason="tool_calls", response_id="resp_1", status=None),
+        ],
+    ),
+}
+
+
+def test_every_fold_vector_is_ported() -> None:
+    assert set(FOLD_PORTS) == {v["name"] for v in FOLD_VECTORS}
+
+
+@pytest.mark.parametrize("vector", FOLD_VECTORS, ids=lambda v: v["name"])
+def test_fold_vector_through_the_normalizer(vector: dict[str, Any]) -> None:
+    prelude, after, expected = FOLD_PORTS[vector["name"]]
+    given = vector["input"]
+    stream = given["events"] if "events" in given else [given["event"]]
+    normalizer = ResponsesNormalizer(counter_ids())
+    for event in prelude:
+        normalizer.feed(event)
+    events: list[Any] = []
+    for event in [*copy.deepcopy(stream), *after]:
+        events += normalizer.feed(event)
+    assert events + normalizer.finish() == expected
+
+
+# -- the final output against the stream (Q20) ---------------------------------------
+
+
+def test_responses_text_only_in_the_final_output() -> None:
+    """A server that streams no text deltas: the answer is in the final output
+    (before, the turn completed with an empty answer)."""
+    events = run_responses([_completed_with([_message("Hel"), _message("lo", "msg_2")], usage={"input_tokens": 1})])
+    assert events == [
+        TextDelta("Hello"),
+        Finished(reason="stop", response_id="resp_1", usage={"input_tokens": 1}, status="completed"),
+    ]
+
+
+def test_responses_text_only_in_done_events_is_taken_from_the_final_output() -> None:
+    events = run_responses(
+        [
+            {"type": "response.output_text.done", "output_index": 0, "content_index": 0, "text": "Hi!"},
+            {"type": "response.output_item.done", "output_index": 0, "item": _message("Hi!")},
+            _completed_with([_message("Hi!")]),
+        ]
+    )
+    assert events == [TextDelta("Hi!"), Finished(reason="stop", response_id="resp_1", status="completed")]
+
+
+def test_responses_refusal_in_the_final_output() -> None:
+    refusal = {"type": "message", "id": "m", "content": [{"type": "refusal", "refusal": "I can't help."}]}
+    events = run_responses([{"type": "response.refusal.delta", "output_index": 0, "delta": "I can"}, _completed_with([refusal])])
+    assert events[:2] == [TextDelta("I can"), TextDelta("'t help.")]
+
+
+def test_responses_final_text_equal_to_the_stream_adds_nothing() -> None:
+    events = run_responses([_text_delta("Hel"), _text_delta("lo"), _completed_with([_message("Hello")])])
+    assert events == [TextDelta("Hel"), TextDelta("lo"), Finished(reason="stop", response_id="resp_1", status="completed")]
+
+
+def test_responses_final_text_that_contradicts_the_stream_is_a_warning() -> None:
+    events = run_responses([_text_delta("Hello"), _completed_with([_message("Goodbye")])])
+    assert events[0] == TextDelta("Hello")
+    assert isinstance(events[1], StreamWarning) and events[1].raw == "Goodbye"
+    assert events[2] == Finished(reason="stop", response_id="resp_1", status="completed")
+
+
+def test_responses_incomplete_takes_the_rest_of_the_text_from_its_output() -> None:
+    event = {
+        "type": "response.incomplete",
+        "response": {
+            "id": "resp_9",
+            "incomplete_details": {"reason": "max_output_tokens"},
+            "output": [{**_message("Hello"), "status": "incomplete"}],
+            "usage": {"input_tokens": 5, "output_tokens": 16},
+        },
+    }
+    assert run_responses([_text_delta("Hel"), event]) == [
+        TextDelta("Hel"),
+        TextDelta("lo"),
+        Finished(reason="length", response_id="resp_9", usage={"input_tokens": 5, "output_tokens": 16}, status="incomplete"),
+    ]
+
+
+def test_responses_reasoning_item_is_sent_once_even_when_renumbered() -> None:
+    """Sent at its done event; the final output lists it again (same id, or a
+    provider that renumbers ids: same position): not sent twice."""
+    first = {"type": "reasoning", "id": "rs_a", "summary": []}
+    done = {"type": "response.output_item.done", "output_index": 0, "item": first}
+    for again in (first, {**first, "id": "rs_b"}):
+        events = run_responses([done, _completed_with([again, _message("x")])])
+        assert [e for e in events if isinstance(e, ProviderItem)] == [ProviderItem(first)]
+
+
+def test_responses_reasoning_item_only_in_the_final_output_is_kept() -> None:
+    item = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
+    events = run_responses([_text_delta("x", 1), _completed_with([item, _message("x")])])
+    assert events == [
+        TextDelta("x"),
+        ProviderItem(item),
+        Finished(reason="stop", response_id="resp_1", status="completed"),
+    ]
+
+
+def test_responses_final_output_call_found_by_call_id() -> None:
+    """A call streamed without an item id is the final output's call with the
+    same call_id (one ToolCall, with the final item id and arguments)."""
+    added = {"type": "response.output_item.added", "output_index": 1, "item": {"type": "function_call", "call_id": "call_1", "name": "f", "arguments": ""}}
+    final_call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}"}
+    events = run_responses([_text_delta("x"), added, _args_delta(1, None, "{"), _completed_with([_message("x"), final_call])])
+    assert events == [
+        TextDelta("x"),
+        ToolCallStarted("call_1", "f"),
+        ToolCall("call_1", "f", "{}", item_id="fc_1"),
+        Finished(reason="tool_calls", response_id="resp_1", status="completed"),
+    ]
+
+
+def test_responses_full_stream_with_empty_final_output_gives_the_same_events() -> None:
+    stream = copy.deepcopy(FULL_STREAM)
+    stream[-1]["response"]["output"] = []
+    assert run_responses(stream) == run_responses(FULL_STREAM)
+
+
+def test_responses_full_stream_final_message_matches_the_stream() -> None:
+    text = "".join(e.text for e in run_responses(FULL_STREAM) if isinstance(e, TextDelta))
+    assert text == MSG_ITEM_DONE["content"][0]["text"]
 
 
 # --------------------------------------------------------------------------

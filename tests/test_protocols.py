@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import openai
 import pytest
 
-from engine.events import Event
-from engine.projection import fold
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
+from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -47,10 +45,13 @@ async def ollama(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest
         await stop_service(svc)
 
 
-async def replay_equals_live(service: Service, turn_id: str) -> dict:
+async def replay_equals_live(service: Service, turn_id: str, completion: dict) -> dict:
+    """The answer the actor gave (``completion``, built from its own view of
+    the turn it ended) and what a client following the turn is sent, against
+    the fold of the log (``GET /v1/turns/{id}``, ``replay?upto=SEQ`` for every seq)."""
     view = await service.turn(turn_id)
-    events = await service.events(turn_id)
-    assert json.loads(json.dumps(fold(turn_id, [Event(turn_id=turn_id, **e) for e in events]).public())) == view
+    check_completion_against_turn(completion, view)
+    await check_stream_against_log(service, turn_id, await read_stream(service, turn_id))
     return view
 
 
@@ -62,14 +63,15 @@ async def test_responses_stateful_sends_previous_response_id_and_only_new_items(
         Reply(text="5 and 9."),
     )
     sdk = openai.AsyncOpenAI(base_url=responses.v1, api_key="x", max_retries=0)
-    done = await sdk.chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_ids": ["weather"]})
+    raw = await sdk.chat.completions.with_raw_response.create(model="gpt-test", messages=USER, extra_body={"tool_ids": ["weather"]})
+    done = raw.parse()
     await sdk.close()
     assert done.choices[0].message.content == "5 and 9."
     assert up.request_paths == ["/v1/responses"] * 3
     first, second, third = up.requests
     assert "previous_response_id" not in first and first["instructions"] == "Be brief."
     assert [i["role"] for i in first["input"] if i.get("type", "message") == "message"] == ["user"]
-    view = await replay_equals_live(responses, done.id.removeprefix("chatcmpl-"))
+    view = await replay_equals_live(responses, done.id.removeprefix("chatcmpl-"), raw.http_response.json())
     ids = view["response_ids"]
     assert len(ids) == 3 and set(ids) <= set(up.response_ids)  # every response id is on the log
     # the continuation carries the anchor and only the new tool output (Q9)
@@ -86,7 +88,9 @@ async def test_responses_expired_anchor_falls_back_to_the_full_transcript(respon
     request = asyncio.create_task(
         responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
     )
+    deadline = asyncio.get_running_loop().time() + 10
     while not up.response_ids:  # the first response is stored upstream...
+        assert not request.done() and asyncio.get_running_loop().time() < deadline, "no response was stored upstream"
         await asyncio.sleep(0.01)
     up.forget_responses()  # ...and expires while the tool runs
     status, body, headers = await request
@@ -99,7 +103,7 @@ async def test_responses_expired_anchor_falls_back_to_the_full_transcript(respon
     events = await responses.events(headers["X-Turn-Id"])
     fallback = [e for e in events if e["type"] == "model.fallback"]
     assert len(fallback) == 1 and fallback[0]["data"]["previous_response_id"] == refused["previous_response_id"]
-    await replay_equals_live(responses, headers["X-Turn-Id"])
+    await replay_equals_live(responses, headers["X-Turn-Id"], body)
 
 
 async def test_responses_streaming_text(responses: Service) -> None:
@@ -119,5 +123,5 @@ async def test_ollama_tool_loop(ollama: Service) -> None:
     assistant = [m for m in second if m["role"] == "assistant"][0]
     assert all(isinstance(c["function"]["arguments"], dict) for c in assistant["tool_calls"])  # Ollama wants objects
     assert [m["content"] for m in second if m["role"] == "tool"] == ["5", "9"]
-    view = await replay_equals_live(ollama, headers["X-Turn-Id"])
+    view = await replay_equals_live(ollama, headers["X-Turn-Id"], body)
     assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]

@@ -46,9 +46,11 @@ def ndjson_handler(payload: bytes, *, abort: bool = False) -> Handler:
         await resp.prepare(request)
         await resp.write(payload)
         if abort:
-            await asyncio.sleep(0.05)
-            assert request.transport is not None
-            request.transport.abort()
+            transport = request.transport
+            assert transport is not None
+            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
+                await asyncio.sleep(0.001)
+            transport.abort()
             return resp
         await resp.write_eof()
         return resp

@@ -18,6 +18,7 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
 KEY = "sk-test-SECRET-0123456789"
@@ -203,6 +204,81 @@ async def test_crlf_and_lines_split_across_reads(raw_server) -> None:
     warnings = [i for i in items if isinstance(i, RawWarning)]
     assert len(warnings) == 1 and warnings[0].raw == "data: {broken"
     assert items[-1].data["choices"][0]["finish_reason"] == "stop"
+
+
+def body_handler(payload: bytes) -> Handler:
+    """Send ``payload`` in one write, then end the body."""
+
+    async def handler(request: web.Request) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(payload)
+        await resp.write_eof()
+        return resp
+
+    return handler
+
+
+def multiline(obj: dict) -> bytes:
+    """``obj`` pretty-printed over several ``data:`` lines (one event)."""
+    lines = json.dumps(obj, indent=2).encode().split(b"\n")
+    return b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+async def test_multiline_data_is_one_json_payload(raw_server) -> None:
+    """The data lines of one event are one payload, joined with LF (the old
+    per-line loop parsed each line alone: a warning for every line)."""
+    first = b'data: {"id": "chatcmpl-raw", "object": "chat.completion.chunk",\ndata:  "choices": [{"index": 0,\n'
+    first += b': a comment inside the event\nid: 4\ndata\ndata: "delta": {"content": "two lines"}, "finish_reason": null}]}\n\n'
+    payload = first + multiline(chunk("pretty")) + multiline(chunk(finish="stop")) + b"data: [DONE]\n\n"
+    async with OpenAIChatProvider(await raw_server(body_handler(payload)), KEY) as p:
+        items = await collect(p)
+    assert all(isinstance(i, RawChunk) for i in items)
+    assert contents(items) == ["two lines", "pretty"]
+    assert items[1].data == chunk("pretty") and items[-1].data["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_lone_cr_line_endings(raw_server) -> None:
+    """CR alone ends a line too (the old framing split on LF only: one
+    unparseable line, then upstream_truncated)."""
+    payload = b": hi\r\r" + sse(chunk("a")) + sse(chunk("b")) + sse(chunk(finish="stop")) + b"data: [DONE]\n\n"
+    async with OpenAIChatProvider(await raw_server(body_handler(payload.replace(b"\n", b"\r"))), KEY) as p:
+        items = await collect(p)
+    assert all(isinstance(i, RawChunk) for i in items)
+    assert contents(items) == ["a", "b"] and items[-1].data["choices"][0]["finish_reason"] == "stop"
+
+
+async def test_lines_cut_between_reads(raw_server) -> None:
+    """Each piece is a separate read (tests.stepped): a ``data:`` prefix, a JSON
+    payload and a CRLF are cut across reads, and a CRLF cut between CR and LF
+    inside a multi-line event is one line end, not a blank line."""
+    two, three = json.dumps(chunk("b")).encode(), json.dumps(chunk("c")).encode()
+    steps = Stepped(
+        sse(chunk("a")) + b"da",
+        b"ta: " + two + b"\r\n\r\ndata: " + three[:20],
+        three[20:] + b'\r\n\r\ndata: {"id": "chatcmpl-raw",\r',
+        b'\ndata: "choices": [{"index": 0, "delta": {"content": "d"}, "finish_reason": "stop"}]}\r\n\r\ndata: [DONE]\r',
+        b"\n\r\n",
+    )
+    async with OpenAIChatProvider(await raw_server(steps.handler), KEY, idle_timeout=5) as p:
+        items = await steps.collect(p.stream(BODY))
+    assert all(isinstance(i, RawChunk) for i in items)
+    assert contents(items) == ["a", "b", "c", "d"]
+
+
+async def test_comments_ids_retries_and_unknown_fields_change_nothing(raw_server) -> None:
+    plain = sse(chunk("a")) + sse(chunk(finish="stop")) + b"data: [DONE]\n\n"
+    noisy = (
+        b"retry: 3000\n\n: keep-alive\n\nid: 1\nevent: message\n"
+        + sse(chunk("a"))
+        + b":\nid\nfoo: bar\n data: {}\ndata : {}\n\n"
+        + sse(chunk(finish="stop"))
+        + b": bye\n\ndata: [DONE]\n\n"
+    )
+    async with OpenAIChatProvider(await raw_server(body_handler(plain)), KEY) as p:
+        expected = await collect(p)
+    async with OpenAIChatProvider(await raw_server(body_handler(noisy)), KEY) as p:
+        assert await collect(p) == expected
 
 
 async def test_many_concurrent_streams(upstream: ScriptedUpstream) -> None:
@@ -427,9 +503,8 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAICha
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    for _ in range(50):
-        if len(got) == 2:
-            break
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
         await asyncio.sleep(0.01)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
@@ -533,6 +608,19 @@ async def test_official_openai_sdk_parses_the_stream(upstream: ScriptedUpstream)
         await client.close()
 
 
+def accept_queue_full(port: int) -> bool:
+    """Whether the IPv4 listener on ``port`` has a full accept queue (Linux:
+    for a listening socket ``/proc/net/tcp`` shows the queued connections as
+    rx_queue and the backlog as tx_queue; the kernel drops SYNs once
+    queued > backlog)."""
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].split(":")[1], 16) == port:
+            backlog, queued = (int(n, 16) for n in fields[4].split(":"))
+            return queued > backlog
+    raise AssertionError(f"no listener on port {port}")
+
+
 async def test_connect_timeout() -> None:
     """A listener whose accept queue is full drops SYNs, so connect() hangs."""
     listener = socket.socket()
@@ -549,7 +637,10 @@ async def test_connect_timeout() -> None:
             except BlockingIOError:
                 pass
             fillers.append(s)
-        await asyncio.sleep(0.05)
+        deadline = asyncio.get_running_loop().time() + 5
+        while not accept_queue_full(port):  # the handshakes complete in the kernel
+            assert asyncio.get_running_loop().time() < deadline, "the accept queue never filled"
+            await asyncio.sleep(0.005)
         async with OpenAIChatProvider(f"http://127.0.0.1:{port}/v1", KEY, connect_timeout=0.3) as p:
             _, err = await collect_error(p)
         assert err.kind == "upstream_timeout" and "connect" in err.message

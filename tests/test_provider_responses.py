@@ -14,7 +14,11 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
+from engine.protocols.client import LiveModelClient
+from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
+from tests.responses_events import FULL_STREAM, USAGE
+from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
 KEY = "sk-test-SECRET-0123456789"
@@ -92,9 +96,11 @@ def sse_handler(payload: bytes, *, abort: bool = False) -> Handler:
         await resp.prepare(request)
         await resp.write(payload)
         if abort:
-            await asyncio.sleep(0.05)
-            assert request.transport is not None
-            request.transport.abort()
+            transport = request.transport
+            assert transport is not None
+            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
+                await asyncio.sleep(0.001)
+            transport.abort()
             return resp
         await resp.write_eof()
         return resp
@@ -250,6 +256,69 @@ async def test_comments_and_crlf_are_ignored(upstream: ScriptedUpstream, provide
     assert deltas(items) == ["a", "b"] and types(items)[-1] == "response.completed"
 
 
+def pretty_event(type_: str, seq: int, **fields) -> bytes:
+    """An event whose JSON is pretty-printed over several ``data:`` lines."""
+    obj = {"type": type_, **fields, "sequence_number": seq}
+    lines = json.dumps(obj, indent=2).encode().split(b"\n")
+    return f"event: {type_}\n".encode() + b"".join(b"data: " + line + b"\n" for line in lines) + b"\n"
+
+
+async def test_multiline_data_and_lone_cr(raw_server) -> None:
+    """One event's data lines are one JSON payload, and CR alone ends a line
+    (the old framing parsed each data line alone, and split on LF only)."""
+    payload = (
+        pretty_event("response.output_text.delta", 0, item_id="msg_1", output_index=0, content_index=0, delta="a")
+        + delta("b", 1)
+        + pretty_event("response.completed", 2, response={"id": "resp_raw", "status": "completed", "output": []})
+    )
+    for body in (payload, payload.replace(b"\n", b"\r"), payload.replace(b"\n", b"\r\n")):
+        async with OpenAIResponsesProvider(await raw_server(sse_handler(body)), KEY) as p:
+            items = await collect(p)
+        assert all(isinstance(i, RawChunk) for i in items)
+        assert deltas(items) == ["a", "b"] and types(items)[-1] == "response.completed"
+
+
+async def test_a_type_given_only_by_the_event_line(raw_server) -> None:
+    """``event:`` names the event when the object has no ``type`` (the old
+    transport ignored the line: every event typeless, then upstream_truncated).
+    When both are there, the object's own type is kept."""
+    payload = (
+        b"event: response.output_text.delta\n"
+        b'data: {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "a"}\n\n'
+        b"event: response.output_text.done\n" + delta("b", 1).split(b"\n", 1)[1]
+        + b'event: response.completed\ndata: {"response": {"id": "resp_raw", "status": "completed", "output": []}}\n\n'
+    )
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(payload)), KEY) as p:
+        items = await collect(p)
+    assert types(items) == ["response.output_text.delta", "response.output_text.delta", "response.completed"]
+    assert deltas(items) == ["a", "b"]
+
+
+async def test_lines_cut_between_reads(raw_server) -> None:
+    """Pieces are separate reads (tests.stepped): an ``event:`` line, a
+    ``data:`` prefix and, inside a multi-line event, a CRLF between CR and LF
+    (taken for two line ends, the LF would be a blank line and split the event)."""
+    steps = Stepped(
+        delta("a", 0) + b"event: response.output_te",
+        b"xt.delta\n" + delta("b", 1).split(b"\n", 1)[1] + b"da",
+        b"ta: " + delta("c", 2).split(b"data: ", 1)[1] + b'data: {"type": "response.completed", "sequence_number": 3,\r',
+        b'\ndata: "response": {"id": "resp_raw", "status": "completed", "output": []}}\r\n\r\n',
+    )
+    async with OpenAIResponsesProvider(await raw_server(steps.handler), KEY, idle_timeout=5) as p:
+        items = await steps.collect(p.stream(BODY))
+    assert all(isinstance(i, RawChunk) for i in items)
+    assert deltas(items) == ["a", "b", "c"] and types(items)[-1] == "response.completed"
+
+
+async def test_ids_retries_and_comments_change_nothing(raw_server) -> None:
+    plain = delta("a", 0) + completed(1)
+    noisy = b"retry: 1000\n\n: ok\n\nid: 1\n" + delta("a", 0) + b"id: 2\n:\nfoo\n" + completed(1) + b": bye\n\n"
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(plain)), KEY) as p:
+        expected = await collect(p)
+    async with OpenAIResponsesProvider(await raw_server(sse_handler(noisy)), KEY) as p:
+        assert await collect(p) == expected
+
+
 async def test_many_concurrent_streams(upstream: ScriptedUpstream) -> None:
     upstream.default = Reply(text="concurrent responses streams", chunk_size=5, delay=0.001)
     async with OpenAIResponsesProvider(upstream.url, KEY) as p:
@@ -369,9 +438,8 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAIRes
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    for _ in range(50):
-        if len(got) == 2:
-            break
+    deadline = asyncio.get_running_loop().time() + 5
+    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
         await asyncio.sleep(0.01)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
@@ -455,6 +523,56 @@ async def test_non_object_data_is_a_warning(raw_server) -> None:
         items = await collect(p)
     assert isinstance(items[0], RawWarning) and "not an object" in items[0].message
     assert types(items) == ["response.output_text.delta", "response.completed"]
+
+
+# -- model events from real bytes (transport + ResponsesNormalizer) ------------------
+
+
+def sse_events(events: list[dict]) -> bytes:
+    return b"".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n".encode() for e in events)
+
+
+async def model_events(base_url: str) -> list[ModelEvent]:
+    """The production path from the socket to model events: LiveModelClient."""
+    counter = iter(range(1, 100))
+    async with OpenAIResponsesProvider(base_url, KEY) as p:
+        resolved = ResolvedModel(provider=p, upstream_model="gpt-test", api="responses")
+        request = ModelRequest(messages=[{"role": "user", "content": "hi"}], params={})
+        stream = LiveModelClient().stream(resolved, request, lambda prefix: f"{prefix}_{next(counter)}")
+        return [event async for batch in stream for event in batch]
+
+
+async def test_model_events_of_a_full_stream(raw_server) -> None:
+    """Item order, text deltas, call arguments, usage and the response id, as
+    the engine gets them (tests/responses_events.py, served as SSE bytes)."""
+    assert await model_events(await raw_server(sse_handler(sse_events(FULL_STREAM)))) == [
+        ResponseStarted("resp_68a"),
+        *(TextDelta(t) for t in ["Let", " me", " check", " the", " weather", "."]),
+        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
+        Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),
+    ]
+
+
+async def test_model_events_when_text_and_reasoning_come_only_in_the_final_output(raw_server) -> None:
+    """A server that streams only the lifecycle: the answer and the reasoning
+    item are taken from response.completed (the turn used to end empty)."""
+    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan."}]}
+    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
+               "content": [{"type": "output_text", "text": "Only here.", "annotations": []}]}
+    stream = [
+        {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_q", "status": "in_progress", "output": []}},
+        {"type": "response.reasoning_summary_text.delta", "sequence_number": 1, "output_index": 0, "summary_index": 0, "delta": "Plan."},
+        {"type": "response.completed", "sequence_number": 2,
+         "response": {"id": "resp_q", "status": "completed", "output": [reasoning, message], "usage": {"input_tokens": 2}}},
+    ]
+    assert await model_events(await raw_server(sse_handler(sse_events(stream)))) == [
+        ResponseStarted("resp_q"),
+        ReasoningDelta("Plan."),
+        ProviderItem(reasoning),
+        TextDelta("Only here."),
+        Finished(reason="stop", response_id="resp_q", usage={"input_tokens": 2}, status="completed"),
+    ]
 
 
 # -- non-streaming and models -------------------------------------------------------

@@ -127,15 +127,16 @@ async def test_early_followers_get_the_actors_history_equal_to_the_log(service: 
     # The client that starts a turn follows it from the actor's committed events
     # instead of a read of the log; they must be the log, exactly, until the
     # actor stops keeping them.
-    from engine.turn import HISTORY_LIMIT
+    from engine.run.actor import HISTORY_LIMIT
 
     service.upstream.enqueue(Reply(text=TEXT, chunk_size=3, pause_after=10))
     resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
     turn_id = resp.headers["X-Turn-Id"]
     await asyncio.wait_for(service.upstream.paused.wait(), 5)
     supervisor, store = service.services.supervisor, service.services.store
-    sub, _window, history = supervisor.subscribe(turn_id)
-    sub.close()
+    joined = supervisor.join(turn_id)
+    joined.subscription.close()
+    history = joined.history
     assert history is not None and [e.seq for e in history] == list(range(1, len(history) + 1))
     logged = await store.read(turn_id)
     assert [e.model_dump() for e in history] == [e.model_dump() for e in logged[: len(history)]]
@@ -144,9 +145,9 @@ async def test_early_followers_get_the_actors_history_equal_to_the_log(service: 
     service.upstream.release()
     assert sse_text(await resp.text()) == TEXT
     await asyncio.shield(actor.done)
-    sub, _window, history = supervisor.subscribe(turn_id)
-    sub.close()
-    assert history is None  # the actor is gone: followers read the log
+    joined = supervisor.join(turn_id)
+    joined.subscription.close()
+    assert joined.history is None  # the actor is gone: followers read the log
 
 
 async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> None:
@@ -160,7 +161,8 @@ async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> N
     ) as resp:
         assert resp.status == 200
         first = await resp.content.readany()
-        await asyncio.sleep(1.0)  # stop reading while the upstream keeps streaming
+        # Stop reading until the upstream has streamed everything (the turn ended).
+        await service.wait_status(resp.headers["X-Turn-Id"], "completed", timeout=60)
         body = first + await resp.read()
     assert sse_text(body.decode()) == "".join(lines)
     ids = [i for i, _ in sse_messages(body.decode()) if i is not None]
@@ -202,7 +204,7 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
 async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the_log(
     service: Service, monkeypatch: Any
 ) -> None:
-    from engine import follow as follow_mod
+    from engine.run import follow as follow_mod
 
     real = follow_mod.TurnFollower.on_delta
     calls = {"n": 0}

@@ -122,7 +122,7 @@ class WsShown:
 @pytest.mark.parametrize("interrupted", [True, False], ids=["interrupted", "resumed-directly"])
 def test_the_resume_is_the_new_epochs_first_position_and_knows_the_durable_end(interrupted: bool) -> None:
     from engine.events import AssemblyCompleted, ModelRequested, TurnInterrupted, TurnResumed, TurnStarted, delta_event, make_event
-    from engine.projection import epoch_base, fold
+    from engine.fold.turn_view import epoch_base, fold
 
     events = [
         make_event("t", 1, TurnStarted(chat_id="c", user_id="u", model="m", request={})),
@@ -386,11 +386,15 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
             await ws.send_json({"type": "subscribe", "turn_id": turn_id, "after": shown.seq})
             clients[name] = (cursor, shown, ws, [])
         if mode == "running":
-            for name, (cursor, shown, ws, got) in clients.items():
-                # While the resumed turn is paused mid-answer, the client already
-                # shows the re-generated text live.
-                target = "".join(WORDS[: DURABLE_CHUNKS + RESUMED_PAUSE])
-                got.extend(await ws_messages_until(ws, lambda ms, s=shown: ws_text(ms, WsShown(durable=s.durable, seq=s.seq)).content == target and bool(ms)))
+            # While the resumed turn is paused mid-answer, the client already
+            # shows the re-generated text live.
+            target = "".join(WORDS[: DURABLE_CHUNKS + RESUMED_PAUSE])
+            for _cursor, shown, ws, got in clients.values():
+                got.extend(
+                    await ws_messages_until(
+                        ws, lambda ms, s=shown: ws_text(ms, WsShown(durable=s.durable, seq=s.seq)).content == target and bool(ms)
+                    )
+                )
             upstream.release()
         done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         assert done["content"] == TEXT

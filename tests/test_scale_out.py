@@ -113,7 +113,12 @@ async def test_a_stale_owner_that_wakes_up_is_fenced_off(pair: tuple[Server, Ser
         done = await wait_for(http, f"{b.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed", timeout=20)
     finally:
         os.kill(a.proc.pid, signal.SIGCONT)  # ...and wakes up after B took the turn over
-    await asyncio.sleep(1.0)
+    # A goes on with the turn until its next write is refused; it then stops.
+    deadline = time.monotonic() + 20
+    while not any(m in a.log_path.read_bytes() for m in (b"stopped writing", b"this actor stops")):
+        assert a.proc.poll() is None, f"A exited:\n{a.log_tail()}"
+        assert time.monotonic() < deadline, f"A never noticed it lost the turn:\n{a.log_tail()}"
+        await asyncio.sleep(0.05)
     resp.close()
     final = await get_json(http, f"{b.url}/v1/turns/{turn_id}")
     assert final["content"] == TEXT == done["content"]

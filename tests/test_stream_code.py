@@ -1,4 +1,4 @@
-"""Tests for legacy code-interpreter blocks in engine.stream.Accumulator
+"""Tests for legacy code-interpreter blocks in engine.fold.accumulator.Accumulator
 (spec §6.2, §6.7, §6.8): ``<code_interpreter ...>CODE</code_interpreter>``
 in the streamed text, detected only with ``code_interpreter=True``."""
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine.stream import CODE_INTERPRETER_TAGS, Accumulator, Piece
+from engine.fold.accumulator import CODE_INTERPRETER_TAGS, Accumulator, Piece
 
 START = '<code_interpreter type="code" lang="python">'
 END = "</code_interpreter>"

@@ -1,4 +1,4 @@
-"""Tests for engine.tools (parsing, filtering, execution, results, citations) and
+"""Tests for engine.tools.calls (parsing, filtering, execution, results, citations) and
 the tool-module loader (adapters.tools).
 
 The table-driven parts run the vectors recorded from Open WebUI 0.12.4 (copied
@@ -21,7 +21,7 @@ import pytest
 
 from adapters.tools import load_tools_dir, merge_tools
 from adapters.tools.loader import parse_docstring
-from engine.tools import (
+from engine.tools.calls import (
     CITATION_TOOL_NAMES,
     ArgumentError,
     HtmlResult,
@@ -119,7 +119,7 @@ async def boom(**kwargs: Any) -> Any:
 ARGUMENT_EXCLUDED = {
     # Tool approval (tool_approval_mode "ask" + a browser confirmation) is not modelled by turnlog.
     "approval_mode_ask_without_caller": "tool approval is not modelled",
-    # The execute:tool browser round trip belongs to the direct-tool adapter; what engine.tools
+    # The execute:tool browser round trip belongs to the direct-tool adapter; what engine.tools.calls
     # does for it (filtering, the result) is asserted in test_direct_tool_vector_engine_part.
     "direct_tool_roundtrip": "browser round trip is adapter work; see test_direct_tool_vector_engine_part",
 }
@@ -385,7 +385,7 @@ def test_citation_edge_cases() -> None:
 
 
 # --------------------------------------------------------------------------
-# engine.tools units
+# engine.tools.calls units
 # --------------------------------------------------------------------------
 
 
@@ -675,7 +675,7 @@ def test_idempotent_and_timeout(tmp_path: Path) -> None:
         tmp_path,
         "decorated.py",
         '''
-        from engine.tools import idempotent, turnlog_idempotent
+        from engine.tools.calls import idempotent, turnlog_idempotent
 
         def plain_marker(fn):
             fn.__turnlog_idempotent__ = True  # the contract, no turnlog import needed

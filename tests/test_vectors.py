@@ -25,7 +25,6 @@ from sqlalchemy import event, text
 from adapters.store import migrate
 from adapters.vectors import PgVectorStore, SqliteVectorStore, open_vector_store
 from engine.vectors import DimensionMismatch, VectorHit, VectorItem, VectorStore
-from tests.pg import pg_url  # noqa: F401  (fixture)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

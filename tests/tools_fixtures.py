@@ -8,6 +8,15 @@ WEATHER = '''
 import asyncio
 import time
 
+# Lookups run in pairs that must overlap: the first of a pair returns only once
+# the second has started, and the second only once the first has returned (so
+# results come in call order, whatever the scheduling). Run one after the
+# other, each waits alone and fails, well before the test's tool timeout.
+ALONE_AFTER = 0.8  # seconds
+_started: list[str] = []  # cities of the lookups running
+_second_started = asyncio.Event()
+_first_returned = asyncio.Event()
+
 
 class Tools:
     async def get_weather(self, city: str, __event_emitter__=None) -> str:
@@ -15,9 +24,26 @@ class Tools:
 
         :param city: the city name
         """
+        first = len(_started) % 2 == 0
+        _started.append(city)
+        try:
+            async with asyncio.timeout(ALONE_AFTER):
+                if first:
+                    await _second_started.wait()
+                else:
+                    _second_started.set()
+                    await _first_returned.wait()
+        except TimeoutError:
+            _started.remove(city)
+            raise RuntimeError(f"get_weather({city}) ran alone: no other lookup ran while it waited (not concurrent)") from None
         if __event_emitter__ is not None:
             await __event_emitter__({"type": "status", "data": {"description": f"looking up {city}", "done": False}})
-        await asyncio.sleep(0.3)
+        if first:
+            _second_started.clear()
+            _first_returned.set()  # the second of the pair may return now
+        else:
+            _first_returned.clear()
+            del _started[:2]
         return f"{city}: sunny, 21C"
 
     def add(self, a: int, b: int) -> int:
@@ -92,8 +118,30 @@ class Tools:
 '''
 
 
+ORDER = '''
+import asyncio
+
+# Two calls of one batch that finish in the reverse of their call order: the
+# first returns only once the second has returned.
+_second_returned = asyncio.Event()
+
+
+class Tools:
+    async def first(self) -> str:
+        """Returns after second() has returned."""
+        await asyncio.wait_for(_second_returned.wait(), 5)
+        return "first done"
+
+    async def second(self) -> str:
+        """Returns at once."""
+        _second_returned.set()
+        return "second done"
+'''
+
+
 def write_tools(folder: Path) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
+    (folder / "order.py").write_text(ORDER)
     (folder / "weather.py").write_text(WEATHER)
     (folder / "mail.py").write_text(SIDE_EFFECTS)
     (folder / "kv.py").write_text(IDEMPOTENT)

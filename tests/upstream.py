@@ -144,7 +144,7 @@ import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from aiohttp import web
@@ -728,7 +728,7 @@ class ScriptedUpstream:
     async def _sleep(self, seconds: float) -> None:
         try:
             await asyncio.wait_for(self._closing.wait(), seconds)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             return
         raise _Closing
 
@@ -973,7 +973,7 @@ def _dumps(obj: Any) -> bytes:
 
 
 def _iso_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 async def _prepare_sse(request: web.Request) -> web.StreamResponse:

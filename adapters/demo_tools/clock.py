@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 
 class Tools:
@@ -12,4 +12,4 @@ class Tools:
 
     def get_time(self) -> str:
         """The current date and time on the server, in UTC (ISO 8601)."""
-        return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
+        return datetime.now(UTC).replace(microsecond=0).isoformat()

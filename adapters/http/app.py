@@ -10,18 +10,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
 
 from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
+from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
-from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.live_pg import PgSignals
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
@@ -29,15 +28,15 @@ from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.store import open_store
 from adapters.store.migrate import migrate
-from engine.live import InProcessBus
 from adapters.tools.catalog import DirToolCatalog
-from engine.ports import ChatProvider, NoTools, ToolCatalog
-from engine.supervisor import Supervisor, SupervisorConfig
+from engine.ports import ChatProvider, CodeExecutor, NoTools, ToolCatalog
+from engine.run.live import InProcessBus
+from engine.run.supervisor import Supervisor
 
 log = logging.getLogger("turnlog")
 
 
-def create_app(settings: Settings, *, code_executor: Any = None) -> web.Application:
+def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
     loop (until the sandbox executor exists, tests pass a double at this port)."""
     holder: dict[str, Services] = {}
@@ -54,13 +53,13 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
         await migrate(settings.database_url)
         store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous)
         providers: dict[str, ChatProvider] = {}
-        timeouts = {"connect_timeout": settings.upstream_connect_timeout, "idle_timeout": settings.upstream_idle_timeout}
+        connect, idle = settings.upstream_connect_timeout, settings.upstream_idle_timeout
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
             openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
-            providers["openai"] = openai_cls(settings.openai_base_url, key, **timeouts)
+            providers["openai"] = openai_cls(settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle)
         if settings.ollama_base_url:
-            providers["ollama"] = OllamaProvider(settings.ollama_base_url, **timeouts)
+            providers["ollama"] = OllamaProvider(settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle)
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).
@@ -69,31 +68,29 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         bus = InProcessBus()
-        supervisor = Supervisor(
-            store=store,
-            bus=bus,
-            models=catalog,
-            tools=tools,
-            code_executor=code_executor,
-            config=SupervisorConfig(
-                lease_seconds=settings.lease_seconds,
-                auto_resume=settings.auto_resume,
-                flush_interval=settings.flush_interval,
-                flush_max_chunks=settings.flush_max_chunks,
-                max_tool_call_iterations=settings.max_tool_call_iterations,
-                tool_timeout=settings.tool_timeout,
-                direct_tool_timeout=settings.direct_tool_timeout,
-                responses_stateful=settings.responses_stateful,
-            ),
-        )
         signals: PgSignals | None = None
+        owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
         if make_url(settings.database_url).get_backend_name() == "postgresql":
             # Several processes may share this database: wake each other's
             # subscribers and route cancels to a turn's owner.
-            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=supervisor.cancel_requested_elsewhere)
+            def cancel_here(turn_id: str, by: str) -> None:
+                for owner in owners:
+                    owner.cancel_requested_elsewhere(turn_id, by)
+
+            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here)
             await signals.start()
             bus.on_committed = signals.appended
-            supervisor.remote_cancel = signals.request_cancel
+        supervisor = Supervisor(
+            store=store,
+            blobs=store,
+            bus=bus,
+            models=catalog,
+            settings=settings.engine(),
+            tools=tools,
+            code=code_executor,
+            remote=signals,
+        )
+        owners.append(supervisor)
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
         holder["services"] = svc
         app[SERVICES] = svc
@@ -107,7 +104,7 @@ def create_app(settings: Settings, *, code_executor: Any = None) -> web.Applicat
             if signals is not None:
                 await signals.close()
             for provider in providers.values():
-                await provider.close()  # type: ignore[attr-defined]
+                await provider.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)

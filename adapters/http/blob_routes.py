@@ -23,7 +23,8 @@ from aiohttp import web
 from adapters.http.auth import USER
 from adapters.http.context import services
 from adapters.http.errors import not_found
-from engine.blobs import BLOB_URL_PREFIX, BlobStore
+from engine.blobs import BLOB_URL_PREFIX
+from engine.ports import BlobStore
 
 _BLOB_ID = re.compile(r"[0-9a-f]{64}")
 _MIME = re.compile(r"[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+")

@@ -13,9 +13,9 @@ from adapters.http.direct_sse import DirectSSE
 from adapters.http.errors import ApiError, error_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
-from engine.follow import follow
-from engine.projection import fold
-from engine.turn import TurnActor
+from engine.fold.turn_view import fold
+from engine.run.actor import TurnActor
+from engine.run.follow import follow
 
 KEEPALIVE = b": keep-alive\n\n"
 log = logging.getLogger("turnlog.http")
@@ -30,7 +30,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
     await asyncio.shield(actor.done)
-    view = fold(actor.turn_id, await svc.store.read(actor.turn_id))
+    # The actor's own view of a turn it ended is what the log holds (no read
+    # needed); one that stopped writing midway is rebuilt from the log.
+    view = actor.view if actor.view.terminal and not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
     if view.status == "failed":
         error = view.error or {}
         return error_response(
@@ -86,7 +88,7 @@ async def stream_turn(
     direct = DirectSSE(request, response)
     idle = 0
     try:
-        async for follower, outs in follow(svc.store, svc.supervisor.subscribe, turn_id, direct=direct):
+        async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
             if renderer is None:
                 renderer = direct.renderer = ChunkRenderer(follower.view, after=after, include_usage=include_usage)
             await direct.settle()  # a direct write still in flight goes first

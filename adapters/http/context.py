@@ -9,7 +9,7 @@ from aiohttp import web
 from adapters.catalog import Catalog
 from adapters.config import Settings
 from engine.ports import ChatProvider, EventStore
-from engine.supervisor import Supervisor
+from engine.run.supervisor import Supervisor
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Live SSE output written from the turn actor's publish (``engine.follow.DirectOutput``).
+"""Live SSE output written from the turn actor's publish (``engine.run.follow.DirectOutput``).
 
 Without it every streamed chunk wakes the handler's task (one event-loop hop
 and task switch per chunk); with 200 concurrent paced streams that hop was
@@ -16,7 +16,7 @@ from adapters.http.openai_format import ChunkRenderer
 
 
 class DirectSSE:
-    """``engine.follow.DirectOutput`` for an SSE response: live chunks are
+    """``engine.run.follow.DirectOutput`` for an SSE response: live chunks are
     rendered and written inside the actor's publish, not by this handler's task.
 
     The first chunk of a burst (what one upstream read carried) is written at

@@ -15,9 +15,10 @@ from typing import Any
 
 import orjson
 
-from engine.follow import EventOut, Out
-from engine.projection import ChunkOut, TurnView
-from engine.unsupported import STEP as UNSUPPORTED_STEP, warnings_of
+from engine.context.unsupported import STEP as UNSUPPORTED_STEP
+from engine.context.unsupported import warnings_of
+from engine.fold.turn_view import ChunkOut, TurnView
+from engine.run.follow import EventOut, Out
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
@@ -131,12 +132,13 @@ class ChunkRenderer:
             return [self._usage_chunk(usage)] if self.include_usage and usage else []
         if t == "turn.cancelled":
             self.done = True
-            return [self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
+            # Calls the cancel left incomplete, then the end.
+            return [*payloads, self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
         if t == "turn.failed":
             self.done = True
             error = event.data.get("error", {})
             payload = {"error": {"message": error.get("message", "turn failed"), "type": error.get("type", "upstream_error"), "code": error.get("status")}}
-            return [_dumps(payload).encode()]
+            return [*payloads, _dumps(payload).encode()]
         return payloads
 
 

@@ -7,14 +7,14 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.http.chat_routes import stream_turn
 from adapters.http.auth import USER
+from adapters.http.chat_routes import stream_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, not_found
-from engine.chats import chat_messages, chat_turn_views
+from engine.fold.chat import chat_messages, chat_turn_views
+from engine.fold.turn_view import TurnView, fold
 from engine.ports import TurnRecord
-from engine.projection import TurnView, fold
-from engine.supervisor import TurnConflict
+from engine.run.supervisor import TurnConflict
 
 
 def _int_query(request: web.Request, name: str, default: int | None = None, minimum: int = 0) -> int | None:

@@ -1,4 +1,4 @@
-"""``GET /v1/ws``: chat, subscribe with a cursor, cancel (API.md §4).
+"""``GET /v1/ws``: chat, subscribe with a cursor, cancel (docs/api.md, WebSocket).
 
 Each subscription is a pump task: durable events after the client's cursor from
 the log, then the live tail. ``event`` messages go out in seq order, exactly
@@ -16,19 +16,22 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from contextlib import aclosing
 from typing import Any
 
 from aiohttp import WSMsgType, web
 
 from adapters.http.auth import USER
+from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
-from adapters.http.chat_routes import start_turn
 from adapters.http.schemas import parse_chat_request
-from engine.events import TERMINAL_TYPES, Event
-from engine.live import WAKE, LiveDelta, LiveEvent, LiveRequest
-from engine.projection import fold
-from engine.supervisor import TurnConflict
+from engine.events import Event
+from engine.fold.turn_view import fold
+from engine.ports import LiveDelta
+from engine.run.follow import tail
+from engine.run.live import Joined
+from engine.run.supervisor import TurnConflict
 
 log = logging.getLogger("turnlog.ws")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -125,80 +128,41 @@ class Connection:
         self.pumps[turn_id] = asyncio.create_task(self.pump(turn_id, after))
 
     async def pump(self, turn_id: str, after: int) -> None:
+        """Durable events after seq ``after`` as ``event`` messages, exactly once
+        and in order, and the live tail as ``delta`` messages (the pieces the
+        actor made of each chunk), until the turn ends."""
         store = self.svc.store
-        sub, window, history = self.svc.supervisor.subscribe(turn_id, runs_tools=True)
-        last = after
 
-        async def send_events(events: list[Event]) -> bool:
-            nonlocal last
-            for event in events:
-                if event.seq <= last:
-                    continue
-                await self.send({"type": "event", "turn_id": turn_id, "seq": event.seq, "event": {"type": event.type, "at": event.at, "data": event.data}})
-                last = event.seq
-                if event.type == "turn.resumed":
-                    await send_resumed(event)
-                if event.type in TERMINAL_TYPES:
-                    return True
-            return False
-
-        async def send_resumed(event: Event) -> None:
-            # Rare (once per crash): the durable answer at the resume is the fold
-            # of the log up to it.
-            point = fold(turn_id, await store.read(turn_id), upto=event.seq).resume_point
-            if point is not None:
-                await self.send({"type": "resumed", "turn_id": turn_id, "seq": event.seq, **point.notice()})
-
-        async def send_delta(item: LiveDelta) -> None:
-            if item.seq > last:
-                for piece in item.pieces:
-                    await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+        def join(turn_id: str) -> Joined:
+            return self.svc.supervisor.join(turn_id, runs_tools=True)
 
         try:
-            # The actor's committed events, while it still holds them all, stand
-            # in for the first read of the log (as for SSE followers).
-            first = [e for e in history if e.seq > after] if history is not None else await store.read(turn_id, after=after)
-            if await send_events(first):
-                return
-            # The open window's chunks so far (taken with the subscription): the
-            # live tail continues right after them.
-            for delta in window:
-                await send_delta(delta)
-            while True:
-                messages = sub.drain()
-                if not messages:
-                    item = await sub.get(1.0)
-                    if item is None:
-                        if sub.closed:
-                            return
-                        sub.reset()
-                        if await send_events(await store.read(turn_id, after=last)):
-                            return
-                        continue
-                    messages = [item, *sub.drain()]
-                if any(item is WAKE for item in messages):
-                    if await send_events(await store.read(turn_id, after=last)):
-                        return
-                for item in messages:
-                    if isinstance(item, LiveDelta):
-                        await send_delta(item)
-                    elif isinstance(item, LiveRequest):
-                        await self.send(item.payload)
-                    elif isinstance(item, LiveEvent):
-                        event = item.event
-                        if event.seq > last + 1:  # missed something: the log has it
-                            if await send_events(await store.read(turn_id, after=last)):
-                                return
-                        elif await send_events([event]):
-                            return
+            async with aclosing(tail(store, join, turn_id, after=after)) as tailed:
+                async for items in tailed:
+                    for item in items:
+                        if isinstance(item, Event):
+                            await self.send({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": item.data}})
+                            if item.type == "turn.resumed":
+                                await self._send_resumed(turn_id, item)
+                        elif isinstance(item, LiveDelta):
+                            for piece in item.pieces:
+                                await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                        else:
+                            await self.send(item.payload)
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
             pass
         except Exception:
             log.exception("ws pump for %s failed", turn_id)
         finally:
-            sub.close()
             if self.pumps.get(turn_id) is asyncio.current_task():
                 del self.pumps[turn_id]
+
+    async def _send_resumed(self, turn_id: str, event: Event) -> None:
+        # Rare (once per crash): the durable answer at the resume is the fold
+        # of the log up to it.
+        point = fold(turn_id, await self.svc.store.read(turn_id), upto=event.seq).resume_point
+        if point is not None:
+            await self.send({"type": "resumed", "turn_id": turn_id, "seq": event.seq, **point.notice()})
 
     def close(self) -> None:
         for task in self.pumps.values():

@@ -23,11 +23,11 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.ports import RawChunk, RawWarning
+from engine.ports import ModelApi, RawChunk, RawWarning
 
 __all__ = ["DEMO_MODEL", "DemoProvider", "DemoReply", "plan_reply"]
 
@@ -65,15 +65,15 @@ def _text(content: Any) -> str:
 
 def _placeholder(schema: Any, said: str) -> Any:
     kind = schema.get("type") if isinstance(schema, dict) else None
-    return {"string": said, "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}.get(kind)
+    return {"string": said, "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}.get(str(kind))
 
 
 def _tool_call(tool: dict[str, Any], said: str, n: int) -> dict[str, Any] | None:
     fn = tool.get("function") if isinstance(tool, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
         return None
-    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
-    props = params.get("properties") if isinstance(params.get("properties"), dict) else {}
+    params: dict[str, Any] = fn["parameters"] if isinstance(fn.get("parameters"), dict) else {}
+    props: dict[str, Any] = params["properties"] if isinstance(params.get("properties"), dict) else {}
     args = {name: _placeholder(props.get(name), said) for name in params.get("required") or [] if isinstance(name, str)}
     return {"id": f"call_demo_{n}", "name": fn["name"], "arguments": json.dumps(args)}
 
@@ -115,7 +115,7 @@ def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
 class DemoProvider:
     """``ChatProvider`` serving the one model ``demo`` from ``plan_reply``."""
 
-    api = "chat"
+    api: ModelApi = "chat"
     base_url = "built-in demo model"
 
     def __init__(self, *, chunk_delay: float = 0.1) -> None:
@@ -156,7 +156,7 @@ class DemoProvider:
         out.append({**head, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}})
         return out
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """One chunk per batch, ``chunk_delay`` apart (the first at once)."""
         for i, chunk in enumerate(self._chunks(body)):
             if i and self.chunk_delay > 0 and chunk["choices"] and chunk["choices"][0]["delta"]:

@@ -25,33 +25,37 @@ stream *ends properly*. Everything else lives here:
 * the API key is sent only in the ``Authorization`` header and scrubbed from
   every error message and warning (upstreams like to echo it in 401 bodies).
 
-Line framing (the hot path): the body is read with ``StreamReader.iter_any()``
-and split into lines by hand; ``_post_lines`` yields one *list* of complete
-lines per network read, so the per-line work is a plain ``for`` loop in the
-subclass with no coroutine resumption per line. Measured over loopback against
-``async for line in response.content`` (``readline``): the same CPU when each
-read carries one event, ~1.6x cheaper per event when reads carry many (a fast
-upstream, or a consumer that fell behind). There is no line-length limit
-(``readline`` raises ``LineTooLong`` above 128 KiB, which a large tool-call or
-image chunk can exceed). Lines keep a trailing ``\\r`` from CRLF endings;
-``json.loads`` skips it (and the optional space after ``data:``) itself, so the
-payload is never copied again.
+Framing (the hot path): the body is read with ``StreamReader.iter_any()`` and
+each network read goes whole to a *framer* (``_post_stream``): ``SSEParser``
+(``adapters.providers.sse``) for the OpenAI transports, ``NDJSONLines`` for
+Ollama. ``_post_stream`` yields one *list* per network read (the events or lines
+that read completed), so the per-item work is a plain ``for`` loop with no
+coroutine resumption per item. Measured over loopback against ``async for line
+in response.content`` (``readline``): the same CPU when each read carries one
+event, ~1.6x cheaper per event when reads carry many (a fast upstream, or a
+consumer that fell behind). There is no line-length limit (``readline`` raises
+``LineTooLong`` above 128 KiB, which a large tool-call or image chunk can
+exceed). ``_sse_items`` decodes the ``data`` of each SSE event as one JSON
+payload and stops at ``[DONE]``; both OpenAI transports use it, so they read
+the same bytes the same way.
 """
 
 from __future__ import annotations
 
 import json
-
-import orjson
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import aiohttp
+import orjson
 
+from adapters.providers.sse import SSEEvent
 from engine.ports import RawChunk, RawWarning, UpstreamError
 
-__all__ = ["HTTPProvider", "error_text_from_obj", "truncate"]
+__all__ = ["Framer", "HTTPProvider", "NDJSONLines", "error_text_from_obj", "truncate"]
+
+T = TypeVar("T")
 
 MAX_ERROR_BODY = 64 * 1024  # bytes of an error body we read at most
 MAX_MESSAGE = 500  # chars of upstream text kept in an error message
@@ -60,6 +64,46 @@ MAX_RAW = 500  # chars of a malformed line kept in RawWarning.raw
 # orjson parses a chunk several times faster than the json module (the
 # per-token hot path); its errors are ValueErrors too.
 loads = orjson.loads
+
+
+class Framer(Protocol[T]):
+    """Cuts a body into items, one network read at a time (``SSEParser``,
+    ``NDJSONLines``): ``feed`` returns what a read completed, ``close`` what the
+    clean end of the body completes."""
+
+    def feed(self, chunk: bytes) -> list[T]: ...
+
+    def close(self) -> list[T]: ...
+
+
+class NDJSONLines:
+    """NDJSON framing: lines split on LF only. A CR before it stays in the line
+    (``orjson`` skips it as whitespace, so the line is never copied again); an
+    unterminated last line counts at a clean end of body."""
+
+    __slots__ = ("_pending",)
+
+    def __init__(self) -> None:
+        self._pending: list[bytes] = []  # an unterminated line, in pieces
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        pending = self._pending
+        if pending:
+            pending.append(chunk)
+            if 10 not in chunk:  # LF; an int needle is a memchr
+                return []  # a long line still arriving: no re-scan, no re-copy
+            chunk = b"".join(pending)
+            pending.clear()
+        lines = chunk.split(b"\n")
+        tail = lines.pop()  # waits for the rest of its line
+        if tail:
+            pending.append(tail)
+        return lines
+
+    def close(self) -> list[bytes]:
+        lines = [b"".join(self._pending)] if self._pending else []
+        self._pending.clear()
+        return lines
 
 
 class HTTPProvider:
@@ -188,7 +232,7 @@ class HTTPProvider:
 
     # -- I/O -------------------------------------------------------------------
 
-    def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """The streamed payloads of each network read, as one list (never
         empty); each transport implements it."""
         raise NotImplementedError
@@ -200,12 +244,11 @@ class HTTPProvider:
                 for item in batch:
                     yield item
 
-    async def _post_lines(self, path: str, payload: dict[str, Any]) -> AsyncIterator[list[bytes]]:
-        """POST ``payload`` and yield the body's lines, one list per network read.
+    async def _post_stream(self, path: str, payload: dict[str, Any], framer: Framer[T]) -> AsyncGenerator[list[T], None]:
+        """POST ``payload`` and yield what ``framer`` cuts the body into, one
+        list per network read (never empty).
 
-        Lines are split on ``\\n`` only (a CR is left in place); an unterminated
-        last line is yielded on its own at a clean end of body. HTTP >= 400 and
-        transport failures raise ``UpstreamError``. Use it under
+        HTTP >= 400 and transport failures raise ``UpstreamError``. Use it under
         ``contextlib.aclosing`` so an early exit releases the connection at once.
         """
         session = self._get_session()
@@ -217,26 +260,48 @@ class HTTPProvider:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
                 stage = "reading the stream"
-                pending: list[bytes] = []  # an unterminated line, in pieces
+                feed = framer.feed
                 async for data in resp.content.iter_any():
-                    if pending:
-                        pending.append(data)
-                        if b"\n" not in data:
-                            continue  # a long line still arriving: no re-scan, no re-copy
-                        data = b"".join(pending)
-                        pending.clear()
-                    lines = data.split(b"\n")
-                    tail = lines.pop()  # waits for the rest of its line
-                    if tail:
-                        pending.append(tail)
-                    if lines:
-                        yield lines
-                if pending:  # clean end of body: a last line without a newline still counts
-                    yield [b"".join(pending)]
+                    items = feed(data)
+                    if items:
+                        yield items
+                items = framer.close()  # clean end of body
+                if items:
+                    yield items
         except UpstreamError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise self._transport_error(exc, stage) from None
+
+    def _sse_items(
+        self, events: list[SSEEvent], type_key: str | None = None
+    ) -> tuple[list[RawChunk | RawWarning], bool]:
+        """The JSON payloads of ``events`` and whether ``[DONE]`` came (the
+        events after it are dropped: the stream is over).
+
+        A payload that is not a JSON object becomes a ``RawWarning``. With
+        ``type_key``, an object that lacks a string at that key gets the SSE
+        ``event:`` type there (the Responses API repeats the type in both; a
+        server that sends it only in ``event:`` is still understood, and the
+        recorded object says what it was).
+        """
+        out: list[RawChunk | RawWarning] = []
+        _loads = loads
+        for kind, data, raw in events:
+            try:
+                obj = _loads(data)
+            except ValueError as exc:
+                if data.strip() == b"[DONE]":
+                    return out, True
+                out.append(self._warning(raw, exc))
+                continue
+            if type(obj) is not dict:
+                out.append(self._warning(raw, None))
+                continue
+            if kind is not None and type_key is not None and type(obj.get(type_key)) is not str:
+                obj[type_key] = kind.decode("utf-8", "replace")
+            out.append(RawChunk(obj))
+        return out, False
 
     def _body_is_error(self, result: dict[str, Any]) -> bool:
         """Whether a non-stream JSON body is an error object rather than a result."""

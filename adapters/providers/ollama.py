@@ -19,14 +19,14 @@ OpenAI transports (see ``adapters.providers.http_base``).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
 import aiohttp
 
-from adapters.providers.http_base import HTTPProvider, loads
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from adapters.providers.http_base import HTTPProvider, NDJSONLines, loads
+from engine.ports import ModelApi, RawChunk, RawWarning, UpstreamError
 
 __all__ = ["OllamaProvider"]
 
@@ -34,7 +34,7 @@ __all__ = ["OllamaProvider"]
 class OllamaProvider(HTTPProvider):
     """Transport for Ollama's ``/api/chat`` (streaming NDJSON) and ``/api/tags``."""
 
-    api = "ollama"
+    api: ModelApi = "ollama"
 
     def __init__(
         self,
@@ -56,7 +56,7 @@ class OllamaProvider(HTTPProvider):
     def _body_is_error(self, result: dict[str, Any]) -> bool:
         return "error" in result and "message" not in result and "models" not in result
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST ``body`` with ``stream: true`` and yield the NDJSON objects of each
         network read as one list (never empty)."""
         payload = dict(body)
@@ -65,7 +65,7 @@ class OllamaProvider(HTTPProvider):
         done = False
         _loads = loads
         try:
-            async with aclosing(self._post_lines("/api/chat", payload)) as batches:
+            async with aclosing(self._post_stream("/api/chat", payload, NDJSONLines())) as batches:
                 async for lines in batches:
                     out: list[RawChunk | RawWarning] = []
                     for line in lines:

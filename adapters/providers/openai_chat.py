@@ -5,7 +5,7 @@ Server-Sent-Events body into ``data:`` lines, decodes each one as JSON and turns
 every way the connection can go wrong into an ``UpstreamError`` with a stable
 ``kind``. It deliberately knows nothing about what a chunk *means* (deltas,
 tool-call fragments, reasoning, usage, refusals): that lives in
-``engine.stream``, so the same semantics can be replayed from the log, tested
+``engine.fold.accumulator``, so the same semantics can be replayed from the log, tested
 without a socket, and shared by any future transport. The only chunk field
 looked at here is ``choices[].finish_reason``, because the transport has to
 tell a stream that ended properly (some servers omit ``[DONE]`` after the finish
@@ -23,19 +23,21 @@ Error kinds (``UpstreamError.kind``):
 The API key is sent only in the ``Authorization`` header and is scrubbed from
 every error message (upstreams like to echo it back in 401 bodies).
 
-Session handling, timeouts, the line framing (``iter_any`` split by hand: no
-per-line coroutine resumption, no line-length limit) and the error mapping are
-shared with the other transports in ``adapters.providers.http_base``.
+Session handling, timeouts, the SSE framing (``adapters.providers.sse``: one
+parser for both OpenAI transports, no per-event coroutine resumption, no
+line-length limit) and the error mapping are shared with the other transports
+in ``adapters.providers.http_base``.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from adapters.providers.http_base import HTTPProvider, loads
-from engine.ports import RawChunk, RawWarning
+from adapters.providers.http_base import HTTPProvider
+from adapters.providers.sse import SSEParser
+from engine.ports import ModelApi, RawChunk, RawWarning
 
 __all__ = ["OpenAIChatProvider"]
 
@@ -49,12 +51,12 @@ class OpenAIChatProvider(HTTPProvider):
     then *not* closed by ``close()``.
     """
 
-    api = "chat"
+    api: ModelApi = "chat"
 
     async def __aenter__(self) -> OpenAIChatProvider:
         return self
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST a streaming request and yield the ``data:`` payloads of each
         network read as one list (never empty).
 
@@ -69,42 +71,29 @@ class OpenAIChatProvider(HTTPProvider):
         payload["stream_options"] = stream_options
 
         finished = False  # saw a non-null finish_reason
-        _loads = loads
-        async with aclosing(self._post_lines("/chat/completions", payload)) as batches:
-            async for lines in batches:
-                out: list[RawChunk | RawWarning] = []
-                for line in lines:
-                    # Blank lines, ":" comments, event:/id:/retry: and unknown
-                    # fields all fail this one test (SSE says ignore them).
-                    if line[:5] != b"data:":
-                        continue
-                    # json.loads skips the optional space after "data:" and a
-                    # CR left by CRLF endings, so the payload is not copied again.
-                    try:
-                        obj = _loads(line[5:])
-                    except ValueError as exc:
-                        if line[5:].strip() == b"[DONE]":
-                            if out:
-                                yield out
-                            return
-                        out.append(self._warning(line, exc))
-                        continue
-                    if type(obj) is not dict:
-                        out.append(self._warning(line, None))
-                        continue
-                    if not finished:
+        async with aclosing(self._post_stream("/chat/completions", payload, SSEParser())) as reads:
+            async for events in reads:
+                out, done = self._sse_items(events)
+                if not finished:
+                    for position, item in enumerate(out):
+                        if type(item) is not RawChunk:
+                            continue
+                        obj = item.data
                         choices = obj.get("choices")
                         if choices:
                             for choice in choices:
                                 if type(choice) is dict and choice.get("finish_reason"):
                                     finished = True
+                            if finished:
+                                break
                         elif "error" in obj:
-                            if out:
-                                yield out
+                            if position:
+                                yield out[:position]
                             raise self._stream_error(obj)
-                    out.append(RawChunk(obj))
                 if out:
                     yield out
+                if done:
+                    return
         # Clean end of body without [DONE].
         if not finished:
             raise self._error(

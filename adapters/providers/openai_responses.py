@@ -1,9 +1,10 @@
 """OpenAI Responses API transport (``POST {base_url}/responses`` over aiohttp).
 
-Transport only, like ``openai_chat``: frame the SSE body, decode each ``data:``
-payload (an event object with a ``type`` and a ``sequence_number``; the
-``event:`` line repeats the type and is ignored) and map failures to
-``UpstreamError``. What an event *means* is left to the engine.
+Transport only, like ``openai_chat``: frame the SSE body (the same parser,
+``adapters.providers.sse``), decode each event's ``data`` (an event object with
+a ``type`` and a ``sequence_number``; the ``event:`` line repeats the type and
+is used only when the object has none) and map failures to ``UpstreamError``.
+What an event *means* is left to the engine.
 
 Ending:
 
@@ -26,12 +27,13 @@ transcript instead.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from adapters.providers.http_base import HTTPProvider, loads
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from adapters.providers.http_base import HTTPProvider
+from adapters.providers.sse import SSEParser
+from engine.ports import ModelApi, RawChunk, RawWarning, UpstreamError
 
 __all__ = ["OpenAIResponsesProvider", "TERMINAL_EVENTS", "is_previous_response_error"]
 
@@ -54,7 +56,7 @@ def is_previous_response_error(obj: Any, text: str = "") -> bool:
 class OpenAIResponsesProvider(HTTPProvider):
     """Transport for an OpenAI-compatible ``/responses`` endpoint (streaming SSE)."""
 
-    api = "responses"
+    api: ModelApi = "responses"
 
     async def __aenter__(self) -> OpenAIResponsesProvider:
         return self
@@ -68,7 +70,7 @@ class OpenAIResponsesProvider(HTTPProvider):
         # A Response object always has an "error" key (null, or set when failed).
         return result.get("error") is not None and result.get("object") != "response" and "data" not in result
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncIterator[list[RawChunk | RawWarning]]:
+    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST ``body`` with ``stream: true`` and yield the event objects of each
         network read as one list (never empty)."""
         payload = dict(body)
@@ -76,35 +78,20 @@ class OpenAIResponsesProvider(HTTPProvider):
 
         terminal = False
         error_event: dict[str, Any] | None = None
-        _loads = loads
         try:
-            async with aclosing(self._post_lines("/responses", payload)) as batches:
-                async for lines in batches:
-                    out: list[RawChunk | RawWarning] = []
-                    done_marker = False
-                    for line in lines:
-                        if line[:5] != b"data:":  # event:, comments, blank lines
-                            continue
-                        try:
-                            obj = _loads(line[5:])
-                        except ValueError as exc:
-                            if line[5:].strip() == b"[DONE]":
-                                done_marker = True
-                                break
-                            out.append(self._warning(line, exc))
-                            continue
-                        if type(obj) is not dict:
-                            out.append(self._warning(line, None))
-                            continue
-                        kind = obj.get("type")
-                        if kind in TERMINAL_EVENTS:
-                            terminal = True
-                        elif kind == "error" and not terminal:
-                            error_event = obj
-                        out.append(RawChunk(obj))
+            async with aclosing(self._post_stream("/responses", payload, SSEParser())) as reads:
+                async for events in reads:
+                    out, done = self._sse_items(events, "type")
+                    for item in out:
+                        if type(item) is RawChunk:
+                            kind = item.data.get("type")
+                            if kind in TERMINAL_EVENTS:
+                                terminal = True
+                            elif kind == "error" and not terminal:
+                                error_event = item.data
                     if out:
                         yield out
-                    if done_marker:
+                    if done:
                         break
         except UpstreamError as exc:
             if not (terminal and exc.kind in ("upstream_disconnected", "upstream_timeout")):

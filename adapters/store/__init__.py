@@ -1,8 +1,11 @@
-"""The event store: one SQL implementation of ``engine.ports.EventStore``.
+"""The event store: ``engine.ports.EventStore`` on SQL, and in memory for tests.
 
 Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
-(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine, gap-free
-global positions), ``migrate`` (programmatic Alembic upgrade).
+(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine and event
+INSERTs), ``migrate`` (programmatic Alembic upgrade), ``memory``
+(``MemoryEventStore``: the same contract without a database, for engine
+tests; not behind :func:`open_store`, whose callers migrate the URL first),
+``common`` (what every backend shares).
 
 Typical start-up::
 
@@ -21,12 +24,15 @@ from typing import Any
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from adapters.store.memory import MemoryDatabase, MemoryEventStore
 from adapters.store.migrate import migrate
 from adapters.store.postgres import postgres_engine
 from adapters.store.sql import SqlEventStore, hash_api_key
 from adapters.store.sqlite import sqlite_engine, sqlite_writer_engine
 
 __all__ = [
+    "MemoryDatabase",
+    "MemoryEventStore",
     "SqlEventStore",
     "create_engine",
     "hash_api_key",

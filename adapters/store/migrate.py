@@ -38,7 +38,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 import migrations
 from adapters.store.sqlite import SQLITE_BEGIN
 
-
 #: Key of the PostgreSQL advisory lock held while migrating ("turnlog" in ASCII).
 MIGRATION_LOCK_KEY = 0x7475726E6C6F67
 

@@ -27,13 +27,14 @@ from sqlalchemy import (
 metadata = MetaData()
 
 # BIGINT on PostgreSQL (a BIGSERIAL), INTEGER on SQLite so that the column is the
-# rowid alias; ``sqlite_autoincrement`` makes positions never reused.
+# rowid alias; ``sqlite_autoincrement`` makes ids never reused.
 _Position = BigInteger().with_variant(Integer(), "sqlite")
 
 events = Table(
     "events",
     metadata,
-    # Global position: the order in which events were committed across turns.
+    # A surrogate key: no reader orders or follows the log by it (reads go by
+    # turn and seq), so it promises neither commit order nor no gaps.
     Column("id", _Position, primary_key=True, autoincrement=True),
     Column("turn_id", Text, nullable=False),
     Column("seq", Integer, nullable=False),

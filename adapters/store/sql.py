@@ -9,9 +9,7 @@ request isolated in its own SAVEPOINT, then commits once and resolves the
 callers' futures. So:
 
 * one fsync serves a whole batch (appends are on the per-token path);
-* writes are serialized: no "database is locked" between our own writers, and
-  global positions (``events.id``) are handed out in commit order, gap-free on
-  SQLite (a savepoint rolled back gives its ids back);
+* writes are serialized: no "database is locked" between our own writers;
 * a request that fails (``ConcurrencyError``, ``LeaseLost``) fails alone;
   the others in its batch commit.
 
@@ -37,65 +35,57 @@ waiting does not withdraw its request: it may still be committed.
 Reads go straight to pooled connections of the ``AsyncEngine`` (WAL lets them
 run while the writer writes) and see everything whose write call has returned.
 
-Global positions (``events.id``, :meth:`SqlEventStore.read_all`) follow commit
-order with no gaps on both backends: on SQLite because one writer holds the
-write lock per transaction; on PostgreSQL because a group commit that inserts
-events takes ``LOCK TABLE events IN EXCLUSIVE MODE`` first and numbers its rows
-from ``max(id)`` (``adapters.store.postgres``).
+Events are read per turn, in ``seq`` order; ``events.id`` is only a surrogate
+key (no reader follows the log across turns by it: see
+``adapters.store.postgres``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import json
 import logging
-import secrets
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import orjson
 from sqlalchemy import Float, Text, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store import postgres as _pg
+from adapters.store.common import (
+    after_failure,
+    hash_api_key,
+    new_api_key,
+    stale_token,
+)
+from adapters.store.common import (
+    dumps as _dumps,
+)
+from adapters.store.common import (
+    event_rows as _event_rows,
+)
+from adapters.store.common import (
+    loads as _loads,
+)
 from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN
 from engine.blobs import blob_id as _blob_id
-from engine.events import Event
+from engine.events import Event, upcast
 from engine.ports import (
     ChatRecord,
     ConcurrencyError,
     IndexUpdate,
-    LeaseLost,
     TurnRecord,
 )
 
 log = logging.getLogger(__name__)
 
-_json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def _dumps(obj: Any) -> str:
-    """Compact JSON text; orjson (every flush window is encoded) with the stdlib for
-    what orjson refuses (integers beyond 64 bits, non-string keys)."""
-    try:
-        return orjson.dumps(obj).decode()
-    except TypeError:
-        return _json_dumps(obj)
-
-
-def _loads(text: str | bytes) -> Any:
-    try:
-        return orjson.loads(text)
-    except orjson.JSONDecodeError:
-        return json.loads(text)  # e.g. integers beyond 64 bits
+__all__ = ["SqlEventStore", "hash_api_key"]
 
 _STOP = object()
 
@@ -104,12 +94,6 @@ Op = Callable[[Connection], Any]
 
 #: Per request: (True, result) or (False, exception).
 Results = list[tuple[bool, Any]]
-
-
-
-def hash_api_key(key: str) -> str:
-    """What ``api_keys.key_hash`` holds for ``key``: its sha256, hex."""
-    return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
 class _Append:
@@ -136,13 +120,6 @@ class _Op:
     def __init__(self, fn: Op, future: asyncio.Future[Any]) -> None:
         self.fn = fn
         self.future = future
-
-
-class _EventOp(_Op):
-    """An ``_Op`` that inserts events (``start_turn``): on PostgreSQL its batch
-    takes the events lock (``adapters.store.postgres``)."""
-
-    __slots__ = ()
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
@@ -267,7 +244,7 @@ class SqlEventStore:
                     raise ConcurrencyError(f"turn {turn.id}: event seq already taken") from exc
             return 1
 
-        return await self._submit(_EventOp, op)
+        return await self._submit(_Op, op)
 
     async def append(
         self,
@@ -354,7 +331,7 @@ class SqlEventStore:
         await self._submit(_Op, lambda conn: conn.execute(_RELEASE_TURN, params))
 
     async def create_api_key(self, user_id: str) -> str:
-        key = "tl-" + secrets.token_urlsafe(32)
+        key = new_api_key()
         stmt = api_keys.insert().values(
             key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock()
         )
@@ -395,8 +372,8 @@ class SqlEventStore:
         )
         if not rows:
             return None
-        mime, data = rows[0]
-        return mime, bytes(data)
+        row = rows[0]
+        return str(row.mime), bytes(row.data)
 
     # ------------------------------------------------------------------- reads
 
@@ -411,32 +388,8 @@ class SqlEventStore:
         rows = await self._fetch(stmt)
         construct = Event.model_construct
         return [
-            construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data))
-            for seq, type_, at, data in rows
-        ]
-
-    async def read_all(self, after_position: int = 0, limit: int = 1000) -> list[tuple[int, Event]]:
-        """Events of all turns after global position ``after_position``, in
-        position order: ``[(position, event), …]``, at most ``limit``.
-
-        Positions are assigned in commit order and gap-free (SQLite: one
-        writer at a time, AUTOINCREMENT given back on rollback; PostgreSQL: see
-        ``adapters.store.postgres``), so a reader that polls with the last
-        position it saw gets every event exactly once, in order, also with
-        several writing processes.
-        """
-        stmt = (
-            select(
-                events.c.id, events.c.turn_id, events.c.seq, events.c.type, events.c.at, events.c.data
-            )
-            .where(events.c.id > after_position)
-            .order_by(events.c.id)
-            .limit(limit)
-        )
-        construct = Event.model_construct
-        return [
-            (position, construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=_loads(data)))
-            for position, turn_id, seq, type_, at, data in await self._fetch(stmt)
+            upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data)))
+            for row in rows
         ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -639,9 +592,6 @@ class SqlEventStore:
 
     def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
         """The body of a group commit (sync; runs inside the open transaction)."""
-        if self._postgres and any(type(r) is _Append or type(r) is _EventOp for r in batch):
-            # Gap-free positions in commit order (see adapters.store.postgres).
-            _pg.lock_events(conn)
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
         while i < n:
@@ -682,15 +632,9 @@ class SqlEventStore:
             for i in range(start, end):
                 req = batch[i]
                 if req.fencing is not None and current.get(req.turn_id) != req.fencing:
-                    results[i] = (
-                        False,
-                        LeaseLost(
-                            f"turn {req.turn_id}: fencing token {req.fencing} is stale "
-                            f"(current: {current.get(req.turn_id)})"
-                        ),
-                    )
+                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
                 elif (req.turn_id, req.fencing) in self._poisoned:
-                    results[i] = (False, _after_failure(req))
+                    results[i] = (False, after_failure(req.turn_id, req.fencing))
                 else:
                     live.append(i)
         else:
@@ -728,7 +672,7 @@ class SqlEventStore:
         for i in live:
             req = batch[i]
             if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
-                results[i] = (False, _after_failure(req))
+                results[i] = (False, after_failure(req.turn_id, req.fencing))
                 continue
             try:
                 with conn.begin_nested():
@@ -793,19 +737,14 @@ class SqlEventStore:
     def _insert_ignore(self, table: Any) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` for this dialect."""
         if self._dialect == "sqlite":
-            from sqlalchemy.dialects.sqlite import insert
-        elif self._dialect == "postgresql":
-            from sqlalchemy.dialects.postgresql import insert
-        else:  # pragma: no cover
-            raise NotImplementedError(f"dialect {self._dialect}")
-        return insert(table).on_conflict_do_nothing()
+            from sqlalchemy.dialects import sqlite
 
+            return sqlite.insert(table).on_conflict_do_nothing()
+        if self._dialect == "postgresql":
+            from sqlalchemy.dialects import postgresql
 
-def _after_failure(req: Any) -> LeaseLost:
-    return LeaseLost(
-        f"turn {req.turn_id}: an earlier append with fencing token {req.fencing} failed; "
-        "later ones are refused so that the log keeps no gap (resume the turn)"
-    )
+            return postgresql.insert(table).on_conflict_do_nothing()
+        raise NotImplementedError(f"dialect {self._dialect}")  # pragma: no cover
 
 
 _RELEASE_TURN = (
@@ -820,11 +759,6 @@ def _executing(stmt: Any) -> Op:
         conn.execute(stmt)
 
     return op
-
-
-def _event_rows(events: Sequence[Event]) -> list[tuple[Any, ...]]:
-    """Rows of ``events`` in ``_EVENT_COLUMNS`` order, data as compact JSON."""
-    return [(e.turn_id, e.seq, e.type, e.at, _dumps(e.data)) for e in events]
 
 
 def _turn(row: Row[Any]) -> TurnRecord:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import sqlite3
 import time
-
 from typing import Any
 
 from sqlalchemy import create_engine, event

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine.tools import IDEMPOTENT_ATTR, ToolContext, ToolHandle, ToolSpec
+from engine.tools.calls import IDEMPOTENT_ATTR, ToolContext, ToolHandle, ToolSpec
 
 #: Injected parameters turnlog fills from the ToolContext.
 RESERVED_PARAMS = frozenset(
@@ -160,11 +160,11 @@ def type_schema(tp: Any) -> tuple[dict[str, Any], bool]:
             return schema, nullable or inner_nullable
         return {"anyOf": [type_schema(a)[0] for a in rest]}, nullable
     if origin is typing.Literal:
-        schema: dict[str, Any] = {"enum": list(args)}
+        enum_schema: dict[str, Any] = {"enum": list(args)}
         kind = _literal_type(args)
         if kind:
-            schema = {"type": kind, **schema}
-        return schema, None in args
+            enum_schema = {"type": kind, **enum_schema}
+        return enum_schema, None in args
     if tp in _SCALARS:
         return {"type": _SCALARS[tp]}, False
     if isinstance(tp, type) and issubclass(tp, enum.Enum):

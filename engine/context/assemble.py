@@ -1,0 +1,148 @@
+"""Context assembly (the inlet): from the client's request to the upstream request.
+
+Pure functions. What they produce is recorded as ``assembly.completed``, so a
+replay or a resume never re-assembles differently from what the model saw.
+Later features (memory, web search, RAG, tools) add steps here, each recording
+its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.context.history import History, expand, reconcile, recorded_new
+from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
+
+# Request fields that are turnlog extensions, never forwarded upstream.
+EXTENSION_FIELDS = frozenset(
+    {
+        "chat_id",
+        "history",
+        "features",
+        "files",
+        "tool_ids",
+        "params",
+        "direct_tools",
+        "background_tasks",
+        "metadata",
+        "session_id",
+        "id",
+    }
+)
+# Fields turnlog decides itself for the upstream call.
+CONTROLLED_FIELDS = frozenset({"model", "messages", "stream", "stream_options"})
+# Keys of ``params`` that steer turnlog and are not model parameters (behaviour spec §4.1).
+TURNLOG_PARAMS = frozenset(
+    {
+        "stream_response",
+        "stream_delta_chunk_size",
+        "function_calling",
+        "reasoning_tags",
+        "compact_token_threshold",
+        "system",
+        "note_id",
+        "tool_approval_mode",
+        "model_controls",
+        "max_tool_call_iterations",
+        "custom_params",
+    }
+)
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """Per-model settings the operator configured."""
+
+    system: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Assembled:
+    messages: list[dict[str, Any]]
+    params: dict[str, Any]
+    history_len: int
+    new_messages: list[dict[str, Any]]
+    history_reset: bool = False
+    turn_refs: list[dict[str, Any]] = field(default_factory=list)
+
+
+def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
+    """Model parameters for the upstream call: profile params < request ``params`` <
+    top-level request fields (the body wins, as in Open WebUI's apply_params)."""
+    merged: dict[str, Any] = dict(profile.params)
+    params = request.get("params") or {}
+    if isinstance(params, dict):
+        merged.update({k: v for k, v in params.items() if v is not None and k not in TURNLOG_PARAMS})
+        merged.update(_decode_custom_params(params.get("custom_params")))
+    for key, value in request.items():
+        if key in EXTENSION_FIELDS or key in CONTROLLED_FIELDS:
+            continue
+        merged[key] = value
+    return merged
+
+
+def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+    """Prepend the model's system prompt to the system message wherever it is
+    (not only at index 0: quirk Q24), or insert one at the front."""
+    if not system:
+        return messages
+    return add_or_update_system_message(system, list(messages), append=False)
+
+
+CODE_INTERPRETER_PROMPT = """You can run code. To do so, write it inside a block like:
+<code_interpreter type="code" lang="python">
+print("hello")
+</code_interpreter>
+Then stop and wait: the block is run and its output is given back to you before you continue.
+Use it when running code helps answer precisely; print what you need to see."""
+
+
+def legacy_code_interpreter(request: dict[str, Any]) -> bool:
+    """Legacy (prompt-based) function calling with the code interpreter feature on."""
+    params = request.get("params") if isinstance(request.get("params"), dict) else {}
+    features = request.get("features") if isinstance(request.get("features"), dict) else {}
+    return bool(params and params.get("function_calling") == "default" and features and features.get("code_interpreter"))
+
+
+def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    return add_or_update_user_message(text, list(messages), append=True)
+
+
+def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -> Assembled:
+    """``history``: the chat's stored turns; reconciled with the request's messages
+    by ``engine.context.history`` (API.md §8), the result recorded as the turn's new
+    messages so the next turn's history is right whichever way it is sent."""
+    incoming = list(request.get("messages") or [])
+    # System messages are per request, never part of the stored history: left
+    # out of the comparison, they go first.
+    body = [m for m in incoming if m.get("role") != "system"]
+    reconciled = reconcile(history, body, replace=request.get("history") == "client")
+    if reconciled.history_len == 0 and reconciled.entries == body:
+        messages = incoming  # nothing stored, nothing expanded: as sent, system messages in place
+    else:
+        messages = [*(m for m in incoming if m.get("role") == "system"), *reconciled.messages]
+    new_messages, turn_refs = recorded_new(reconciled.new_entries)
+    params = request.get("params") if isinstance(request.get("params"), dict) else {}
+    system = params.get("system") if params and params.get("system") else profile.system
+    messages = with_system_prompt(messages, system)
+    if legacy_code_interpreter(request):
+        # Legacy mode: the instructions go with the user's message (behaviour spec §3.15).
+        messages = _append_to_last_user(messages, CODE_INTERPRETER_PROMPT)
+    return Assembled(
+        messages=messages,
+        params=upstream_params(request, profile),
+        history_len=len(expand(reconciled.entries[: reconciled.history_len])),
+        new_messages=new_messages,
+        history_reset=reconciled.replaced,
+        turn_refs=turn_refs,
+    )
+
+
+def chat_messages_of_turn(new_messages: list[dict[str, Any]], assistant: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """What one turn contributes to its chat's history."""
+    out = list(new_messages)
+    if assistant is not None:
+        out.append(assistant)
+    return out

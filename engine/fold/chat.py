@@ -1,0 +1,103 @@
+"""The chat projection: a conversation is the fold of its turns, in order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.context.history import Answer, Entry, History, expand
+from engine.fold.turn_view import TurnView, fold
+from engine.ports import EventStore, TurnRecord
+from engine.protocols.history import convert_output_to_messages, for_model
+
+
+def assistant_message(view: TurnView) -> dict[str, Any] | None:
+    """The assistant message a finished (or stopped) turn leaves in its chat."""
+    if not view.output and not view.content:
+        return None
+    return {
+        "role": "assistant",
+        "content": view.content,
+        "output": view.output,
+        "turn_id": view.id,
+        "status": view.status,
+    }
+
+
+async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | None = None) -> list[TurnView]:
+    """The chat's turns, oldest first, each folded from its log."""
+    records: list[TurnRecord] = await store.list_turns(chat_id=chat_id, limit=10_000)
+    records.sort(key=lambda r: (r.created_at, r.id))
+    views = []
+    for record in records:
+        if before is not None and record.created_at >= before:
+            continue
+        views.append(fold(record.id, await store.read(record.id)))
+    return views
+
+
+def answer_of(view: TurnView) -> Answer | None:
+    """What a turn's output says, as upstream messages, with what a client may keep of it.
+
+    Tool rounds are replayed as assistant ``tool_calls`` and ``tool`` messages.
+    Calls left to the client (the turn ended with ``finish_reason: tool_calls``)
+    keep their assistant message without a result: the client's next request
+    brings the ``tool`` messages that answer them. A turn with no output (failed
+    early) has no answer.
+    """
+    if not view.output and not view.content:
+        return None
+    client_ids = {c["call_id"] for c in view.client_calls}
+    placeholders = [
+        {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
+    ]
+    messages = convert_output_to_messages(for_model(list(view.output)) + placeholders, raw=True, flatten_tool_images=True)
+    kept = [m for m in messages if not (m.get("role") == "tool" and m.get("tool_call_id") in client_ids)]
+    return Answer.of(view.id, kept, view.content) if kept else None
+
+
+def _since_restart(views: list[TurnView]) -> list[TurnView]:
+    """The turns from the last one that replaced the history (``"history": "client"``)."""
+    start = max((i for i, view in enumerate(views) if view.history_reset), default=0)
+    return views[start:]
+
+
+def _refs(view: TurnView) -> dict[int, str]:
+    return {int(r["index"]): str(r["turn_id"]) for r in view.turn_refs if isinstance(r, dict)}
+
+
+def stored_history(views: list[TurnView]) -> History:
+    """The chat's history as turns: each turn's new messages (a client's copy of
+    an earlier answer standing for that answer) and its own answer."""
+    answers = {view.id: answer for view in views if (answer := answer_of(view)) is not None}
+    entries: list[Entry] = []
+    for view in _since_restart(views):
+        refs = _refs(view)
+        for index, message in enumerate(view.new_messages):
+            referenced = answers.get(refs.get(index, ""))
+            entries.append(referenced if referenced is not None else message)
+        own = answers.get(view.id)
+        if own is not None:
+            entries.append(own)
+    return History(entries=tuple(entries), answers=tuple(answers.values()))
+
+
+def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+    """Upstream-ready history (failed turns with no output contribute only their new messages)."""
+    return expand(stored_history(views).entries)
+
+
+def chat_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+    """The chat as ``GET /v1/chats/{id}`` shows it: the conversation the model
+    sees, from where the history last restarted."""
+    by_id = {view.id: view for view in views}
+    out: list[dict[str, Any]] = []
+    for view in _since_restart(views):
+        refs = _refs(view)
+        for index, message in enumerate(view.new_messages):
+            referenced = by_id.get(refs.get(index, ""))
+            shown = assistant_message(referenced) if referenced is not None else None
+            out.append(shown if shown is not None else message)
+        own = assistant_message(view)
+        if own is not None:
+            out.append(own)
+    return out

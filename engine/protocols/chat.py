@@ -1,0 +1,252 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``): normalizer and request body.
+
+Chat Completions is the protocol most upstreams speak (OpenAI, vLLM,
+llama.cpp, LiteLLM, OpenRouter…): the request carries ``messages``, the
+streamed response is SSE ``data:`` chunks whose ``choices[0].delta`` holds
+text, reasoning (``reasoning_content`` and its aliases) and tool-call
+fragments, ended by ``[DONE]``. Its messages are also the engine's canonical
+transcript (``engine.protocols.history``), so its body is the request as
+kept, and the other protocols' bodies are derived from it.
+
+This module is everything specific to it:
+
+* :class:`ChatToolCalls` — accumulation of ``delta.tool_calls`` fragments
+  (behaviour spec §6.5), with quirks Q1/Q2 fixed;
+* :class:`ChatNormalizer` — chunks → ``engine.protocols.model_events``;
+* :func:`request_body` — the wire body.
+
+Deliberate differences from Open WebUI 0.12.4 in tool-call accumulation (the
+ones shared with the other protocols, Q4 and ids, are in
+``engine.protocols.common``):
+
+* Q1: a tool-call fragment without ``index`` is never dropped. It continues
+  the call with the same provider ``id`` if it has an id (a new call if no
+  call has that id), else the last call, else it starts a new call. A later
+  fragment that has an ``index`` but no id and no name continues a call that
+  was started without an index.
+* Q2: at an index that already has a named call, a fragment carrying both a
+  non-empty ``id`` different from that call's and a non-empty ``name`` starts
+  a new call (it is the first fragment of another call). A different id
+  *without* a name is treated as a continuation (Open WebUI's "later id
+  ignored": a fragment without a name cannot be the first fragment of a
+  usable call). A later non-empty name never replaces an existing name.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from engine.fold.accumulator import parse_chat_chunk
+from engine.ports import ModelRequest, ResolvedModel
+from engine.protocols.common import (
+    CallIds,
+    IdFactory,
+    arguments_text,
+    error_message,
+    int_index,
+    nonempty_str,
+    outgoing_messages,
+    split_tool_calls,
+)
+from engine.protocols.model_events import (
+    Finished,
+    ModelEvent,
+    ReasoningDelta,
+    StreamWarning,
+    TextDelta,
+    ToolCall,
+    ToolCallStarted,
+    UsageReport,
+)
+
+__all__ = ["ChatNormalizer", "ChatToolCalls", "request_body"]
+
+
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The Chat Completions body: the request's params, the upstream model, the
+    transcript (with the assistant prefill) and ``stream``."""
+    return {**request.params, "model": resolved.upstream_model, "messages": outgoing_messages(request), "stream": True}
+
+
+# --------------------------------------------------------------------------
+# Tool-call fragments (§6.5)
+# --------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _ChatCall:
+    call_id: str
+    provider_id: str | None
+    index: int | None
+    name: str = ""
+    arguments: list[str] = field(default_factory=list)
+    announced: bool = False
+
+
+class ChatToolCalls:
+    """Accumulates Chat Completions ``delta.tool_calls`` fragments (§6.5).
+
+    Fragments are keyed by ``index``; ``id``/``type``/``function.name`` come in
+    the first fragment of a call, ``function.arguments`` arrive as string
+    fragments that are concatenated (non-string arguments are serialized with
+    :func:`arguments_text`). Parallel calls interleave by index. See the module
+    docstring for the Q1/Q2 rules.
+    """
+
+    def __init__(self, id_factory: IdFactory, *, reserved_ids: Iterable[str] = ()) -> None:
+        self._id_factory = id_factory
+        self._ids = CallIds(id_factory, reserved_ids)
+        self._calls: list[_ChatCall] = []
+        self._by_index: dict[int, _ChatCall] = {}
+        self._result: list[ToolCall] | None = None
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted]:
+        """Add the fragments of one chunk. Returns a :class:`ToolCallStarted`
+        for each call that got its name in this chunk."""
+        if self._result is not None:
+            raise RuntimeError("ChatToolCalls is finished; no more fragments are accepted")
+        started: list[ToolCallStarted] = []
+        for fragment in fragments:
+            if not isinstance(fragment, dict):
+                continue
+            function = fragment.get("function")
+            if not isinstance(function, dict):
+                function = {}
+            name = nonempty_str(function.get("name"))
+            call = self._route(fragment, name)
+            if name and not call.name:
+                call.name = name  # Q2: an existing name is never replaced
+            text = arguments_text(function.get("arguments"))
+            if text:
+                call.arguments.append(text)
+            if call.name and not call.announced:
+                call.announced = True
+                started.append(ToolCallStarted(call_id=call.call_id, name=call.name))
+        return started
+
+    def finish(self) -> list[ToolCall]:
+        """The complete calls in order of appearance, split (§7.1). Calling it
+        again returns the same list (no new ids are drawn)."""
+        if self._result is None:
+            calls = [
+                ToolCall(call_id=c.call_id, name=c.name, arguments="".join(c.arguments), item_id=c.call_id)
+                for c in self._calls
+            ]
+            self._result = split_tool_calls(calls, self._id_factory)
+        return list(self._result)
+
+    # -- routing -----------------------------------------------------------
+
+    def _route(self, fragment: Mapping[str, Any], name: str | None) -> _ChatCall:
+        index = int_index(fragment.get("index"))
+        provider_id = nonempty_str(fragment.get("id"))
+        if index is not None:
+            call = self._by_index.get(index)
+            if call is None:
+                last = self._calls[-1] if self._calls else None
+                if last is not None and last.index is None and provider_id is None and name is None:
+                    # Q1: the call began with fragments that had no index.
+                    last.index = index
+                    self._by_index[index] = last
+                    return last
+                return self._new(provider_id, index)
+            if provider_id and name and call.name and provider_id != call.provider_id:
+                return self._new(provider_id, index)  # Q2: another call at the same index
+            return call
+        # Q1: no index.
+        if provider_id:
+            for call in self._calls:
+                if call.provider_id == provider_id:
+                    return call
+            return self._new(provider_id, None)
+        if self._calls:
+            return self._calls[-1]
+        return self._new(None, None)
+
+    def _new(self, provider_id: str | None, index: int | None) -> _ChatCall:
+        call = _ChatCall(call_id=self._ids.take(provider_id), provider_id=provider_id, index=index)
+        self._calls.append(call)
+        if index is not None:
+            self._by_index[index] = call
+        return call
+
+
+# --------------------------------------------------------------------------
+# Chunks → model events
+# --------------------------------------------------------------------------
+
+_PLAIN_DELTA_KEYS: Final[frozenset[str]] = frozenset({"content", "role", "refusal"})
+
+
+class ChatNormalizer:
+    """Chat Completions chunks (already JSON-parsed; ``"[DONE]"`` and other
+    non-dicts are ignored) → model events.
+
+    ``feed`` returns, in this order: ``ReasoningDelta``, ``TextDelta``,
+    ``ToolCallStarted`` (once per call, when it gets its name),
+    ``UsageReport`` (the provider's usage dict as sent, llama.cpp ``timings``
+    merged in by :func:`parse_chat_chunk`), ``StreamWarning`` (an ``error``
+    object in a chunk without choices: Open WebUI keeps streaming). ``finish``
+    returns the tool calls (accumulated, then split) and one ``Finished`` with
+    the provider's last ``finish_reason`` verbatim (``None`` if it sent none;
+    ``"tool_calls"`` even when no call arrived — the engine treats an empty
+    batch as the end), the first response id and the last usage reported.
+    """
+
+    def __init__(self, id_factory: IdFactory, *, reserved_ids: Iterable[str] = ()) -> None:
+        self._calls = ChatToolCalls(id_factory, reserved_ids=reserved_ids)
+        self.finish_reason: str | None = None
+        self.response_id: str | None = None
+        self.usage: dict[str, Any] | None = None
+        self._finished = False
+
+    def feed(self, chunk: Any) -> list[ModelEvent]:
+        if self._finished:
+            raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
+        if type(chunk) is not dict:
+            return []
+        # Fast path for the common chunk: one choice whose delta carries only
+        # text (the per-token hot path; everything else takes the full parse).
+        choices = chunk.get("choices")
+        if type(choices) is list and len(choices) == 1 and not chunk.get("usage") and not chunk.get("timings"):
+            choice = choices[0]
+            if type(choice) is dict and not choice.get("finish_reason"):
+                delta = choice.get("delta")
+                if type(delta) is dict and delta.keys() <= _PLAIN_DELTA_KEYS:
+                    content = delta.get("content")
+                    if type(content) is str or content is None:
+                        if self.response_id is None and type(chunk.get("id")) is str:
+                            self.response_id = chunk["id"]
+                        return [TextDelta(content)] if content else []
+        parts = parse_chat_chunk(chunk)
+        events: list[ModelEvent] = []
+        if parts.reasoning:
+            events.append(ReasoningDelta(parts.reasoning))
+        if parts.content:
+            events.append(TextDelta(parts.content))
+        if parts.tool_calls:
+            events.extend(self._calls.feed(parts.tool_calls))
+        if parts.usage:
+            self.usage = copy.deepcopy(parts.usage)
+            events.append(UsageReport(copy.deepcopy(parts.usage)))
+        if parts.error:
+            events.append(StreamWarning(error_message(parts.error), raw=copy.deepcopy(parts.error)))
+        if parts.finish_reason:
+            self.finish_reason = parts.finish_reason
+        if parts.response_id and self.response_id is None:
+            self.response_id = parts.response_id
+        return events
+
+    def finish(self) -> list[ModelEvent]:
+        if self._finished:
+            return []
+        self._finished = True
+        events: list[ModelEvent] = list(self._calls.finish())
+        events.append(Finished(reason=self.finish_reason, response_id=self.response_id, usage=self.usage))
+        return events

@@ -1,0 +1,75 @@
+"""Calling the model: from the canonical transcript to normalized model events.
+
+The transcript of a turn is kept as Chat Completions messages. For each call
+this module picks the model API's protocol module (``chat``, ``responses``,
+``ollama``) from :data:`PROTOCOLS`, builds the wire body with it, streams the
+body through the provider's transport and folds what comes back with the
+protocol's pure normalizer. The turn actor sees only
+``engine.protocols.model_events``; ``verify`` uses another ``engine.ports.ModelClient``
+that replays the recorded events.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Final
+
+from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
+from engine.protocols import chat, ollama, responses
+from engine.protocols.common import Normalizer
+from engine.protocols.model_events import ModelEvent, StreamWarning
+
+
+@dataclass(frozen=True, slots=True)
+class WireProtocol:
+    """What calling a model over one API takes: a fresh normalizer per call
+    (``normalizer(id_factory)``) and the wire body (``body(resolved, request)``)."""
+
+    normalizer: Callable[[IdFactory], Normalizer]
+    body: Callable[[ResolvedModel, ModelRequest], dict[str, Any]]
+
+
+#: The protocol module of each model API (``ResolvedModel.api``).
+PROTOCOLS: Final[Mapping[ModelApi, WireProtocol]] = {
+    "chat": WireProtocol(chat.ChatNormalizer, chat.request_body),
+    "responses": WireProtocol(responses.ResponsesNormalizer, responses.request_body),
+    "ollama": WireProtocol(ollama.OllamaNormalizer, ollama.request_body),
+}
+
+
+def protocol_for(api: ModelApi) -> WireProtocol:
+    protocol = PROTOCOLS.get(api)
+    if protocol is None:
+        raise ValueError(f"unknown model API {api!r}")
+    return protocol
+
+
+def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+    """The wire body for the model's API."""
+    return protocol_for(resolved.api).body(resolved, request)
+
+
+class LiveModelClient:
+    """Calls the real upstream through the resolved provider's transport."""
+
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+        if resolved.provider is None:
+            raise UpstreamError(f"model {resolved.upstream_model!r} has no upstream", "model_not_found")
+        protocol = protocol_for(resolved.api)
+        normalizer = protocol.normalizer(id_factory)
+        body = protocol.body(resolved, request)
+        async with aclosing(resolved.provider.stream_batches(body)) as reads:
+            async for raws in reads:
+                events: list[ModelEvent] = []
+                for raw in raws:
+                    if isinstance(raw, RawWarning):
+                        events.append(StreamWarning(raw.message, raw.raw))
+                    else:
+                        events.extend(normalizer.feed(raw.data))
+                if events:
+                    yield events
+        tail = normalizer.finish()
+        if tail:
+            yield list(tail)

@@ -1,0 +1,460 @@
+"""History: stored output items → Chat Completions messages, the engine's canonical transcript.
+
+A turn's answer is stored as output items (§1.1: ``message``,
+``function_call``, ``function_call_output``, ``reasoning``, code-interpreter
+items); the model is shown a transcript of Chat Completions messages, whatever
+protocol the upstream speaks. This module is that protocol-neutral step, pure
+functions (behaviour spec §8); the protocol modules (``chat``, ``responses``,
+``ollama``) map the transcript onto their wire format.
+
+* ``convert_output_to_messages`` turns an assistant turn's output items (§1.1)
+  into Chat Completions messages (assistant / tool / user-with-images);
+* ``process_messages_with_output`` and ``sanitize_tool_pairs`` prepare a whole
+  chat history (§8.2);
+* ``for_model`` shows tool-result images to the model.
+
+Keys turnlog reads on stored items beyond Open WebUI's:
+
+* ``function_call.arguments_ran`` — the (filtered) arguments the tool was
+  actually called with, as an object or a JSON object string. When present it
+  is what gets replayed to the model (Q22: Open WebUI replays the unfiltered
+  arguments). Without it the stored ``arguments`` are replayed when they are a
+  valid JSON object, else ``"{}"`` (Q22: Open WebUI replays invalid JSON as is).
+* ``reasoning.encrypted_content`` / a provider id ``rs_…`` — a Responses API
+  reasoning item the provider can take back (Q10, see ``REASONING_RESPONSES``
+  and ``engine.protocols.responses``).
+
+Reasoning replay (``reasoning_format``):
+
+``None``
+    reasoning is not replayed (raw mode still replays ``reasoning_details``);
+``"think_tags"``
+    ``<start_tag>text<end_tag>`` becomes part of the assistant content;
+``"thinking"`` / ``"reasoning_content"``
+    a top-level field of the assistant message (Ollama / llama.cpp);
+``"responses"`` (turnlog, Q10)
+    for Responses API upstreams (stateless continuations and history):
+    reasoning items carrying provider data are kept, in their original order
+    together with the items that followed them, as Responses input items under
+    the assistant message's ``responses_items`` key;
+    ``engine.protocols.responses.to_responses_input`` replays them. Open WebUI
+    drops these items, so reasoning models lose their chain of thought between
+    tool rounds. This key is for the Responses adapter only: never send a
+    ``"responses"``-format history to a Chat Completions upstream. It is why
+    this module imports the reasoning-item helpers of ``responses``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from engine.protocols.common import Item, Message, image_url, is_image_part, is_text_part, object_string
+from engine.protocols.responses import has_provider_reasoning, is_local_id, responses_reasoning_item
+
+__all__ = [
+    "BOOKKEEPING_KEYS",
+    "CODE_INTERPRETER_TYPES",
+    "REASONING_FORMATS",
+    "REASONING_RESPONSES",
+    "REPLAYABLE_CALL_STATUSES",
+    "TOOL_IMAGES_PROMPT",
+    "convert_output_to_messages",
+    "for_model",
+    "process_messages_with_output",
+    "replay_arguments",
+    "sanitize_tool_pairs",
+]
+
+#: A call is replayed only if its ``function_call`` item has one of these
+#: statuses and an output with the same ``call_id`` exists (§8.1).
+REPLAYABLE_CALL_STATUSES = frozenset({"completed", "failed", "rejected"})
+#: Turnlog's code-interpreter item type, and Open WebUI's.
+CODE_INTERPRETER_TYPES = frozenset({"code_interpreter", "open_webui:code_interpreter"})
+#: The ``reasoning_format`` that keeps provider reasoning items for the Responses API (Q10).
+REASONING_RESPONSES = "responses"
+REASONING_FORMATS = frozenset({"think_tags", "thinking", "reasoning_content", REASONING_RESPONSES})
+#: The text of the user message that carries tool images when they are flattened.
+TOOL_IMAGES_PROMPT = "Here are the images from the tool results above. Please analyze them."
+#: Keys of stored chat messages that are bookkeeping, never sent upstream (§8.2).
+BOOKKEEPING_KEYS = frozenset({"id", "output", "model", "contextSummary", "usage", "meta", "files"})
+
+
+# --------------------------------------------------------------------------
+# Small readers
+# --------------------------------------------------------------------------
+
+
+def _text_of_parts(parts: Any, types: Iterable[str] = ("output_text", "text")) -> str:
+    """Concatenated text of content parts of the given types (``text`` is read
+    too: Q7 — Open WebUI pads with ``text`` parts and then cannot read them)."""
+    if isinstance(parts, str):
+        return parts
+    if not isinstance(parts, list):
+        return ""
+    wanted = set(types)
+    return "".join(part.get("text") or "" for part in parts if isinstance(part, Mapping) and part.get("type") in wanted)
+
+
+def replay_arguments(item: Mapping[str, Any]) -> str:
+    """The arguments string replayed for a ``function_call`` item (Q22).
+
+    ``arguments_ran`` (what the tool actually ran with) wins; then the stored
+    ``arguments`` if they are a valid JSON object; else ``"{}"``.
+    """
+    for key in ("arguments_ran", "arguments"):
+        replay = object_string(item.get(key))
+        if replay is not None:
+            return replay
+    return "{}"
+
+
+def _call_of(item: Mapping[str, Any]) -> tuple[str, str]:
+    """(name, arguments) as the model should see its own call: ``provider_function``
+    (a call dispatched through ``call_tool``) restores the model-authored call."""
+    provider = item.get("provider_function")
+    if isinstance(provider, Mapping) and provider.get("name"):
+        return str(provider["name"]), object_string(provider.get("arguments")) or "{}"
+    return str(item.get("name") or ""), replay_arguments(item)
+
+
+def _reasoning_text(item: Mapping[str, Any]) -> str:
+    text = _text_of_parts(item.get("content"))
+    if not text:
+        summary = item.get("summary")
+        if isinstance(summary, list):
+            text = "\n".join(s.get("text") or "" for s in summary if isinstance(s, Mapping) and s.get("text"))
+    return text
+
+
+def _replayable_details(details: Any) -> list[Any]:
+    """Provider ``reasoning_details`` worth replaying: Anthropic entries without a
+    signature cannot be verified by the provider and are dropped."""
+    if not isinstance(details, list):
+        return []
+    out = []
+    for entry in details:
+        if (
+            isinstance(entry, Mapping)
+            and str(entry.get("format") or "").startswith("anthropic")
+            and not entry.get("signature")
+        ):
+            continue
+        out.append(entry)
+    return out
+
+
+def _code_interpreter_text(item: Mapping[str, Any]) -> str:
+    """``<code_interpreter>`` + ``<code_interpreter_output>`` blocks (§8.1). The
+    output is stdout, else the result, else (turnlog) stderr so the model sees
+    its error; no output block when there is no output yet."""
+    code = item.get("code") or ""
+    text = f"<code_interpreter>\n{code}\n</code_interpreter>"
+    output = item.get("output")
+    if isinstance(output, Mapping):
+        output = output.get("stdout") or output.get("result") or output.get("stderr")
+    if output is not None and not isinstance(output, str):
+        output = json.dumps(output, ensure_ascii=False)
+    if output:
+        text += f"\n<code_interpreter_output>\n{output}\n</code_interpreter_output>"
+    return text
+
+
+# --------------------------------------------------------------------------
+# Output items → Chat Completions messages (§8.1)
+# --------------------------------------------------------------------------
+
+
+class _Assistant:
+    """The assistant message being gathered from consecutive items."""
+
+    def __init__(self) -> None:
+        self.content: list[str] = []
+        self.tool_calls: list[dict[str, Any]] = []
+        self.reasoning: list[str] = []
+        self.details: list[Any] = []
+        self.items: list[Item] = []  # Responses input items, "responses" format only
+        self.provider_reasoning = False
+
+    def message(self, reasoning_format: str | None) -> Message | None:
+        if not (self.content or self.tool_calls or self.reasoning or self.details):
+            return None
+        msg: Message = {"role": "assistant", "content": "\n".join(self.content)}
+        if self.tool_calls:
+            msg["tool_calls"] = self.tool_calls
+        if self.reasoning and reasoning_format in ("thinking", "reasoning_content"):
+            msg[reasoning_format] = "\n".join(self.reasoning)
+        if self.details:
+            msg["reasoning_details"] = self.details
+        if self.provider_reasoning and self.items:
+            msg["responses_items"] = self.items
+        return msg
+
+
+def convert_output_to_messages(
+    output: list[dict[str, Any]],
+    *,
+    raw: bool = False,
+    reasoning_format: str | None = None,
+    flatten_tool_images: bool = False,
+) -> list[dict[str, Any]]:
+    """Chat Completions messages for a list of output items (spec §8.1).
+
+    * A call is replayed only if its ``function_call`` has status
+      completed/failed/rejected AND an output with the same ``call_id`` exists;
+      otherwise both halves are dropped. Arguments follow Q22
+      (``replay_arguments``); ``provider_function`` restores the model's call.
+    * Consecutive text, reasoning and calls gather into ONE assistant message
+      (texts joined with ``\\n``; whitespace-only texts skipped). A run of tool
+      outputs closes it and adds one ``tool`` message per output (text parts
+      joined with ``\\n``). Tool images: with ``flatten_tool_images`` one user
+      message with all the run's images follows the run; otherwise the tool
+      content is the list of ``input_text``/``input_image`` parts.
+    * ``raw`` replays provider ``reasoning_details`` (see ``_replayable_details``).
+    * Code-interpreter items (``code_interpreter`` or
+      ``open_webui:code_interpreter``) replay as tagged text.
+    * Unknown items (e.g. context compaction) are skipped. Finally
+      ``sanitize_tool_pairs`` removes anything still unpaired.
+    """
+    answered = {
+        item.get("call_id")
+        for item in output
+        if isinstance(item, Mapping) and item.get("type") == "function_call_output"
+    }
+    replayable = {
+        item.get("call_id")
+        for item in output
+        if isinstance(item, Mapping)
+        and item.get("type") == "function_call"
+        and item.get("status") in REPLAYABLE_CALL_STATUSES
+        and item.get("call_id") in answered
+    }
+    replayable.discard(None)
+    responses_mode = reasoning_format == REASONING_RESPONSES
+
+    messages: list[Message] = []
+    assistant = _Assistant()
+    tool_run: list[Message] = []
+    run_images: list[str] = []
+    emitted_outputs: set[Any] = set()
+    emitted_calls: set[Any] = set()
+    held_reasoning: Item | None = None  # a provider reasoning item waiting for its following item
+
+    def close_assistant() -> None:
+        nonlocal assistant
+        msg = assistant.message(reasoning_format)
+        if msg is not None:
+            messages.append(msg)
+        assistant = _Assistant()
+
+    def close_run() -> None:
+        if not tool_run:
+            return
+        messages.extend(tool_run)
+        if flatten_tool_images and run_images:
+            parts: list[dict[str, Any]] = [{"type": "text", "text": TOOL_IMAGES_PROMPT}]
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in run_images)
+            messages.append({"role": "user", "content": parts})
+        tool_run.clear()
+        run_images.clear()
+
+    def contribute(responses_item: Item | None = None) -> _Assistant:
+        """About to add to the assistant message: end any tool run first, and
+        (responses format) place a held reasoning item before its follower."""
+        nonlocal held_reasoning
+        close_run()
+        if responses_mode and responses_item is not None:
+            if held_reasoning is not None:
+                assistant.items.append(held_reasoning)
+                assistant.provider_reasoning = True
+            assistant.items.append(responses_item)
+        held_reasoning = None
+        return assistant
+
+    for item in output:
+        if not isinstance(item, Mapping):
+            continue
+        kind = item.get("type")
+        follows_held = held_reasoning
+        held_reasoning = None if kind != "reasoning" else held_reasoning
+
+        if kind == "function_call_output":
+            call_id = item.get("call_id")
+            if call_id not in replayable or call_id in emitted_outputs:
+                continue
+            emitted_outputs.add(call_id)
+            close_assistant()
+            raw_parts = item.get("output")
+            parts = [p for p in raw_parts if isinstance(p, Mapping)] if isinstance(raw_parts, list) else []
+            text_parts = [p for p in parts if is_text_part(p)]
+            images = [url for p in parts if is_image_part(p) and (url := image_url(p))]
+            if isinstance(item.get("output"), str):
+                text = item["output"]
+            else:
+                text = "\n".join(p.get("text") or "" for p in text_parts)
+            content: Any = text
+            if images and flatten_tool_images:
+                run_images.extend(images)
+            elif images:
+                content = [dict(p) for p in parts if p.get("type") in ("input_text", "input_image")]
+            tool_run.append({"role": "tool", "tool_call_id": call_id, "content": content})
+
+        elif kind == "function_call":
+            call_id = item.get("call_id")
+            if call_id not in replayable or call_id in emitted_calls:
+                continue
+            emitted_calls.add(call_id)
+            name, arguments = _call_of(item)
+            fc_item: Item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+            if isinstance(item.get("id"), str) and item["id"] != call_id and not is_local_id(item["id"]):
+                fc_item["id"] = item["id"]
+            held_reasoning = follows_held
+            contribute(fc_item).tool_calls.append(
+                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+            )
+
+        elif kind == "message":
+            text = _text_of_parts(item.get("content"))
+            if not text.strip():
+                continue
+            msg_item: Item = {
+                "type": "message",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": text, "annotations": []}],
+            }
+            if isinstance(item.get("id"), str) and not is_local_id(item["id"]):
+                msg_item["id"] = item["id"]
+                msg_item["status"] = "completed"
+            held_reasoning = follows_held
+            contribute(msg_item).content.append(text)
+
+        elif kind == "reasoning":
+            if raw:
+                details = _replayable_details(item.get("reasoning_details"))
+                if details:
+                    contribute().details.extend(details)
+            if reasoning_format == "think_tags":
+                text = _reasoning_text(item)
+                if text:
+                    start = item.get("start_tag") or "<think>"
+                    end = item.get("end_tag") or "</think>"
+                    contribute().content.append(f"{start}{text}{end}")
+            elif reasoning_format in ("thinking", "reasoning_content"):
+                text = _reasoning_text(item)
+                if text:
+                    contribute().reasoning.append(text)
+            elif responses_mode and has_provider_reasoning(item):
+                # Held until the next item: the Responses API needs a reasoning
+                # item immediately followed by the item it belongs to.
+                held_reasoning = responses_reasoning_item(item)
+
+        elif kind in CODE_INTERPRETER_TYPES:
+            text = _code_interpreter_text(item)
+            contribute({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
+            assistant.content.append(text)
+
+    close_run()
+    close_assistant()
+    return sanitize_tool_pairs(messages)
+
+
+# --------------------------------------------------------------------------
+# History preparation (§8.2)
+# --------------------------------------------------------------------------
+
+
+def _call_ids(message: Mapping[str, Any]) -> list[Any]:
+    calls = message.get("tool_calls")
+    if not isinstance(calls, list):
+        return []
+    return [call.get("id") for call in calls if isinstance(call, Mapping)]
+
+
+def _has_content(content: Any) -> bool:
+    if isinstance(content, str):
+        return bool(content.strip())
+    if isinstance(content, list):
+        return bool(content)
+    return False
+
+
+def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Keep only tool calls answered by the tool messages that directly follow
+    their assistant message, and only tool messages claimed by that assistant
+    message (the first answer per call). An assistant message left with no calls
+    survives only if it has content. Other messages pass through. Returns a new
+    list; edited messages are copies."""
+    out: list[Message] = []
+    i = 0
+    n = len(messages)
+    while i < n:
+        message = messages[i]
+        role = message.get("role")
+        if role == "tool":
+            i += 1  # not directly after an assistant message with calls: orphan
+            continue
+        if role != "assistant" or not message.get("tool_calls"):
+            out.append(message)
+            i += 1
+            continue
+        j = i + 1
+        while j < n and messages[j].get("role") == "tool":
+            j += 1
+        ids = _call_ids(message)
+        answered = {m.get("tool_call_id") for m in messages[i + 1 : j]} & set(ids)
+        answered.discard(None)
+        calls = [c for c in message["tool_calls"] if isinstance(c, Mapping) and c.get("id") in answered]
+        if calls:
+            kept = message if len(calls) == len(message["tool_calls"]) else {**message, "tool_calls": calls}
+            out.append(kept)
+            seen: set[Any] = set()
+            for tool in messages[i + 1 : j]:
+                call_id = tool.get("tool_call_id")
+                if call_id in answered and call_id not in seen:
+                    seen.add(call_id)
+                    out.append(tool)
+        elif _has_content(message.get("content")):
+            out.append({k: v for k, v in message.items() if k != "tool_calls"})
+        i = j
+    return out
+
+
+def process_messages_with_output(
+    messages: list[dict[str, Any]], *, reasoning_format: str | None = None
+) -> list[dict[str, Any]]:
+    """Prepare a stored chat history for the model (spec §8.2).
+
+    Assistant messages with a non-empty ``output`` are expanded with
+    ``convert_output_to_messages`` (their ``content`` is ignored); every other
+    message loses the bookkeeping keys (``BOOKKEEPING_KEYS``, including
+    ``files``). Not implemented from Open WebUI: the ``include_file_context``
+    ``<attached_files>`` prefix (turnlog brings files in through its own
+    assembly steps) and voice-transcript messages.
+    """
+    out: list[Message] = []
+    for message in messages:
+        output = message.get("output")
+        if message.get("role") == "assistant" and isinstance(output, list) and output:
+            out.extend(convert_output_to_messages(output, reasoning_format=reasoning_format))
+            continue
+        out.append({k: v for k, v in message.items() if k not in BOOKKEEPING_KEYS})
+    return out
+
+
+# --------------------------------------------------------------------------
+# Output items as the model is shown them
+# --------------------------------------------------------------------------
+
+
+def for_model(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Output items as the model is shown them: a tool result with images becomes
+    text plus ``input_image`` parts (the images go to the model, not to clients)."""
+    out = []
+    for item in items:
+        if item.get("type") == "function_call_output" and item.get("images"):
+            parts = [{"type": "input_text", "text": item.get("output") or ""}]
+            parts += [{"type": "input_image", "image_url": url} for url in item["images"]]
+            item = {**item, "output": parts}
+        out.append(item)
+    return out

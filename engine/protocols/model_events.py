@@ -1,0 +1,106 @@
+"""Normalized model-stream events: what every upstream protocol is folded into.
+
+Chat Completions chunks, Responses API events and Ollama NDJSON lines each have
+a pure normalizer (in ``engine.protocols.chat``, ``responses``, ``ollama``)
+that turns them into this small vocabulary; the turn actor only ever sees these. Text and reasoning arrive as
+deltas; a tool call arrives whole (its arguments complete) once the protocol
+says it is done, so the log records each call once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
+class TextDelta:
+    text: str
+
+
+@dataclass(slots=True)
+class ReasoningDelta:
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallStarted:
+    """A call became visible (name known, arguments still streaming): for live progress."""
+
+    call_id: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A complete function call requested by the model.
+
+    ``arguments`` is the raw string the model produced (may be invalid JSON; the
+    tool layer parses it). ``item_id`` is the provider's item id where it has one
+    (Responses API ``fc_…``), else equal to ``call_id``.
+    """
+
+    call_id: str
+    name: str
+    arguments: str
+    item_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderItem:
+    """An output item the provider returned that turnlog keeps as it is (e.g. a
+    Responses API reasoning item with encrypted content, to replay it later)."""
+
+    item: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """The response ended normally. ``reason`` as Chat Completions names it:
+    ``stop``, ``length``, ``tool_calls``, ``content_filter``."""
+
+    reason: str | None = None
+    response_id: str | None = None
+    usage: dict[str, Any] | None = None
+    status: str | None = None  # Responses API: completed | incomplete
+
+
+@dataclass(frozen=True, slots=True)
+class UsageReport:
+    usage: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseStarted:
+    response_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StreamWarning:
+    """Something odd but survivable (an error chunk inside a stream, an unknown event)."""
+
+    message: str
+    raw: Any = None
+
+
+@dataclass(frozen=True, slots=True)
+class StreamFailed:
+    """The provider said the response failed (Responses ``response.failed`` / ``error``)."""
+
+    message: str
+    code: str | None = None
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+ModelEvent = (
+    TextDelta
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolCall
+    | ProviderItem
+    | Finished
+    | UsageReport
+    | ResponseStarted
+    | StreamWarning
+    | StreamFailed
+)

@@ -1,0 +1,344 @@
+"""The turn actor: one asyncio task per running turn.
+
+It runs the turn's nodes (``engine.run.nodes``) from wherever the log ends and
+is their ``TurnContext``: it appends what they record, folds it into the view
+and the loop state, and publishes it to live subscribers.
+
+Durability rules:
+* state events are durable before the engine acts on them (``record`` awaits the
+  commit: ``model.requested`` is committed before the request goes out);
+* token deltas are published at once and written in batches (group commit):
+  every ``flush_interval`` seconds, every ``flush_max_chunks`` chunks, or before
+  the next non-delta event;
+* cancellation is shielded: the partial output is committed as ``cancelled``
+  before the cancel is acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections import deque
+
+from engine.events import (
+    Event,
+    EventData,
+    TurnCancelled,
+    TurnCancelRequested,
+    TurnFailed,
+    TurnResumed,
+    delta_event,
+    make_event,
+)
+from engine.fold.turn_view import TurnView
+from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
+from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveEvent
+from engine.run.context import END, End, TurnPorts
+from engine.run.loop_state import LoopState
+from engine.run.nodes import entry_node
+from engine.settings import EngineSettings
+
+log = logging.getLogger("turnlog.turn")
+
+# Events a live actor keeps for followers that join early (see TurnActor.history).
+HISTORY_LIMIT = 16
+
+
+class TurnLost(Exception):
+    """This actor may no longer write the turn (lease lost, or a log conflict)."""
+
+
+def index_update(event: Event, view: TurnView) -> IndexUpdate | None:
+    """What an event changes in the turn's index row (status, and the final view)."""
+    status = STATUS_AFTER.get(event.type)
+    if status is None:
+        return None
+    return IndexUpdate(status=status, view=view.public() if status in TERMINAL_STATUSES else None)
+
+
+class TurnActor:
+    def __init__(
+        self,
+        *,
+        view: TurnView,
+        state: LoopState,
+        fencing: int,
+        store: EventStore,
+        bus: LiveBus,
+        ports: TurnPorts,
+        settings: EngineSettings,
+        owner: str,
+        history: list[Event] | None = None,
+    ) -> None:
+        self._view = view
+        self._state = state
+        self._ports = ports
+        self._settings = settings
+        self.owner = owner
+        self.fencing = fencing
+        self.store = store
+        self.bus = bus
+        self.task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()
+        # Delta batch (group commit window): the chunks as published, so that a
+        # subscriber joining mid-window gets them exactly as the others did.
+        self._batch: list[LiveDelta] = []
+        self._batch_kind = "text"
+        self._batch_pos = 0
+        self._batch_seq = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._inflight: deque[asyncio.Future[None]] = deque()
+        # Recorded with durable=False: committed with the next commit.
+        self._staged: list[Event] = []
+        # In-order publication of committed events.
+        self._next_publish = view.last_seq + 1
+        self._committed: dict[int, Event] = {}
+        # Every committed event of the turn while there are few (``history``: the
+        # events ``view`` was folded from), so that a follower joining early —
+        # the client that started the turn — starts without reading the log.
+        self._history: list[Event] | None = list(history) if history is not None else None
+        if self._history is not None and (
+            len(self._history) != view.last_seq or any(e.seq != i for i, e in enumerate(self._history, 1))
+        ):
+            self._history = None
+        self._cancel_by: str | None = None
+        self._halting = False
+        self._cancel_done: asyncio.Future[None] = self._loop.create_future()
+        self.done: asyncio.Future[None] = self._loop.create_future()
+        self._lost = False
+
+    # -- the TurnContext the nodes see ----------------------------------------------
+
+    @property
+    def turn_id(self) -> str:
+        return self._view.id
+
+    @property
+    def view(self) -> TurnView:
+        return self._view
+
+    @property
+    def state(self) -> LoopState:
+        return self._state
+
+    @property
+    def ports(self) -> TurnPorts:
+        return self._ports
+
+    @property
+    def settings(self) -> EngineSettings:
+        return self._settings
+
+    @property
+    def lost(self) -> bool:
+        """This actor stopped writing (its lease or a write failed): its view may
+        hold events the log does not; the log decides."""
+        return self._lost
+
+    # -- lifecycle -------------------------------------------------------------
+
+    def start(self, *, resume: bool = False) -> None:
+        self.task = asyncio.create_task(self._main(resume), name=f"turn:{self.turn_id}")
+
+    async def cancel(self, by: str | None = None) -> None:
+        """Stop the turn; returns once ``turn.cancelled`` is durable."""
+        if self.task is None or self.task.done():
+            return
+        if self._cancel_by is None:
+            self._cancel_by = by or "client"
+            self.task.cancel()
+        await asyncio.shield(self._cancel_done)
+
+    async def halt(self) -> None:
+        """Stop writing, as a process that dies right now would, except that the
+        open delta window is made durable first. (``verify`` replays a crash the
+        log shows with it: the window the log has is the one that survived.)"""
+        self._flush()
+        while self._inflight:
+            await asyncio.wait((self._inflight[0],))
+        self._halting = True
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+            await asyncio.wait((self.task,))
+
+    def history(self) -> list[Event] | None:
+        """The committed (and published) events so far, or None once there are
+        more than ``HISTORY_LIMIT``; taken with a subscription, it replaces a
+        read of the log."""
+        return list(self._history) if self._history is not None else None
+
+    def open_batch(self) -> list[LiveDelta]:
+        """The chunks already shown live but not yet sealed into an event.
+
+        A subscriber that joins mid-window takes these together with its
+        subscription (no await in between), so it misses nothing."""
+        return list(self._batch)
+
+    async def _main(self, resume: bool) -> None:
+        try:
+            if resume:
+                view = self._view
+                await self.record(
+                    TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner)
+                )
+            node = entry_node(self._view, self._state)
+            while not isinstance(node, End):
+                node = await node.run(self)
+        except asyncio.CancelledError:
+            if self._cancel_by is None or self._halting:
+                raise  # shutdown or halt: the turn stays running and is resumed later
+            await asyncio.shield(self._save_cancelled())
+        except TurnLost as exc:
+            log.warning("turn %s: stopped writing: %s", self.turn_id, exc)
+        except Exception as exc:  # a bug must still end the turn with a record
+            log.exception("turn %s: internal error", self.turn_id)
+            try:
+                await self.fail(f"internal error: {exc}", "internal_error")
+            except Exception:
+                log.exception("turn %s: could not record the failure", self.turn_id)
+        finally:
+            self._cancel_timer()
+            if not self._cancel_done.done():
+                self._cancel_done.set_result(None)
+            if not self.done.done():
+                self.done.set_result(None)
+
+    async def _save_cancelled(self) -> None:
+        try:
+            await self.record(TurnCancelRequested(by=self._cancel_by))
+            await self.record(TurnCancelled())
+        except Exception:
+            log.exception("turn %s: could not save the cancellation", self.turn_id)
+        finally:
+            if not self._cancel_done.done():
+                self._cancel_done.set_result(None)
+
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None) -> End:
+        if not self._view.terminal and not self._lost:
+            error: dict[str, object] = {"message": message, "type": type}
+            if status is not None:
+                error["status"] = status
+            if code is not None:
+                error["code"] = code
+            await self.record(TurnFailed(error=error))
+        return END
+
+    def writes_behind(self) -> bool:
+        return len(self._inflight) > self._settings.max_inflight_flushes
+
+    async def catch_up(self) -> None:
+        if self.writes_behind():
+            oldest = self._inflight[0]
+            await asyncio.wait((oldest,))
+            if self._lost:
+                raise TurnLost("this actor lost the turn")
+            if not oldest.cancelled():
+                exc = oldest.exception()
+                if exc is not None:
+                    raise exc
+
+    # -- deltas and group commit ---------------------------------------------------
+
+    def delta(self, kind: str, text: str) -> None:
+        """The per-token hot path: show the chunk now, write it with its window."""
+        if self._batch and kind != self._batch_kind:
+            self._flush()
+        v = self._view
+        if not self._batch:
+            self._batch_kind = kind
+            self._batch_pos = v.pos.next
+            self._batch_seq = v.last_seq + 1
+            self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
+        pos = v.pos.next
+        delta = LiveDelta(self._batch_seq, pos, kind, text, v.feed_chunk(kind, text))
+        self._batch.append(delta)
+        self.bus.publish(self.turn_id, delta)
+        if len(self._batch) >= self._settings.flush_max_chunks:
+            self._flush()
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _flush(self) -> None:
+        """Seal the open batch as one ``model.delta`` event and start writing it."""
+        self._cancel_timer()
+        if not self._batch or self._lost:
+            return
+        texts = [delta.text for delta in self._batch]
+        self._batch = []
+        event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
+        self._view.apply(event, live_applied=True)
+        events, self._staged = [*self._staged, event], []
+        # No task per window: the store's future, and the bookkeeping in its
+        # callback (a window is sealed ~20 times a second per streaming turn).
+        future = self.store.append_nowait(events, fencing=self.fencing)
+        self._inflight.append(future)
+        future.add_done_callback(functools.partial(self._written, events))
+
+    def _written(self, events: list[Event], future: asyncio.Future[None]) -> None:
+        """A write finished: publish what it made durable, or stop writing."""
+        if self._inflight and future in self._inflight:
+            self._inflight.remove(future)
+        if future.cancelled():
+            return
+        exc = future.exception()
+        if exc is None:
+            self._published(events)
+            return
+        # What is not durable must not be followed by later events (a gap in
+        # the log): this actor stops writing; the store refuses its later
+        # appends too, and the turn is resumed from what is durable.
+        self._lost = True
+        if isinstance(exc, (LeaseLost, ConcurrencyError)):
+            log.warning("turn %s: a write was refused, this actor stops: %s", self.turn_id, exc)
+        else:
+            log.error("turn %s: a write failed, this actor stops: %s", self.turn_id, exc)
+
+    # -- appending ------------------------------------------------------------------
+
+    async def record(self, *data: EventData, durable: bool = True) -> None:
+        """Append events; with ``durable``, in one commit with any staged before
+        them, and wait until they are. Each is folded first: an event the state
+        machine refuses raises before anything is written."""
+        if self._lost:
+            raise TurnLost("this actor lost the turn")
+        self._flush()
+        for item in data:
+            event = make_event(self.turn_id, self._view.last_seq + 1, item)
+            self._view.apply(event)
+            self._state.apply(event)
+            self._staged.append(event)
+        if not durable:
+            return
+        events, self._staged = self._staged, []
+        if not events:
+            return
+        index = None
+        for event in events:
+            index = index_update(event, self._view) or index
+        # Published from the write's own callback, not after this await: a cancel
+        # that lands between the commit and this task's wake-up must not leave a
+        # durable event unpublished (in-order publication would then hold back
+        # everything after it). Shielded: a cancel does not withdraw the write.
+        future = self.store.append_nowait(events, fencing=self.fencing, index=index)
+        future.add_done_callback(functools.partial(self._written, events))
+        try:
+            await asyncio.shield(future)
+        except (LeaseLost, ConcurrencyError) as exc:
+            raise TurnLost(str(exc)) from exc
+
+    def _published(self, events: list[Event]) -> None:
+        """Committed: publish, in seq order, every event whose predecessors are out."""
+        for event in events:
+            self._committed[event.seq] = event
+        while self._next_publish in self._committed:
+            committed = self._committed.pop(self._next_publish)
+            self._next_publish += 1
+            if self._history is not None:
+                self._history.append(committed)
+                if len(self._history) > HISTORY_LIMIT:
+                    self._history = None
+            self.bus.publish(self.turn_id, LiveEvent(committed))

@@ -1,0 +1,346 @@
+"""Following a turn: catch-up from the log, then the live tail, in position order.
+
+A follower is what every streaming client connection runs. It folds the turn's
+durable events with its own ``TurnView`` and lets live deltas run ahead of their
+(later) durable event, but only contiguously: a delta whose position is not the
+next one waits in a small buffer until the events before it arrive. The output is
+therefore the same sequence whether a client follows from the first byte, joins
+mid-stream, or reconnects: each position exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.events import TERMINAL_TYPES, Event
+from engine.fold.accumulator import Piece
+from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
+from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
+from engine.run.live import Joined
+
+
+@dataclass(frozen=True)
+class EventOut:
+    """A durable non-delta event at its stream position."""
+
+    pos: int
+    event: Event
+    # Text the event released (a held-back tag prefix at the end of a stream).
+    pieces: tuple[Piece, ...] = ()
+    # Copies of the output items the event changed, as they were right after it
+    # (rendering later must not see later states).
+    items: tuple[dict[str, Any], ...] = ()
+    # For ``turn.resumed``: where the durable answer ended (rendered later, after
+    # the view may have folded more, so it is taken when the event is folded).
+    resume: ResumePoint | None = None
+
+
+Out = ChunkOut | EventOut
+
+
+class Gap(Exception):
+    """An event arrived out of order (a lagged subscription): re-read from the log."""
+
+
+class TurnFollower:
+    def __init__(self, turn_id: str) -> None:
+        self.view = TurnView(turn_id)
+        self._ahead: dict[int, LiveDelta] = {}
+        self._fed_live = 0  # chunks fed from live deltas beyond the durable log
+
+    @property
+    def last_seq(self) -> int:
+        return self.view.last_seq
+
+    @property
+    def finished(self) -> bool:
+        return self.view.machine.terminal
+
+    def on_event(self, event: Event) -> list[Out]:
+        v = self.view
+        if event.seq <= v.last_seq:
+            return []
+        if event.seq != v.last_seq + 1:
+            raise Gap(f"expected seq {v.last_seq + 1}, got {event.seq}")
+        if event.type == "model.delta":
+            out = self._delta_event(event)
+        elif event.type == "turn.resumed" and self._fed_live:
+            # Live text of a dead owner that never became durable: the view must be
+            # rebuilt from the log, and the client told where the log ends.
+            raise Gap("resumed after a lost tail")
+        else:
+            released = tuple(p for chunk in v.apply(event) for p in chunk.pieces)
+            resume = v.resume_point if event.type == "turn.resumed" else None
+            out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)), resume)]
+            if event.type == "turn.resumed":
+                self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
+        out.extend(self._drain())
+        return out
+
+    def _delta_event(self, event: Event) -> list[Out]:
+        v = self.view
+        data = event.data
+        first = data["pos"]
+        lens: list[int] = data["lens"]
+        already = max(0, min(len(lens), v.next_pos - first))  # chunks fed live
+        if already == 0:
+            return list(v.apply(event))
+        # Some chunks were shown from live deltas: feed only the rest, then let the
+        # view record the event as applied.
+        out: list[Out] = []
+        text: str = data["text"]
+        offset = sum(lens[:already])
+        for n in lens[already:]:
+            pos = v.next_pos
+            out.append(ChunkOut(pos, v.feed_chunk(data.get("kind", "text"), text[offset : offset + n])))
+            offset += n
+        self._fed_live = max(0, self._fed_live - already)
+        v.apply(event, live_applied=True)
+        return out
+
+    def on_delta(self, delta: LiveDelta) -> list[Out]:
+        v = self.view
+        if delta.pos < v.next_pos:
+            return []
+        if delta.pos > v.next_pos:
+            self._ahead[delta.pos] = delta
+            return []
+        out: list[Out] = [self._feed(delta)]
+        out.extend(self._drain())
+        return out
+
+    def _feed(self, delta: LiveDelta) -> ChunkOut:
+        pos = self.view.next_pos
+        pieces: tuple[Piece, ...] = self.view.feed_chunk(delta.kind, delta.text)
+        self._fed_live += 1
+        return ChunkOut(pos, pieces)
+
+    def _drain(self) -> list[Out]:
+        out: list[Out] = []
+        while self._ahead:
+            delta = self._ahead.pop(self.view.next_pos, None)
+            if delta is None:
+                break
+            out.append(self._feed(delta))
+        return out
+
+
+def describe(out: Out) -> dict[str, Any]:
+    """A debugging shape of an output element."""
+    if isinstance(out, ChunkOut):
+        return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
+    return {"pos": out.pos, "event": out.event.type}
+
+
+POLL_SECONDS = 1.0
+log = logging.getLogger("turnlog.follow")
+
+
+class DirectOutput(Protocol):
+    """A consumer that can take live output synchronously (see ``follow``)."""
+
+    def ready(self) -> bool:
+        """Whether ``deliver`` may be called now (e.g. the socket is not backed up)."""
+        ...
+
+    def deliver(self, follower: TurnFollower, outs: list[Out]) -> None:
+        """Send ``outs`` now, without awaiting."""
+        ...
+
+
+Tailed = Event | LiveDelta | LiveRequest
+
+
+async def tail(
+    store: EventStore,
+    join: Callable[[str], Joined],
+    turn_id: str,
+    *,
+    after: int = 0,
+    poll_seconds: float = POLL_SECONDS,
+    sink: Callable[[LiveMessage], bool] | None = None,
+) -> AsyncGenerator[list[Tailed], None]:
+    """A turn's durable events after seq ``after`` — each exactly once, in seq
+    order — and its live messages, until a terminal event (or shutdown).
+
+    Every client connection of a turn reads it through here: SSE followers fold
+    it (``follow``), WebSocket pumps render it as it comes. The first list is the
+    catch-up (the actor's history when it still holds it, else the log) and the
+    chunks of the actor's open window; then what the live subscription brings.
+    The log stays the source of truth: a lagged subscription, an event past the
+    next seq, a wake-up from another process or a quiet spell of
+    ``poll_seconds`` each lead to a re-read of the log after the last seq, so a
+    missed live message delays output but never loses it. An empty list is a
+    heartbeat (the consumer may send a keep-alive). A live chunk whose durable
+    event was already yielded is dropped.
+
+    ``sink``: a synchronous consumer for live messages (``Subscription.sink``),
+    tried while this generator waits with nothing queued.
+    """
+    joined = join(turn_id)
+    sub = joined.subscription
+    last = after
+    done = False
+
+    def durable(events: list[Event]) -> list[Tailed]:
+        nonlocal last, done
+        out: list[Tailed] = []
+        for event in events:
+            if event.seq <= last or done:
+                continue
+            out.append(event)
+            last = event.seq
+            done = event.type in TERMINAL_TYPES
+        return out
+
+    async def reread() -> list[Tailed]:
+        return durable(await store.read(turn_id, after=last))
+
+    if sink is not None:
+        sub.sink = sink
+    try:
+        history = joined.history
+        first = durable(history if history is not None else await store.read(turn_id, after=after))
+        first.extend(d for d in joined.window if d.seq > last)
+        yield first
+        while not done:
+            messages = sub.drain()
+            if not messages:
+                message = await sub.get(poll_seconds)
+                if message is None:
+                    if sub.closed:
+                        return
+                    sub.reset()
+                    yield await reread()
+                    continue
+                messages = [message, *sub.drain()]
+            out: list[Tailed] = []
+            if any(item is WAKE for item in messages):
+                # Appended elsewhere: the log has it (and this process's own
+                # live items are in the log too).
+                out.extend(await reread())
+            for item in messages:
+                if isinstance(item, LiveEvent):
+                    if item.event.seq > last + 1:  # missed something: the log has it
+                        out.extend(await reread())
+                    else:
+                        out.extend(durable([item.event]))
+                elif isinstance(item, LiveDelta):
+                    if item.seq > last:
+                        out.append(item)
+                elif isinstance(item, LiveRequest):
+                    out.append(item)
+                if done:
+                    break
+            yield out
+    finally:
+        sub.sink = None
+        sub.close()
+
+
+async def follow(
+    store: EventStore,
+    join: Callable[[str], Joined],
+    turn_id: str,
+    *,
+    poll_seconds: float = POLL_SECONDS,
+    direct: DirectOutput | None = None,
+) -> AsyncIterator[tuple[TurnFollower, list[Out]]]:
+    """``tail`` folded: the turn's output (chunks and events at stream
+    positions) as one client shows it, from the first position on.
+
+    Yields ``(follower, outs)``; an empty ``outs`` is a heartbeat. A follower that
+    falls out of step with the log (a gap, or live text that the log lost in a
+    crash) is rebuilt from the log.
+
+    With ``direct``, a live delta that arrives while the caller is waiting for
+    the next item (everything before it already consumed) is folded and handed
+    to ``direct.deliver`` at once, inside the publisher's call, instead of
+    waking this generator: the same output in the same order, one event-loop
+    hop sooner. Events (and anything while ``direct`` is not ready) take the
+    normal path.
+    """
+    state = _Direct()
+    follower = state.follower = TurnFollower(turn_id)
+    sink = functools.partial(_sink, direct, state) if direct is not None else None
+    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink)) as tailed:
+        async for items in tailed:
+            outs, state.undelivered = state.undelivered, []
+            if state.broken:
+                # The direct path failed to fold a delta: rebuild from the log.
+                state.broken = False
+                follower, rebuilt = await _rebuild(store, turn_id)
+                state.follower = follower
+                outs.extend(rebuilt)
+            try:
+                for item in items:
+                    if isinstance(item, LiveDelta):
+                        outs.extend(follower.on_delta(item))
+                    elif isinstance(item, Event):
+                        outs.extend(follower.on_event(item))
+            except (Gap, ValueError):
+                # Out of step with the log (a gap, or live text that does not
+                # line up): the log decides; rebuild from it.
+                yield follower, outs
+                follower, outs = await _rebuild(store, turn_id)
+                state.follower = follower
+            yield follower, outs
+            state.live = True
+            if follower.finished:
+                return
+
+
+@dataclass
+class _Direct:
+    follower: TurnFollower | None = None
+    live: bool = False  # the catch-up was yielded: the caller can render
+    broken: bool = False  # a delta failed to fold on the direct path: resync
+    off: bool = False  # the direct output failed once: not used again
+    undelivered: list[Out] = field(default_factory=list)  # folded, not sent: the generator yields them
+
+
+def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
+    """``Subscription.sink`` of a follower with a direct output."""
+    follower = state.follower
+    if not state.live or state.broken or state.off or follower is None or not isinstance(message, LiveDelta):
+        return False
+    if not direct.ready():
+        return False
+    # This runs inside the actor's publish: nothing may escape into the actor.
+    try:
+        outs = follower.on_delta(message)
+    except (Gap, ValueError):
+        state.broken = True  # the generator rebuilds from the log when it wakes
+        return False
+    if not outs:
+        return True
+    try:
+        direct.deliver(follower, outs)
+    except Exception:
+        # The follower has taken the delta: its output goes out through the
+        # generator instead (queueing the message wakes it), and this stream
+        # stays on the normal path from now on.
+        log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
+        state.undelivered.extend(outs)
+        state.off = True
+        return False
+    return True
+
+
+def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
+    outs: list[Out] = []
+    for event in events:
+        outs.extend(follower.on_event(event))
+    return outs
+
+
+async def _rebuild(store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+    """A new follower of the whole log (what it yields again, the renderer's
+    position filter drops)."""
+    fresh = TurnFollower(turn_id)
+    return fresh, _catch_up(fresh, await store.read(turn_id))

@@ -1,0 +1,128 @@
+"""The agent loop's working state: what the nodes need to decide the next step.
+
+It is a fold of the same events as the public ``TurnView`` (the actor applies
+each event to both, a resume folds both from the log), but it holds what no
+client is shown: the upstream transcript, the batch in progress, the stateful
+Responses anchor, the code-run count. Output items themselves (built from the
+streamed text) live in the view, which this fold may read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from engine.events import Event
+from engine.ports import TurnInput
+
+
+class LoopState:
+    def __init__(self) -> None:
+        self.turn: TurnInput | None = None
+        self.assembled = False
+        self.messages: list[dict[str, Any]] = []  # the upstream transcript so far
+        self.params: dict[str, Any] = {}
+        self.iteration = 0
+        self.model_open = False  # a model.requested without its model.completed
+        self.last_api = "chat"
+        self.finish_reason: str | None = None
+        self.response_ids: list[str] = []
+        # The round being streamed and the last closed one: (call_id, name, arguments).
+        self.round_calls: list[dict[str, Any]] = []
+        self.last_round_calls: list[dict[str, Any]] = []
+        # The batch in progress (tools.batch .. context.reinjected).
+        self.batch: dict[str, Any] | None = None
+        self.started: dict[str, dict[str, Any]] = {}  # call_id -> its tool.started data
+        self.done: set[str] = set()  # call ids with a recorded result
+        self.code_runs = 0
+        # Stateful Responses continuation: the anchor and the new items, or broken.
+        self.pending_stateful: tuple[str, list[dict[str, Any]]] | None = None
+        self.stateful_broken = False
+
+    @property
+    def input(self) -> TurnInput:
+        assert self.turn is not None, "turn.started is always the first event"
+        return self.turn
+
+    def apply(self, event: Event) -> None:
+        handler = _HANDLERS.get(event.type)
+        if handler is not None:
+            handler(self, event)
+
+    # -- handlers -----------------------------------------------------------------
+
+    def _on_started(self, event: Event) -> None:
+        d = event.data
+        self.turn = TurnInput(
+            id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=d["model"], request=d["request"], created_at=event.at
+        )
+
+    def _on_assembled(self, event: Event) -> None:
+        self.assembled = True
+        self.messages = list(event.data["messages"])
+        self.params = event.data.get("params", {})
+
+    def _on_model_requested(self, event: Event) -> None:
+        self.iteration = event.data.get("iteration", 0)
+        self.last_api = event.data.get("api", "chat")
+        self.model_open = True
+
+    def _on_model_item(self, event: Event) -> None:
+        item = event.data["item"]
+        if item.get("type") == "function_call":
+            self.round_calls.append({"call_id": item["call_id"], "name": item["name"], "arguments": item.get("arguments", "")})
+
+    def _on_model_completed(self, event: Event) -> None:
+        self.model_open = False
+        self.finish_reason = event.data.get("finish_reason")
+        if event.data.get("response_id"):
+            self.response_ids.append(event.data["response_id"])
+        self.last_round_calls, self.round_calls = self.round_calls, []
+
+    def _on_fallback(self, event: Event) -> None:
+        self.stateful_broken = True
+        self.pending_stateful = None
+
+    def _on_tools_batch(self, event: Event) -> None:
+        self.batch = event.data
+        self.started = {}
+        self.done = set()
+
+    def _on_tool_started(self, event: Event) -> None:
+        self.started[event.data["call_id"]] = event.data
+
+    def _on_tool_completed(self, event: Event) -> None:
+        call_id = event.data["call_id"]
+        self.done.add(call_id)
+        if self.started.get(call_id, {}).get("kind") == "code":
+            self.code_runs += 1
+
+    def _on_reinjected(self, event: Event) -> None:
+        d = event.data
+        self.messages.extend(d.get("messages", []))
+        self.iteration = d.get("iteration", self.iteration)
+        self.pending_stateful = (d["previous_response_id"], d.get("input_items", [])) if d.get("previous_response_id") else None
+        self.batch = None
+
+    def _on_finalized(self, event: Event) -> None:
+        self.finish_reason = event.data.get("finish_reason", self.finish_reason)
+
+    def _on_stopped(self, event: Event) -> None:
+        self.model_open = False
+
+
+_HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
+    "turn.started": LoopState._on_started,
+    "assembly.completed": LoopState._on_assembled,
+    "model.requested": LoopState._on_model_requested,
+    "model.item": LoopState._on_model_item,
+    "model.completed": LoopState._on_model_completed,
+    "model.fallback": LoopState._on_fallback,
+    "tools.batch": LoopState._on_tools_batch,
+    "tool.started": LoopState._on_tool_started,
+    "tool.completed": LoopState._on_tool_completed,
+    "context.reinjected": LoopState._on_reinjected,
+    "turn.finalized": LoopState._on_finalized,
+    "turn.cancelled": LoopState._on_stopped,
+    "turn.failed": LoopState._on_stopped,
+}

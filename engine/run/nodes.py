@@ -1,0 +1,385 @@
+"""The nodes of a turn, in the order a turn runs them:
+
+    Assemble → RequestModel → Decide ─┬─ no calls, or the cap hit ─→ Finalize → Complete → End
+                   ↑                  └─ calls ─→ RunTools ─┬─ client calls ─→ Finalize
+                   └──────── Reinject ←─────────────────────┘
+
+Each node does one step's work through the turn's ports, records what
+happened, and returns the next node (or ``END``). A node reads the turn only
+through its two folds (``ctx.view``, ``ctx.state``), so a resumed turn starts at
+``entry_node`` of its folded log and continues exactly where the log ends: a
+call with a recorded result is never run again, a model request whose response
+was cut off is re-sent with the durable text as a prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from engine.events import (
+    ContextReinjected,
+    EventData,
+    IterationLimit,
+    ModelCompleted,
+    ModelFallback,
+    ModelItem,
+    ModelRequested,
+    ModelWarning,
+    ToolCompleted,
+    ToolEvent,
+    ToolsBatch,
+    ToolStarted,
+    TurnCompleted,
+    TurnFinalized,
+)
+from engine.fold.turn_view import TurnView
+from engine.ports import ModelRequest, ResolvedModel, UpstreamError
+from engine.protocols.history import convert_output_to_messages, for_model
+from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
+from engine.protocols.responses import stateful_continuation_input
+from engine.run.context import END, End, TurnContext
+from engine.run.loop_state import LoopState
+from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
+
+LIMIT_MESSAGE = "Tool-call limit reached ({n} iterations)."
+CODE_TOOL = "code_interpreter"
+CODE_MAX_RUNS = 5  # legacy code-interpreter blocks run per turn (Open WebUI's hard-coded retries)
+INTERRUPTED_MESSAGE = (
+    "Error: the tool `{name}` was interrupted (the service stopped while it ran) and is not "
+    "safe to run twice; it was not run again."
+)
+
+
+class Node(Protocol):
+    async def run(self, ctx: TurnContext) -> Node | End: ...
+
+
+def entry_node(view: TurnView, state: LoopState) -> Node | End:
+    """Where a turn (new or resumed) continues, from the state its log is in."""
+    if view.terminal:
+        return END
+    at = view.state
+    if at == "assembling":
+        return RequestModel() if state.assembled else Assemble()
+    if at == "streaming":
+        return RequestModel(resume=True) if state.model_open else Decide()
+    if at == "executing_tools":
+        return RunTools()
+    if at == "reinjecting":
+        return RequestModel()
+    return Complete()  # finalizing, outlet, background
+
+
+@dataclass(frozen=True)
+class Assemble:
+    """The upstream request: recorded, so a resume or a replay sends the same."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        # Committed with the model.requested that sends it.
+        await ctx.record(*await ctx.ports.assembler.assemble(ctx.state.input), durable=False)
+        return RequestModel()
+
+
+@dataclass(frozen=True)
+class RequestModel:
+    """One model call, streamed into the turn. ``resume``: the previous attempt
+    was cut off; the durable text goes back as a prefill."""
+
+    resume: bool = False
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        view, state = ctx.view, ctx.state
+        resolved = await ctx.ports.models.resolve(state.input.model)
+        if resolved is None:
+            return await ctx.fail(f"model {state.input.model!r} is not available", "model_not_found")
+        prefill = view.acc.content if self.resume and not view.round_closed else None
+        # Write-ahead: durable before the request goes out.
+        await ctx.record(ModelRequested(iteration=state.iteration, prefill=prefill or None, resumed=self.resume, api=resolved.api))
+        stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
+        request = ModelRequest(
+            messages=state.messages,
+            params=state.params,
+            prefill=prefill or None,
+            previous_response_id=stateful[0] if stateful else None,
+            input_items=stateful[1] if stateful else [],
+        )
+        try:
+            finished = await _consume(ctx, resolved, request)
+        except UpstreamError as exc:
+            if exc.kind != "previous_response_not_found" or not request.previous_response_id:
+                return await ctx.fail(exc.message, exc.kind, status=exc.status)
+            # The anchor expired upstream: send the whole transcript instead.
+            await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
+            full = ModelRequest(messages=state.messages, params=state.params, prefill=request.prefill)
+            try:
+                finished = await _consume(ctx, resolved, full)
+            except UpstreamError as again:
+                return await ctx.fail(again.message, again.kind, status=again.status)
+        return Decide() if finished else END
+
+
+async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequest) -> bool:
+    """Fold one model response into the turn; False if the turn failed."""
+    usage: dict[str, Any] | None = None
+    ids = _call_ids(ctx.turn_id, ctx.state.iteration)
+    async for events in ctx.ports.model_client.stream(resolved, request, ids):
+        for event in events:
+            if isinstance(event, TextDelta):
+                if event.text:
+                    ctx.delta("text", event.text)
+            elif isinstance(event, ReasoningDelta):
+                if event.text:
+                    ctx.delta("reasoning", event.text)
+            elif isinstance(event, ToolCall):
+                item = {
+                    "type": "function_call",
+                    "id": event.item_id or event.call_id,
+                    "call_id": event.call_id,
+                    "name": event.name,
+                    "arguments": event.arguments,
+                    "status": "completed",
+                }
+                await ctx.record(ModelItem(item=item))
+            elif isinstance(event, ProviderItem):
+                await ctx.record(ModelItem(item=event.item))
+            elif isinstance(event, UsageReport):
+                usage = event.usage
+            elif isinstance(event, StreamWarning):
+                raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
+                await ctx.record(ModelWarning(message=event.message, raw=raw))
+            elif isinstance(event, StreamFailed):
+                await ctx.fail(event.message, "upstream_failed", code=event.code)
+                return False
+            elif isinstance(event, Finished):
+                await ctx.record(
+                    ModelCompleted(finish_reason=event.reason, usage=event.usage or usage, response_id=event.response_id, status=event.status)
+                )
+                return True
+        if ctx.writes_behind():
+            await ctx.catch_up()
+    await ctx.fail("the model stream ended without finishing", "upstream_truncated")
+    return False
+
+
+def _call_ids(turn_id: str, iteration: int) -> Callable[[str], str]:
+    """Ids for calls a provider left without one: deterministic per turn and round
+    (they are recorded, so a replay never needs to regenerate them)."""
+    counter = 0
+
+    def make(prefix: str) -> str:
+        nonlocal counter
+        counter += 1
+        digest = hashlib.sha256(f"{turn_id}:{iteration}:{counter}".encode()).hexdigest()[:24]
+        return f"{prefix}_{digest}"
+
+    return make
+
+
+@dataclass(frozen=True)
+class Decide:
+    """The response is complete: run its tool calls, or finish."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        view, state = ctx.view, ctx.state
+        calls = state.last_round_calls
+        code = view.pending_code
+        if code is not None and not calls and state.code_runs < CODE_MAX_RUNS:
+            # Legacy mode: the model wrote a <code_interpreter> block. It is run
+            # whatever its type attribute says (Open WebUI re-prompted without
+            # running a block typed otherwise).
+            arguments = json.dumps({"code": code.get("code", ""), "lang": code.get("lang") or "python"})
+            call = {"call_id": code["id"], "name": CODE_TOOL, "arguments": arguments, "kind": "code"}
+            return RunTools(ToolsBatch(iteration=state.iteration + 1, calls=[call]))
+        if not calls:
+            # Includes finish_reason "tool_calls" with an empty list: the loop ends
+            # (Open WebUI looped forever on it).
+            return Finalize(state.finish_reason if state.finish_reason != "tool_calls" else "stop")
+        client_names = client_tool_names(state.input.request)
+        ours = [c for c in calls if c["name"] not in client_names or c["name"] in ctx.ports.tools]
+        client = [c for c in calls if c not in ours]
+        limit = iteration_limit(state.input.request, ctx.settings.max_tool_call_iterations)
+        if ours and limit >= 0 and state.iteration >= limit:
+            await ctx.record(IterationLimit(limit=limit, pending_calls=ours, message=LIMIT_MESSAGE.format(n=limit)))
+            return Finalize("tool_calls" if client else "stop")
+        return RunTools(ToolsBatch(iteration=state.iteration + 1, calls=ours, client_calls=client))
+
+
+def client_tool_names(request: dict[str, Any]) -> set[str]:
+    """Tools the client declared in the plain OpenAI ``tools`` field."""
+    names = set()
+    for tool in request.get("tools") or []:
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
+            names.add(fn["name"])
+    return names
+
+
+def iteration_limit(request: dict[str, Any], default: int) -> int:
+    params = request.get("params")
+    value = params.get("max_tool_call_iterations") if isinstance(params, dict) else None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return default
+
+
+@dataclass(frozen=True)
+class RunTools:
+    """Run a batch: a new one (recorded here with its write-ahead events, in one
+    commit) or, on resume (``batch`` None), the one the log shows in progress."""
+
+    batch: ToolsBatch | None = None
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        state = ctx.state
+        fresh = self.batch is not None
+        batch = self.batch.model_dump() if self.batch is not None else (state.batch or {})
+        done = set() if fresh else state.done
+        started_before = {} if fresh else state.started
+        runs: list[tuple[dict[str, Any], dict[str, Any], ToolHandle | None]] = []
+        started: list[EventData] = [self.batch] if self.batch is not None else []
+        for call in batch.get("calls", []):
+            call_id, name = call["call_id"], call["name"]
+            if call_id in done:
+                continue  # its result is on the log: never run it again
+            attempt = 1
+            if call_id in started_before:
+                previous = started_before[call_id]
+                if not previous.get("idempotent"):
+                    started.append(_failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)))
+                    continue
+                attempt = previous.get("attempt", 1) + 1
+            if call.get("kind") == "code":
+                runs.append((call, json.loads(call["arguments"]), None))
+                started.append(ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt))
+                continue
+            handle = ctx.ports.tools.get(name)
+            parsed = parse_arguments(call.get("arguments"), name)
+            if isinstance(parsed, ArgumentError):
+                started.append(_failed(call_id, name, parsed.message))
+                continue
+            if handle is None:
+                started.append(_failed(call_id, name, not_found_message(name)))
+                continue
+            args = filter_arguments(handle.spec, parsed)
+            runs.append((call, args, handle))
+            started.append(
+                ToolStarted(
+                    call_id=call_id,
+                    name=name,
+                    arguments=json.dumps(args, ensure_ascii=False),
+                    kind=handle.spec.kind,
+                    tool_id=handle.spec.tool_id,
+                    idempotent=handle.spec.idempotent,
+                    attempt=attempt,
+                )
+            )
+        if started:
+            await ctx.record(*started)  # write-ahead: durable before any tool runs
+        if runs:
+            await asyncio.gather(
+                *(_run_code(ctx, call, args) if handle is None else _run_tool(ctx, call, args, handle) for call, args, handle in runs)
+            )
+        if batch.get("client_calls"):
+            return Finalize("tool_calls")
+        return Reinject()
+
+
+def _failed(call_id: str, name: str, text: str) -> ToolCompleted:
+    return ToolCompleted(call_id=call_id, name=name, output=text, status="failed", error=text)
+
+
+async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any], handle: ToolHandle) -> None:
+    call_id, name = call["call_id"], call["name"]
+
+    async def emit(event: dict[str, Any]) -> None:
+        await ctx.record(ToolEvent(call_id=call_id, event=await ctx.ports.payloads.externalize(event, limit=ctx.settings.inline_limit)))
+
+    turn = ctx.state.input
+    tool_ctx = ToolContext(
+        user={"id": turn.user_id, "name": turn.user_id},
+        messages=list(ctx.state.messages),
+        files=list(turn.request.get("files") or []),
+        metadata={"turn_id": turn.id, "chat_id": turn.chat_id, "call_id": call_id, "iteration": ctx.state.iteration},
+        emit=emit,
+        call_id=call_id,
+    )
+    timeout = handle.spec.timeout or ctx.settings.tool_timeout
+    result, error = await ctx.ports.tool_runner.run(name, args, handle, tool_ctx, timeout)
+    sources = citation_sources(name, handle.spec.tool_id, result.text, params=args) if result.status == "completed" else []
+    files = await ctx.ports.payloads.externalize(result.files, limit=ctx.settings.inline_limit)
+    await ctx.record(
+        ToolCompleted(
+            call_id=call_id,
+            name=name,
+            output=result.text,
+            status=result.status,
+            files=files,
+            embeds=result.embeds,
+            images=result.images,
+            sources=sources,
+            error=error,
+        )
+    )
+
+
+async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]) -> None:
+    """Run a legacy code-interpreter block through the code executor port."""
+    timeout = ctx.settings.tool_timeout
+    error: str | None = None
+    status: Literal["completed", "failed"]
+    try:
+        async with asyncio.timeout(timeout):
+            output = await ctx.ports.code.run(args.get("code", ""), args.get("lang", "python"))
+        status = "failed" if output.get("stderr") and not output.get("stdout") else "completed"
+    except TimeoutError:
+        output = {"stderr": f"the code did not finish within {timeout:g} seconds"}
+        status, error = "failed", output["stderr"]
+    except Exception as exc:  # the executor itself failed
+        output = {"stderr": f"{type(exc).__name__}: {exc}"}
+        status, error = "failed", output["stderr"]
+    await ctx.record(
+        ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
+    )
+
+
+@dataclass(frozen=True)
+class Reinject:
+    """The messages this round adds for the next model call, recorded, so a
+    resume or a replay re-sends exactly the same."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        view, state = ctx.view, ctx.state
+        round_items = for_model(view.round_output())
+        messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True)
+        previous: str | None = None
+        items: list[dict[str, Any]] = []
+        if ctx.settings.responses_stateful and state.response_ids and not state.stateful_broken and state.last_api == "responses":
+            previous = state.response_ids[-1]
+            items = stateful_continuation_input(round_items)
+        # Committed with the model.requested that sends it.
+        await ctx.record(
+            ContextReinjected(iteration=state.iteration + 1, messages=messages, previous_response_id=previous, input_items=items), durable=False
+        )
+        return RequestModel()
+
+
+@dataclass(frozen=True)
+class Finalize:
+    reason: str | None = None
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        await ctx.record(TurnFinalized(finish_reason=self.reason))
+        return Complete()
+
+
+@dataclass(frozen=True)
+class Complete:
+    async def run(self, ctx: TurnContext) -> Node | End:
+        await ctx.record(TurnCompleted())
+        return END
+

@@ -1,0 +1,335 @@
+"""The supervisor: owns the turn actors of one process.
+
+It starts turns, routes cancel and resume to their actor, renews the leases of
+the turns it runs (heartbeat), and finds turns whose owner is gone: a running
+turn whose lease expired is recorded ``interrupted`` (and resumed at once when
+auto-resume is on). Anything it decides goes into the log first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from engine.blobs import Blobs
+from engine.context.live import LiveAssembler
+from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
+from engine.fold.turn_view import TurnView
+from engine.machine import TERMINAL_STATUSES
+from engine.ports import (
+    BlobStore,
+    CodeExecutor,
+    EventStore,
+    LiveBus,
+    LiveEvent,
+    ModelCatalog,
+    ModelClient,
+    NoCodeExecutor,
+    NoTools,
+    RemoteControl,
+    ToolCatalog,
+    TurnRecord,
+)
+from engine.protocols.client import LiveModelClient
+from engine.run.actor import TurnActor, index_update
+from engine.run.client_channel import ClientRequests
+from engine.run.context import TurnPorts
+from engine.run.live import Joined
+from engine.run.loop_state import LoopState
+from engine.settings import EngineSettings
+from engine.tools.calls import LiveToolRunner, ToolHandle
+from engine.tools.direct import DirectToolHandle, direct_tool_specs
+
+log = logging.getLogger("turnlog.supervisor")
+
+
+class TurnConflict(Exception):
+    """The turn is not in a state that allows the request (e.g. resume a finished turn)."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+
+
+@dataclass(frozen=True)
+class Folded:
+    """A turn's two folds, as a live actor continues them."""
+
+    view: TurnView
+    state: LoopState
+
+    @classmethod
+    def of(cls, turn_id: str, events: Sequence[Event]) -> Folded:
+        view, state = TurnView(turn_id, enforce=True), LoopState()
+        for event in events:
+            view.apply(event)
+            state.apply(event)
+        return cls(view, state)
+
+    def apply(self, event: Event) -> None:
+        self.view.apply(event)
+        self.state.apply(event)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        store: EventStore,
+        blobs: BlobStore,
+        bus: LiveBus,
+        models: ModelCatalog,
+        settings: EngineSettings,
+        tools: ToolCatalog | None = None,
+        model_client: ModelClient | None = None,
+        code: CodeExecutor | None = None,
+        remote: RemoteControl | None = None,
+    ) -> None:
+        self.store = store
+        self.blobs = blobs
+        self.bus = bus
+        self.models = models
+        self.settings = settings
+        self.tools: ToolCatalog = tools or NoTools()
+        self.model_client: ModelClient = LiveModelClient() if model_client is None else model_client
+        self.code: CodeExecutor = code or NoCodeExecutor()
+        # Several processes on one database: asks a turn's owner to cancel it.
+        self.remote = remote
+        self.owner = f"proc_{secrets.token_hex(6)}"
+        self.actors: dict[str, TurnActor] = {}
+        self._channels: dict[str, ClientRequests] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.scan_orphans(include_interrupted=self.settings.auto_resume)
+        self._tasks.append(asyncio.create_task(self._heartbeat(), name="turnlog:heartbeat"))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            try:
+                await task
+            except asyncio.CancelledError:
+                pass
+        actors = list(self.actors.values())
+        for actor in actors:
+            if actor.task is not None:
+                actor.task.cancel()
+        for actor in actors:
+            if actor.task is not None:
+                try:
+                    await actor.task
+                except (asyncio.CancelledError, Exception):
+                    pass
+            # Hand the turn back at once: the next process resumes it without
+            # waiting for the lease to run out.
+            await self.store.release_turn(actor.turn_id, self.owner)
+            self.bus.close_turn(actor.turn_id)
+        self.actors.clear()
+
+    async def _heartbeat(self) -> None:
+        interval = max(0.05, self.settings.lease_seconds / 3)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                if self.actors:
+                    await self.store.renew_leases(self.owner, list(self.actors), lease_seconds=self.settings.lease_seconds)
+                await self.scan_orphans()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("heartbeat failed")
+
+    # -- turns -----------------------------------------------------------------
+
+    def _spawn(self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None) -> TurnActor:
+        turn_id = folded.view.id
+        channel = ClientRequests(self.bus, turn_id)
+        actor = TurnActor(
+            view=folded.view,
+            state=folded.state,
+            fencing=fencing,
+            store=self.store,
+            bus=self.bus,
+            ports=self._ports(folded.view, channel),
+            settings=self.settings,
+            owner=self.owner,
+            history=history,
+        )
+        self.actors[turn_id] = actor
+        self._channels[turn_id] = channel
+        actor.start(resume=resume)
+        actor.done.add_done_callback(lambda _f: asyncio.create_task(self._retire(turn_id, actor)))
+        return actor
+
+    def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
+        tools = self.tool_handles(view.request, channel)
+        runner = LiveToolRunner()
+        return TurnPorts(
+            models=self.models,
+            model_client=self.model_client,
+            assembler=LiveAssembler(
+                store=self.store,
+                models=self.models,
+                model_client=self.model_client,
+                tool_runner=runner,
+                tools=tools,
+                settings=self.settings,
+            ),
+            tools=tools,
+            tool_runner=runner,
+            code=self.code,
+            payloads=Blobs(self.blobs, view.user_id or ""),
+        )
+
+    def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:
+        """The tools this turn may run: its server tools, then its direct tools."""
+        handles: dict[str, ToolHandle] = dict(self.tools.handles(list(request.get("tool_ids") or [])))
+        for spec in direct_tool_specs(request.get("direct_tools")):
+            handles[spec.name] = DirectToolHandle(spec, channel, self.settings.direct_tool_timeout)
+        return handles
+
+    def deliver_tool_result(self, turn_id: str, call_id: str, result: Any) -> bool:
+        channel = self._channels.get(turn_id)
+        return channel is not None and channel.deliver(call_id, result)
+
+    async def _retire(self, turn_id: str, actor: TurnActor) -> None:
+        if self.actors.get(turn_id) is actor:
+            del self.actors[turn_id]
+            self._channels.pop(turn_id, None)
+        try:
+            await self.store.release_turn(turn_id, self.owner)
+        except Exception:
+            log.exception("turn %s: could not release the lease", turn_id)
+
+    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str) -> TurnActor:
+        """Record ``turn.started`` durably, then start the actor (not yet running:
+        the caller can subscribe before the first chunk)."""
+        turn_id = new_id("turn")
+        chat_id = request.get("chat_id") or new_id("chat")
+        now = time.time()
+        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request)
+        event = make_event(turn_id, 1, started, at=now)
+        record = TurnRecord(
+            id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
+        )
+        fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
+        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
+
+    def join(self, turn_id: str, *, runs_tools: bool = False) -> Joined:
+        """Follow a turn: the subscription, the open window and the history are
+        taken together, so that nothing falls between them."""
+        sub = self.bus.subscribe(turn_id, runs_tools=runs_tools)
+        actor = self.actors.get(turn_id)
+        if actor is None:
+            return Joined(sub, [], None)
+        return Joined(sub, actor.open_batch(), actor.history())
+
+    async def cancel(self, turn_id: str, by: str) -> str:
+        """Cancel and return the final status once it is durable."""
+        actor = self.actors.get(turn_id)
+        if actor is not None:
+            await actor.cancel(by)
+            return actor.view.status
+        record = await self.store.get_turn(turn_id)
+        if record is None:
+            raise KeyError(turn_id)
+        if record.status in TERMINAL_STATUSES:
+            raise TurnConflict(f"turn {turn_id} is already {record.status}")
+        fencing = await self.store.claim_turn(turn_id, self.owner, lease_seconds=self.settings.lease_seconds)
+        if fencing is None:
+            if self.remote is None:
+                raise TurnConflict(f"turn {turn_id} is running on another process")
+            return await self._cancel_elsewhere(self.remote, turn_id, by)
+        try:
+            folded = Folded.of(turn_id, await self.store.read(turn_id))
+            await self._append(folded, fencing, TurnCancelRequested(by=by))
+            await self._append(folded, fencing, TurnCancelled())
+            return folded.view.status
+        finally:
+            await self.store.release_turn(turn_id, self.owner)
+
+    async def _cancel_elsewhere(self, remote: RemoteControl, turn_id: str, by: str, timeout: float = 15.0) -> str:
+        """Ask the owning process to cancel, until the log shows the turn ended.
+
+        The request is repeated (a notification can be missed); the answer is
+        the log, so the caller gets its 202 only once ``turn.cancelled`` (with the
+        partial answer) is durable, as with a local cancel."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        next_ask = 0.0
+        while loop.time() < deadline:
+            record = await self.store.get_turn(turn_id)
+            if record is not None and record.status in TERMINAL_STATUSES:
+                return record.status
+            if record is not None and record.status == "interrupted":
+                return await self.cancel(turn_id, by)  # nobody owns it any more
+            if loop.time() >= next_ask:
+                await remote.request_cancel(turn_id, by)
+                next_ask = loop.time() + 1.0
+            await asyncio.sleep(0.02)
+        raise TurnConflict(f"turn {turn_id}: its owner did not confirm the cancel within {timeout:g} s")
+
+    def cancel_requested_elsewhere(self, turn_id: str, by: str) -> None:
+        """Another process asked to cancel a turn; act if this process owns it."""
+        actor = self.actors.get(turn_id)
+        if actor is not None:
+            asyncio.get_running_loop().create_task(actor.cancel(by or "remote"))
+
+    async def resume(self, turn_id: str) -> TurnActor:
+        if turn_id in self.actors:
+            raise TurnConflict(f"turn {turn_id} is running")
+        record = await self.store.get_turn(turn_id)
+        if record is None:
+            raise KeyError(turn_id)
+        if record.status in TERMINAL_STATUSES:
+            raise TurnConflict(f"turn {turn_id} is already {record.status}")
+        fencing = await self.store.claim_turn(turn_id, self.owner, lease_seconds=self.settings.lease_seconds)
+        if fencing is None:
+            raise TurnConflict(f"turn {turn_id} is running on another process")
+        folded = Folded.of(turn_id, await self.store.read(turn_id))
+        if folded.view.terminal:
+            await self.store.release_turn(turn_id, self.owner)
+            raise TurnConflict(f"turn {turn_id} is already {folded.view.status}")
+        return self._spawn(folded, fencing, resume=True)
+
+    async def scan_orphans(self, *, include_interrupted: bool = False) -> None:
+        """Record ``turn.interrupted`` for running turns whose owner is gone."""
+        orphans = [r for r in await self.store.orphaned_turns(time.time()) if r.id not in self.actors]
+        for record in orphans:
+            fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.settings.lease_seconds)
+            if fencing is None:
+                continue
+            folded = Folded.of(record.id, await self.store.read(record.id))
+            if folded.view.terminal:
+                await self.store.release_turn(record.id, self.owner)
+                continue
+            if folded.view.status != "interrupted":
+                await self._append(folded, fencing, TurnInterrupted(last_owner=record.owner))
+            if self.settings.auto_resume:
+                self._spawn(folded, fencing, resume=True)
+            else:
+                await self.store.release_turn(record.id, self.owner)
+        if include_interrupted:
+            for record in await self.store.list_turns(status="interrupted", limit=10_000):
+                if record.id not in self.actors:
+                    try:
+                        await self.resume(record.id)
+                    except TurnConflict:
+                        pass
+
+    async def _append(self, folded: Folded, fencing: int, data: EventData) -> None:
+        """An event the supervisor records itself (no actor runs the turn)."""
+        event = make_event(folded.view.id, folded.view.last_seq + 1, data)
+        folded.apply(event)
+        await self.store.append([event], fencing=fencing, index=index_update(event, folded.view))
+        self.bus.publish(folded.view.id, LiveEvent(event))

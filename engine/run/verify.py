@@ -1,0 +1,470 @@
+"""``verify``: re-run a turn's engine against its recorded side effects.
+
+Replay folds events; verify goes further, as Temporal's determinism check does:
+it runs the *engine* again (the same actor and nodes) with every side-effect
+result taken from the log — the assembled context, each model response, each
+tool result — and no network or tool run at all, then checks that the engine
+appends the same events. External inputs (a cancel request, a crash and the
+resume after it) are replayed at the point the log shows them.
+
+Two things may legitimately differ and are normalized before comparing:
+* delta batching (a group-commit window depends on timing): consecutive
+  ``model.delta`` events of one kind are merged;
+* the interleaving of concurrently running tools: within a run of ``tool.*``
+  events, events are compared per call in order.
+Timestamps, owners and fencing are not part of the comparison, nor a resume's
+``from_seq`` (a seq counts batches; its ``from_pos`` is compared).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import (
+    AssemblyCompleted,
+    AssemblyStep,
+    Event,
+    EventData,
+    TurnCancelled,
+    TurnCancelRequested,
+    TurnInterrupted,
+    make_event,
+)
+from engine.ports import (
+    EventStore,
+    IdFactory,
+    InlinePayloads,
+    LiveEvent,
+    LiveMessage,
+    ModelApi,
+    ModelRequest,
+    ResolvedModel,
+    TurnInput,
+    TurnRecord,
+    UpstreamError,
+)
+from engine.protocols.model_events import (
+    Finished,
+    ModelEvent,
+    ProviderItem,
+    ReasoningDelta,
+    StreamFailed,
+    StreamWarning,
+    TextDelta,
+    ToolCall,
+)
+from engine.run.actor import TurnActor
+from engine.run.context import TurnPorts
+from engine.run.live import InProcessBus
+from engine.run.supervisor import Folded
+from engine.settings import EngineSettings
+from engine.tools.calls import ToolContext, ToolHandle, ToolResult, ToolSpec
+
+EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
+IGNORED_FIELDS = {"turn.resumed": ("owner", "from_seq"), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
+
+
+@dataclass
+class VerifyResult:
+    ok: bool
+    expected: list[dict[str, Any]]
+    actual: list[dict[str, Any]]
+    diff: list[str] = field(default_factory=list)
+    note: str | None = None
+
+
+# -- normalization ------------------------------------------------------------------
+
+
+def normalize(events: list[Event]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for event in events:
+        data = dict(event.data)
+        for name in IGNORED_FIELDS.get(event.type, ()):
+            data.pop(name, None)
+        if event.type == "model.delta" and out and out[-1]["type"] == "model.delta" and out[-1]["data"]["kind"] == data["kind"]:
+            prev = out[-1]["data"]
+            prev["text"] += data["text"]
+            prev["lens"] = prev["lens"] + data["lens"]
+            continue
+        out.append({"type": event.type, "data": data})
+    # Concurrent tools may interleave differently: order tool runs per call.
+    result: list[dict[str, Any]] = []
+    run: list[dict[str, Any]] = []
+    for item in out + [{"type": "<end>"}]:
+        if item["type"] in ("tool.started", "tool.event", "tool.completed"):
+            run.append(item)
+            continue
+        if run:
+            result.extend(sorted(run, key=lambda e: e["data"]["call_id"]))
+            run = []
+        if item["type"] != "<end>":
+            result.append(item)
+    return result
+
+
+def _diff(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[str]:
+    lines = []
+    for i in range(max(len(expected), len(actual))):
+        a = expected[i] if i < len(expected) else None
+        b = actual[i] if i < len(actual) else None
+        if a != b:
+            lines.append(f"#{i + 1}: recorded {json.dumps(a, sort_keys=True)[:400]}")
+            lines.append(f"#{i + 1}: re-run   {json.dumps(b, sort_keys=True)[:400]}")
+            if len(lines) >= 20:
+                break
+    return lines
+
+
+# -- recorded side effects -------------------------------------------------------------
+
+
+class _Script:
+    """The recorded log, consumed by the re-run in order."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        self.rounds = self._rounds(events)
+        self.round_index = 0
+        self.tool_results = {e.data["call_id"]: e for e in events if e.type == "tool.completed"}
+        self.tool_events: dict[str, list[dict[str, Any]]] = {}
+        for e in events:
+            if e.type == "tool.event":
+                self.tool_events.setdefault(e.data["call_id"], []).append(e.data["event"])
+        self.fallbacks = [e.data.get("reason", "") for e in events if e.type == "model.fallback"]
+        self.on_external: Callable[[Event], None] = lambda _e: None
+
+    @staticmethod
+    def _rounds(events: list[Event]) -> list[list[Event]]:
+        """The events following each model request (one list per request attempt)."""
+        rounds: list[list[Event]] = []
+        current: list[Event] | None = None
+        for event in events:
+            if event.type in ("model.requested", "model.fallback"):
+                current = []
+                rounds.append(current)
+                continue
+            if current is None:
+                continue
+            current.append(event)
+            if event.type in ("model.completed", "turn.failed", "turn.cancelled", "turn.interrupted"):
+                current = None
+        return rounds
+
+
+class RecordedModelClient:
+    """Answers each model request with the recorded response of that request."""
+
+    def __init__(self, script: _Script) -> None:
+        self.script = script
+
+    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+        """One recorded event's worth of model events per batch (a ``model.delta``
+        window's chunks together, as a read would have carried them)."""
+        script = self.script
+        recorded = script.rounds[script.round_index] if script.round_index < len(script.rounds) else []
+        script.round_index += 1
+        usage = None
+        for event in recorded:
+            t = event.type
+            if t == "model.delta":
+                text, offset = event.data["text"], 0
+                kind = TextDelta if event.data["kind"] == "text" else ReasoningDelta
+                window: list[ModelEvent] = []
+                for n in event.data["lens"]:
+                    window.append(kind(text[offset : offset + n]))
+                    offset += n
+                if window:
+                    yield window
+            elif t == "model.item":
+                item = event.data["item"]
+                if item.get("type") == "function_call":
+                    yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"))]
+                else:
+                    yield [ProviderItem(item)]
+            elif t == "model.warning":
+                yield [StreamWarning(event.data["message"], event.data.get("raw"))]
+            elif t == "model.fallback":
+                return
+            elif t == "model.completed":
+                d = event.data
+                yield [Finished(d.get("finish_reason"), d.get("response_id"), d.get("usage") or usage, d.get("status"))]
+                return
+            elif t == "turn.failed":
+                error = event.data["error"]
+                if error.get("type") == "upstream_failed":
+                    yield [StreamFailed(error.get("message", ""), error.get("code"))]
+                    return
+                raise UpstreamError(error.get("message", ""), error.get("type", "upstream_error"), error.get("status"))
+            elif t in ("turn.cancel_requested", "turn.interrupted"):
+                script.on_external(event)
+                await asyncio.Event().wait()  # the actor is stopped from outside
+        if not recorded:
+            # The log shows this request refused, then a fallback to the full transcript.
+            reason = script.fallbacks.pop(0) if script.fallbacks else "previous response not found"
+            raise UpstreamError(reason, "previous_response_not_found", 400)
+
+
+class RecordedToolRunner:
+    """Returns each call's recorded result (re-emitting its recorded tool events).
+
+    Concurrent calls of a batch answer in the order the log shows they
+    completed: a call returns only once the calls that completed before it in
+    its batch are committed again (``committed`` is told by verify's bus). The
+    order of completions decides the order of the output items and of the
+    re-injected messages, so a re-run in call order would not reproduce a log
+    where a later call finished first.
+    """
+
+    def __init__(self, script: _Script) -> None:
+        self.script = script
+        self._stopped: set[str] = set()
+        self._before = self._completed_before(script.events)
+        self._committed: set[str] = set()
+        self._waiting: list[tuple[str, asyncio.Future[None]]] = []
+
+    @staticmethod
+    def _completed_before(events: list[Event]) -> dict[str, list[str]]:
+        """Per call, the calls of its batch whose results the log has before its."""
+        before: dict[str, list[str]] = {}
+        batch: list[str] = []
+        for event in events:
+            if event.type in ("tools.batch", "turn.resumed"):
+                batch = []
+            elif event.type == "tool.completed":
+                before[event.data["call_id"]] = list(batch)
+                batch.append(event.data["call_id"])
+        return before
+
+    def committed(self, event: Event) -> None:
+        """An event of the re-run is durable (called from verify's bus)."""
+        if event.type != "tool.completed":
+            return
+        self._committed.add(event.data["call_id"])
+        for call_id, future in list(self._waiting):
+            if self._ready(call_id):
+                self._waiting.remove((call_id, future))
+                if not future.done():
+                    future.set_result(None)
+
+    def _ready(self, call_id: str) -> bool:
+        return all(p in self._committed for p in self._before.get(call_id, ()))
+
+    async def _in_turn(self, call_id: str) -> None:
+        if not self._ready(call_id):
+            future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            self._waiting.append((call_id, future))
+            await future
+
+    async def run(
+        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
+    ) -> tuple[ToolResult, str | None]:
+        for emitted in self.script.tool_events.get(ctx.call_id or "", []):
+            if ctx.emit is not None:
+                await ctx.emit(emitted)
+        call_id = ctx.call_id or ""
+        recorded = self.script.tool_results.get(call_id)
+        started = self._started_seq(call_id)
+        stop = next(
+            (
+                e
+                for e in self.script.events
+                if e.type in ("turn.cancel_requested", "turn.interrupted")
+                and e.seq > started
+                and (recorded is None or e.seq < recorded.seq)
+            ),
+            None,
+        )
+        if stop is not None and call_id not in self._stopped:
+            # The log shows a cancel or a crash while this tool ran.
+            self._stopped.add(call_id)
+            self.script.on_external(stop)
+            await asyncio.Event().wait()
+        while recorded is None:  # the log ends while this tool ran: it never answers
+            await asyncio.Event().wait()
+        await self._in_turn(call_id)
+        d = recorded.data
+        result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
+        return result, d.get("error")
+
+    def _started_seq(self, call_id: str | None) -> int:
+        for event in self.script.events:
+            if event.type == "tool.started" and event.data["call_id"] == call_id:
+                return event.seq
+        return 0
+
+
+class RecordedCodeRunner:
+    """Legacy code blocks: their recorded outputs, in order."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.outputs = [
+            json.loads(e.data.get("output") or "{}") for e in events if e.type == "tool.completed" and e.data.get("name") == "code_interpreter"
+        ]
+
+    async def run(self, code: str, lang: str) -> dict[str, Any]:
+        if not self.outputs:
+            await asyncio.Event().wait()
+        output: dict[str, Any] = self.outputs.pop(0)
+        return output
+
+
+class _CommitBus(InProcessBus):
+    """The re-run's live bus, which also tells ``on_commit`` of each committed event."""
+
+    def __init__(self, on_commit: Callable[[Event], None]) -> None:
+        super().__init__()
+        self._on_commit = on_commit
+
+    def publish(self, turn_id: str, message: LiveMessage) -> None:
+        super().publish(turn_id, message)
+        if isinstance(message, LiveEvent):
+            self._on_commit(message.event)
+
+
+class _RecordedAssembler:
+    """The assembly the log shows: its steps, then ``assembly.completed``."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+
+    async def assemble(self, turn: TurnInput) -> list[EventData]:
+        steps: list[EventData] = [AssemblyStep.model_validate(e.data) for e in self.events if e.type == "assembly.step"]
+        completed = [AssemblyCompleted.model_validate(e.data) for e in self.events if e.type == "assembly.completed"]
+        return [*steps, *completed[:1]]
+
+
+class _RecordedHandle:
+    def __init__(self, spec: ToolSpec) -> None:
+        self.spec = spec
+
+    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # never called: the runner answers
+        raise RuntimeError("verify never runs tools")
+
+
+def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
+    """Handles for the tools that had one live: their specs keep exactly the keys
+    the live filtering kept, so filtering again gives the same arguments."""
+    handles: dict[str, ToolHandle] = {}
+    for event in events:
+        if event.type != "tool.started":
+            continue
+        d = event.data
+        props = handles[d["name"]].spec.parameters["properties"] if d["name"] in handles else {}
+        props = {**props, **{k: {} for k in json.loads(d["arguments"] or "{}")}}
+        spec = ToolSpec(
+            name=d["name"],
+            description="",
+            parameters={"type": "object", "properties": props},
+            tool_id=d.get("tool_id") or "",
+            kind=d.get("kind", "server"),
+            idempotent=d.get("idempotent", False),
+        )
+        handles[d["name"]] = _RecordedHandle(spec)
+    return handles
+
+
+class _RecordedModels:
+    """Every model resolves, to the API the log shows it used, with no upstream."""
+
+    def __init__(self, events: list[Event]) -> None:
+        apis: list[ModelApi] = [e.data.get("api", "chat") for e in events if e.type == "model.requested"]
+        self.api: ModelApi = apis[0] if apis else "chat"
+
+    async def resolve(self, model: str) -> ResolvedModel | None:
+        return ResolvedModel(provider=None, upstream_model=model, api=self.api)
+
+    async def list_models(self) -> list[dict[str, Any]]:
+        return []
+
+
+# -- the re-run ------------------------------------------------------------------------
+
+
+async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[str, Any] | None = None) -> VerifyResult:
+    """Re-run the turn of ``events`` on the scratch store and compare the logs.
+
+    ``scratch`` must be an empty-enough store (turn ids are unique, so one
+    scratch store can verify many turns).
+    """
+    if not events or events[0].type != "turn.started":
+        return VerifyResult(False, [], [], ["the log does not start with turn.started"])
+    turn_id = events[0].turn_id
+    script = _Script(events)
+    started = events[0]
+    stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(
+        e.type == "model.fallback" for e in events
+    )
+    limit = max([e.data["limit"] for e in events if e.type == "turn.iteration_limit"] or [256])
+    settings = EngineSettings(
+        lease_seconds=3600,
+        flush_interval=3600,
+        flush_max_chunks=1 << 30,
+        max_tool_call_iterations=limit,
+        responses_stateful=stateful,
+        **(config or {}),
+    )
+    record = TurnRecord(
+        id=turn_id, chat_id=started.data["chat_id"], user_id=started.data["user_id"], model=started.data["model"],
+        status="running", created_at=started.at, updated_at=started.at, owner="verify",
+    )
+    fencing = await scratch.start_turn(record, [started], lease_seconds=3600)
+    tool_runner = RecordedToolRunner(script)
+    bus = _CommitBus(tool_runner.committed)
+    ports = TurnPorts(
+        models=_RecordedModels(events),
+        model_client=RecordedModelClient(script),
+        assembler=_RecordedAssembler(events),
+        tools=_recorded_handles(events),
+        tool_runner=tool_runner,
+        code=RecordedCodeRunner(events),
+        payloads=InlinePayloads(),
+    )
+
+    def make_actor(folded: Folded, token: int) -> TurnActor:
+        return TurnActor(
+            view=folded.view, state=folded.state, fencing=token, store=scratch, bus=bus, ports=ports, settings=settings, owner="verify"
+        )
+
+    actor = make_actor(Folded.of(turn_id, [started]), fencing)
+    external: asyncio.Queue[Event] = asyncio.Queue()
+    script.on_external = external.put_nowait
+    actor.start()
+    while True:
+        done_task: asyncio.Future[None] = asyncio.ensure_future(asyncio.shield(actor.done))
+        ext_task: asyncio.Future[Event] = asyncio.ensure_future(external.get())
+        finished, _ = await asyncio.wait((done_task, ext_task), return_when=asyncio.FIRST_COMPLETED)
+        if done_task in finished:
+            ext_task.cancel()
+            break
+        done_task.cancel()
+        event = ext_task.result()
+        if event.type == "turn.cancel_requested":
+            await actor.cancel(event.data.get("by"))
+            break
+        # A crash: stop the actor as the dead process stopped (its open window is
+        # durable in the log, so it is kept), then do what the log shows came next.
+        await actor.halt()
+        current = Folded.of(turn_id, await scratch.read(turn_id))
+        token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or fencing
+        follow_up = [e for e in events if e.seq > event.seq and e.type in ("turn.resumed", "turn.cancel_requested")]
+        next_events: list[EventData] = [TurnInterrupted(last_owner="verify")]
+        if follow_up and follow_up[0].type == "turn.cancel_requested":
+            next_events += [TurnCancelRequested(), TurnCancelled()]
+        for data in next_events:
+            appended = make_event(turn_id, current.view.last_seq + 1, data)
+            await scratch.append([appended], fencing=token)
+            current.apply(appended)
+        if not follow_up or follow_up[0].type != "turn.resumed":
+            break
+        actor = make_actor(current, token)
+        actor.start(resume=True)
+    actual_events = await scratch.read(turn_id)
+    expected = normalize(events)
+    actual = normalize(actual_events)
+    diff = _diff(expected, actual)
+    return VerifyResult(not diff, expected, actual, diff)

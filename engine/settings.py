@@ -1,0 +1,33 @@
+"""The engine's settings: one object, built once from the configuration and
+passed down unchanged to the supervisor and every turn it runs.
+
+The service's configuration (``adapters.config.Settings``) reads environment
+variables and TOML; it makes one ``EngineSettings`` (``Settings.engine()``) and
+nothing in ``engine/`` ever copies these values into another settings class.
+``verify`` makes its own with ``dataclasses.replace``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    # A running turn's owner lease; renewed every third of it.
+    lease_seconds: float = 10.0
+    # Resume interrupted turns on start and when an expired lease is found.
+    auto_resume: bool = True
+    # Group commit of token deltas: a window is sealed after this many seconds
+    # or chunks, whichever comes first.
+    flush_interval: float = 0.05
+    flush_max_chunks: int = 512
+    # Sealed windows allowed in flight before the model stream waits for the writer.
+    max_inflight_flushes: int = 4
+    # Agent-loop cap (tool rounds); -1 = unlimited.
+    max_tool_call_iterations: int = 256
+    tool_timeout: float = 60.0
+    direct_tool_timeout: float = 60.0
+    responses_stateful: bool = False
+    # Event payload strings above this size are stored as blobs and referenced.
+    inline_limit: int = 64 * 1024
