@@ -78,6 +78,29 @@ class Settings(BaseSettings):
     demo: bool = False
     demo_chunk_delay: float = Field(default=0.1, ge=0)
     models: dict[str, ModelSettings] = Field(default_factory=dict)
+    # -- memories, files, knowledge, retrieval --------------------------------
+    # Embeddings: "openai" (an OpenAI-compatible /v1/embeddings; base URL and key
+    # default to the OpenAI upstream's), "local" (the `local-embeddings` extra),
+    # or "none": retrieval is lexical (BM25) only.
+    embedding_engine: Literal["openai", "local", "none"] = "none"
+    embedding_model: str | None = None
+    embedding_base_url: str | None = None
+    embedding_api_key: SecretStr | None = None
+    embedding_batch_size: int = Field(default=64, ge=1)
+    # Uploads: larger files get 413; what `POST /v1/files` accepts.
+    max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    # Chunking (tokens of the cl100k encoding) and retrieval.
+    chunk_tokens: int = Field(default=400, ge=16)
+    chunk_overlap_tokens: int = Field(default=50, ge=0)
+    rag_top_k: int = Field(default=5, ge=1)
+    rag_relevance_threshold: float = 0.0
+    rag_hybrid: bool = True  # vectors and BM25 together (with embeddings configured)
+    rag_template: str | None = None  # None: the default template
+    # A turn naming a file still being processed waits this long for it.
+    file_wait_seconds: float = Field(default=30.0, ge=0)
+    memory_top_k: int = Field(default=3, ge=1)
+    # Filter valves: [filters.NAME] tables of the TOML file.
+    filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     @field_validator("auth", mode="before")
     @classmethod
@@ -103,6 +126,11 @@ class Settings(BaseSettings):
             tool_timeout=self.tool_timeout,
             direct_tool_timeout=self.direct_tool_timeout,
             responses_stateful=self.responses_stateful,
+            task_model=self.task_model,
+            rag_system_context=self.rag_system_context,
+            rag_template=self.rag_template,
+            memory_top_k=self.memory_top_k,
+            file_wait_seconds=self.file_wait_seconds,
         )
 
     def auth_enabled(self) -> bool:

@@ -326,6 +326,136 @@ class InlinePayloads:
         return payload
 
 
+# -- memories, files and knowledge --------------------------------------------------------
+
+
+class EmbeddingError(Exception):
+    """The embedding model failed (transport, HTTP status, an answer that is not vectors)."""
+
+
+class Embedder(Protocol):
+    """Text to vectors: an OpenAI-compatible ``/v1/embeddings``, or a local model."""
+
+    @property
+    def model(self) -> str:
+        """The model's name (recorded with what it embedded)."""
+        ...
+
+    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """One vector per text, in order (the adapter batches). Raises ``EmbeddingError``."""
+        ...
+
+
+class RetrievalError(Exception):
+    """A search over memories or documents could not be made (the reason is its message)."""
+
+
+@dataclass(frozen=True)
+class MemoryHit:
+    id: str
+    content: str
+    created_at: float
+    score: float  # higher is closer
+
+
+class MemorySearch(Protocol):
+    """A user's memories, nearest first."""
+
+    async def search(self, user_id: str, query: str, k: int) -> list[MemoryHit]:
+        """Raises ``RetrievalError``."""
+        ...
+
+
+@dataclass(frozen=True)
+class FileRef:
+    """A file or a knowledge collection a request (or a model profile) names."""
+
+    type: Literal["file", "collection"]
+    id: str
+    full: bool = False  # ``context: "full"``: the whole documents, no retrieval
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """What a reference is at the moment of asking."""
+
+    ref: FileRef
+    name: str
+    status: Literal["processing", "ready", "failed", "missing"]
+    reason: str | None = None  # why it is failed or missing
+
+
+class Knowledge(Protocol):
+    """The user's files and collections, and retrieval over them."""
+
+    async def describe(self, user_id: str, refs: Sequence[FileRef], *, wait: float) -> list[FileInfo]:
+        """Each reference's state, after waiting up to ``wait`` seconds for those
+        still processing. Unknown or someone else's: ``missing``."""
+        ...
+
+    async def retrieve(self, user_id: str, refs: Sequence[FileRef], queries: Sequence[str]) -> list[dict[str, Any]]:
+        """Sources for the queries over the ready references, best first:
+        ``{"source": {"id", "name", "type"}, "document": [text...],
+        "metadata": [{"source", "name", "file_id", ...}...], "distances"?: [...]}``.
+        A ``full`` reference gives its whole text. Raises ``RetrievalError``."""
+        ...
+
+
+class FilterError(Exception):
+    """An inlet filter raised: the turn fails with this (``filter`` names it)."""
+
+    def __init__(self, filter: str, message: str) -> None:
+        super().__init__(f"filter {filter}: {message}")
+        self.filter = filter
+        self.message = message
+
+
+@dataclass(frozen=True)
+class FilterRun:
+    """One filter's part in a hook: what it did, or the error it was skipped for."""
+
+    filter: str
+    changed: bool = False
+    error: str | None = None
+
+
+class Filters(Protocol):
+    """Open WebUI-style ``class Filter`` modules, in priority order."""
+
+    def hooks(self) -> frozenset[str]:
+        """Which of ``inlet``, ``stream``, ``outlet`` some filter defines."""
+        ...
+
+    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        """The request body after every ``inlet``. Raises ``FilterError``."""
+        ...
+
+    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        """A delta event (``{"type": "delta", "kind", "content"}``) after every
+        ``stream``; a filter that raises is skipped (its run says why)."""
+        ...
+
+    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        """The finished body (``{"model", "chat_id", "messages": [..., the
+        assistant message with content and output]}``) after every ``outlet``;
+        a filter that raises is skipped."""
+        ...
+
+
+class NoFilters:
+    def hooks(self) -> frozenset[str]:
+        return frozenset()
+
+    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        return body, []
+
+    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        return event, []
+
+    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        return body, []
+
+
 # -- assembly --------------------------------------------------------------------------
 
 

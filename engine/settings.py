@@ -31,3 +31,11 @@ class EngineSettings:
     responses_stateful: bool = False
     # Event payload strings above this size are stored as blobs and referenced.
     inline_limit: int = 64 * 1024
+    # Titles, tags, follow-ups and retrieval queries: this model (None: the turn's).
+    task_model: str | None = None
+    # Retrieved sources in the system message instead of the last user message.
+    rag_system_context: bool = False
+    rag_template: str | None = None  # None: the default RAG template
+    memory_top_k: int = 3
+    # A turn naming a file still being processed waits this long for it.
+    file_wait_seconds: float = 30.0
