@@ -1,0 +1,1 @@
+"""Memories, files and knowledge collections: storage, ingestion and retrieval."""
