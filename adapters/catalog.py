@@ -165,4 +165,7 @@ class Catalog:
             api=getattr(provider, "api", "chat"),
             system=profile.system if profile else None,
             params=dict(profile.params) if profile else {},
+            function_calling=profile.function_calling if profile else None,
+            capabilities=dict(profile.capabilities) if profile else {},
+            knowledge=tuple(profile.knowledge) if profile else (),
         )

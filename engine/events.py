@@ -77,6 +77,15 @@ class AssemblyCompleted(EventData):
     # ``{"index", "turn_id"}``: ``new_messages[index]`` is the client's copy of that
     # earlier turn's answer, which the history expands from that turn's log.
     turn_refs: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
+    # How many turns the chat had before this one (titles and tags are for the first).
+    chat_turns: int = Field(default=0, exclude_if=lambda v: not v)
+    # The sources in the context, as clients see them: ``{"id": N, "name", "type", "url"?}``,
+    # ``N`` being the ``[N]`` the model cites.
+    sources: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
+    # The context before sources went into it: ``{"role", "index", "message",
+    # "source_ids"}`` — the loop rebuilds the message from it when tool results
+    # add citations, so the context is carried once, never piled up.
+    rag: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ModelRequested(EventData):
@@ -189,6 +198,11 @@ class ContextReinjected(EventData):
     messages: list[dict[str, Any]] = Field(default_factory=list)
     previous_response_id: str | None = None
     input_items: list[dict[str, Any]] = Field(default_factory=list)
+    # The message holding the sources, rebuilt from the pre-context snapshot with
+    # the tool results' citations added: ``{"index", "message"}``.
+    rewrite: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Sources the tools of this round added, numbered after the earlier ones.
+    sources: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class IterationLimit(EventData):
@@ -212,9 +226,14 @@ class TurnFinalized(EventData):
 
 
 class OutletApplied(EventData):
+    """What the outlet filters made of the finished answer: the output items and
+    the content derived from them (what the turn now shows)."""
+
     TYPE: ClassVar[str] = "outlet.applied"
     filters: list[str] = Field(default_factory=list)
+    runs: list[dict[str, Any]] = Field(default_factory=list)
     content: str | None = None
+    output: list[dict[str, Any]] | None = None
 
 
 class BackgroundStarted(EventData):
@@ -223,10 +242,14 @@ class BackgroundStarted(EventData):
 
 
 class BackgroundResult(EventData):
+    """A background task's outcome: the parsed ``result``, or why there is none;
+    ``reply`` is the task model's raw answer (what a replay answers with)."""
+
     TYPE: ClassVar[str] = "background.result"
     task: str
     result: Any = None
     error: str | None = None
+    reply: str | None = None
 
 
 class TurnCompleted(EventData):

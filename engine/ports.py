@@ -134,6 +134,11 @@ class EventStore(Protocol):
         """Turns still marked running whose lease has expired."""
         ...
 
+    async def set_chat_meta(self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None) -> None:
+        """A chat's title and/or tags (None leaves a field as it is): the index
+        the chat listing reads, kept in step with the background tasks' results."""
+        ...
+
     async def create_api_key(self, user_id: str) -> str: ...
 
     async def user_for_api_key(self, key: str) -> str | None: ...
@@ -230,6 +235,12 @@ class ResolvedModel:
     api: ModelApi = "chat"
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    # The operator's profile of the model: its default function calling,
+    # capabilities (``file_context``, ``builtin_tools``, ...: absent means on)
+    # and attached knowledge collections.
+    function_calling: Literal["native", "default"] | None = None
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    knowledge: tuple[str, ...] = ()
 
 
 class ModelCatalog(Protocol):
@@ -417,6 +428,9 @@ class FilterRun:
     filter: str
     changed: bool = False
     error: str | None = None
+    # An inlet filter with ``file_handler = True`` handles files itself: the
+    # turn then retrieves none.
+    file_handler: bool = False
 
 
 class Filters(Protocol):
@@ -431,8 +445,10 @@ class Filters(Protocol):
         ...
 
     def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
-        """A delta event (``{"type": "delta", "kind", "content"}``) after every
-        ``stream``; a filter that raises is skipped (its run says why)."""
+        """A delta, shaped as Open WebUI's stream filters expect it — a
+        ``chat.completion.chunk``: ``{"choices": [{"index": 0, "delta":
+        {"content" | "reasoning_content": text}}]}`` — after every ``stream``; a
+        filter that raises is skipped (its run says why)."""
         ...
 
     async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
@@ -469,6 +485,26 @@ class TurnInput:
     model: str
     request: dict[str, Any]
     created_at: float
+
+
+class AssemblyError(Exception):
+    """Assembly cannot go on (an inlet filter raised): the turn fails with this,
+    after the steps that ran are recorded (``steps``)."""
+
+    def __init__(self, message: str, type: str, steps: Sequence[EventData]) -> None:
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.steps = list(steps)
+
+
+class TaskModel(Protocol):
+    """The model that writes titles, tags, follow-ups and retrieval queries
+    (``verify``'s answers from the log)."""
+
+    async def ask(self, task: str, prompt: str) -> str:
+        """The reply's text. Raises ``UpstreamError``."""
+        ...
 
 
 class Assembler(Protocol):

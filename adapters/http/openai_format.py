@@ -37,6 +37,8 @@ class ChunkRenderer:
         self.last_sent = after
         self.include_usage = include_usage
         self.done = False
+        self.answered = False  # [DONE] was sent
+        self._answer_now = False
         self._prefix: bytes | None = None
 
     def _chunk_prefix(self) -> bytes:
@@ -83,14 +85,22 @@ class ChunkRenderer:
                 if not out.pieces:
                     continue
                 parts.append(self._sse(out.pos, [self._chunk(_delta(out.pieces))]))
+            elif out.event.type == "background.result":
+                # After [DONE]: a named event, which OpenAI clients (stopped at
+                # [DONE]) never see and a raw SSE reader can take.
+                parts.append(b"event: turnlog\nid: %d\ndata: %s\n\n" % (out.pos, _dumps({"background": out.event.data}).encode()))
             else:
                 payloads = self._event_payloads(out)
                 if out.pieces:
                     payloads.insert(0, self._chunk(_delta(out.pieces)))
                 if payloads:
                     parts.append(self._sse(out.pos, payloads))
-                if self.done:
+                if (self.done or self._answer_now) and not self.answered:
+                    # The answer is final: OpenAI clients stop here (background
+                    # tasks, if any, follow as named events until the turn ends).
+                    self.answered = True
                     parts.append(b"data: [DONE]\n\n")
+                self._answer_now = False
                 if not payloads:
                     continue
             self.last_sent = out.pos
@@ -117,6 +127,20 @@ class ChunkRenderer:
             return [self._chunk({}, extra={"turnlog": {"warnings": warnings_of(event.data.get("detail") or {})}})]
         if t == "tool.event":
             return [self._chunk({}, extra={"turnlog": {"tool_event": event.data}})]
+        if t in ("assembly.completed", "context.reinjected") and event.data.get("sources"):
+            # The sources in the context: the [N] the model cites.
+            return [*payloads, self._chunk({}, extra={"turnlog": {"sources": event.data["sources"]}})]
+        if t == "assembly.step" and event.data.get("step") == "files":
+            warnings = file_warnings(event.data.get("detail") or {})
+            return [self._chunk({}, extra={"turnlog": {"warnings": warnings}})] if warnings else []
+        if t == "outlet.applied":
+            if event.data.get("content") is None:
+                return []
+            return [self._chunk({}, extra={"turnlog": {"outlet": {"content": event.data["content"]}}})]
+        if t == "background.started":
+            self._answer_now = True
+            usage = _openai_usage(v.usage)
+            return [self._usage_chunk(usage)] if self.include_usage and usage else []
         if t == "turn.iteration_limit":
             error = {"message": event.data.get("message", ""), "type": "iteration_limit"}
             return [*payloads, self._chunk({}, extra={"turnlog": {"error": error}})]
@@ -129,7 +153,7 @@ class ChunkRenderer:
         if t == "turn.completed":
             self.done = True
             usage = _openai_usage(v.usage)
-            return [self._usage_chunk(usage)] if self.include_usage and usage else []
+            return [self._usage_chunk(usage)] if self.include_usage and usage and not self.answered else []
         if t == "turn.cancelled":
             self.done = True
             # Calls the cancel left incomplete, then the end.

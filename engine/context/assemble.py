@@ -9,7 +9,7 @@ its result.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 from engine.context.history import History, expand, reconcile, recorded_new
 from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
@@ -56,6 +56,9 @@ class ModelProfile:
 
     system: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
+    function_calling: Literal["native", "default"] | None = None
+    capabilities: dict[str, Any] = field(default_factory=dict)
+    knowledge: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -110,10 +113,21 @@ def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict
     return add_or_update_user_message(text, list(messages), append=True)
 
 
-def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -> Assembled:
+@dataclass(frozen=True)
+class ReconciledMessages:
+    """The conversation for the model, and what this turn adds to its chat."""
+
+    messages: list[dict[str, Any]]
+    new_messages: list[dict[str, Any]]
+    turn_refs: list[dict[str, Any]]
+    history_reset: bool
+    history_len: int  # messages that came from the stored history
+
+
+def reconcile_messages(request: dict[str, Any], history: History) -> ReconciledMessages:
     """``history``: the chat's stored turns; reconciled with the request's messages
-    by ``engine.context.history`` (API.md §8), the result recorded as the turn's new
-    messages so the next turn's history is right whichever way it is sent."""
+    by ``engine.context.history``, the result recorded as the turn's new messages
+    so the next turn's history is right whichever way it is sent."""
     incoming = list(request.get("messages") or [])
     # System messages are per request, never part of the stored history: left
     # out of the comparison, they go first.
@@ -124,19 +138,32 @@ def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -
     else:
         messages = [*(m for m in incoming if m.get("role") == "system"), *reconciled.messages]
     new_messages, turn_refs = recorded_new(reconciled.new_entries)
+    return ReconciledMessages(
+        messages=messages,
+        new_messages=new_messages,
+        turn_refs=turn_refs,
+        history_reset=reconciled.replaced,
+        history_len=len(expand(reconciled.entries[: reconciled.history_len])),
+    )
+
+
+def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -> Assembled:
+    """History, system prompt and the legacy code-interpreter prompt in one call
+    (the first steps of ``engine.context.steps``, for callers that need no more)."""
+    reconciled = reconcile_messages(request, history)
     params = request.get("params") if isinstance(request.get("params"), dict) else {}
     system = params.get("system") if params and params.get("system") else profile.system
-    messages = with_system_prompt(messages, system)
+    messages = with_system_prompt(reconciled.messages, system)
     if legacy_code_interpreter(request):
-        # Legacy mode: the instructions go with the user's message (behaviour spec §3.15).
+        # Legacy mode: the instructions go with the user's message.
         messages = _append_to_last_user(messages, CODE_INTERPRETER_PROMPT)
     return Assembled(
         messages=messages,
         params=upstream_params(request, profile),
-        history_len=len(expand(reconciled.entries[: reconciled.history_len])),
-        new_messages=new_messages,
-        history_reset=reconciled.replaced,
-        turn_refs=turn_refs,
+        history_len=reconciled.history_len,
+        new_messages=reconciled.new_messages,
+        history_reset=reconciled.history_reset,
+        turn_refs=reconciled.turn_refs,
     )
 
 

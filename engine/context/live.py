@@ -1,8 +1,9 @@
 """The live assembler: from the client's request and the chat to the upstream request.
 
-It runs once per turn, in the ``assembling`` state, and its result is recorded
-(``assembly.step`` events, then ``assembly.completed``), so a resume or a
-``verify`` never assembles again.
+It runs the steps of ``engine.context.steps`` in order, once per turn, in the
+``assembling`` state; each step that did something is recorded as an
+``assembly.step`` event, then the result as ``assembly.completed`` — so a resume
+or a ``verify`` never assembles again.
 """
 
 from __future__ import annotations
@@ -11,12 +12,39 @@ import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from engine.context.assemble import ModelProfile, assemble
+from engine.context.assemble import ModelProfile
 from engine.context.history import History
-from engine.context.unsupported import unsupported_step
+from engine.context.steps import (
+    ChatHistory,
+    CodeInterpreterPrompt,
+    Draft,
+    Files,
+    InletFilters,
+    Memory,
+    Params,
+    SourceContext,
+    Step,
+    StepFailed,
+    SystemMessages,
+    Unsupported,
+)
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.fold.chat import chat_turn_views, stored_history
-from engine.ports import EventStore, ModelCatalog, ModelClient, ModelRequest, ResolvedModel, ToolRunner, TurnInput, UpstreamError
+from engine.ports import (
+    AssemblyError,
+    EventStore,
+    Filters,
+    Knowledge,
+    MemorySearch,
+    ModelCatalog,
+    ModelClient,
+    ModelRequest,
+    ResolvedModel,
+    TaskModel,
+    ToolRunner,
+    TurnInput,
+    UpstreamError,
+)
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
@@ -35,6 +63,10 @@ class LiveAssembler:
         tool_runner: ToolRunner,
         tools: Mapping[str, ToolHandle],
         settings: EngineSettings,
+        filters: Filters,
+        task_model: TaskModel,
+        memories: MemorySearch | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
         self._store = store
         self._models = models
@@ -42,53 +74,60 @@ class LiveAssembler:
         self._tool_runner = tool_runner
         self._tools = tools
         self._settings = settings
+        self._filters = filters
+        self._task_model = task_model
+        self._memories = memories
+        self._knowledge = knowledge
 
     async def assemble(self, turn: TurnInput) -> Sequence[EventData]:
         resolved = await self._models.resolve(turn.model)
-        profile = ModelProfile(
-            system=resolved.system if resolved else None,
-            params=resolved.params if resolved else {},
-        )
-        history = History()
+        history, chat_turns = History(), 0
         if turn.request.get("chat_id"):  # a chat the client names may have earlier turns
-            views = await chat_turn_views(self._store, turn.chat_id, before=turn.created_at)
-            history = stored_history([w for w in views if w.id != turn.id])
-        assembled = assemble(turn.request, history, profile)
-        params = dict(assembled.params)
-        messages = assembled.messages
+            views = [w for w in await chat_turn_views(self._store, turn.chat_id, before=turn.created_at) if w.id != turn.id]
+            history, chat_turns = stored_history(views), len(views)
+        draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))
         steps: list[EventData] = []
-        if is_legacy(turn.request) and self._tools and resolved is not None:
-            # Legacy (prompt-based) tools: the task model picks tools before the
-            # main call, they run now, their results become context.
-            step, messages = await self._legacy_tools(turn, resolved, messages)
-            steps.append(step)
-        else:
-            tools = [*(params.get("tools") or []), *(h.spec.openai_tool() for h in self._tools.values())]
-            if tools:
-                params["tools"] = tools
+        pipeline: list[Step] = [
+            Params(),
+            ChatHistory(history, chat_turns),
+            InletFilters(self._filters),
+            Memory(self._memories, self._settings.memory_top_k),
+            CodeInterpreterPrompt(),
+            Unsupported(),
+            _Tools(self, resolved),
+            Files(self._knowledge, self._task_model, self._settings.file_wait_seconds),
+            SourceContext(self._settings.rag_template, self._settings.rag_system_context),
+            SystemMessages(),
+        ]
+        for step in pipeline:
+            try:
+                detail = await step.run(draft)
+            except StepFailed as exc:
+                steps.append(AssemblyStep(step=step.name, detail=exc.detail))
+                raise AssemblyError(exc.message, exc.type, steps) from exc
+            if detail is not None:
+                steps.append(AssemblyStep(step=step.name, detail=detail))
         steps.append(
             AssemblyCompleted(
-                messages=messages,
-                params=params,
-                history_len=assembled.history_len,
-                new_messages=assembled.new_messages,
-                history_reset=assembled.history_reset,
-                turn_refs=assembled.turn_refs,
+                messages=draft.messages,
+                params=draft.params,
+                history_len=draft.history_len,
+                new_messages=draft.new_messages,
+                history_reset=draft.history_reset,
+                turn_refs=draft.turn_refs,
+                chat_turns=draft.chat_turns,
+                sources=draft.numbered,
+                rag=draft.rag,
             )
         )
-        # Fields the client switched on that do nothing yet: recorded first, so the
-        # client is told early in the stream (engine.context.unsupported).
-        ignored = unsupported_step(turn.request)
-        if ignored is not None:
-            steps.insert(0, ignored)
         return steps
 
-    async def _legacy_tools(
-        self, turn: TurnInput, resolved: ResolvedModel, messages: list[dict[str, Any]]
-    ) -> tuple[AssemblyStep, list[dict[str, Any]]]:
+    async def legacy_tools(self, draft: Draft, resolved: ResolvedModel) -> dict[str, Any]:
+        """Legacy (prompt-based) tools: the task model picks tools before the main
+        call, they run now, their results become context."""
         handles = self._tools
         specs = [h.spec.openai_tool()["function"] for h in handles.values()]
-        request = ModelRequest(messages=build_selection_request(specs, messages), params={})
+        request = ModelRequest(messages=build_selection_request(specs, draft.messages), params={})
         reply: list[str] = []
         try:
             async for events in self._model_client.stream(resolved, request, _selection_ids()):
@@ -97,20 +136,54 @@ class LiveAssembler:
                         reply.append(event.text)
         except UpstreamError as exc:
             # Tool selection is best effort: the answer goes on without tools.
-            return AssemblyStep(step="legacy_tools", detail={"error": exc.message, "calls": [], "sources": []}), messages
+            return {"error": exc.message, "calls": [], "sources": []}
         calls = parse_selection("".join(reply), set(handles))
         sources: list[dict[str, Any]] = []
         ran: list[dict[str, Any]] = []
+        turn = draft.turn
         for index, (name, parameters) in enumerate(calls):
             handle = handles[name]
             args = filter_arguments(handle.spec, parameters)
-            ctx = ToolContext(user={"id": turn.user_id}, messages=list(messages), files=[], metadata={"turn_id": turn.id}, emit=None, call_id=f"legacy_{index}")
+            ctx = ToolContext(
+                user={"id": turn.user_id}, messages=list(draft.messages), files=[], metadata={"turn_id": turn.id}, emit=None, call_id=f"legacy_{index}"
+            )
             result, _error = await self._tool_runner.run(name, args, handle, ctx, handle.spec.timeout or self._settings.tool_timeout)
             ran.append({"name": name, "arguments": args, "output": result.text, "status": result.status})
             if result.text:
                 sources.append(tool_source(handle.spec.tool_id, name, args, result.text))
-        step = AssemblyStep(step="legacy_tools", detail={"reply": "".join(reply), "calls": ran, "sources": sources})
-        return step, with_tool_context(messages, sources)
+        draft.messages = with_tool_context(draft.messages, sources)
+        return {"reply": "".join(reply), "calls": ran, "sources": sources}
+
+
+class _Tools:
+    """The tools the model is offered (native), or run before it (legacy)."""
+
+    name = "legacy_tools"
+
+    def __init__(self, assembler: LiveAssembler, resolved: ResolvedModel | None) -> None:
+        self._assembler = assembler
+        self._resolved = resolved
+
+    async def run(self, draft: Draft) -> dict[str, Any] | None:
+        handles = self._assembler._tools
+        if draft.mode == "default" and handles and self._resolved is not None:
+            return await self._assembler.legacy_tools(draft, self._resolved)
+        tools = [*(draft.params.get("tools") or []), *(h.spec.openai_tool() for h in handles.values())]
+        if tools:
+            draft.params["tools"] = tools
+        return None
+
+
+def _profile(resolved: ResolvedModel | None) -> ModelProfile:
+    if resolved is None:
+        return ModelProfile()
+    return ModelProfile(
+        system=resolved.system,
+        params=resolved.params,
+        function_calling=resolved.function_calling,
+        capabilities=resolved.capabilities,
+        knowledge=resolved.knowledge,
+    )
 
 
 def _selection_ids() -> Callable[[str], str]:
@@ -119,18 +192,11 @@ def _selection_ids() -> Callable[[str], str]:
     return lambda prefix: f"{prefix}_selection_{next(counter)}"
 
 
-def is_legacy(request: dict[str, Any]) -> bool:
-    params = request.get("params")
-    return isinstance(params, dict) and params.get("function_calling") == "default"
-
-
 def with_tool_context(messages: list[dict[str, Any]], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Prepend the tool results, as numbered sources, to the last user message."""
     if not sources:
         return messages
-    blocks = "\n".join(
-        f'<source id="{i}" name="{s["source"]["name"]}">{s["document"][0]}</source>' for i, s in enumerate(sources, 1)
-    )
+    blocks = "\n".join(f'<source id="{i}" name="{s["source"]["name"]}">{s["document"][0]}</source>' for i, s in enumerate(sources, 1))
     context = f"Use these tool results to answer; cite them as [id].\n<context>\n{blocks}\n</context>\n\n"
     out = list(messages)
     for i in range(len(out) - 1, -1, -1):

@@ -21,26 +21,24 @@ STEP = "unsupported"
 
 # Why each field is ignored, in the words the client sees.
 REASONS: dict[str, str] = {
-    "features.memory": "memories are not stored or retrieved yet",
+    "features.memory": (
+        'with native function calling memories are the model\'s tools, which are not available yet; '
+        'with params.function_calling: "default" they are injected'
+    ),
     "features.web_search": "web search is not available yet",
     "features.image_generation": "image generation is not available yet",
     "features.code_interpreter": (
         'the code interpreter runs only with params.function_calling: "default" '
         "(code blocks in the answer); with native function calling it is not available yet"
     ),
-    "files": (
-        "files and knowledge collections are not retrieved into the context yet "
-        "(server tools still receive them as __files__)"
-    ),
-    "background_tasks": "titles, tags and follow-ups are not generated yet",
 }
 
 
-def ignored_fields(request: dict[str, Any]) -> list[dict[str, str]]:
+def ignored_fields(request: dict[str, Any], *, native: bool = True) -> list[dict[str, str]]:
     """The fields of ``request`` that ask for something not implemented, with why.
 
-    Only what the client switched on counts: ``{"web_search": false}`` or an
-    empty ``files`` list asks for nothing, so it is not reported.
+    Only what the client switched on counts: ``{"web_search": false}`` asks for
+    nothing, so it is not reported. ``native``: the turn's function calling.
     """
     out: list[dict[str, str]] = []
     features = request.get("features")
@@ -49,15 +47,11 @@ def ignored_fields(request: dict[str, Any]) -> list[dict[str, str]]:
             if not features[name]:
                 continue
             if name == "code_interpreter" and legacy_code_interpreter(request):
-                continue  # this combination runs (engine.loop's code blocks)
+                continue  # this combination runs (code blocks in the answer)
+            if name == "memory" and not native:
+                continue  # injected by the memory step
             key = f"features.{name}"
             out.append({"field": key, "reason": REASONS.get(key, "this feature is not known to turnlog")})
-    if request.get("files"):
-        out.append({"field": "files", "reason": REASONS["files"]})
-    tasks = request.get("background_tasks")
-    if isinstance(tasks, dict) and any(tasks.values()):
-        wanted = ", ".join(sorted(k for k, v in tasks.items() if v))
-        out.append({"field": "background_tasks", "reason": f"{REASONS['background_tasks']} (asked: {wanted})"})
     return out
 
 

@@ -256,6 +256,7 @@ class TurnView:
             self.acc = self._new_accumulator()
 
     def _on_assembled(self, data: dict[str, Any]) -> None:
+        self.sources.extend(data.get("sources") or [])
         self.new_messages = data.get("new_messages", [])
         self.history_reset = bool(data.get("history_reset"))
         self.turn_refs = list(data.get("turn_refs") or [])
@@ -331,7 +332,16 @@ class TurnView:
                 output[key] = data[key]
         self.items.append(output)
         self.outputs[call_id] = output
+
+    def _on_reinjected(self, data: dict[str, Any]) -> None:
         self.sources.extend(data.get("sources") or [])
+
+    def _on_outlet(self, data: dict[str, Any]) -> None:
+        """The outlet filters' version of the answer replaces it."""
+        output = data.get("output")
+        if output is not None:
+            self.items = [dict(i) for i in output]
+            self.closed_text = [data.get("content") or ""]
 
     def _on_iteration_limit(self, data: dict[str, Any]) -> None:
         for call in data.get("pending_calls", []):
@@ -529,6 +539,8 @@ _HANDLERS: dict[str, Handler] = {
     "tool.started": TurnView._on_tool_started,
     "tool.completed": TurnView._on_tool_completed,
     "turn.iteration_limit": TurnView._on_iteration_limit,
+    "context.reinjected": TurnView._on_reinjected,
+    "outlet.applied": TurnView._on_outlet,
     "turn.finalized": TurnView._on_finalized,
     "background.result": TurnView._on_background_result,
     "turn.interrupted": TurnView._on_interrupted,

@@ -106,6 +106,9 @@ class TurnActor:
         self._halting = False
         self._cancel_done: asyncio.Future[None] = self._loop.create_future()
         self.done: asyncio.Future[None] = self._loop.create_future()
+        # The answer is final (outlet applied; background tasks may still run):
+        # what a non-streaming client waits for.
+        self.answered: asyncio.Future[None] = self._loop.create_future()
         self._lost = False
 
     # -- the TurnContext the nodes see ----------------------------------------------
@@ -201,6 +204,8 @@ class TurnActor:
             self._cancel_timer()
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
+            if not self.answered.done():
+                self.answered.set_result(None)
             if not self.done.done():
                 self.done.set_result(None)
 
@@ -329,6 +334,22 @@ class TurnActor:
             await asyncio.shield(future)
         except (LeaseLost, ConcurrencyError) as exc:
             raise TurnLost(str(exc)) from exc
+        for event in events:
+            if event.type == "background.started" and not self.answered.done():
+                self.answered.set_result(None)
+            elif event.type == "background.result":
+                await self._chat_meta(event)
+
+    async def _chat_meta(self, event: Event) -> None:
+        """A title or tags for the chat listing (the log has them already)."""
+        task, result = event.data.get("task"), event.data.get("result")
+        try:
+            if task == "title" and isinstance(result, str):
+                await self.store.set_chat_meta(self._view.chat_id or "", title=result)
+            elif task == "tags" and isinstance(result, list):
+                await self.store.set_chat_meta(self._view.chat_id or "", tags=[str(t) for t in result])
+        except Exception:
+            log.exception("turn %s: could not update the chat's %s", self.turn_id, task)
 
     def _published(self, events: list[Event]) -> None:
         """Committed: publish, in seq order, every event whose predecessors are out."""

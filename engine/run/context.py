@@ -15,7 +15,7 @@ from typing import Protocol
 
 from engine.events import EventData
 from engine.fold.turn_view import TurnView
-from engine.ports import Assembler, CodeExecutor, ModelCatalog, ModelClient, PayloadStore, ToolRunner
+from engine.ports import Assembler, CodeExecutor, Filters, ModelCatalog, ModelClient, PayloadStore, TaskModel, ToolRunner
 from engine.run.loop_state import LoopState
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolHandle
@@ -32,6 +32,8 @@ class TurnPorts:
     tool_runner: ToolRunner
     code: CodeExecutor
     payloads: PayloadStore
+    filters: Filters  # stream and outlet (inlet runs in assembly)
+    task_model: TaskModel  # background tasks
 
 
 class End:

@@ -38,6 +38,21 @@ class LoopState:
         # Stateful Responses continuation: the anchor and the new items, or broken.
         self.pending_stateful: tuple[str, list[dict[str, Any]]] | None = None
         self.stateful_broken = False
+        self.chat_turns = 0  # earlier turns of the chat
+        # The retrieved context: the sources that went into it (with their text),
+        # the message it went into as it was before, and the citation ids so far.
+        self.file_sources: list[dict[str, Any]] = []
+        self.rag: dict[str, Any] | None = None
+        # Citable sources tool results brought (all rounds; this round's).
+        self.citations: list[dict[str, Any]] = []
+        self.round_citations: list[dict[str, Any]] = []
+        # Background tasks: started (None: not yet), and those with a result.
+        self.background: list[str] | None = None
+        self.background_done: set[str] = set()
+
+    @property
+    def background_pending(self) -> list[str]:
+        return [t for t in self.background or [] if t not in self.background_done]
 
     @property
     def input(self) -> TurnInput:
@@ -57,10 +72,16 @@ class LoopState:
             id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=d["model"], request=d["request"], created_at=event.at
         )
 
+    def _on_assembly_step(self, event: Event) -> None:
+        if event.data.get("step") == "files":
+            self.file_sources = list(event.data.get("detail", {}).get("sources") or [])
+
     def _on_assembled(self, event: Event) -> None:
         self.assembled = True
         self.messages = list(event.data["messages"])
         self.params = event.data.get("params", {})
+        self.chat_turns = event.data.get("chat_turns", 0)
+        self.rag = event.data.get("rag")
 
     def _on_model_requested(self, event: Event) -> None:
         self.iteration = event.data.get("iteration", 0)
@@ -84,6 +105,7 @@ class LoopState:
         self.pending_stateful = None
 
     def _on_tools_batch(self, event: Event) -> None:
+        self.round_citations = []
         self.batch = event.data
         self.started = {}
         self.done = set()
@@ -92,6 +114,9 @@ class LoopState:
         self.started[event.data["call_id"]] = event.data
 
     def _on_tool_completed(self, event: Event) -> None:
+        sources = event.data.get("sources") or []
+        self.citations.extend(sources)
+        self.round_citations.extend(sources)
         call_id = event.data["call_id"]
         self.done.add(call_id)
         if self.started.get(call_id, {}).get("kind") == "code":
@@ -99,10 +124,20 @@ class LoopState:
 
     def _on_reinjected(self, event: Event) -> None:
         d = event.data
+        rewrite = d.get("rewrite")
+        if rewrite is not None and self.rag is not None:
+            self.messages[rewrite["index"]] = rewrite["message"]
+            self.rag = {**self.rag, "source_ids": rewrite.get("source_ids") or self.rag.get("source_ids")}
         self.messages.extend(d.get("messages", []))
         self.iteration = d.get("iteration", self.iteration)
         self.pending_stateful = (d["previous_response_id"], d.get("input_items", [])) if d.get("previous_response_id") else None
         self.batch = None
+
+    def _on_background_started(self, event: Event) -> None:
+        self.background = list(event.data.get("tasks") or [])
+
+    def _on_background_result(self, event: Event) -> None:
+        self.background_done.add(event.data["task"])
 
     def _on_finalized(self, event: Event) -> None:
         self.finish_reason = event.data.get("finish_reason", self.finish_reason)
@@ -113,6 +148,7 @@ class LoopState:
 
 _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "turn.started": LoopState._on_started,
+    "assembly.step": LoopState._on_assembly_step,
     "assembly.completed": LoopState._on_assembled,
     "model.requested": LoopState._on_model_requested,
     "model.item": LoopState._on_model_item,
@@ -123,6 +159,8 @@ _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "tool.completed": LoopState._on_tool_completed,
     "context.reinjected": LoopState._on_reinjected,
     "turn.finalized": LoopState._on_finalized,
+    "background.started": LoopState._on_background_started,
+    "background.result": LoopState._on_background_result,
     "turn.cancelled": LoopState._on_stopped,
     "turn.failed": LoopState._on_stopped,
 }

@@ -1,6 +1,6 @@
 """The nodes of a turn, in the order a turn runs them:
 
-    Assemble → RequestModel → Decide ─┬─ no calls, or the cap hit ─→ Finalize → Complete → End
+    Assemble → RequestModel → Decide ─┬─ no calls, or the cap hit ─→ Finalize → Outlet → Background → Complete → End
                    ↑                  └─ calls ─→ RunTools ─┬─ client calls ─→ Finalize
                    └──────── Reinject ←─────────────────────┘
 
@@ -30,6 +30,9 @@ from engine.events import (
     ModelItem,
     ModelRequested,
     ModelWarning,
+    OutletApplied,
+    BackgroundResult,
+    BackgroundStarted,
     ToolCompleted,
     ToolEvent,
     ToolsBatch,
@@ -38,7 +41,10 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.ports import ModelRequest, ResolvedModel, UpstreamError
+from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
+from engine.context.steps import snapshot
+from engine.context.tasks import task_spec
+from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError
 from engine.protocols.history import convert_output_to_messages, for_model
 from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
 from engine.protocols.responses import stateful_continuation_input
@@ -72,7 +78,9 @@ def entry_node(view: TurnView, state: LoopState) -> Node | End:
         return RunTools()
     if at == "reinjecting":
         return RequestModel()
-    return Complete()  # finalizing, outlet, background
+    if at == "finalizing":
+        return Outlet()
+    return Background()  # outlet, background: the tasks without a result run
 
 
 @dataclass(frozen=True)
@@ -80,8 +88,13 @@ class Assemble:
     """The upstream request: recorded, so a resume or a replay sends the same."""
 
     async def run(self, ctx: TurnContext) -> Node | End:
+        try:
+            steps = await ctx.ports.assembler.assemble(ctx.state.input)
+        except AssemblyError as exc:
+            await ctx.record(*exc.steps)
+            return await ctx.fail(exc.message, exc.type)
         # Committed with the model.requested that sends it.
-        await ctx.record(*await ctx.ports.assembler.assemble(ctx.state.input), durable=False)
+        await ctx.record(*steps, durable=False)
         return RequestModel()
 
 
@@ -127,14 +140,21 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     """Fold one model response into the turn; False if the turn failed."""
     usage: dict[str, Any] | None = None
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
+    streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
     async for events in ctx.ports.model_client.stream(resolved, request, ids):
         for event in events:
             if isinstance(event, TextDelta):
                 if event.text:
-                    ctx.delta("text", event.text)
+                    if streamed is None:
+                        ctx.delta("text", event.text)
+                    else:
+                        await streamed.delta("text", event.text)
             elif isinstance(event, ReasoningDelta):
                 if event.text:
-                    ctx.delta("reasoning", event.text)
+                    if streamed is None:
+                        ctx.delta("reasoning", event.text)
+                    else:
+                        await streamed.delta("reasoning", event.text)
             elif isinstance(event, ToolCall):
                 item = {
                     "type": "function_call",
@@ -164,6 +184,38 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
             await ctx.catch_up()
     await ctx.fail("the model stream ended without finishing", "upstream_truncated")
     return False
+
+
+class _StreamFilters:
+    """Each delta through the ``stream`` filters before it is shown and logged
+    (the log holds what clients saw). A filter that raises is skipped for that
+    delta and reported once per turn as a ``model.warning``."""
+
+    def __init__(self, ctx: TurnContext) -> None:
+        self._ctx = ctx
+        self._reported: set[str] = set()
+
+    async def delta(self, kind: str, text: str) -> None:
+        # Open WebUI's stream filters see chat.completion.chunk-shaped events.
+        key = "content" if kind == "text" else "reasoning_content"
+        event, runs = self._ctx.ports.filters.stream({"choices": [{"index": 0, "delta": {key: text}}]})
+        out = _delta_text(event, key, text)
+        if out:
+            self._ctx.delta(kind, out)
+        for run in runs:
+            if run.error and run.filter not in self._reported:
+                self._reported.add(run.filter)
+                await self._ctx.record(ModelWarning(message=f"stream filter {run.filter} failed and was skipped: {run.error}"))
+
+
+def _delta_text(event: dict[str, Any], key: str, default: str) -> str:
+    choices = event.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        delta = choices[0].get("delta")
+        if isinstance(delta, dict):
+            value = delta.get(key)
+            return value if isinstance(value, str) else ""
+    return default
 
 
 def _call_ids(turn_id: str, iteration: int) -> Callable[[str], str]:
@@ -361,11 +413,48 @@ class Reinject:
         if ctx.settings.responses_stateful and state.response_ids and not state.stateful_broken and state.last_api == "responses":
             previous = state.response_ids[-1]
             items = stateful_continuation_input(round_items)
+        rewrite, numbered = _cited_context(ctx)
         # Committed with the model.requested that sends it.
         await ctx.record(
-            ContextReinjected(iteration=state.iteration + 1, messages=messages, previous_response_id=previous, input_items=items), durable=False
+            ContextReinjected(
+                iteration=state.iteration + 1,
+                messages=messages,
+                previous_response_id=previous,
+                input_items=items,
+                rewrite=rewrite,
+                sources=numbered,
+            ),
+            durable=False,
         )
         return RequestModel()
+
+
+def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """When this round's tools returned citable sources: the context message
+    rebuilt from its snapshot with the file sources (with their text) and every
+    tool citation so far (markers only), ids kept from earlier rounds — the
+    context is carried once however many rounds there are (Open WebUI appended
+    it again each round)."""
+    state = ctx.state
+    cited = state.round_citations
+    if not cited:
+        return None, []
+    rag = state.rag or snapshot(state.messages, ctx.settings.rag_system_context)
+    if rag.get("index") is None or rag.get("message") is None:
+        return None, []
+    base = [rag["message"] if i == rag["index"] else m for i, m in enumerate(state.messages)]
+    before = dict(rag.get("source_ids") or {})
+    messages, source_ids = apply_source_context(
+        base,
+        [*state.file_sources, *state.citations],
+        template=ctx.settings.rag_template or DEFAULT_RAG_TEMPLATE,
+        system_context=rag.get("role") == "system",
+        source_ids=before,
+        content_of=len(state.file_sources),
+    )
+    added = {key: n for key, n in source_ids.items() if key not in before}
+    numbered = [s for s in numbered_sources(state.citations, source_ids) if s["id"] in added.values()]
+    return {"index": rag["index"], "message": messages[rag["index"]], "source_ids": source_ids}, numbered
 
 
 @dataclass(frozen=True)
@@ -374,7 +463,129 @@ class Finalize:
 
     async def run(self, ctx: TurnContext) -> Node | End:
         await ctx.record(TurnFinalized(finish_reason=self.reason))
+        return Outlet()
+
+
+@dataclass(frozen=True)
+class Outlet:
+    """The outlet filters rewrite the finished answer (for every client, plain
+    OpenAI SDK calls included); a filter that raises is skipped and reported."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        filters = ctx.ports.filters
+        if "outlet" not in filters.hooks():
+            return Background()
+        view, turn = ctx.view, ctx.state.input
+        answer = {"role": "assistant", "content": view.content, "output": view.output}
+        body = {"model": turn.model, "chat_id": turn.chat_id, "id": turn.id, "messages": [*conversation(ctx.state), answer]}
+        new_body, runs = await filters.outlet(body, {"id": turn.user_id, "name": turn.user_id})
+        content, output = outlet_answer(new_body, answer)
+        await ctx.record(
+            OutletApplied(
+                filters=[r.filter for r in runs],
+                runs=[{"filter": r.filter, "changed": r.changed, **({"error": r.error} if r.error else {})} for r in runs],
+                content=content,
+                output=output,
+            )
+        )
+        return Background()
+
+
+def outlet_answer(body: dict[str, Any], before: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """What the outlet made of the answer: new output items (content derived
+    from them), or only new content (put into the answer's message item);
+    (None, None) when nothing changed."""
+    messages = body.get("messages")
+    after = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else before
+    output = after.get("output")
+    if isinstance(output, list) and output != before["output"]:
+        items = [i for i in output if isinstance(i, dict)]
+        return message_text(items), items
+    content = after.get("content")
+    if isinstance(content, str) and content != before["content"]:
+        return content, with_message_text(before["output"], content)
+    return None, None
+
+
+def message_text(items: list[dict[str, Any]]) -> str:
+    return "".join(
+        part.get("text") or ""
+        for item in items
+        if item.get("type") == "message"
+        for part in item.get("content") or []
+        if isinstance(part, dict) and part.get("type") == "output_text"
+    )
+
+
+def with_message_text(items: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+    """``items`` with their answer text replaced by ``text`` (kept in the last
+    message item; a message item is added if there was none)."""
+    out = [dict(i) for i in items]
+    last = max((n for n, i in enumerate(out) if i.get("type") == "message"), default=None)
+    for n, item in enumerate(out):
+        if item.get("type") == "message":
+            parts = [p for p in item.get("content") or [] if not (isinstance(p, dict) and p.get("type") == "output_text")]
+            if n == last:
+                parts.append({"type": "output_text", "text": text, "annotations": []})
+            item["content"] = parts
+    if last is None:
+        out.append({"type": "message", "role": "assistant", "status": "completed", "content": [{"type": "output_text", "text": text, "annotations": []}]})
+    return out
+
+
+def conversation(state: LoopState) -> list[dict[str, Any]]:
+    """The chat as its user sees it: user and assistant texts, without the system
+    message, tool traffic or the retrieved context."""
+    rag = state.rag
+    out = []
+    for i, message in enumerate(state.messages):
+        if rag is not None and rag.get("index") == i and rag.get("message") is not None:
+            message = rag["message"]
+        if message.get("role") in ("user", "assistant") and message.get("content"):
+            out.append({"role": message["role"], "content": message["content"]})
+    return out
+
+
+@dataclass(frozen=True)
+class Background:
+    """Title, tags and follow-ups from the task model, after the answer is final
+    (clients already have it: the stream's [DONE] comes at ``background.started``).
+    A task that fails is recorded and never fails the turn."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        state = ctx.state
+        if state.background is None:
+            tasks = background_tasks(state.input.request, state.chat_turns, ctx.view.finish_reason)
+            if not tasks:
+                return Complete()
+            await ctx.record(BackgroundStarted(tasks=tasks))
+        chat = [*conversation(state), {"role": "assistant", "content": ctx.view.content}]
+        for task in state.background_pending:
+            prompt, parse = task_spec(task, chat)
+            try:
+                reply = await ctx.ports.task_model.ask(task, prompt)
+            except UpstreamError as exc:
+                await ctx.record(BackgroundResult(task=task, error=exc.message))
+                continue
+            result, error = parse(reply)
+            await ctx.record(BackgroundResult(task=task, result=result, error=error, reply=reply))
         return Complete()
+
+
+def background_tasks(request: dict[str, Any], chat_turns: int, finish_reason: str | None) -> list[str]:
+    """What to run: the request's ``background_tasks``, else — for a turn of a
+    named chat — title and tags on its first turn and follow-ups on every turn;
+    nothing for a bare OpenAI-style call or a turn that ended waiting for the
+    client's tools."""
+    asked = request.get("background_tasks")
+    if isinstance(asked, dict):
+        return [t for t in BACKGROUND_TASKS if asked.get(t)]
+    if not request.get("chat_id") or finish_reason == "tool_calls":
+        return []
+    return [t for t in BACKGROUND_TASKS if t == "follow_ups" or chat_turns == 0]
+
+
+BACKGROUND_TASKS = ("title", "tags", "follow_ups")
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from typing import Any
 
 from engine.blobs import Blobs
 from engine.context.live import LiveAssembler
+from engine.context.task_model import LiveTaskModel
 from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.fold.turn_view import TurnView
 from engine.machine import TERMINAL_STATUSES
@@ -26,11 +27,15 @@ from engine.ports import (
     BlobStore,
     CodeExecutor,
     EventStore,
+    Filters,
+    Knowledge,
     LiveBus,
+    MemorySearch,
     LiveEvent,
     ModelCatalog,
     ModelClient,
     NoCodeExecutor,
+    NoFilters,
     NoTools,
     RemoteControl,
     ToolCatalog,
@@ -90,6 +95,9 @@ class Supervisor:
         model_client: ModelClient | None = None,
         code: CodeExecutor | None = None,
         remote: RemoteControl | None = None,
+        filters: Filters | None = None,
+        memories: MemorySearch | None = None,
+        knowledge: Knowledge | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -101,6 +109,9 @@ class Supervisor:
         self.code: CodeExecutor = code or NoCodeExecutor()
         # Several processes on one database: asks a turn's owner to cancel it.
         self.remote = remote
+        self.filters: Filters = filters or NoFilters()
+        self.memories = memories
+        self.knowledge = knowledge
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
@@ -174,6 +185,7 @@ class Supervisor:
     def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
         tools = self.tool_handles(view.request, channel)
         runner = LiveToolRunner()
+        task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
         return TurnPorts(
             models=self.models,
             model_client=self.model_client,
@@ -184,11 +196,17 @@ class Supervisor:
                 tool_runner=runner,
                 tools=tools,
                 settings=self.settings,
+                filters=self.filters,
+                task_model=task_model,
+                memories=self.memories,
+                knowledge=self.knowledge,
             ),
             tools=tools,
             tool_runner=runner,
             code=self.code,
             payloads=Blobs(self.blobs, view.user_id or ""),
+            filters=self.filters,
+            task_model=task_model,
         )
 
     def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:

@@ -35,7 +35,9 @@ from engine.events import (
     make_event,
 )
 from engine.ports import (
+    AssemblyError,
     EventStore,
+    FilterRun,
     IdFactory,
     InlinePayloads,
     LiveEvent,
@@ -335,7 +337,55 @@ class _RecordedAssembler:
     async def assemble(self, turn: TurnInput) -> list[EventData]:
         steps: list[EventData] = [AssemblyStep.model_validate(e.data) for e in self.events if e.type == "assembly.step"]
         completed = [AssemblyCompleted.model_validate(e.data) for e in self.events if e.type == "assembly.completed"]
+        if not completed:
+            failed = next((e for e in self.events if e.type == "turn.failed"), None)
+            if failed is not None:
+                # The log shows assembly itself failing (an inlet filter raised).
+                error = failed.data.get("error") or {}
+                raise AssemblyError(str(error.get("message", "")), str(error.get("type", "")), steps)
         return [*steps, *completed[:1]]
+
+
+class _RecordedFilters:
+    """What the filters did, from the log: the outlet's version of the answer.
+    (The inlet's result is in the recorded assembly; stream filters changed the
+    deltas before they were recorded, and their failures are recorded warnings.)"""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._outlet = next((e.data for e in events if e.type == "outlet.applied"), None)
+
+    def hooks(self) -> frozenset[str]:
+        return frozenset({"outlet"}) if self._outlet is not None else frozenset()
+
+    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        return body, []
+
+    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        return event, []
+
+    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+        recorded = self._outlet or {}
+        runs = [FilterRun(r["filter"], r.get("changed", False), r.get("error")) for r in recorded.get("runs") or []]
+        if recorded.get("output") is None:
+            return body, runs
+        answer = {"role": "assistant", "content": recorded.get("content"), "output": recorded["output"]}
+        return {**body, "messages": [*body["messages"][:-1], answer]}, runs
+
+
+class _RecordedTaskModel:
+    """Each background task's recorded reply (or its recorded failure)."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self._results = {e.data["task"]: e.data for e in events if e.type == "background.result"}
+
+    async def ask(self, task: str, prompt: str) -> str:
+        recorded = self._results.get(task)
+        if recorded is None:
+            await asyncio.Event().wait()  # the log ends while this task ran
+            raise AssertionError("unreachable")
+        if recorded.get("reply") is None:
+            raise UpstreamError(str(recorded.get("error") or ""), "upstream_error")
+        return str(recorded["reply"])
 
 
 class _RecordedHandle:
@@ -423,6 +473,8 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         tool_runner=tool_runner,
         code=RecordedCodeRunner(events),
         payloads=InlinePayloads(),
+        filters=_RecordedFilters(events),
+        task_model=_RecordedTaskModel(events),
     )
 
     def make_actor(folded: Folded, token: int) -> TurnActor:

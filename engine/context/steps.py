@@ -1,0 +1,424 @@
+"""The steps of assembly, in the order the turn runs them.
+
+Each step takes the ``Draft`` (the upstream request as the steps before it left
+it), does one concern's work and returns what it did — recorded as the
+``assembly.step`` event of its name, so that an audit shows what each step
+added and a replay or ``verify`` never runs a filter, a retrieval or a task
+model again. A step with nothing to do returns None and records nothing.
+
+    params → history → inlet filters → features (memory, code interpreter)
+           → tools → files and knowledge → source context → system messages
+
+The native/legacy gate: with ``function_calling: "native"`` (the default) the
+features are the model's own tools (not pre-injected here), and a model's
+attached knowledge is listed in the system message for its knowledge tools;
+with ``"default"`` (prompt-based, Open WebUI's "legacy") they are injected
+into the context before the model runs. Files a request names are retrieved
+in both modes unless the model's ``file_context`` capability is off.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from engine.context.assemble import (
+    CODE_INTERPRETER_PROMPT,
+    ModelProfile,
+    legacy_code_interpreter,
+    reconcile_messages,
+    upstream_params,
+    with_system_prompt,
+)
+from engine.context.history import History
+from engine.context.memory import memory_block, with_memory
+from engine.context.messages import (
+    add_or_update_system_message,
+    add_or_update_user_message,
+    get_last_user_message,
+    merge_system_messages,
+    strip_empty_content_blocks,
+)
+from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
+from engine.context.tasks import parse_queries, query_prompt
+from engine.context.unsupported import ignored_fields
+from engine.ports import (
+    FileInfo,
+    FileRef,
+    FilterRun,
+    Filters,
+    Knowledge,
+    MemorySearch,
+    RetrievalError,
+    TaskModel,
+    TurnInput,
+    UpstreamError,
+)
+
+Message = dict[str, Any]
+Detail = dict[str, Any]
+
+
+@dataclass
+class Draft:
+    """The upstream request being assembled."""
+
+    turn: TurnInput
+    profile: ModelProfile
+    request: dict[str, Any]  # the client's body; inlet filters may rewrite it
+    messages: list[Message] = field(default_factory=list)
+    params: dict[str, Any] = field(default_factory=dict)
+    # What this turn adds to its chat's stored history (see engine.context.history).
+    new_messages: list[Message] = field(default_factory=list)
+    turn_refs: list[dict[str, Any]] = field(default_factory=list)
+    history_reset: bool = False
+    history_len: int = 0
+    chat_turns: int = 0  # earlier turns of the chat
+    # Retrieved sources, in Open WebUI's shape ({source, document, metadata}).
+    sources: list[dict[str, Any]] = field(default_factory=list)
+    # The context before sources were applied (for the loop to rebuild it).
+    rag: dict[str, Any] | None = None
+    numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
+
+    @property
+    def mode(self) -> Literal["native", "default"]:
+        params = self.request.get("params")
+        chosen = params.get("function_calling") if isinstance(params, dict) else None
+        if chosen in ("native", "default"):
+            return chosen  # type: ignore[return-value]
+        return self.profile.function_calling or "native"
+
+    def feature(self, name: str) -> bool:
+        features = self.request.get("features")
+        return isinstance(features, dict) and bool(features.get(name))
+
+    def capability(self, name: str) -> bool:
+        return self.profile.capabilities.get(name, True) is not False
+
+
+class Step(Protocol):
+    name: str
+
+    async def run(self, draft: Draft) -> Detail | None:
+        """Change the draft; what to record (None: nothing happened)."""
+        ...
+
+
+class StepFailed(Exception):
+    """The step cannot go on and the turn must fail; ``detail`` is recorded."""
+
+    def __init__(self, message: str, type: str, detail: Detail) -> None:
+        super().__init__(message)
+        self.message = message
+        self.type = type
+        self.detail = detail
+
+
+# -- params and history ------------------------------------------------------------
+
+
+class Params:
+    """Model parameters for the upstream: the model profile's, then the request's
+    ``params`` (turnlog-only keys never sent), then top-level body fields."""
+
+    name = "params"
+
+    async def run(self, draft: Draft) -> Detail | None:
+        draft.params = upstream_params(draft.request, draft.profile)
+        return {"params": draft.params} if draft.params else None
+
+
+class ChatHistory:
+    """The chat's stored turns reconciled with what the client sent: each
+    message reaches the model once, earlier tool rounds expanded from the log."""
+
+    name = "history"
+
+    def __init__(self, history: History, chat_turns: int) -> None:
+        self._history = history
+        self._chat_turns = chat_turns
+
+    async def run(self, draft: Draft) -> Detail | None:
+        reconciled = reconcile_messages(draft.request, self._history)
+        draft.messages = reconciled.messages
+        draft.new_messages = reconciled.new_messages
+        draft.turn_refs = reconciled.turn_refs
+        draft.history_reset = reconciled.history_reset
+        draft.history_len = reconciled.history_len
+        draft.chat_turns = self._chat_turns
+        system = _system_prompt(draft)
+        draft.messages = with_system_prompt(draft.messages, system)
+        if not self._chat_turns and not system:
+            return None
+        return {"chat_turns": self._chat_turns, "history_len": reconciled.history_len, "reset": reconciled.history_reset}
+
+
+def _system_prompt(draft: Draft) -> str | None:
+    params = draft.request.get("params")
+    if isinstance(params, dict) and params.get("system"):
+        return str(params["system"])
+    return draft.profile.system
+
+
+# -- inlet filters -------------------------------------------------------------------
+
+
+class InletFilters:
+    """Each filter's ``inlet`` may rewrite the request (messages, params,
+    features, files); the turn goes on with what the last one returned."""
+
+    name = "inlet_filters"
+
+    def __init__(self, filters: Filters) -> None:
+        self._filters = filters
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if "inlet" not in self._filters.hooks():
+            return None
+        body = {**draft.request, "messages": draft.messages}
+        user = {"id": draft.turn.user_id, "name": draft.turn.user_id}
+        try:
+            new_body, runs = await self._filters.inlet(body, user)
+        except Exception as exc:
+            message = str(exc)
+            raise StepFailed(message, "filter_error", {"error": message}) from exc
+        changed = sorted(k for k in set(body) | set(new_body) if body.get(k) != new_body.get(k))
+        messages = new_body.get("messages")
+        if isinstance(messages, list):
+            draft.messages = [m for m in messages if isinstance(m, dict)]
+        draft.request = {k: v for k, v in new_body.items() if k != "messages"}
+        if any(r.file_handler for r in runs):
+            # A filter that handles files itself: the turn retrieves none.
+            draft.request.pop("files", None)
+        if any(k != "messages" for k in changed):
+            draft.params = upstream_params(draft.request, draft.profile)
+        return {"runs": [_run(r) for r in runs], "changed": changed}
+
+
+def _run(run: FilterRun) -> dict[str, Any]:
+    out: dict[str, Any] = {"filter": run.filter, "changed": run.changed}
+    if run.error:
+        out["error"] = run.error
+    if run.file_handler:
+        out["file_handler"] = True
+    return out
+
+
+# -- features ---------------------------------------------------------------------------
+
+
+class Memory:
+    """Legacy mode: the user's memories nearest to the last message, as a
+    ``User Context`` block in the system message (nothing when none match)."""
+
+    name = "memory"
+
+    def __init__(self, memories: MemorySearch | None, k: int) -> None:
+        self._memories = memories
+        self._k = k
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if draft.mode != "default" or not draft.feature("memory") or not draft.capability("memory"):
+            return None
+        query = get_last_user_message(draft.messages) or ""
+        if self._memories is None:
+            return {"query": query, "error": "no memory store is configured"}
+        try:
+            hits = await self._memories.search(draft.turn.user_id, query, self._k)
+        except RetrievalError as exc:
+            return {"query": query, "error": str(exc)}
+        block = memory_block(hits)
+        if block is not None:
+            draft.messages = with_memory(draft.messages, block)
+        return {"query": query, "hits": [{"id": h.id, "score": h.score} for h in hits], "injected": block is not None}
+
+
+class CodeInterpreterPrompt:
+    """Legacy mode with the code interpreter on: the instructions go with the
+    user's message (code blocks in the answer then run)."""
+
+    name = "code_interpreter"
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not legacy_code_interpreter(draft.request):
+            return None
+        draft.messages = add_or_update_user_message(CODE_INTERPRETER_PROMPT, list(draft.messages), append=True)
+        return {"prompt": "appended to the last user message"}
+
+
+class Unsupported:
+    """What the client switched on that does nothing yet: told, not dropped."""
+
+    name = "unsupported"
+
+    async def run(self, draft: Draft) -> Detail | None:
+        ignored = ignored_fields(draft.request, native=draft.mode == "native")
+        return {"ignored": ignored} if ignored else None
+
+
+# -- files and knowledge ------------------------------------------------------------------
+
+
+class Files:
+    """The files and collections the request names (and, in legacy mode, the
+    model's attached knowledge): waited for while still processing (bounded),
+    searched with queries the task model writes, as sources for the context.
+    In native mode a model's knowledge is listed in the system message instead,
+    for its knowledge tools."""
+
+    name = "files"
+
+    def __init__(self, knowledge: Knowledge | None, task_model: TaskModel, wait: float) -> None:
+        self._knowledge = knowledge
+        self._task_model = task_model
+        self._wait = wait
+
+    async def run(self, draft: Draft) -> Detail | None:
+        refs = request_refs(draft.request)
+        attached = [FileRef("collection", kid) for kid in draft.profile.knowledge]
+        detail: Detail = {}
+        if attached and draft.mode == "native":
+            draft.messages = add_or_update_system_message(attached_knowledge(attached), list(draft.messages), append=True)
+            detail["attached_knowledge"] = [r.id for r in attached]
+        elif attached:
+            refs = [*refs, *(r for r in attached if r not in refs)]
+        if not draft.capability("file_context"):
+            refs = []
+        if not refs:
+            return detail or None
+        if self._knowledge is None:
+            detail.update(files=[_ref(r) for r in refs], error="files are not available: no knowledge store is configured")
+            return detail
+        infos = await self._knowledge.describe(draft.turn.user_id, refs, wait=self._wait)
+        detail["files"] = [_info(i, self._wait) for i in infos]
+        ready = [i.ref for i in infos if i.status == "ready"]
+        if not ready:
+            return detail
+        queries: list[str] = []
+        if not all(r.full for r in ready):
+            queries, query_detail = await self._queries(draft)
+            detail.update(query_detail)
+        try:
+            sources = await self._knowledge.retrieve(draft.turn.user_id, ready, queries)
+        except RetrievalError as exc:
+            detail["error"] = str(exc)
+            return detail
+        draft.sources.extend(sources)
+        detail["sources"] = sources
+        return detail
+
+    async def _queries(self, draft: Draft) -> tuple[list[str], Detail]:
+        """Search queries from the task model; on a failure or an empty answer,
+        the last user message (Open WebUI's fallback)."""
+        last = get_last_user_message(draft.messages) or ""
+        try:
+            reply = await self._task_model.ask("retrieval", query_prompt(draft.messages, now=time.time()))
+        except UpstreamError as exc:
+            return [last], {"queries": [last], "query_error": exc.message}
+        parsed = parse_queries(reply)
+        queries = [q for q in parsed.queries if q.strip()] or [last]
+        return queries, {"queries": queries, "query_reply": reply}
+
+
+def request_refs(request: Mapping[str, Any]) -> list[FileRef]:
+    """The ``files`` of a request as references (malformed entries are ignored;
+    the schema rejects them before a turn starts)."""
+    refs: list[FileRef] = []
+    for entry in request.get("files") or []:
+        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+            continue
+        kind = "collection" if entry.get("type") == "collection" else "file"
+        ref = FileRef(kind, entry["id"], full=entry.get("context") == "full")
+        if ref not in refs:
+            refs.append(ref)
+    return refs
+
+
+def attached_knowledge(refs: Sequence[FileRef]) -> str:
+    lines = "\n".join(f'<knowledge type="{r.type}" id="{r.id}"/>' for r in refs)
+    return f"<attached_knowledge>\n{lines}\n</attached_knowledge>"
+
+
+def _ref(ref: FileRef) -> dict[str, Any]:
+    return {"type": ref.type, "id": ref.id}
+
+
+def _info(info: FileInfo, wait: float) -> dict[str, Any]:
+    out: dict[str, Any] = {**_ref(info.ref), "name": info.name, "status": info.status}
+    if info.status == "processing":
+        out["reason"] = f"still being processed after {wait:g} s"
+    elif info.reason:
+        out["reason"] = info.reason
+    return out
+
+
+def file_warnings(detail: Mapping[str, Any]) -> list[str]:
+    """What a client is told about files that could not be used."""
+    out = []
+    for f in detail.get("files") or []:
+        if isinstance(f, dict) and f.get("status") != "ready":
+            out.append(f"{f.get('type', 'file')} {f.get('id')} was not used: {f.get('reason') or f.get('status')}")
+    if detail.get("error"):
+        out.append(f"files were not used: {detail['error']}")
+    return out
+
+
+# -- sources and system messages -----------------------------------------------------------
+
+
+class SourceContext:
+    """The sources as ``<source id="N">`` blocks in the RAG template, prepended
+    to the last user message (or appended to the system message); the ids are
+    the ``[N]`` the model cites, kept for the whole turn."""
+
+    name = "source_context"
+
+    def __init__(self, template: str | None, system_context: bool) -> None:
+        self._template = template or DEFAULT_RAG_TEMPLATE
+        self._system = system_context
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not draft.sources:
+            return None
+        draft.rag = snapshot(draft.messages, self._system)
+        messages, source_ids = apply_source_context(
+            draft.messages, draft.sources, template=self._template, system_context=self._system, source_ids={}
+        )
+        draft.messages = messages
+        draft.rag["source_ids"] = source_ids
+        draft.numbered = numbered_sources(draft.sources, source_ids)
+        return {"where": "system" if self._system else "user", "sources": draft.numbered}
+
+
+def snapshot(messages: Sequence[Message], system_context: bool) -> dict[str, Any]:
+    """The message the context goes into, before it does (the loop rebuilds it
+    from this when tools add citations, instead of piling context up)."""
+    role = "system" if system_context else "user"
+    index = next((i for i in range(len(messages) - 1, -1, -1) if messages[i].get("role") == role), None)
+    return {"role": role, "index": index, "message": dict(messages[index]) if index is not None else None}
+
+
+class SystemMessages:
+    """One system message first, no empty text blocks (what every upstream accepts)."""
+
+    name = "system"
+
+    async def run(self, draft: Draft) -> Detail | None:
+        before = draft.messages
+        draft.messages = merge_system_messages(strip_empty_content_blocks(list(draft.messages)))
+        if draft.rag is not None and draft.rag.get("role") == "system":
+            draft.rag["index"] = 0 if draft.messages and draft.messages[0].get("role") == "system" else None
+        elif draft.rag is not None and draft.rag.get("index") is not None:
+            # Merging system messages moves the user message: find it again.
+            draft.rag["index"] = _same_index(before, draft.messages, draft.rag["index"])
+        return None
+
+
+def _same_index(before: Sequence[Message], after: Sequence[Message], index: int) -> int | None:
+    target = before[index]
+    for i, message in enumerate(after):
+        if message is target or message == target:
+            return i
+    return None
