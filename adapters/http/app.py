@@ -15,6 +15,7 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
+from adapters.filters import load_filters
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
@@ -89,6 +90,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
             tools=tools,
             code=code_executor,
             remote=signals,
+            filters=load_filters(settings),
         )
         owners.append(supervisor)
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)

@@ -29,10 +29,12 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
-    await asyncio.shield(actor.done)
-    # The actor's own view of a turn it ended is what the log holds (no read
-    # needed); one that stopped writing midway is rebuilt from the log.
-    view = actor.view if actor.view.terminal and not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
+    # The answer is final when the turn ends, or when only its background tasks
+    # (title, tags, follow-ups) are left: they never delay the answer.
+    await asyncio.shield(actor.answered)
+    # The actor's own view is what the log holds (no read needed); one that
+    # stopped writing midway is rebuilt from the log.
+    view = actor.view if not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
     if view.status == "failed":
         error = view.error or {}
         return error_response(

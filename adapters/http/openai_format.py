@@ -16,7 +16,7 @@ from typing import Any
 import orjson
 
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
-from engine.context.unsupported import warnings_of
+from engine.context.unsupported import file_warnings, warnings_of
 from engine.fold.turn_view import ChunkOut, TurnView
 from engine.run.follow import EventOut, Out
 
@@ -200,8 +200,10 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         "usage": _openai_usage(view.usage),
     }
     extension: dict[str, Any] = {}
-    if view.status != "completed":
-        extension["status"] = view.status
+    # Answered with only background tasks left: the answer is complete.
+    status = "completed" if view.state == "background" else view.status
+    if status != "completed":
+        extension["status"] = status
     if view.warnings:
         extension["warnings"] = list(view.warnings)
     if extension:

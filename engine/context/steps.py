@@ -19,9 +19,9 @@ in both modes unless the model's ``file_context`` capability is off.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from engine.context.assemble import (
@@ -42,7 +42,7 @@ from engine.context.messages import (
     strip_empty_content_blocks,
 )
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
-from engine.context.tasks import parse_queries, query_prompt
+from engine.context.tasks import parse_queries, retrieval_queries, task_request
 from engine.context.unsupported import ignored_fields
 from engine.ports import (
     FileInfo,
@@ -83,11 +83,18 @@ class Draft:
     numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
 
     @property
+    def now(self) -> datetime:
+        """The turn's own time (recorded): prompts with dates render the same on replay."""
+        return datetime.fromtimestamp(self.turn.created_at, tz=UTC)
+
+    @property
     def mode(self) -> Literal["native", "default"]:
         params = self.request.get("params")
         chosen = params.get("function_calling") if isinstance(params, dict) else None
-        if chosen in ("native", "default"):
-            return chosen  # type: ignore[return-value]
+        if chosen == "default":
+            return "default"
+        if chosen == "native":
+            return "native"
         return self.profile.function_calling or "native"
 
     def feature(self, name: str) -> bool:
@@ -313,12 +320,12 @@ class Files:
         """Search queries from the task model; on a failure or an empty answer,
         the last user message (Open WebUI's fallback)."""
         last = get_last_user_message(draft.messages) or ""
+        prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
         try:
-            reply = await self._task_model.ask("retrieval", query_prompt(draft.messages, now=time.time()))
+            reply = await self._task_model.ask("queries", prompt)
         except UpstreamError as exc:
             return [last], {"queries": [last], "query_error": exc.message}
-        parsed = parse_queries(reply)
-        queries = [q for q in parsed.queries if q.strip()] or [last]
+        queries = retrieval_queries(parse_queries(reply), last)
         return queries, {"queries": queries, "query_reply": reply}
 
 
@@ -329,7 +336,7 @@ def request_refs(request: Mapping[str, Any]) -> list[FileRef]:
     for entry in request.get("files") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
             continue
-        kind = "collection" if entry.get("type") == "collection" else "file"
+        kind: Literal["file", "collection"] = "collection" if entry.get("type") == "collection" else "file"
         ref = FileRef(kind, entry["id"], full=entry.get("context") == "full")
         if ref not in refs:
             refs.append(ref)
@@ -354,17 +361,6 @@ def _info(info: FileInfo, wait: float) -> dict[str, Any]:
     return out
 
 
-def file_warnings(detail: Mapping[str, Any]) -> list[str]:
-    """What a client is told about files that could not be used."""
-    out = []
-    for f in detail.get("files") or []:
-        if isinstance(f, dict) and f.get("status") != "ready":
-            out.append(f"{f.get('type', 'file')} {f.get('id')} was not used: {f.get('reason') or f.get('status')}")
-    if detail.get("error"):
-        out.append(f"files were not used: {detail['error']}")
-    return out
-
-
 # -- sources and system messages -----------------------------------------------------------
 
 
@@ -384,11 +380,11 @@ class SourceContext:
             return None
         draft.rag = snapshot(draft.messages, self._system)
         messages, source_ids = apply_source_context(
-            draft.messages, draft.sources, template=self._template, system_context=self._system, source_ids={}
+            draft.messages, draft.sources, template=self._template, system_context=self._system, source_ids={}, now=draft.now
         )
         draft.messages = messages
         draft.rag["source_ids"] = source_ids
-        draft.numbered = numbered_sources(draft.sources, source_ids)
+        draft.numbered = [dict(s) for s in numbered_sources(draft.sources, source_ids=source_ids)]
         return {"where": "system" if self._system else "user", "sources": draft.numbered}
 
 

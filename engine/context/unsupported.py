@@ -12,6 +12,7 @@ client was told.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from engine.context.assemble import legacy_code_interpreter
@@ -70,3 +71,14 @@ def warnings_of(detail: dict[str, Any]) -> list[str]:
         for entry in detail.get("ignored") or []
         if isinstance(entry, dict)
     ]
+
+
+def file_warnings(detail: Mapping[str, Any]) -> list[str]:
+    """What a client is told about files that could not be used."""
+    out = []
+    for f in detail.get("files") or []:
+        if isinstance(f, dict) and f.get("status") != "ready":
+            out.append(f"{f.get('type', 'file')} {f.get('id')} was not used: {f.get('reason') or f.get('status')}")
+    if detail.get("error"):
+        out.append(f"files were not used: {detail['error']}")
+    return out

@@ -31,7 +31,7 @@ from typing import Any
 
 from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
-from engine.context.unsupported import warnings_of
+from engine.context.unsupported import file_warnings, warnings_of
 from engine.events import Event
 from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
 from engine.machine import STATUS_AFTER, TurnMachine
@@ -276,8 +276,13 @@ class TurnView:
         self.warnings.append(data["message"])
 
     def _on_assembly_step(self, data: dict[str, Any]) -> None:
-        if data.get("step") == UNSUPPORTED_STEP:
+        step = data.get("step")
+        if step == UNSUPPORTED_STEP:
             self.warnings.extend(warnings_of(data.get("detail") or {}))
+        elif step == "files":
+            self.warnings.extend(file_warnings(data.get("detail") or {}))
+        elif step == "memory" and (data.get("detail") or {}).get("error"):
+            self.warnings.append(f"memories were not used: {data['detail']['error']}")
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")

@@ -19,9 +19,15 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
+from engine.context.steps import snapshot
+from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
 from engine.events import (
+    BackgroundResult,
+    BackgroundStarted,
     ContextReinjected,
     EventData,
     IterationLimit,
@@ -31,8 +37,6 @@ from engine.events import (
     ModelRequested,
     ModelWarning,
     OutletApplied,
-    BackgroundResult,
-    BackgroundStarted,
     ToolCompleted,
     ToolEvent,
     ToolsBatch,
@@ -41,9 +45,6 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
-from engine.context.steps import snapshot
-from engine.context.tasks import task_spec
 from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError
 from engine.protocols.history import convert_output_to_messages, for_model
 from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
@@ -444,17 +445,25 @@ def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[s
         return None, []
     base = [rag["message"] if i == rag["index"] else m for i, m in enumerate(state.messages)]
     before = dict(rag.get("source_ids") or {})
+    # Files with their text; tool citations as markers only (their text is in
+    # the tool results the model already has).
+    markers = [{**c, "document": ["" for _ in c.get("document") or [""]]} for c in state.citations]
     messages, source_ids = apply_source_context(
         base,
-        [*state.file_sources, *state.citations],
+        [*state.file_sources, *markers],
         template=ctx.settings.rag_template or DEFAULT_RAG_TEMPLATE,
         system_context=rag.get("role") == "system",
         source_ids=before,
-        content_of=len(state.file_sources),
+        now=_now(ctx),
     )
-    added = {key: n for key, n in source_ids.items() if key not in before}
-    numbered = [s for s in numbered_sources(state.citations, source_ids) if s["id"] in added.values()]
+    added = set(source_ids.values()) - set(before.values())
+    numbered = [dict(s) for s in numbered_sources(state.citations, source_ids=source_ids) if s["id"] in added]
     return {"index": rag["index"], "message": messages[rag["index"]], "source_ids": source_ids}, numbered
+
+
+def _now(ctx: TurnContext) -> datetime:
+    """The turn's own time (recorded in turn.started): prompts render the same on replay."""
+    return datetime.fromtimestamp(ctx.state.input.created_at, tz=UTC)
 
 
 @dataclass(frozen=True)
@@ -561,15 +570,32 @@ class Background:
             await ctx.record(BackgroundStarted(tasks=tasks))
         chat = [*conversation(state), {"role": "assistant", "content": ctx.view.content}]
         for task in state.background_pending:
-            prompt, parse = task_spec(task, chat)
+            kind: TaskKind = "title" if task == "title" else "tags" if task == "tags" else "follow_ups"
+            prompt = str(task_request(kind, chat, now=_now(ctx))[0]["content"])
             try:
                 reply = await ctx.ports.task_model.ask(task, prompt)
             except UpstreamError as exc:
-                await ctx.record(BackgroundResult(task=task, error=exc.message))
+                fallback = fallback_title(chat) if task == "title" else None
+                await ctx.record(BackgroundResult(task=task, result=fallback, error=exc.message))
                 continue
-            result, error = parse(reply)
+            result, error = parse_task(task, reply, chat)
             await ctx.record(BackgroundResult(task=task, result=result, error=error, reply=reply))
         return Complete()
+
+
+def parse_task(task: str, reply: str, chat: list[dict[str, Any]]) -> tuple[Any, str | None]:
+    """The result of a task's reply, or why there is none (a title falls back
+    to the first user message's text, as Open WebUI's does)."""
+    parsed: str | list[str] | TaskFailure
+    if task == "title":
+        parsed = parse_title(reply)
+        if isinstance(parsed, TaskFailure):
+            return fallback_title(chat), parsed.reason
+        return parsed, None
+    parsed = parse_tags(reply) if task == "tags" else parse_follow_ups(reply)
+    if isinstance(parsed, TaskFailure):
+        return None, parsed.reason
+    return parsed, None
 
 
 def background_tasks(request: dict[str, Any], chat_turns: int, finish_reason: str | None) -> list[str]:
