@@ -234,6 +234,13 @@ class ScriptedUpstream:
         requests:        every JSON body received on a POST endpoint, in order.
         request_headers: the headers of those requests (same order).
         request_paths:   the paths of those requests (same order), e.g. ``/v1/responses``.
+        task_requests:   task-model requests (titles, tags, follow-ups, search
+                         queries: a user message starting with ``### Task:``),
+                         which are kept out of ``requests`` and answered from
+                         ``task_replies`` (a queue of ``(kind, Reply)``: the
+                         first queued for that kind) or else a default JSON
+                         answer per kind, so scripted conversations are never
+                         disturbed by the background work around them.
         response_ids:    the Responses ids this server issued and still remembers.
         paused:          set when a stream reaches ``pause_after``; cleared by ``release()``.
         url:             the base URL (``http://127.0.0.1:PORT/v1``) once started.
@@ -253,6 +260,8 @@ class ScriptedUpstream:
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.request_paths: list[str] = []
+        self.task_requests: list[dict[str, Any]] = []
+        self.task_replies: list[tuple[str, Reply]] = []
         self.response_ids: set[str] = set()
         self.paused = asyncio.Event()
         self.url: str | None = None
@@ -383,6 +392,16 @@ class ScriptedUpstream:
             return error(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict):
             return error(400, "The request body must be a JSON object.")
+        kind = _task_kind(body)
+        if kind is not None:
+            self.task_requests.append(body)
+            reply = next((r for k, r in self.task_replies if k == kind), None)
+            if reply is not None:
+                self.task_replies.remove((kind, reply))
+            else:
+                reply = Reply(text=TASK_DEFAULTS[kind])
+            wants_stream = body.get("stream", stream_default)
+            return await (stream if wants_stream else complete)(request, body, reply)
         self.requests.append(body)
         self.request_headers.append(dict(request.headers))
         self.request_paths.append(request.path)
@@ -911,6 +930,40 @@ def _ollama_final(plan: _Plan) -> dict[str, Any]:
         "eval_count": completion,
         "eval_duration": 1_000_000 * completion,
     }
+
+
+# What the task model answers when no reply is queued for a kind.
+TASK_DEFAULTS = {
+    "title": '{"title": "Scripted chat"}',
+    "tags": '{"tags": ["General"]}',
+    "follow_ups": '{"follow_ups": ["Tell me more."]}',
+    "queries": '{"queries": []}',
+}
+
+
+def _task_kind(body: dict[str, Any]) -> str | None:
+    """The kind of a task-model request (its prompt starts with ``### Task:`` and
+    asks for one JSON key), else None."""
+    texts: list[str] = []
+    for message in body.get("messages") or []:
+        if isinstance(message, dict) and message.get("role") == "user" and isinstance(message.get("content"), str):
+            texts.append(message["content"])
+    items = body.get("input")
+    if isinstance(items, str):
+        texts.append(items)
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("role") == "user":
+            content = item.get("content")
+            if isinstance(content, str):
+                texts.append(content)
+            elif isinstance(content, list):
+                texts.extend(p.get("text", "") for p in content if isinstance(p, dict))
+    for text in texts:
+        if text.startswith("### Task:"):
+            for kind in TASK_DEFAULTS:
+                if f'{{"{kind}":' in text:
+                    return kind
+    return None
 
 
 def _prompt_chars(body: dict[str, Any]) -> int:
