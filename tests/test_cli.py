@@ -48,7 +48,9 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
     turn_id = headers["X-Turn-Id"]
     db = tmp_path / "turnlog.db"
 
-    view = await service.turn(turn_id)
+    # The answer came back before the chat's background tasks (title, tags,
+    # follow-ups) ran: the turn completes after them.
+    view = await service.wait_status(turn_id, "completed")
     listing = turnlog(db, "turns", "list", "--chat", "chat-cli")
     assert listing.returncode == 0, listing.stderr
     header, row = listing.stdout.splitlines()

@@ -28,6 +28,8 @@ from sqlalchemy import func, select, text
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
+from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
+from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
 from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
@@ -37,8 +39,9 @@ from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
 HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
 
 #: Tables that migrations create but ``schema.metadata`` does not describe
-#: (the vector store's: their types depend on the dialect).
-OTHER_TABLES = VECTOR_TABLES
+#: (the vector store's: their types depend on the dialect; the knowledge
+#: features', compared with their own metadata below).
+OTHER_TABLES = VECTOR_TABLES | KNOWLEDGE_TABLES
 
 T0 = 1_800_000_000.0
 
@@ -679,8 +682,24 @@ async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_back
                 metadata,
             )
         )
+        knowledge_diff = await conn.run_sync(
+            lambda sync: compare_metadata(
+                MigrationContext.configure(
+                    sync,
+                    opts={
+                        "compare_type": True,
+                        "include_name": lambda name, type_, _parents: type_ != "table" or name in KNOWLEDGE_TABLES,
+                        "include_object": lambda obj, name, type_, _r, _c: (
+                            (name if type_ == "table" else getattr(getattr(obj, "table", None), "name", None)) in KNOWLEDGE_TABLES
+                        ),
+                    },
+                ),
+                knowledge_metadata,
+            )
+        )
     assert version == [(HEAD,)]
     assert diff == []
+    assert knowledge_diff == []
 
 
 async def test_sqlite_memory_url_is_rejected() -> None:
@@ -745,6 +764,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
 
     admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
     try:  # the database as an earlier version left it, at revision 0003
+        await admin.execute("DROP TABLE knowledge_files, knowledge, file_chunks, files, memories")  # from 0005
         await admin.execute("UPDATE alembic_version SET version_num = '0003'")
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
