@@ -18,10 +18,11 @@ from adapters.catalog import Catalog
 from adapters.filters import load_filters
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
-from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
+from adapters.http import blob_routes, chat_routes, memory_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
@@ -30,16 +31,21 @@ from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.store import open_store
 from adapters.store.migrate import migrate
 from adapters.tools.catalog import DirToolCatalog
-from engine.ports import ChatProvider, CodeExecutor, NoTools, ToolCatalog
+from adapters.vectors import open_vector_store
+from engine.ports import ChatProvider, CodeExecutor, Embedder, NoTools, ToolCatalog
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Supervisor
 
 log = logging.getLogger("turnlog")
 
 
-def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None) -> web.Application:
+def create_app(
+    settings: Settings, *, code_executor: CodeExecutor | None = None, embedder: Embedder | None = None
+) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
-    loop (until the sandbox executor exists, tests pass a double at this port)."""
+    loop (until the sandbox executor exists, tests pass a double at this port).
+    ``embedder`` embeds memories (tests pass one that calls their own
+    ``/v1/embeddings`` server); None: the one the settings configure, if any."""
     holder: dict[str, Services] = {}
 
     async def lookup(token: str) -> str | None:
@@ -66,6 +72,11 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
             # an upstream has one of that name (that one becomes `openai/demo`).
             providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
         catalog = Catalog(settings, providers)
+        # TODO(embeddings): `embedder if embedder is not None else open_embedder(settings)`
+        # once adapters.embeddings lands.
+        memory_embedder = embedder
+        vectors = await open_vector_store(settings.database_url) if memory_embedder is not None else None
+        memories = Memories(store.engine, embedder=memory_embedder, vectors=vectors)
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         bus = InProcessBus()
@@ -93,7 +104,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
             filters=load_filters(settings),
         )
         owners.append(supervisor)
-        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
+        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories)
         holder["services"] = svc
         app[SERVICES] = svc
         await supervisor.start()
@@ -107,12 +118,15 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
                 await signals.close()
             for provider in providers.values():
                 await provider.close()
+            if vectors is not None:
+                await vectors.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", health)
     blob_routes.setup(app)
     chat_routes.setup(app)
+    memory_routes.setup(app)
     turn_routes.setup(app)
     ws_routes.setup(app)
     return app
