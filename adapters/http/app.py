@@ -102,6 +102,7 @@ def create_app(
             code=code_executor,
             remote=signals,
             filters=load_filters(settings),
+            memories=memories,
         )
         owners.append(supervisor)
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories)
