@@ -47,6 +47,8 @@ class Step:
     error: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    outlet: str | None = None  # the outlet filters' version of the content
+    background: dict[str, Any] = field(default_factory=dict)  # task -> result (named events after [DONE])
 
 
 @dataclass
@@ -61,6 +63,7 @@ class ClientView:
     error: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    background: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -82,6 +85,9 @@ class ClientStream:
             view.error = step.error or view.error
             view.usage = step.usage or view.usage
             view.tool_calls.extend(step.tool_calls)
+            if step.outlet is not None:
+                view.content = step.outlet
+            view.background.update(step.background)
         return view
 
     @property
@@ -89,16 +95,41 @@ class ClientStream:
         return [step.pos for step in self.steps]
 
 
+def sse_events(raw: str) -> list[tuple[str | None, int | None, str]]:
+    """(event name, id, data) of each SSE message of a body."""
+    out: list[tuple[str | None, int | None, str]] = []
+    for block in raw.split("\n\n"):
+        name: str | None = None
+        ident: int | None = None
+        data: list[str] = []
+        for line in block.split("\n"):
+            if line.startswith("event: "):
+                name = line[7:]
+            elif line.startswith("id: "):
+                ident = int(line[4:])
+            elif line.startswith("data: "):
+                data.append(line[6:])
+        if data:
+            out.append((name, ident, "\n".join(data)))
+    return out
+
+
 def parse_stream(raw: str) -> ClientStream:
     """A ``chat.completion.chunk`` SSE body as positions: the messages without an
     ``id`` belong to the next message that has one (the renderer puts the id on
-    the last message of a position); after the last id only ``[DONE]`` may come."""
+    the last message of a position); after ``[DONE]`` only named ``turnlog``
+    events (background results), each at a position of its own, may come."""
     steps: list[Step] = []
     pending = Step(pos=-1)
     loose: list[str] = []
     done = False
-    for ident, data in sse_messages(raw):
-        assert not done, f"a message after [DONE]: {data[:200]}"
+    for name, ident, data in sse_events(raw):
+        if done:
+            assert name == "turnlog" and ident is not None, f"a chunk after [DONE]: {data[:200]}"
+            background = json.loads(data)["background"]
+            steps.append(Step(pos=ident, background={background["task"]: background.get("result")}))
+            continue
+        assert name is None, f"a named event before [DONE]: {name}"
         if data == "[DONE]":
             assert ident is None, "[DONE] carries no position"
             done = True
@@ -128,6 +159,8 @@ def _read_payload(step: Step, payload: dict[str, Any]) -> None:
         if choice.get("finish_reason") is not None:
             step.finish = choice["finish_reason"]
     ext = payload.get("turnlog") or {}
+    if "outlet" in ext:
+        step.outlet = ext["outlet"]["content"]
     if "item" in ext:
         step.items.append(ext["item"])
     if "status" in ext:
@@ -204,8 +237,12 @@ async def check_stream_against_log(
         assert shown.status == terminal, f"{where}: status differs"
         if terminal == "failed":
             assert shown.error is not None and shown.error["message"] == replay["error"]["message"]
+        expected_background = {t: replay[t] for t in ("title", "tags", "follow_ups") if t in replay}
+        shown_background = {t: r for t, r in shown.background.items() if r is not None}
+        assert shown_background == expected_background, f"{where}: background results differ"
     final = await service.turn(turn_id)
     assert stream.done == (final["status"] in ("completed", "cancelled", "failed")), "[DONE] iff the turn ended"
+    assert stream.done or not any(s.background for s in stream.steps)
     if include_usage and final["status"] == "completed" and final["usage"]:
         assert stream.upto(spans[-1].last).usage == _openai_usage(final["usage"])
     return stream

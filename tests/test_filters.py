@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from adapters.config import load_settings
-from adapters.filters import DirFilters, InletRun, load_filters
+from adapters.filters import DirFilters, load_filters
 from engine.ports import FilterError, FilterRun, NoFilters
 
 USER = {"id": "u1", "name": "Ada"}
@@ -67,7 +67,7 @@ async def test_inlet_rewrites_messages_and_adds_a_param(tmp_path: Path) -> None:
 
     assert out["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "HELLO"}]
     assert out["temperature"] == 0.2
-    assert runs == [InletRun("rewrite", changed=True, file_handler=False)]
+    assert runs == [FilterRun("rewrite", changed=True, file_handler=False)]
     assert body == original  # the caller's body is never edited
     assert filters.hooks() == frozenset({"inlet"})
     assert filters.errors == []
@@ -210,7 +210,7 @@ async def test_file_handler_is_reported_on_the_inlet_run(tmp_path: Path) -> None
     write(tmp_path, "files", "class Filter:\n    file_handler = True\n    def inlet(self, body):\n        return body\n")
     body = {**chat_body(), "files": [{"type": "file", "id": "f1"}]}
     out, runs = await DirFilters(tmp_path).inlet(body, USER)
-    assert runs == [InletRun("files", changed=False, file_handler=True)]
+    assert runs == [FilterRun("files", changed=False, file_handler=True)]
     assert out["files"] == [{"type": "file", "id": "f1"}]  # dropping them is the engine's part
 
 

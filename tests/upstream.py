@@ -393,18 +393,18 @@ class ScriptedUpstream:
         if not isinstance(body, dict):
             return error(400, "The request body must be a JSON object.")
         kind = _task_kind(body)
+        task_reply: Reply | None = None
         if kind is not None:
             self.task_requests.append(body)
-            reply = next((r for k, r in self.task_replies if k == kind), None)
-            if reply is not None:
-                self.task_replies.remove((kind, reply))
+            task_reply = next((r for k, r in self.task_replies if k == kind), None)
+            if task_reply is not None:
+                self.task_replies.remove((kind, task_reply))
             else:
-                reply = Reply(text=TASK_DEFAULTS[kind])
-            wants_stream = body.get("stream", stream_default)
-            return await (stream if wants_stream else complete)(request, body, reply)
-        self.requests.append(body)
-        self.request_headers.append(dict(request.headers))
-        self.request_paths.append(request.path)
+                task_reply = Reply(text=TASK_DEFAULTS[kind])
+        else:
+            self.requests.append(body)
+            self.request_headers.append(dict(request.headers))
+            self.request_paths.append(request.path)
 
         previous = body.get("previous_response_id") if request.path == "/v1/responses" else None
         if previous is not None and previous not in self.response_ids:
@@ -414,7 +414,10 @@ class ScriptedUpstream:
             if problem is not None:
                 return _invalid_messages_response(*problem)  # no reply is used up
 
-        reply = self._queue.popleft() if self._queue else self.default
+        if task_reply is not None:
+            reply = task_reply
+        else:
+            reply = self._queue.popleft() if self._queue else self.default
 
         if reply.status >= 400:
             return error(reply.status, reply.error_message)

@@ -6,7 +6,7 @@ import logging
 
 from adapters.config import Settings
 from adapters.filters.loader import LoadedFilter, load_filters_dir
-from adapters.filters.pipeline import DirFilters, InletRun
+from adapters.filters.pipeline import DirFilters
 from engine.ports import Filters, NoFilters
 
 log = logging.getLogger("turnlog.filters")
@@ -25,4 +25,4 @@ def load_filters(settings: Settings) -> Filters:
     return DirFilters(settings.filters_dir, settings.filters)
 
 
-__all__ = ["DirFilters", "InletRun", "LoadedFilter", "load_filters", "load_filters_dir"]
+__all__ = ["DirFilters", "LoadedFilter", "load_filters", "load_filters_dir"]

@@ -22,7 +22,6 @@ import copy
 import inspect
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +30,6 @@ from adapters.tools.loader import LoadError
 from engine.ports import FilterError, FilterRun
 
 log = logging.getLogger("turnlog.filters")
-
-
-@dataclass(frozen=True)
-class InletRun(FilterRun):
-    """An inlet's ``FilterRun`` plus ``file_handler``: the filter declared
-    ``file_handler = True``, so it handles the request's files itself and the
-    engine must drop ``files`` (and ``metadata.files``) from the body after
-    the inlets, as Open WebUI does, instead of retrieving from them.
-
-    Recorded per run (not asked of the loaded set) so that a replay reads it
-    from the log. Meant to move into ``engine.ports.FilterRun``; until then the
-    engine reads it with ``getattr(run, "file_handler", False)``."""
-
-    file_handler: bool = False
 
 
 def _result(result: Any, work: dict[str, Any], hook: str, data_param: str) -> dict[str, Any]:
@@ -107,7 +92,7 @@ class DirFilters:
                 body, changed = await self._call(f, "inlet", body, user)
             except Exception as exc:
                 raise FilterError(f.filter_id, describe(exc)) from exc
-            runs.append(InletRun(f.filter_id, changed=changed, file_handler=f.file_handler))
+            runs.append(FilterRun(f.filter_id, changed=changed, file_handler=f.file_handler))
         return body, runs
 
     def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:

@@ -15,9 +15,9 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
-from adapters.filters import load_filters
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
+from adapters.filters import load_filters
 from adapters.http import blob_routes, chat_routes, memory_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
