@@ -25,7 +25,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from tests.harness import Service, sse_messages
+from tests.harness import Service
 
 # The states in which the answer is over and the finish reason was sent.
 FINISHED_STATES = frozenset({"finalizing", "outlet", "background", "done"})
