@@ -310,10 +310,16 @@ class ToolRunner(Protocol):
 
 
 class CodeExecutor(Protocol):
-    """Runs code for the legacy ``<code_interpreter>`` loop."""
+    """Runs code: the legacy ``<code_interpreter>`` blocks and the native
+    ``execute_code`` tool."""
 
     async def run(self, code: str, lang: str) -> dict[str, Any]:
-        """``{"stdout", "stderr", "result"}`` (any may be missing)."""
+        """``{"stdout", "stderr", "result", "files"?}`` (any may be missing):
+        streams and the value of the last expression as text (truncated by the
+        executor), ``files`` the files the code wrote in its working directory
+        as ``[{"name", "mime", "data": base64}]``. A run the executor stopped (time,
+        memory, processes) says so in ``stderr``; only the executor's own failure
+        raises."""
         ...
 
 
@@ -335,6 +341,74 @@ class InlinePayloads:
 
     async def externalize(self, payload: Any, *, limit: int) -> Any:
         return payload
+
+
+# -- the web and images --------------------------------------------------------------------
+
+
+class WebError(Exception):
+    """A search or a fetch failed (the reason is its message, as the model sees it)."""
+
+
+class FetchRefused(WebError):
+    """A fetch the service will not make: a private, loopback, link-local or
+    metadata address (after resolving), a scheme other than http(s), too many
+    redirects."""
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    title: str
+    url: str
+    snippet: str = ""
+
+
+class WebSearch(Protocol):
+    """A search engine (SearXNG, a hosted search API)."""
+
+    async def search(self, query: str, count: int) -> list[SearchHit]:
+        """Raises ``WebError``."""
+        ...
+
+
+@dataclass(frozen=True)
+class Page:
+    """A fetched page as text."""
+
+    url: str  # as asked
+    final_url: str  # after redirects
+    status: int
+    content_type: str
+    title: str
+    text: str  # HTML converted to text; truncated by the fetcher's limit
+    truncated: bool = False
+
+
+class PageFetcher(Protocol):
+    """Fetches pages for search results and ``fetch_url``, refusing private addresses."""
+
+    async def fetch(self, url: str) -> Page:
+        """Raises ``FetchRefused`` or ``WebError``."""
+        ...
+
+
+@dataclass(frozen=True)
+class GeneratedImage:
+    data: bytes
+    mime: str
+    revised_prompt: str | None = None
+
+
+class ImageGenerator(Protocol):
+    """An OpenAI Images-compatible endpoint."""
+
+    async def generate(self, prompt: str, *, n: int = 1, size: str | None = None) -> list[GeneratedImage]:
+        """Raises ``WebError``."""
+        ...
+
+    async def edit(self, prompt: str, images: Sequence[tuple[bytes, str]], *, size: str | None = None) -> list[GeneratedImage]:
+        """``images``: (bytes, mime) of the images to edit. Raises ``WebError``."""
+        ...
 
 
 # -- memories, files and knowledge --------------------------------------------------------
