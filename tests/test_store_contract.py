@@ -27,6 +27,7 @@ from sqlalchemy import func, select, text
 
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
+from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.store.schema import api_keys, metadata, turns
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event
@@ -676,7 +677,7 @@ async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_back
                     sync,
                     opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
                 ),
-                metadata,
+                [metadata, knowledge_metadata],
             )
         )
     assert version == [(HEAD,)]
