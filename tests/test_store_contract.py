@@ -25,9 +25,9 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 
+from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
-from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.store.schema import api_keys, metadata, turns
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.events import Event

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
+from adapters.knowledge.files import FileKnowledge
 from engine.ports import ChatProvider, EventStore
 from engine.run.supervisor import Supervisor
 
@@ -19,6 +20,7 @@ class Services:
     catalog: Catalog
     supervisor: Supervisor
     providers: dict[str, ChatProvider]
+    knowledge: FileKnowledge  # files, collections, retrieval (engine.ports.Knowledge)
 
 
 SERVICES = web.AppKey("turnlog_services", Services)
