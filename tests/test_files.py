@@ -136,7 +136,7 @@ async def test_upload_each_type_until_ready(service: Service) -> None:
         assert (body["filename"], body["bytes"], body["content_type"]) == (filename, len(data), expected_type)
         assert isinstance(body["created_at"], int)
         ids.append(body["id"])
-    for file_id, (filename, *_rest) in zip(ids, documents):
+    for file_id in ids:
         done = await wait_file(http, base, file_id)
         assert done["status"] == "ready" and done["error"] is None, done
         assert done["chunks"] >= 1 and done["tokens"] >= 5 and done["chars"] > 10
