@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, tuple_, update
+from sqlalchemy import and_, delete, func, insert, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -220,8 +220,13 @@ class KnowledgeTables:
     async def chunk_texts(self, keys: Sequence[tuple[str, int]]) -> dict[tuple[str, int], str]:
         if not keys:
             return {}
+        by_file: dict[str, list[int]] = {}
+        for file_id, seq in keys:
+            by_file.setdefault(file_id, []).append(seq)
+        # Per file ``file_id = ? AND seq IN (...)``, OR-ed: each an index range
+        # of the primary key (a row-value ``IN`` makes SQLite scan the table).
         stmt = select(file_chunks.c.file_id, file_chunks.c.seq, file_chunks.c.text).where(
-            tuple_(file_chunks.c.file_id, file_chunks.c.seq).in_(list(keys))
+            or_(*(and_(file_chunks.c.file_id == f, file_chunks.c.seq.in_(seqs)) for f, seqs in by_file.items()))
         )
         async with self._read.connect() as conn:
             return {(f, s): t for f, s, t in (await conn.execute(stmt))}
