@@ -62,7 +62,7 @@ from adapters.knowledge.chunking import Chunk, chunk_text, stitch
 from adapters.knowledge.extract import NO_TEXT, ExtractionError, extract_text
 from adapters.knowledge.lexical import LexicalCache
 from adapters.knowledge.records import FAILED, PROCESSING, READY, CollectionRecord, FileRecord, KnowledgeTables
-from engine.ports import BlobStore, Embedder, EmbeddingError, FileInfo, FileRef, RetrievalError
+from engine.ports import BlobStore, Embedder, EmbeddingError, FileInfo, FileRef, Knowledge, RetrievalError
 from engine.vectors import VectorItem, VectorStore
 
 log = logging.getLogger("turnlog.knowledge")
@@ -588,3 +588,8 @@ class FileKnowledge:
         for hits in per_file:
             merged.update(keyed(hits))
         return dict(sorted(merged.items(), key=lambda kv: -kv[1])[:k])
+
+
+def as_knowledge(files: FileKnowledge) -> Knowledge:
+    """``files`` as the engine's port (and mypy's proof that it implements it)."""
+    return files
