@@ -42,6 +42,8 @@ ORDER = [
     "tool_loop",
     "postgres",
     "openwebui",
+    "knowledge_ingest",
+    "knowledge_retrieval",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

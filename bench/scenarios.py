@@ -615,9 +615,11 @@ def _rss_samples(pid: int, n: int, every: float) -> list[int]:
 # --------------------------------------------------------------------------- 6 & 7
 
 
-def _storebench(ctx: Ctx, args: list[str], timeout: float, name: str = "") -> dict[str, Any]:
+def _storebench(ctx: Ctx, args: list[str], timeout: float, name: str = "", module: str = "bench.storebench") -> dict[str, Any]:
+    """Run a store-level driver (``python -m MODULE ARGS --dir WORKDIR``) and
+    return the one JSON line it prints."""
     name = name or f"storebench-{args[0]}"
-    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", "bench.storebench", *args, "--dir", str(ctx.workdir)])
+    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", module, *args, "--dir", str(ctx.workdir)])
     assert lines is not None
     deadline = time.monotonic() + timeout
     result = None
@@ -969,6 +971,70 @@ def _redact(url: str) -> str:
     return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
 
 
+# --------------------------------------------------------------------------- files and knowledge (issue 11)
+
+
+def knowledge_ingest(ctx: Ctx) -> dict[str, Any]:
+    """Files: ingestion throughput without the embedding model (SQLite)."""
+    files, words = ("10", "20000") if ctx.quick else ("20", "40000")
+    r = _storebench(ctx, ["ingest", "--files", files, "--words", words], 300, "knowledgebench-ingest", "bench.knowledgebench")
+    runs = r["runs"]
+    return {
+        "status": "ok",
+        "checks": [check("ingest_chunks_per_s", runs["vectors"]["chunks_per_s"], ">=", 2000.0)],
+        "figures": {
+            **runs,
+            "files": r["files"],
+            "words_per_file": r["words_per_file"],
+            "dim": r["dim"],
+            "concurrency": r["concurrency"],
+            "note": "Markdown files added at once until all ready: blob read, extraction, cl100k tokens, 400-token chunks "
+            "with 50 of overlap, the chunks' transaction; 'vectors' adds the vector store upserts (SQLite) with an "
+            "embedder that hands out precomputed vectors (the model excluded). The check is the 'vectors' run.",
+        },
+    }
+
+
+def knowledge_retrieval(ctx: Ctx) -> dict[str, Any]:
+    """Knowledge: ``retrieve`` over a 100,000-chunk collection (10,000 in quick):
+    BM25 alone, and hybrid (BM25 + the vector store), SQLite; PostgreSQL +
+    pgvector in the full run when a server can be had."""
+    chunks = "10000" if ctx.quick else "100000"
+    # The SQLite vector store scans the collection in Python (seconds per
+    # query at 100,000 vectors): the hybrid figure there is taken on fewer queries.
+    r = _storebench(
+        ctx, ["retrieve", "--chunks", chunks, "--hybrid-queries", "20" if ctx.quick else "5"], 900, "knowledgebench-retrieve", "bench.knowledgebench"
+    )
+    figures: dict[str, Any] = {"sqlite": r}
+    checks = [
+        check("lexical_p50_ms_sqlite", r["lexical"]["p50_ms"], "<=", 30.0),
+        check("hybrid_p50_ms_sqlite", r["hybrid"]["p50_ms"], "<=", 30.0, informational=True),
+    ]
+    if not ctx.quick:
+        url = os.environ.get("TURNLOG_BENCH_POSTGRES_URL", "").strip()
+        server = _PgServer(ctx)
+        try:
+            if not url:
+                try:
+                    url = server.start()
+                except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+                    figures["postgres"] = {"skipped": f"no PostgreSQL: {exc}"}
+            if url:
+                pg = _storebench(ctx, ["retrieve", "--chunks", chunks, "--url", url], 1500, "knowledgebench-retrieve-pg", "bench.knowledgebench")
+                figures["postgres"] = pg
+                checks.append(check("lexical_p50_ms_postgres", pg["lexical"]["p50_ms"], "<=", 10.0, informational=True))
+                checks.append(check("hybrid_p50_ms_postgres", pg["hybrid"]["p50_ms"], "<=", 10.0, informational=True))
+        finally:
+            server.close()
+    figures["note"] = (
+        "whole FileKnowledge.retrieve over one collection of 100 files (file set from the database, BM25 over the set, "
+        "query embedding with a hashing embedder, vector search, fusion, the chunks' texts); cold_ms = the first query "
+        "(builds the set's BM25 index); p50/p90 over warm queries. Hybrid checks are informational until the optimized "
+        "vector stores land (the SQLite store scans in Python)."
+    )
+    return {"status": "ok", "checks": checks, "figures": figures}
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -1013,4 +1079,6 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "tool_loop": (tool_loop, True, True),
     "postgres": (postgres, True, False),
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
+    "knowledge_ingest": (knowledge_ingest, False, True),
+    "knowledge_retrieval": (knowledge_retrieval, False, True),
 }

@@ -2,14 +2,17 @@
 
 Everything the service needs is built in one cleanup context, in order: the
 store (migrated), the upstream providers (and the demo model with ``--demo``),
-the model catalog (which reports the upstreams it finds), the supervisor
-(which records interrupted turns and resumes them) — and torn down in reverse.
+the model catalog (which reports the upstreams it finds), the vector store and
+the files/knowledge service (which resumes the ingestions a crash
+interrupted), the supervisor (which records interrupted turns and resumes
+them) — and torn down in reverse.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 from aiohttp import web
 from sqlalchemy.engine import make_url
@@ -18,17 +21,18 @@ from adapters.catalog import Catalog
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.filters import load_filters
-from adapters.http import blob_routes, chat_routes, memory_routes, turn_routes, ws_routes
+from adapters.http import blob_routes, chat_routes, file_routes, memory_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
-from adapters.store import open_store
+from adapters.store import create_engine, open_store
 from adapters.store.migrate import migrate
 from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
@@ -43,9 +47,10 @@ def create_app(
     settings: Settings, *, code_executor: CodeExecutor | None = None, embedder: Embedder | None = None
 ) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
-    loop (until the sandbox executor exists, tests pass a double at this port).
-    ``embedder`` embeds memories (tests pass one that calls their own
-    ``/v1/embeddings`` server); None: the one the settings configure, if any."""
+    loop (until the sandbox executor exists, tests pass a double at this port);
+    ``embedder`` embeds memories, file chunks and queries (tests pass one that
+    calls their own ``/v1/embeddings`` server); None: the one the settings
+    configure, if any (else retrieval is lexical only)."""
     holder: dict[str, Services] = {}
 
     async def lookup(token: str) -> str | None:
@@ -74,9 +79,14 @@ def create_app(
         catalog = Catalog(settings, providers)
         # TODO(embeddings): `embedder if embedder is not None else open_embedder(settings)`
         # once adapters.embeddings lands.
-        memory_embedder = embedder
-        vectors = await open_vector_store(settings.database_url) if memory_embedder is not None else None
-        memories = Memories(store.engine, embedder=memory_embedder, vectors=vectors)
+        vectors = await open_vector_store(settings.database_url)
+        memories = Memories(store.engine, embedder=embedder, vectors=vectors if embedder is not None else None)
+        knowledge_engine = create_engine(settings.database_url, **_knowledge_engine_options(settings))
+        if embedder is None and settings.embedding_engine != "none":
+            log.warning("embedding engine %r is not available here: retrieval is lexical only", settings.embedding_engine)
+        knowledge = FileKnowledge.open(
+            knowledge_engine, store, vectors=vectors, embedder=embedder, settings=KnowledgeSettings.from_settings(settings)
+        )
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         bus = InProcessBus()
@@ -103,24 +113,28 @@ def create_app(
             remote=signals,
             filters=load_filters(settings),
             memories=memories,
+            knowledge=knowledge,
         )
         owners.append(supervisor)
-        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories)
+        svc = Services(
+            settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge
+        )
         holder["services"] = svc
         app[SERVICES] = svc
+        await knowledge.start()  # resumes the ingestions a crash interrupted
         await supervisor.start()
         catalog.start()  # logs the upstreams (or that there is none) and their models
         try:
             yield
         finally:
             await supervisor.stop()
+            await knowledge.stop()
+            await vectors.close()
             await catalog.close()
             if signals is not None:
                 await signals.close()
             for provider in providers.values():
                 await provider.close()
-            if vectors is not None:
-                await vectors.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)
@@ -128,9 +142,17 @@ def create_app(
     blob_routes.setup(app)
     chat_routes.setup(app)
     memory_routes.setup(app)
+    file_routes.setup(app)
     turn_routes.setup(app)
     ws_routes.setup(app)
     return app
+
+
+def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:
+    """The files service's own small pool (SQLite: the service's fsync policy)."""
+    if make_url(settings.database_url).get_backend_name() == "sqlite":
+        return {"synchronous": settings.sqlite_synchronous, "pool_size": 4}
+    return {"pool_size": 4}
 
 
 async def health(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ from aiohttp import web
 
 from adapters.catalog import Catalog
 from adapters.config import Settings
+from adapters.knowledge.files import FileKnowledge
 from adapters.knowledge.memories import Memories
 from engine.ports import ChatProvider, EventStore
 from engine.run.supervisor import Supervisor
@@ -21,6 +22,7 @@ class Services:
     supervisor: Supervisor
     providers: dict[str, ChatProvider]
     memories: Memories
+    knowledge: FileKnowledge  # files, collections, retrieval (engine.ports.Knowledge)
 
 
 SERVICES = web.AppKey("turnlog_services", Services)

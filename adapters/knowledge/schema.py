@@ -40,9 +40,14 @@ files = Table(
     Column("chars", Integer),  # extracted text length
     Column("chunks", Integer),
     Column("tokens", Integer),
+    # The embedding model whose vectors the chunks have (vector store collection
+    # ``file_chunks:<model>``); NULL: lexical retrieval only.
+    Column("embedding_model", Text),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
     Index("ix_files_user", "user_id", "created_at"),
+    # Start-up resumes the files a crash left processing.
+    Index("ix_files_status", "status"),
 )
 
 # A file's text cut into overlapping chunks; ``seq`` orders them.
@@ -77,6 +82,8 @@ knowledge_files = Table(
     Column("file_id", Text, ForeignKey("files.id", ondelete="CASCADE"), nullable=False),
     Column("added_at", Float, nullable=False),
     PrimaryKeyConstraint("knowledge_id", "file_id", name="pk_knowledge_files"),
+    # Deleting a file cascades here: without it PostgreSQL scans the table.
+    Index("ix_knowledge_files_file", "file_id"),
 )
 
 TABLES = frozenset(metadata.tables)

@@ -44,10 +44,12 @@ def upgrade() -> None:
         sa.Column("chars", sa.Integer(), nullable=True),
         sa.Column("chunks", sa.Integer(), nullable=True),
         sa.Column("tokens", sa.Integer(), nullable=True),
+        sa.Column("embedding_model", sa.Text(), nullable=True),
         sa.Column("created_at", sa.Float(), nullable=False),
         sa.Column("updated_at", sa.Float(), nullable=False),
     )
     op.create_index("ix_files_user", "files", ["user_id", "created_at"])
+    op.create_index("ix_files_status", "files", ["status"])
     op.create_table(
         "file_chunks",
         sa.Column("file_id", sa.Text(), sa.ForeignKey("files.id", ondelete="CASCADE"), nullable=False),
@@ -74,12 +76,15 @@ def upgrade() -> None:
         sa.Column("added_at", sa.Float(), nullable=False),
         sa.PrimaryKeyConstraint("knowledge_id", "file_id", name="pk_knowledge_files"),
     )
+    op.create_index("ix_knowledge_files_file", "knowledge_files", ["file_id"])
 
 
 def downgrade() -> None:
+    op.drop_index("ix_knowledge_files_file", table_name="knowledge_files")
     op.drop_table("knowledge_files")
     op.drop_table("knowledge")
     op.drop_table("file_chunks")
+    op.drop_index("ix_files_status", table_name="files")
     op.drop_index("ix_files_user", table_name="files")
     op.drop_table("files")
     op.drop_index("ix_memories_user", table_name="memories")
