@@ -15,6 +15,7 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
+from adapters.code import build_code_executor, start_code_executor
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.http import blob_routes, chat_routes, turn_routes, ws_routes
@@ -38,8 +39,9 @@ log = logging.getLogger("turnlog")
 
 def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
-    loop (until the sandbox executor exists, tests pass a double at this port)."""
+    loop; None: the one ``TURNLOG_CODE_EXECUTOR`` configures (``adapters.code``)."""
     holder: dict[str, Services] = {}
+    code = code_executor if code_executor is not None else build_code_executor(settings)
 
     async def lookup(token: str) -> str | None:
         return await holder["services"].store.user_for_api_key(token)
@@ -87,13 +89,14 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None)
             models=catalog,
             settings=settings.engine(),
             tools=tools,
-            code=code_executor,
+            code=code,
             remote=signals,
         )
         owners.append(supervisor)
         svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers)
         holder["services"] = svc
         app[SERVICES] = svc
+        await start_code_executor(code)  # logs the isolation the sandbox gets here
         await supervisor.start()
         catalog.start()  # logs the upstreams (or that there is none) and their models
         try:
