@@ -1,10 +1,13 @@
-"""The child side of the sandbox: ``python -I -S sandbox_child.py turnlog-sandbox``.
+"""The child side of the sandbox, run by ``adapters.code.sandbox`` as
+``python -I -S -c "…import sandbox_child…; sandbox_child.main()" turnlog-sandbox``.
 
-This file is run as a script by ``adapters.code.sandbox`` (never imported by
-the service), with the standard library only, so that it works under ``-I -S``
-and in any interpreter the operator points the sandbox at. It reads one JSON
-line of settings and then the code from stdin, and writes one JSON object (the
-run's outcome) to stdout.
+Never imported by the service; the standard library only, so that it works
+under ``-I -S`` and in any interpreter the operator points the sandbox at.
+Imported (not run as a script) so that its compiled ``.pyc`` is reused, and
+frugal with imports (no json, typing, ast module, re): every millisecond of
+start-up is paid by every run. It reads its settings (a length-prefixed
+``marshal`` dict) and then the code from stdin, and writes the run's outcome
+(a ``marshal`` dict) to stdout.
 
 Three processes, each with one job:
 
@@ -38,13 +41,16 @@ are not a security boundary against determined native code; the report says
 
 from __future__ import annotations
 
-import json
+import marshal
 import os
 import select
 import signal
 import sys
 import time
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
@@ -187,17 +193,17 @@ def supervise(run: Run) -> dict:
 
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
-    res_r, res_w = os.pipe()
+    res_r, res_w = os.pipe()  # the code's result (the code can write there too: it only fools itself)
+    status_r, status_w = os.pipe()  # init's report (the code never has this one)
     sys.stdout.flush()
     started = time.monotonic()
     child = os.fork()
     if child == 0:
         try:
-            os.close(out_r)
-            os.close(err_r)
-            os.close(res_r)
+            for fd in (out_r, err_r, res_r, status_r):
+                os.close(fd)
             if run.namespaces:
-                init(run, out_w, err_w, res_w)
+                init(run, out_w, err_w, res_w, status_w)
             else:
                 code_process(run, out_w, err_w, res_w)
         except BaseException as exc:  # noqa: BLE001 - a set-up failure: report it on the run's stderr
@@ -209,9 +215,8 @@ def supervise(run: Run) -> dict:
             finally:
                 os._exit(INIT_SIGNAL_BASE - 1)
         os._exit(0)
-    os.close(out_w)
-    os.close(err_w)
-    os.close(res_w)
+    for fd in (out_w, err_w, res_w, status_w):
+        os.close(fd)
 
     stopped: list[str] = []
 
@@ -226,13 +231,14 @@ def supervise(run: Run) -> dict:
     streams = {out_r: Stream(), err_r: Stream()}
     res_buf = bytearray()
     res_cap = 4 * out_limit + 65536
+    status_buf = bytearray()
     deadline = started + float(limits["wall_seconds"])
     status: int | None = None
     try:
         pidfd: int | None = os.pidfd_open(child)
     except (AttributeError, OSError):
         pidfd = None
-    fds = [out_r, err_r, res_r] + ([pidfd] if pidfd is not None else [])
+    fds = [out_r, err_r, res_r, status_r] + ([pidfd] if pidfd is not None else [])
     drain_until: float | None = None
     while True:
         if status is None:
@@ -241,7 +247,7 @@ def supervise(run: Run) -> dict:
                 if not run.namespaces:
                     _kill_leftovers(run, child)
                 drain_until = time.monotonic() + (1.0 if not run.namespaces else 5.0)
-        open_pipes = [fd for fd in (out_r, err_r, res_r) if fd in fds]
+        open_pipes = [fd for fd in (out_r, err_r, res_r, status_r) if fd in fds]
         if status is not None and not open_pipes:
             break
         now = time.monotonic()
@@ -271,12 +277,21 @@ def supervise(run: Run) -> dict:
                 if len(res_buf) < res_cap:
                     res_buf += data[: res_cap - len(res_buf)]
                 continue
+            if fd == status_r:
+                status_buf += data[:65536]
+                continue
             streams[fd].add(data, out_limit)
     if status is None:
         status = _reap(child, block=True)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
-    result, memory, code_status = _parse_results(bytes(res_buf))
+    result, memory = _parse_result(bytes(res_buf))
+    code_status: dict = {}
+    if status_buf:
+        try:
+            code_status = marshal.loads(bytes(status_buf))  # written by init, which the code cannot reach
+        except (ValueError, EOFError, TypeError):
+            pass
     if isinstance(code_status.get("fs"), dict):
         run.isolation.update(code_status["fs"])
     notes = list(stopped)
@@ -335,26 +350,19 @@ def _kill_leftovers(run: Run, child: int) -> None:
         os.waitpid(helper, 0)
 
 
-def _parse_results(raw: bytes) -> tuple[str | None, bool, dict]:
-    result: str | None = None
-    memory = False
-    code_status: dict = {}
-    for line in raw.split(b"\n"):
-        if not line.strip():
-            continue
-        try:
-            msg = json.loads(line)
-        except ValueError:
-            continue
-        if not isinstance(msg, dict):
-            continue
-        if msg.get("kind") == "result":
-            value = msg.get("result")
-            result = value if isinstance(value, str) else None
-            memory = bool(msg.get("memory"))
-        elif msg.get("kind") == "init":
-            code_status = msg
-    return result, memory, code_status
+RESULT_MARK = b"\x00turnlog-result\x00"
+
+
+def _parse_result(raw: bytes) -> tuple[str | None, bool]:
+    """The code process's last frame: MARK, memory flag (0/1), R + the repr or N."""
+    at = raw.rfind(RESULT_MARK)
+    if at < 0:
+        return None, False
+    frame = raw[at + len(RESULT_MARK) :]
+    memory = frame[:1] == b"1"
+    if frame[1:2] != b"R":
+        return None, memory
+    return frame[2:].decode("utf-8", "replace"), memory
 
 
 def _explain(status: int, code_status: dict, memory: bool, limits: dict, namespaces: bool) -> list[str]:
@@ -464,7 +472,7 @@ def collect_files(run: Run, max_files: int, max_bytes: int) -> tuple[list[dict],
 # -- init: pid 1 of the run's pid namespace ---------------------------------------------
 
 
-def init(run: Run, out_w: int, err_w: int, res_w: int) -> None:
+def init(run: Run, out_w: int, err_w: int, res_w: int, status_w: int) -> None:
     prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # the supervisor's death ends the namespace
     prctl(PR_SET_DUMPABLE, 0)  # the code may not trace or read its init
     null = os.open("/dev/null", os.O_RDWR)
@@ -478,6 +486,7 @@ def init(run: Run, out_w: int, err_w: int, res_w: int) -> None:
         os._exit(0)
     os.close(out_w)
     os.close(err_w)
+    os.close(res_w)
     status = 0
     usage = None
     while True:  # reap everything (orphans are re-parented to us) until the code's process ends
@@ -490,7 +499,7 @@ def init(run: Run, out_w: int, err_w: int, res_w: int) -> None:
         if pid == child:
             status, usage = st, ru
             break
-    report: dict = {"kind": "init", "fs": {k: run.isolation[k] for k in ("readonly", "proc", "hidden") if k in run.isolation}}
+    report: dict = {"fs": {k: run.isolation[k] for k in ("readonly", "proc", "hidden") if k in run.isolation}}
     if usage is not None:
         report["cpu"] = round(usage.ru_utime + usage.ru_stime, 3)
     if os.WIFSIGNALED(status):
@@ -499,7 +508,7 @@ def init(run: Run, out_w: int, err_w: int, res_w: int) -> None:
     else:
         code = min(os.WEXITSTATUS(status), INIT_SIGNAL_BASE - 1)
     try:
-        os.write(res_w, b"\n" + json.dumps(report).encode() + b"\n")
+        os.write(status_w, marshal.dumps(report, 4))
     except OSError:
         pass
     os._exit(code)
@@ -690,14 +699,11 @@ def execute(code: str, result_limit: int) -> None:
     """Run ``code`` as ``__main__``; a final expression's value (its repr,
     truncated) is the result, like a REPL cell. Exceptions print their
     traceback without this runner's frames."""
-    import ast
-    import linecache
-    import types
+    import _ast  # (the C module: ``ast`` costs ~4 ms of imports)
 
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     filename = "<code>"
-    linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
-    module = types.ModuleType("__main__")
+    module = type(sys)("__main__")
     module.__dict__["__builtins__"] = __builtins__
     sys.modules["__main__"] = module
     env = module.__dict__
@@ -705,12 +711,13 @@ def execute(code: str, result_limit: int) -> None:
     memory = False
     exit_code = 0
     try:
-        tree = ast.parse(code, filename)
+        tree = compile(code, filename, "exec", _ast.PyCF_ONLY_AST)
+        assert isinstance(tree, _ast.Module)
         last = None
         final = tree.body[-1] if tree.body else None
-        if isinstance(final, ast.Expr):
+        if isinstance(final, _ast.Expr):
             tree.body.pop()
-            last = ast.Expression(final.value)
+            last = _ast.Expression(final.value)
         exec(compile(tree, filename, "exec"), env)  # noqa: S102 - running the code is the point
         if last is not None:
             value = eval(compile(last, filename, "eval"), env)  # noqa: S307
@@ -726,8 +733,10 @@ def execute(code: str, result_limit: int) -> None:
         memory = isinstance(exc, MemoryError)
         exit_code = 1
         try:
+            import linecache
             import traceback
 
+            linecache.cache[filename] = (len(code), None, code.splitlines(True), filename)
             traceback.print_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__ else None)
         except MemoryError:
             os.write(2, b"MemoryError\n")
@@ -737,7 +746,8 @@ def execute(code: str, result_limit: int) -> None:
     except Exception:  # noqa: BLE001 - a closed stdout is the code's business
         pass
     try:
-        os.write(3, b"\n" + json.dumps({"kind": "result", "result": result, "memory": memory}).encode() + b"\n")
+        frame = RESULT_MARK + (b"1" if memory else b"0") + (b"N" if result is None else b"R" + result.encode("utf-8", "surrogatepass"))
+        os.write(3, frame)
     except (OSError, MemoryError):
         pass
     os._exit(exit_code & 0xFF)
@@ -745,12 +755,8 @@ def execute(code: str, result_limit: int) -> None:
 
 def main() -> None:
     raw = sys.stdin.buffer.read()
-    header, _, code = raw.partition(b"\n")
-    run = Run(json.loads(header), code.decode("utf-8", "replace"))
+    size = int.from_bytes(raw[:4], "big")
+    run = Run(marshal.loads(raw[4 : 4 + size]), raw[4 + size :].decode("utf-8", "replace"))
     report = supervise(run)
-    sys.stdout.write(json.dumps(report))
+    sys.stdout.buffer.write(marshal.dumps(report, 4))
     sys.stdout.flush()
-
-
-if __name__ == "__main__":
-    main()
