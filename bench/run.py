@@ -42,6 +42,7 @@ ORDER = [
     "tool_loop",
     "postgres",
     "openwebui",
+    "sandbox",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

@@ -969,6 +969,35 @@ def _redact(url: str) -> str:
     return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
 
 
+# --------------------------------------------------------------------------- 13
+
+
+def sandbox(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 13: the sandbox code executor's cost per run of ``print(1)``."""
+    runs = "20" if ctx.quick else "100"
+    name = "sandboxbench"
+    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", "bench.sandboxbench", "--runs", runs])
+    assert lines is not None
+    deadline = time.monotonic() + 300
+    result = None
+    try:
+        while True:
+            line = lines.get(deadline)
+            if line is None:
+                break
+            if line.startswith("{"):
+                result = json.loads(line)
+    except TimeoutError:
+        raise BenchError(f"{name} took more than 300 s") from None
+    finally:
+        ctx.procs.stop(proc)
+    if result is None:
+        raise BenchError(f"{name} failed:\n{ctx.procs.log_tail(name)}")
+    figures = {k: result[k] for k in ("runs", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms", "floor_p50_ms", "overhead_p50_ms")}
+    figures["isolation"] = result["description"]
+    return {"status": "ok", "checks": [check("run_p50_ms", result["p50_ms"], "<=", 150.0)], "figures": figures}
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -1013,4 +1042,5 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "tool_loop": (tool_loop, True, True),
     "postgres": (postgres, True, False),
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
+    "sandbox": (sandbox, False, True),
 }
