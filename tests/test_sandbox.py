@@ -221,6 +221,20 @@ while True:
     assert sandbox_processes() == []
 
 
+async def test_a_cancelled_run_leaves_nothing_behind(sandbox: SandboxExecutor) -> None:
+    # What the engine does at its tool timeout or when the turn is cancelled.
+    code = "import os, time\nfor _ in range(4):\n    os.fork()\nprint('forked', flush=True)\ntime.sleep(3600)"
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(sandbox.run(code, "python"), 1.5)
+    # The supervisor is killed at once; its init follows it (PR_SET_PDEATHSIG)
+    # and the kernel empties the pid namespace: wait for that, bounded.
+    deadline = time.monotonic() + 5
+    while sandbox_processes() and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert sandbox_processes() == []
+    assert (await sandbox.run("print(2)", "python"))["stdout"] == "2\n"  # its slot is free again
+
+
 async def test_an_output_flood_is_truncated(sandbox: SandboxExecutor) -> None:
     out = await sandbox.run("import sys\nfor i in range(2000):\n    print('x' * 999)\nsys.stderr.write('e' * 100_000)\n'done'", "python")
     assert out["stdout"].startswith("x" * 999 + "\n")
