@@ -143,6 +143,7 @@ class Run:
     # The paths the code's interpreter needs, shown again inside a hidden folder.
     def keep_paths(self) -> list[str]:
         paths = {sys.base_prefix, sys.prefix, os.path.dirname(os.path.realpath(sys.executable))}
+        paths |= {os.path.realpath(p) for p in paths}  # (hidden paths are compared resolved)
         return sorted(p for p in paths if p and p != "/")
 
 
