@@ -101,6 +101,30 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(default=3, ge=1)
     # Filter valves: [filters.NAME] tables of the TOML file.
     filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # -- code execution (adapters.code) ----------------------------------------
+    # "sandbox": a local isolated Python process per run; "jupyter": a kernel
+    # per run on the Jupyter server at jupyter_url; "off": none.
+    code_executor: Literal["sandbox", "jupyter", "off"] = "sandbox"
+    jupyter_url: str | None = None
+    jupyter_token: SecretStr | None = None
+    # Limits of one run (the Jupyter executor applies the wall clock, output
+    # and files ones). Keep code_timeout below tool_timeout, which cuts the call.
+    code_timeout: float = Field(default=30.0, gt=0)
+    code_cpu_seconds: int = Field(default=20, ge=1)
+    code_memory_mb: int = Field(default=512, ge=64)
+    code_file_size_mb: int = Field(default=16, ge=1)
+    code_disk_mb: int = Field(default=64, ge=1)
+    code_max_processes: int = Field(default=32, ge=4)
+    code_output_bytes: int = Field(default=32_768, ge=256)
+    code_max_files: int = Field(default=10, ge=0)
+    code_files_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
+    code_max_concurrent: int = Field(default=4, ge=1)
+    # Sandbox: as root, runs use uids code_sandbox_uid .. + code_max_concurrent - 1
+    # (unused by anyone); another interpreter for the code (its site-packages,
+    # e.g. numpy, are then available); more folders to hide from the code.
+    code_sandbox_uid: int = Field(default=700_000, ge=1000)
+    code_sandbox_python: str | None = None
+    code_hide_paths: list[str] = Field(default_factory=list)
 
     @field_validator("auth", mode="before")
     @classmethod

@@ -44,6 +44,7 @@ ORDER = [
     "openwebui",
     "knowledge_ingest",
     "knowledge_retrieval",
+    "sandbox",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

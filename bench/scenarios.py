@@ -1035,6 +1035,35 @@ def knowledge_retrieval(ctx: Ctx) -> dict[str, Any]:
     return {"status": "ok", "checks": checks, "figures": figures}
 
 
+# --------------------------------------------------------------------------- 13
+
+
+def sandbox(ctx: Ctx) -> dict[str, Any]:
+    """Scenario 13: the sandbox code executor's cost per run of ``print(1)``."""
+    runs = "20" if ctx.quick else "100"
+    name = "sandboxbench"
+    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", "bench.sandboxbench", "--runs", runs])
+    assert lines is not None
+    deadline = time.monotonic() + 300
+    result = None
+    try:
+        while True:
+            line = lines.get(deadline)
+            if line is None:
+                break
+            if line.startswith("{"):
+                result = json.loads(line)
+    except TimeoutError:
+        raise BenchError(f"{name} took more than 300 s") from None
+    finally:
+        ctx.procs.stop(proc)
+    if result is None:
+        raise BenchError(f"{name} failed:\n{ctx.procs.log_tail(name)}")
+    figures = {k: result[k] for k in ("runs", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms", "floor_p50_ms", "overhead_p50_ms")}
+    figures["isolation"] = result["description"]
+    return {"status": "ok", "checks": [check("run_p50_ms", result["p50_ms"], "<=", 150.0)], "figures": figures}
+
+
 # --------------------------------------------------------------------------- checks
 
 
@@ -1081,4 +1110,7 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
     "knowledge_ingest": (knowledge_ingest, False, True),
     "knowledge_retrieval": (knowledge_retrieval, False, True),
+
+
+    "sandbox": (sandbox, False, True),
 }

@@ -18,6 +18,7 @@ from aiohttp import web
 from sqlalchemy.engine import make_url
 
 from adapters.catalog import Catalog
+from adapters.code import build_code_executor, start_code_executor
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.filters import load_filters
@@ -47,11 +48,12 @@ def create_app(
     settings: Settings, *, code_executor: CodeExecutor | None = None, embedder: Embedder | None = None
 ) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
-    loop (until the sandbox executor exists, tests pass a double at this port);
+    loop; None: the one ``TURNLOG_CODE_EXECUTOR`` configures (``adapters.code``).
     ``embedder`` embeds memories, file chunks and queries (tests pass one that
     calls their own ``/v1/embeddings`` server); None: the one the settings
     configure, if any (else retrieval is lexical only)."""
     holder: dict[str, Services] = {}
+    code = code_executor if code_executor is not None else build_code_executor(settings)
 
     async def lookup(token: str) -> str | None:
         return await holder["services"].store.user_for_api_key(token)
@@ -109,7 +111,7 @@ def create_app(
             models=catalog,
             settings=settings.engine(),
             tools=tools,
-            code=code_executor,
+            code=code,
             remote=signals,
             filters=load_filters(settings),
             memories=memories,
@@ -122,6 +124,7 @@ def create_app(
         holder["services"] = svc
         app[SERVICES] = svc
         await knowledge.start()  # resumes the ingestions a crash interrupted
+        await start_code_executor(code)  # logs the isolation the sandbox gets here
         await supervisor.start()
         catalog.start()  # logs the upstreams (or that there is none) and their models
         try:
