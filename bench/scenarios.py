@@ -998,6 +998,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 NOT_IMPLEMENTED: dict[str, str] = {}
 
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
+from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
 # name -> (function, needs the shared servers, runs in --quick)
 SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
@@ -1013,4 +1014,5 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "tool_loop": (tool_loop, True, True),
     "postgres": (postgres, True, False),
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
+    "web_fetch": (web_fetch, False, True),
 }
