@@ -10,11 +10,12 @@ import asyncio
 import ipaddress
 import tomllib
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
 )
@@ -125,6 +126,38 @@ class Settings(BaseSettings):
     code_sandbox_uid: int = Field(default=700_000, ge=1000)
     code_sandbox_python: str | None = None
     code_hide_paths: list[str] = Field(default_factory=list)
+    # -- web search, page fetching, image generation (adapters.web, adapters.images)
+    # The search engine: a SearXNG instance (``searxng_url``, its JSON format
+    # enabled), the Brave Search API (``web_search_api_key``), or none.
+    web_search_engine: Literal["searxng", "brave", "none"] = "none"
+    searxng_url: str | None = None
+    web_search_api_key: SecretStr | None = None
+    # The hosted API's base URL (None: its public one); for a proxy, or a test server.
+    web_search_base_url: str | None = None
+    web_search_count: int = Field(default=3, ge=1, le=20)
+    # Hosts, addresses and CIDRs that page fetching may reach although they are
+    # private (loopback, RFC 1918, link-local, ...). Nothing is allowed unless named.
+    # TURNLOG_FETCH_ALLOW is a comma list: "intranet.example,10.1.0.0/16".
+    fetch_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Seconds for one page (redirects and body included) and for all pages of one search.
+    fetch_timeout: float = Field(default=10.0, gt=0)
+    fetch_total_timeout: float = Field(default=20.0, gt=0)
+    # Bytes read of one page's (decompressed) body; the rest is cut (``truncated``).
+    fetch_max_bytes: int = Field(default=2 * 1024 * 1024, ge=1)
+    # An OpenAI Images-compatible API (``…/v1``). Unset: the OpenAI upstream's
+    # base URL and key; a base URL of its own never gets the upstream's key.
+    images_base_url: str | None = None
+    images_api_key: SecretStr | None = None
+    images_model: str = "gpt-image-1"
+    images_size: str = "1024x1024"
+
+    @field_validator("fetch_allow", mode="before")
+    @classmethod
+    def _fetch_allow(cls, value: Any) -> Any:
+        # The environment gives one string (a comma list); TOML gives a list.
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
 
     @field_validator("auth", mode="before")
     @classmethod

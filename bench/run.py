@@ -40,6 +40,7 @@ ORDER = [
     "replay_fold",
     "open_turns_rss",
     "tool_loop",
+    "web_fetch",
     "postgres",
     "openwebui",
     "knowledge_ingest",

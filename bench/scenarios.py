@@ -1093,6 +1093,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 NOT_IMPLEMENTED: dict[str, str] = {}
 
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
+from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
 # name -> (function, needs the shared servers, runs in --quick)
 SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
@@ -1113,4 +1114,7 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
 
 
     "sandbox": (sandbox, False, True),
+
+
+    "web_fetch": (web_fetch, False, True),
 }
