@@ -136,7 +136,7 @@ class PgVectorStore:
     async def upsert(self, collection: str, items: list[VectorItem]) -> None:
         if not items:
             return
-        dim, items = prepare(items)
+        dim, items, _ = prepare(items)
         async with self.engine.begin() as conn:
             await conn.execute(_REGISTER, {"c": collection, "d": dim, "now": self._clock()})
             have = (await conn.execute(_DIMENSION, {"c": collection})).scalar_one()
