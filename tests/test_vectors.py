@@ -239,6 +239,42 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         await store.close()
 
 
+async def test_pgvector_selective_filter_reads_the_metadata_index(pg_url: str) -> None:
+    """A filter on one file's chunks is answered from the GIN index on
+    metadata (migration 0006), exactly, instead of walking the HNSW graph."""
+    store = PgVectorStore.open(pg_url)
+    try:
+        rnd = random.Random(3)
+        items = [
+            VectorItem(f"c{j}", [rnd.gauss(0, 1) for _ in range(16)], "", {"file_id": f"f{j // 50}", "seq": j % 50})
+            for j in range(3000)
+        ]
+        for start in range(0, len(items), 500):
+            await store.upsert("kb", items[start : start + 500])
+        async with store.engine.begin() as conn:
+            await conn.execute(text("ANALYZE vector_items"))
+        seen: list[tuple[str, Any]] = []
+
+        def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            if "ORDER BY" in statement:
+                seen.append((statement, params))
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+        q = items[7].vector
+        got = await store.query("kb", q, k=5, filter={"file_id": "f17"})
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+        assert ids(got) == brute_force(items, q, 5, {"file_id": "f17"})
+        [(statement, params)] = seen
+        async with store.engine.connect() as conn:
+            plan = "\n".join((await conn.exec_driver_sql("EXPLAIN " + statement, params)).scalars().all())
+        assert "vector_items_metadata" in plan and "vector_items_hnsw_16" not in plan, plan
+        # Containment alone would be wrong for nested values: equality stays exact.
+        await store.upsert("n", [VectorItem("a", [1.0, 0.0], "", {"t": [1, 2]}), VectorItem("b", [0.0, 1.0], "", {"t": [1]})])
+        assert ids(await store.query("n", [1.0, 1.0], k=5, filter={"t": [1]})) == ["b"]
+    finally:
+        await store.close()
+
+
 async def test_pgvector_index_of_a_new_dimension_built_by_one_of_two_processes(pg_url: str) -> None:
     """Two stores (two processes' worth of connections) meeting a new
     dimension at the same moment: both see no index, both queue for the
