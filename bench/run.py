@@ -41,6 +41,7 @@ ORDER = [
     "open_turns_rss",
     "tool_loop",
     "postgres",
+    "vector_query",
     "openwebui",
 ]
 assert set(ORDER) == set(SCENARIOS)
