@@ -28,8 +28,8 @@ JSON equality). The planner picks one of two plans:
 * for a selective filter (the chunks of a few files), the GIN index on
   ``metadata`` (``jsonb_path_ops``, migration 0006) gives the matching rows,
   which are sorted by exact distance. Without it, a filter matching 100 of
-  100,000 chunks made the iterative scan walk much of the graph: p90 143 ms
-  instead of ~2 ms (``python -m bench.vectorbench query``).
+  100,000 chunks made the iterative scan walk much of the graph: p90 143 ms;
+  with it p50 2-4 ms, p90 3-7 ms (``python -m bench --scenarios vector_query``).
 
 ``score`` is ``1 - (embedding <=> query)``, the cosine similarity.
 
