@@ -42,6 +42,7 @@ ORDER = [
     "tool_loop",
     "web_fetch",
     "postgres",
+    "vector_query",
     "openwebui",
     "knowledge_ingest",
     "knowledge_retrieval",

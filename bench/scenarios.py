@@ -618,6 +618,8 @@ def _rss_samples(pid: int, n: int, every: float) -> list[int]:
 def _storebench(ctx: Ctx, args: list[str], timeout: float, name: str = "", module: str = "bench.storebench") -> dict[str, Any]:
     """Run a store-level driver (``python -m MODULE ARGS --dir WORKDIR``) and
     return the one JSON line it prints."""
+
+
     name = name or f"storebench-{args[0]}"
     proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", module, *args, "--dir", str(ctx.workdir)])
     assert lines is not None
@@ -854,8 +856,8 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
 class _PgServer:
     """``scripts/pg-test-server`` in the work directory (stopped in ``close``)."""
 
-    def __init__(self, ctx: Ctx) -> None:
-        self.dir = ctx.workdir / "pg"
+    def __init__(self, ctx: Ctx, name: str = "pg") -> None:
+        self.dir = ctx.workdir / name
         self.script = ROOT / "scripts" / "pg-test-server"
         self.started = False
 
@@ -958,6 +960,53 @@ def postgres(ctx: Ctx) -> dict[str, Any]:
         ],
         "figures": figures,
     }
+
+
+# --------------------------------------------------------------------------- 13
+
+
+def vector_query(ctx: Ctx) -> dict[str, Any]:
+    """Retrieval latency over a knowledge base: ``bench.vectorbench query``
+    (100,000 chunks of 384 dimensions, 1,000 files; quick: 20,000) on SQLite
+    and on PostgreSQL + pgvector (HNSW; a throw-away server as for the
+    ``postgres`` scenario, or ``TURNLOG_BENCH_POSTGRES_URL``; without one the
+    pgvector half is reported as skipped). p50/p90 of ``store.query`` with
+    k=5, unfiltered and filtered to one file."""
+    n = 20_000 if ctx.quick else 100_000
+    count = 100 if ctx.quick else 200
+    args = ["query", "--n", str(n), "--dim", "384", "--chunks-per-file", "100", "--queries", str(count), "--k", "5"]
+    figures: dict[str, Any] = {"chunks": n, "dim": 384, "files": n // 100, "k": 5, "queries": count}
+    checks: list[dict[str, Any]] = []
+
+    def record(backend: str, r: dict[str, Any], target: float) -> None:
+        figures[backend] = {
+            key: r[key]
+            for key in ("ingest_s", "ingest_items_per_s", "first_query_ms", "first_filtered_query_ms", "unfiltered", "file_filtered")
+        }
+        for mode in ("unfiltered", "file_filtered"):
+            checks.append(check(f"{backend}_{mode}_p50_ms", r[mode]["p50"], "<=", target))
+
+    db = ctx.workdir / "vectors.db"
+    db.unlink(missing_ok=True)
+    r = _storebench(ctx, [*args, "--url", f"sqlite+aiosqlite:///{db}"], 600, name="vectorbench-sqlite", module="bench.vectorbench")
+    record("sqlite", r, 30.0)
+    db.unlink(missing_ok=True)
+
+    url = os.environ.get("TURNLOG_BENCH_POSTGRES_URL", "").strip()
+    server = _PgServer(ctx, "pg-vectors")
+    try:
+        if not url:
+            try:
+                url = server.start()
+            except (OSError, subprocess.SubprocessError, RuntimeError) as exc:
+                figures["pgvector"] = {"skipped": f"no PostgreSQL: TURNLOG_BENCH_POSTGRES_URL unset and {exc}"}
+                url = ""
+        if url:
+            r = _storebench(ctx, [*args, "--url", url], 1200, name="vectorbench-pgvector", module="bench.vectorbench")
+            record("pgvector", r, 10.0)
+    finally:
+        server.close()
+    return {"status": "ok", "checks": checks, "figures": figures}
 
 
 def _redact(url: str) -> str:
@@ -1108,6 +1157,7 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "cpu_per_chunk": (cpu_per_chunk, True, True),
     "tool_loop": (tool_loop, True, True),
     "postgres": (postgres, True, False),
+    "vector_query": (vector_query, False, True),
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
     "knowledge_ingest": (knowledge_ingest, False, True),
     "knowledge_retrieval": (knowledge_retrieval, False, True),

@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import math
 import random
+import sys
 import time
+from array import array
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -207,7 +209,7 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
                         "EXPLAIN SELECT id FROM vector_items WHERE dim = 16 AND collection = 'big' "
                         "ORDER BY (embedding::vector(16)) <=> CAST(:q AS vector(16)) LIMIT 5"
                     ),
-                    {"q": "[" + ",".join(map(str, items[0].vector)) + "]"},
+                    {"q": items[0].vector},  # the store's connections send vectors in binary
                 )
             )
             assert "vector_items_hnsw_16" in plan
@@ -233,6 +235,42 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         assert "vector_items_hnsw_16" in "\n".join(plan), plan
         # k beyond hnsw.ef_search (40) still returns k.
         assert len(await store.query("big", q, k=120)) == 120
+    finally:
+        await store.close()
+
+
+async def test_pgvector_selective_filter_reads_the_metadata_index(pg_url: str) -> None:
+    """A filter on one file's chunks is answered from the GIN index on
+    metadata (migration 0006), exactly, instead of walking the HNSW graph."""
+    store = PgVectorStore.open(pg_url)
+    try:
+        rnd = random.Random(3)
+        items = [
+            VectorItem(f"c{j}", [rnd.gauss(0, 1) for _ in range(16)], "", {"file_id": f"f{j // 50}", "seq": j % 50})
+            for j in range(3000)
+        ]
+        for start in range(0, len(items), 500):
+            await store.upsert("kb", items[start : start + 500])
+        async with store.engine.begin() as conn:
+            await conn.execute(text("ANALYZE vector_items"))
+        seen: list[tuple[str, Any]] = []
+
+        def capture(conn: Any, cursor: Any, statement: str, params: Any, *_: Any) -> None:
+            if "ORDER BY" in statement:
+                seen.append((statement, params))
+
+        event.listen(store.engine.sync_engine, "before_cursor_execute", capture)
+        q = items[7].vector
+        got = await store.query("kb", q, k=5, filter={"file_id": "f17"})
+        event.remove(store.engine.sync_engine, "before_cursor_execute", capture)
+        assert ids(got) == brute_force(items, q, 5, {"file_id": "f17"})
+        [(statement, params)] = seen
+        async with store.engine.connect() as conn:
+            plan = "\n".join((await conn.exec_driver_sql("EXPLAIN " + statement, params)).scalars().all())
+        assert "vector_items_metadata" in plan and "vector_items_hnsw_16" not in plan, plan
+        # Containment alone would be wrong for nested values: equality stays exact.
+        await store.upsert("n", [VectorItem("a", [1.0, 0.0], "", {"t": [1, 2]}), VectorItem("b", [0.0, 1.0], "", {"t": [1]})])
+        assert ids(await store.query("n", [1.0, 1.0], k=5, filter={"t": [1]})) == ["b"]
     finally:
         await store.close()
 
@@ -316,5 +354,144 @@ async def test_sqlite_migration_matches_vector_schema(tmp_path: Path) -> None:
                 )
             )
         assert diff == []
+    finally:
+        await store.close()
+
+
+# ------------------------------------------------ a random history, against an oracle
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "threaded"])
+async def test_random_upserts_deletes_and_filtered_queries_match_brute_force(
+    vectors: VectorStore, inline: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upserts (new ids and replacements, metadata changing), deletes (the
+    SQLite image fills holes with its last row) and filtered queries, checked
+    after every step against exact search over what was written. ``threaded``:
+    every SQLite product goes to the worker thread (no size threshold)."""
+    import adapters.vectors.sqlite as sqlite_store
+
+    if not inline:
+        if isinstance(vectors, PgVectorStore):
+            pytest.skip("SQLite-only variant")
+        monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
+    rnd = random.Random(5)
+    live: dict[str, VectorItem] = {}
+    for step in range(40):
+        op = rnd.random()
+        if op < 0.55 or len(live) < 5:
+            batch = []
+            for _ in range(rnd.randint(1, 12)):
+                id_ = f"i{rnd.randint(0, 60):02d}"
+                meta = {"file_id": f"f{rnd.randint(0, 4)}", "n": rnd.choice([1, 2, 2.0, True])}
+                if rnd.random() < 0.2:
+                    del meta["n"]
+                batch.append(VectorItem(id_, [rnd.gauss(0, 1) for _ in range(6)], f"text {id_} {step}", meta))
+            await vectors.upsert("r", batch)
+            live.update({item.id: item for item in batch})
+        else:
+            gone = rnd.sample(sorted(live), rnd.randint(1, min(8, len(live)))) + ["never-there"]
+            await vectors.delete("r", gone)
+            for id_ in gone:
+                live.pop(id_, None)
+        q = [rnd.gauss(0, 1) for _ in range(6)]
+        for flt in (None, {"file_id": f"f{rnd.randint(0, 4)}"}, {"n": 2}, {"n": True, "file_id": "f1"}):
+            got = await vectors.query("r", q, k=4, filter=flt)
+            # JSON equality (2 == 2.0, but true != 1), not Python's ==.
+            keep = [i for i in live.values() if not flt or all(f in i.metadata and _json_eq(i.metadata[f], v) for f, v in flt.items())]
+            assert ids(got) == brute_force(keep, q, 4), (step, flt)
+            for hit in got:
+                item = live[hit.id]
+                assert (hit.text, hit.metadata) == (item.text, item.metadata)
+                assert hit.score == pytest.approx(cosine(item.vector, q), abs=1e-5)
+
+
+def _json_eq(a: Any, b: Any) -> bool:
+    from adapters.vectors.common import json_equal
+
+    return json_equal(a, b)
+
+
+# ------------------------------------------------------------------ SQLite only
+
+
+async def test_sqlite_stores_on_one_file_see_each_others_writes(tmp_path: Path) -> None:
+    """Two stores (or processes) on one file: each keeps collections in memory,
+    and a query notices (the collection's version) that the other wrote."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    a, b = SqliteVectorStore.open(url), SqliteVectorStore.open(url)
+    try:
+        await a.upsert("c", [VectorItem("x", [1.0, 0.0], "x", {"f": 1}), VectorItem("y", [0.0, 1.0], "y", {"f": 2})])
+        assert ids(await a.query("c", [1.0, 0.1], k=5, filter={"f": 1})) == ["x"]  # a loads its image
+        assert ids(await b.query("c", [1.0, 0.1], k=5)) == ["x", "y"]  # so does b
+        await b.upsert("c", [VectorItem("z", [1.0, 0.05], "z", {"f": 1}), VectorItem("x", [-1.0, 0.0], "x2", {"f": 2})])
+        await b.delete("c", ["y"])
+        hits = await a.query("c", [1.0, 0.1], k=5)
+        assert [(h.id, h.text) for h in hits] == [("z", "z"), ("x", "x2")]
+        assert ids(await a.query("c", [1.0, 0.1], k=5, filter={"f": 1})) == ["z"]
+        # a's own writes go to its image directly; b still notices them.
+        await a.delete("c", ["z"])
+        assert ids(await b.query("c", [1.0, 0.1], k=5)) == ["x"]
+        assert ids(await a.query("c", [1.0, 0.1], k=5, filter={"f": 2})) == ["x"]
+        # b writes, then a writes before querying: a's image missed b's write,
+        # so a's write must not just be applied to it.
+        await b.upsert("c", [VectorItem("w", [0.0, 1.0], "w", {"f": 2})])
+        await a.upsert("c", [VectorItem("v", [0.1, 1.0], "v", {"f": 2})])
+        assert ids(await a.query("c", [0.0, 1.0], k=5, filter={"f": 2})) == ["w", "v", "x"]
+    finally:
+        await a.close()
+        await b.close()
+
+
+async def test_sqlite_reads_float64_rows_of_the_previous_format(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    store = SqliteVectorStore.open(url)
+    try:
+        await store.upsert("c", [VectorItem("new", [0.0, 1.0], "n")])
+        old = array("d", [0.6, 0.8])  # a unit vector as the store used to write it
+        if sys.byteorder != "little":  # pragma: no cover
+            old.byteswap()
+        async with store.engine.begin() as conn:
+            await conn.execute(
+                text("INSERT INTO vector_items VALUES ('c', 'old', 2, :e, 'o', '{}')"), {"e": old.tobytes()}
+            )
+            await conn.execute(text("UPDATE vector_collections SET version = version + 1"))
+        hits = await store.query("c", [3.0, 4.0], k=2)
+        assert ids(hits) == ["old", "new"] and hits[0].score == pytest.approx(1.0, abs=1e-6)
+    finally:
+        await store.close()
+
+
+async def test_sqlite_queries_during_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Queries in worker threads while the same collection is written: every
+    answer is one of the collection's states, and the last one is exact."""
+    import adapters.vectors.sqlite as sqlite_store
+
+    monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    store = SqliteVectorStore.open(url)
+    try:
+        items = random_items(300, 16, seed=3)
+        await store.upsert("c", items[:100])
+        q = items[150].vector
+
+        async def writer() -> None:
+            for start in range(100, 300, 20):
+                await store.upsert("c", items[start : start + 20])
+                await store.delete("c", [items[start - 100].id])
+
+        async def reader() -> None:
+            for _ in range(30):
+                hits = await store.query("c", q, k=3, filter={"even": True})
+                assert len(hits) == 3 and all(h.metadata["even"] for h in hits)
+
+        await asyncio.gather(writer(), reader(), reader())
+        deleted = {items[s - 100].id for s in range(100, 300, 20)}
+        live = [i for i in items if i.id not in deleted]
+        assert ids(await store.query("c", q, k=5, filter={"even": True})) == brute_force(live, q, 5, {"even": True})
+        assert ids(await store.query("c", q, k=5)) == brute_force(live, q, 5)
     finally:
         await store.close()

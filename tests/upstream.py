@@ -23,9 +23,11 @@ without ``/v1``, the base URL of an Ollama server):
 * ``GET  /v1/models`` – ``{"object": "list", "data": [{"id", "object": "model", "created", "owned_by": "scripted"}]}``.
 * ``POST /api/chat`` – Ollama chat, NDJSON stream unless ``"stream": false`` (see below).
 * ``GET  /api/tags`` – Ollama's model list, ``{"models": [{"name", "model", …}]}``.
+* ``POST /v1/embeddings`` – OpenAI embeddings (see "Embeddings" below); scripted
+  apart from the chat endpoints.
 
-Every POST body is appended to ``requests``, its headers to ``request_headers``
-and its path (e.g. ``/v1/responses``) to ``request_paths``.
+Every POST body to a chat endpoint is appended to ``requests``, its headers to
+``request_headers`` and its path (e.g. ``/v1/responses``) to ``request_paths``.
 
 Chat Completions streaming bytes, in order (each event is ``data: <compact JSON>\\n\\n``):
 
@@ -122,6 +124,32 @@ P, only the remainder is sent (as providers that continue an assistant prefill
 do); the reasoning is then not repeated, and ``fault_after`` / ``pause_after``
 count chunks of the remainder.
 
+Embeddings (``POST /v1/embeddings``), OpenAI's shapes exactly: the body is
+``{"input": str | [str] | [int] | [[int]], "model", "encoding_format"?: "float" |
+"base64", "dimensions"?: int}``; the answer is ``{"object": "list", "data":
+[{"object": "embedding", "index": i, "embedding": [floats] | base64 of
+little-endian float32}], "model": <the request's>, "usage": {"prompt_tokens",
+"total_tokens"}}`` (tokens: words, at least 1 per input). Each vector is
+:func:`hashed_embedding` (``embedding_dim`` dimensions, 64 by default, or the
+request's ``dimensions``): a signed, hashed bag of lower-cased words,
+L2-normalized, so lexical overlap is real similarity ("apple pie recipe" ·
+"recipe for apple pie" ≈ 0.87, unrelated texts ≈ 0) and the same text always
+gets the same vector. As OpenAI does, an empty ``input`` list, an empty string
+or more than 2048 inputs are HTTP 400 (``'$.input' is invalid…``). They are
+scripted by their own queue, so that embedding calls made in the background
+never use up a chat reply: ``enqueue_embeddings(EmbeddingReply(...))``, FIFO,
+a normal answer once empty. ``EmbeddingReply``: ``status`` >= 400 (an OpenAI
+error body with ``error_message``); ``fault`` ``"hang"`` (never answers, until
+``close()``), ``"disconnect"`` (socket closed, no answer), ``"malformed"``
+(``{not json``), ``"truncate"`` (half the JSON), ``"missing_item"`` (the last
+``data`` item left out); ``reverse`` (``data`` in reverse order, each item with
+its true ``index`` – legal, order is by ``index``); ``hold`` (the request waits
+for ``release_embeddings()``). Bodies go to ``embedding_requests``, headers to
+``embedding_request_headers``; ``embeddings_in_flight`` /
+``embeddings_max_in_flight`` count concurrent requests, ``embeddings_held``
+the held ones, and ``await wait_embeddings_held(n)`` waits (no polling) until
+``n`` are held.
+
 Also runnable as a process, for tests that run the service in a subprocess::
 
     python -m tests.upstream --port 0 --script replies.json
@@ -135,9 +163,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
+import hashlib
 import json
+import math
+import re
 import signal
+import struct
 import sys
 import time
 import uuid
@@ -149,9 +182,47 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["Reply", "ScriptedUpstream", "FAULTS"]
+__all__ = ["EMBEDDING_FAULTS", "FAULTS", "EmbeddingReply", "Reply", "ScriptedUpstream", "hashed_embedding"]
 
 FAULTS = ("disconnect", "truncate", "malformed", "hang")
+EMBEDDING_FAULTS = ("disconnect", "truncate", "malformed", "hang", "missing_item")
+MAX_EMBEDDING_INPUTS = 2048  # OpenAI's limit per request
+_INVALID_INPUT = "'$.input' is invalid. Please check the API reference: https://platform.openai.com/docs/api-reference."
+_WORD = re.compile(r"\w+")
+
+
+def hashed_embedding(text: str, dim: int = 64) -> list[float]:
+    """The scripted upstream's vector of ``text``: a signed hashed bag of its
+    lower-cased words (blake2b: the same on every run and platform), L2-normalized.
+
+    Texts sharing words point the same way (lexical similarity is real cosine
+    similarity), unrelated texts are near orthogonal; a text without a word
+    character is hashed whole, so no vector is ever zero."""
+    words = _WORD.findall(text.lower()) or [text]
+    vector = [0.0] * dim
+    for word in words:
+        h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        vector[h % dim] += 1.0 if (h >> 63) & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:  # opposite signs cancelled out exactly: fall back to the first word's bucket
+        h = int.from_bytes(hashlib.blake2b(words[0].encode(), digest_size=8).digest(), "little")
+        vector[h % dim], norm = 1.0, 1.0
+    return [x / norm for x in vector]
+
+
+@dataclass
+class EmbeddingReply:
+    """One scripted answer to one ``/v1/embeddings`` request (see the module docstring)."""
+
+    status: int = 200
+    error_message: str = "scripted failure"
+    fault: str | None = None
+    reverse: bool = False
+    hold: bool = False
+
+    def __post_init__(self) -> None:
+        if self.fault is not None and self.fault not in EMBEDDING_FAULTS:
+            raise ValueError(f"unknown embedding fault {self.fault!r}; expected one of {EMBEDDING_FAULTS}")
 
 
 @dataclass
@@ -254,6 +325,7 @@ class ScriptedUpstream:
         default: Reply | None = None,
         host: str = "127.0.0.1",
         port: int = 0,
+        embedding_dim: int = 64,
     ) -> None:
         self.models: list[str] = list(models) if models is not None else ["gpt-test"]
         self.default: Reply = default if default is not None else Reply(text="Hello from the scripted upstream.")
@@ -263,6 +335,15 @@ class ScriptedUpstream:
         self.task_requests: list[dict[str, Any]] = []
         self.task_replies: list[tuple[str, Reply]] = []
         self.response_ids: set[str] = set()
+        self.embedding_dim = embedding_dim
+        self.embedding_requests: list[dict[str, Any]] = []
+        self.embedding_request_headers: list[dict[str, str]] = []
+        self.embeddings_in_flight = 0
+        self.embeddings_held = 0
+        self.embeddings_max_in_flight = 0
+        self._embedding_queue: deque[EmbeddingReply] = deque()
+        self._embedding_release = asyncio.Event()
+        self._embedding_changed = asyncio.Condition()
         self.paused = asyncio.Event()
         self.url: str | None = None
         self._host = host
@@ -278,6 +359,22 @@ class ScriptedUpstream:
     def enqueue(self, *replies: Reply) -> None:
         """Queue replies, answered first-in first-out; ``default`` once empty."""
         self._queue.extend(replies)
+
+    def enqueue_embeddings(self, *replies: EmbeddingReply) -> None:
+        """Queue ``/v1/embeddings`` answers, first-in first-out; normal answers once empty."""
+        self._embedding_queue.extend(replies)
+
+    def release_embeddings(self) -> None:
+        """Let every embedding request held by ``EmbeddingReply(hold=True)`` answer
+        (``embeddings_held`` is 0 again at once; later holds wait for the next release)."""
+        self._embedding_release.set()
+        self._embedding_release = asyncio.Event()
+        self.embeddings_held = 0
+
+    async def wait_embeddings_held(self, n: int) -> None:
+        """Wait until ``n`` embedding requests are held (``EmbeddingReply(hold=True)``)."""
+        async with self._embedding_changed:
+            await self._embedding_changed.wait_for(lambda: self.embeddings_held >= n)
 
     @property
     def pending(self) -> int:
@@ -305,6 +402,7 @@ class ScriptedUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/api/chat", self._ollama_chat)
         app.router.add_get("/api/tags", self._ollama_tags)
+        app.router.add_post("/v1/embeddings", self._embeddings)
         runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0)
         await runner.setup()
         site = web.TCPSite(runner, self._host, self._port)
@@ -365,6 +463,83 @@ class ScriptedUpstream:
             for m in self.models
         ]
         return web.json_response({"models": models})
+
+    async def _embeddings(self, request: web.Request) -> web.StreamResponse:
+        try:
+            body = await request.json()
+        except ValueError:
+            return _error_response(400, "We could not parse the JSON body of your request.")
+        if not isinstance(body, dict):
+            return _error_response(400, "The request body must be a JSON object.")
+        self.embedding_requests.append(body)
+        self.embedding_request_headers.append(dict(request.headers))
+        reply = self._embedding_queue.popleft() if self._embedding_queue else EmbeddingReply()
+        transport = request.transport
+        if transport is not None:
+            self._transports.add(transport)
+        await self._embedding_count(+1)
+        try:
+            if reply.hold:
+                await self._hold_embedding()
+            if reply.status >= 400:
+                return _error_response(reply.status, reply.error_message)
+            if reply.fault == "disconnect":
+                raise _Closing
+            if reply.fault == "hang":
+                await self._wait(self._closing)
+            texts = _embedding_inputs(body.get("input"))
+            if texts is None:
+                return _error_response(400, _INVALID_INPUT)
+            dim = body.get("dimensions", self.embedding_dim)
+            if not isinstance(dim, int) or isinstance(dim, bool) or dim < 1:
+                return _error_response(400, "Invalid value for 'dimensions': must be a positive integer.")
+            fmt = body.get("encoding_format", "float")
+            if fmt not in ("float", "base64"):
+                return _error_response(400, f"Invalid value for 'encoding_format': {fmt!r}.")
+            data: list[dict[str, Any]] = []
+            for i, text in enumerate(texts):
+                vector = hashed_embedding(text, dim)
+                embedding: Any = vector
+                if fmt == "base64":
+                    embedding = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+                data.append({"object": "embedding", "index": i, "embedding": embedding})
+            if reply.fault == "missing_item":
+                data.pop()
+            if reply.reverse:
+                data.reverse()
+            tokens = sum(max(1, len(_WORD.findall(t))) for t in texts)
+            obj = {
+                "object": "list",
+                "data": data,
+                "model": body.get("model") or "text-embedding-test",
+                "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            }
+            raw = json.dumps(obj).encode()
+            if reply.fault == "truncate":
+                raw = raw[: len(raw) // 2]
+            elif reply.fault == "malformed":
+                raw = b"{not json"
+            return web.Response(body=raw, content_type="application/json")
+        except (_Closing, ConnectionError):
+            _abort(request)
+            return web.Response()  # never sent: the transport is gone
+        finally:
+            await self._embedding_count(-1)
+            if transport is not None:
+                self._transports.discard(transport)
+
+    async def _hold_embedding(self) -> None:
+        release = self._embedding_release
+        async with self._embedding_changed:
+            self.embeddings_held += 1
+            self._embedding_changed.notify_all()
+        await self._wait(release)
+
+    async def _embedding_count(self, delta: int) -> None:
+        async with self._embedding_changed:
+            self.embeddings_in_flight += delta
+            self.embeddings_max_in_flight = max(self.embeddings_max_in_flight, self.embeddings_in_flight)
+            self._embedding_changed.notify_all()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._handle(request, self._stream, self._complete, _error_response)
@@ -1011,6 +1186,29 @@ def _prefill(body: dict[str, Any]) -> str | None:
     if isinstance(content, list):
         content = "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return content if isinstance(content, str) and content else None
+
+
+def _embedding_inputs(value: Any) -> list[str] | None:
+    """The texts of an embeddings ``input`` (token ids become words ``t<id>``);
+    None where OpenAI answers 400: empty, an empty string, a wrong type, too many."""
+    if isinstance(value, str):
+        items: list[Any] = [value]
+    elif isinstance(value, list) and value and all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        items = [" ".join(f"t{x}" for x in value)]
+    elif isinstance(value, list):
+        items = value
+    else:
+        return None
+    if not items or len(items) > MAX_EMBEDDING_INPUTS:
+        return None
+    texts = []
+    for item in items:
+        if isinstance(item, list) and item and all(isinstance(x, int) and not isinstance(x, bool) for x in item):
+            item = " ".join(f"t{x}" for x in item)
+        if not isinstance(item, str) or not item:
+            return None
+        texts.append(item)
+    return texts
 
 
 def _skip_prefix(chunks: list[str], n: int) -> list[str]:

@@ -1,7 +1,8 @@
 """Vector stores (``engine.vectors.VectorStore``): SQLite and pgvector.
 
 ``open_vector_store(url)`` picks the adapter for the database URL (the same
-database as the event store, migrated: the tables come from migration 0003)::
+database as the event store, migrated: the tables come from migrations 0003
+and 0006)::
 
     vectors = await open_vector_store("sqlite+aiosqlite:///./turnlog.db")
     await vectors.upsert("docs", [VectorItem("a", [0.1, 0.2], "text", {"file": "x"})])

@@ -1,7 +1,9 @@
 """The vector store's tables (created by ``migrations/versions/0003_vectors.py``).
 
 ``vector_collections``: one row per collection, its dimension (fixed by the
-first upsert). ``vector_items``: the items, ``PRIMARY KEY (collection, id)``,
+first upsert) and its ``version`` (migration 0006; bumped by each write of the
+SQLite store, which keeps collections in memory and reloads one whose version
+moved under it). ``vector_items``: the items, ``PRIMARY KEY (collection, id)``,
 with their dimension repeated in ``dim``.
 
 The column types differ by dialect, which is why these tables are not in
@@ -11,17 +13,20 @@ The column types differ by dialect, which is why these tables are not in
 column         SQLite                      PostgreSQL
 =============  ==========================  ===============================
 ``embedding``  BLOB: the *unit* vector,    ``vector`` (pgvector, untyped:
-               float64 little-endian       any dimension), as given
+               float32 little-endian       any dimension), as given
+               (float64 before 0006's
+               store; still read)
 ``metadata``   TEXT (JSON)                 JSONB
 =============  ==========================  ===============================
 
 On PostgreSQL the HNSW indexes are per dimension (an untyped ``vector`` column
-can't be indexed as such): see ``adapters.vectors.pgvector``.
+can't be indexed as such): see ``adapters.vectors.pgvector``; ``metadata`` has
+a GIN ``jsonb_path_ops`` index (migration 0006) for filters.
 """
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, Integer, LargeBinary, MetaData, PrimaryKeyConstraint, Table, Text
+from sqlalchemy import Column, Float, Integer, LargeBinary, MetaData, PrimaryKeyConstraint, Table, Text, text
 
 metadata = MetaData()
 
@@ -31,6 +36,7 @@ vector_collections = Table(
     Column("name", Text, primary_key=True),
     Column("dimension", Integer, nullable=False),
     Column("created_at", Float),
+    Column("version", Integer, nullable=False, server_default=text("0")),
 )
 
 # The SQLite shape (see the module doc for PostgreSQL's).
