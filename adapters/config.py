@@ -209,6 +209,8 @@ class Settings(BaseSettings):
 
     def check_startable(self) -> None:
         """Refuse an unauthenticated service on a non-loopback address (API.md §1)."""
+        if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_base_url):
+            raise ValueError("TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL)")
         if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
             raise ValueError(
                 f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "

@@ -21,6 +21,7 @@ from adapters.catalog import Catalog
 from adapters.code import build_code_executor, start_code_executor
 from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
+from adapters.embeddings import open_embedder
 from adapters.filters import load_filters
 from adapters.http import blob_routes, chat_routes, file_routes, memory_routes, turn_routes, ws_routes
 from adapters.http.auth import auth_middleware
@@ -79,13 +80,11 @@ def create_app(
             # an upstream has one of that name (that one becomes `openai/demo`).
             providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
         catalog = Catalog(settings, providers)
-        # TODO(embeddings): `embedder if embedder is not None else open_embedder(settings)`
-        # once adapters.embeddings lands.
+        opened = open_embedder(settings) if embedder is None else None  # closed with the app
+        embedder = embedder if embedder is not None else opened
         vectors = await open_vector_store(settings.database_url)
         memories = Memories(store.engine, embedder=embedder, vectors=vectors if embedder is not None else None)
         knowledge_engine = create_engine(settings.database_url, **_knowledge_engine_options(settings))
-        if embedder is None and settings.embedding_engine != "none":
-            log.warning("embedding engine %r is not available here: retrieval is lexical only", settings.embedding_engine)
         knowledge = FileKnowledge.open(
             knowledge_engine, store, vectors=vectors, embedder=embedder, settings=KnowledgeSettings.from_settings(settings)
         )
@@ -138,6 +137,8 @@ def create_app(
                 await signals.close()
             for provider in providers.values():
                 await provider.close()
+            if opened is not None:
+                await opened.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)
