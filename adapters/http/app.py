@@ -81,12 +81,12 @@ def create_app(
             providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
         catalog = Catalog(settings, providers)
         opened = open_embedder(settings) if embedder is None else None  # closed with the app
-        embedder = embedder if embedder is not None else opened
+        embeddings = embedder if embedder is not None else opened
         vectors = await open_vector_store(settings.database_url)
-        memories = Memories(store.engine, embedder=embedder, vectors=vectors if embedder is not None else None)
+        memories = Memories(store.engine, embedder=embeddings, vectors=vectors if embeddings is not None else None)
         knowledge_engine = create_engine(settings.database_url, **_knowledge_engine_options(settings))
         knowledge = FileKnowledge.open(
-            knowledge_engine, store, vectors=vectors, embedder=embedder, settings=KnowledgeSettings.from_settings(settings)
+            knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings)
         )
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
