@@ -11,7 +11,7 @@ the other lacks.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -585,8 +585,12 @@ class Assembler(Protocol):
     """Builds the upstream request of a turn: the live one from the request and
     the chat; ``verify``'s returns the recorded assembly."""
 
-    async def assemble(self, turn: TurnInput) -> Sequence[EventData]:
-        """The ``assembly.step`` events, then ``assembly.completed``."""
+    def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
+        """The ``assembly.step`` events as each step ends, then
+        ``assembly.completed``. A step whose detail has a ``status`` (progress a
+        client should see now: "Searching the web") is recorded at once; the
+        rest is committed with the model request. Raises ``AssemblyError``
+        after the failing step's event."""
         ...
 
 

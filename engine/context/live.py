@@ -9,7 +9,7 @@ or a ``verify`` never assembles again.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 from engine.context.assemble import ModelProfile
@@ -79,14 +79,13 @@ class LiveAssembler:
         self._memories = memories
         self._knowledge = knowledge
 
-    async def assemble(self, turn: TurnInput) -> Sequence[EventData]:
+    async def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
         resolved = await self._models.resolve(turn.model)
         history, chat_turns = History(), 0
         if turn.request.get("chat_id"):  # a chat the client names may have earlier turns
             views = [w for w in await chat_turn_views(self._store, turn.chat_id, before=turn.created_at) if w.id != turn.id]
             history, chat_turns = stored_history(views), len(views)
         draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))
-        steps: list[EventData] = []
         pipeline: list[Step] = [
             Params(),
             ChatHistory(history, chat_turns),
@@ -103,11 +102,11 @@ class LiveAssembler:
             try:
                 detail = await step.run(draft)
             except StepFailed as exc:
-                steps.append(AssemblyStep(step=step.name, detail=exc.detail))
-                raise AssemblyError(exc.message, exc.type, steps) from exc
+                yield AssemblyStep(step=step.name, detail=exc.detail)
+                raise AssemblyError(exc.message, exc.type, []) from exc
             if detail is not None:
-                steps.append(AssemblyStep(step=step.name, detail=detail))
-        steps.append(
+                yield AssemblyStep(step=step.name, detail=detail)
+        yield (
             AssemblyCompleted(
                 messages=draft.messages,
                 params=draft.params,
@@ -120,7 +119,6 @@ class LiveAssembler:
                 rag=draft.rag,
             )
         )
-        return steps
 
     async def legacy_tools(self, draft: Draft, resolved: ResolvedModel) -> dict[str, Any]:
         """Legacy (prompt-based) tools: the task model picks tools before the main

@@ -26,6 +26,7 @@ from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, n
 from engine.context.steps import snapshot
 from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
 from engine.events import (
+    AssemblyStep,
     BackgroundResult,
     BackgroundStarted,
     ContextReinjected,
@@ -90,12 +91,14 @@ class Assemble:
 
     async def run(self, ctx: TurnContext) -> Node | End:
         try:
-            steps = await ctx.ports.assembler.assemble(ctx.state.input)
+            async for data in ctx.ports.assembler.assemble(ctx.state.input):
+                # Progress a client should see now is committed at once; the
+                # rest with the model.requested that sends the assembly.
+                progress = isinstance(data, AssemblyStep) and "status" in data.detail
+                await ctx.record(data, durable=progress)
         except AssemblyError as exc:
             await ctx.record(*exc.steps)
             return await ctx.fail(exc.message, exc.type)
-        # Committed with the model.requested that sends it.
-        await ctx.record(*steps, durable=False)
         return RequestModel()
 
 

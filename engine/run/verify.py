@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -334,16 +334,18 @@ class _RecordedAssembler:
     def __init__(self, events: list[Event]) -> None:
         self.events = events
 
-    async def assemble(self, turn: TurnInput) -> list[EventData]:
-        steps: list[EventData] = [AssemblyStep.model_validate(e.data) for e in self.events if e.type == "assembly.step"]
-        completed = [AssemblyCompleted.model_validate(e.data) for e in self.events if e.type == "assembly.completed"]
-        if not completed:
-            failed = next((e for e in self.events if e.type == "turn.failed"), None)
-            if failed is not None:
-                # The log shows assembly itself failing (an inlet filter raised).
-                error = failed.data.get("error") or {}
-                raise AssemblyError(str(error.get("message", "")), str(error.get("type", "")), steps)
-        return [*steps, *completed[:1]]
+    async def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
+        for event in self.events:
+            if event.type == "assembly.step":
+                yield AssemblyStep.model_validate(event.data)
+            elif event.type == "assembly.completed":
+                yield AssemblyCompleted.model_validate(event.data)
+                return
+        failed = next((e for e in self.events if e.type == "turn.failed"), None)
+        if failed is not None:
+            # The log shows assembly itself failing (an inlet filter raised).
+            error = failed.data.get("error") or {}
+            raise AssemblyError(str(error.get("message", "")), str(error.get("type", "")), [])
 
 
 class _RecordedFilters:
