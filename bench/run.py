@@ -40,6 +40,8 @@ ORDER = [
     "replay_fold",
     "open_turns_rss",
     "tool_loop",
+    "rag_ttfc",
+    "rag_tool_loop",
     "web_fetch",
     "postgres",
     "vector_query",

@@ -1142,6 +1142,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 NOT_IMPLEMENTED: dict[str, str] = {}
 
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
+from bench.ragbench import rag_tool_loop, rag_ttfc  # noqa: E402 - likewise
 from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
 # name -> (function, needs the shared servers, runs in --quick)
@@ -1156,6 +1157,8 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "log_size": (log_size, True, True),
     "cpu_per_chunk": (cpu_per_chunk, True, True),
     "tool_loop": (tool_loop, True, True),
+    "rag_ttfc": (rag_ttfc, True, True),
+    "rag_tool_loop": (rag_tool_loop, True, True),
     "postgres": (postgres, True, False),
     "vector_query": (vector_query, False, True),
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV

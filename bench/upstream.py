@@ -35,6 +35,24 @@ forwards upstream unchanged) or by the model name:
   ``finish_reason: "tool_calls"``, the usage chunk if asked, ``[DONE]``; once N
   tool results are there, the usual text answer.
 
+Task-model prompts (a request whose last user message starts with ``### Task:``
+and asks for one JSON object ``{"queries": ...}``, ``{"title": ...}``,
+``{"tags": ...}`` or ``{"follow_ups": ...}``, and that carries no ``bench_*``
+field) are answered with that JSON, streamed as one content chunk: the queries
+are the last ``USER:`` line of the prompt's ``<chat_history>`` (one query).
+
+``POST /v1/embeddings`` (OpenAI's shapes: ``{"input": str | [str], "model",
+"encoding_format"?: "float" | "base64", "dimensions"?}`` →
+``{"object": "list", "data": [{"object": "embedding", "index", "embedding"}],
+"model", "usage"}``): each vector is a signed hashed bag of the text's
+lower-cased words (blake2b), L2-normalized, ``dimensions`` long (default 256):
+deterministic, and texts that share words are near each other.
+
+``POST /bench/record`` ``{"on": bool}`` switches recording on or off and
+returns (and forgets) what was recorded so far: ``{"records": [{"kind":
+"chat" | "task" | "embeddings", "bytes": <request body size>, "server_ms":
+<handler time, request read to response end>, "body": <the parsed body>}]}``.
+
 ``POST /bench/release`` makes every paced stream in progress skip its remaining
 chunks and finish at once (finish chunk, usage, ``[DONE]``): benchmarks that
 hold many turns open use it to end them. ``GET /bench/stats`` returns counters.
@@ -46,9 +64,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
+import hashlib
 import heapq
 import json
+import math
+import re
 import signal
+import struct
 import sys
 import time
 import uuid
@@ -64,6 +87,11 @@ DEFAULT_TOKENS = [
 ]
 DEFAULT_CHUNKS = 20
 BLOCK = 64 * 1024
+EMBEDDING_DIM = 256
+TASK_KEYS = ("queries", "title", "tags", "follow_ups")
+TASK_ANSWERS: dict[str, Any] = {"title": "Bench chat", "tags": ["General"], "follow_ups": ["Tell me more."]}
+_WORD = re.compile(r"\w+")
+_USER_LINE = re.compile(r"^user:[ \t]*(.+)$", re.IGNORECASE | re.MULTILINE)
 
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -76,6 +104,9 @@ class Upstream:
         self.completed = 0
         self.aborted = 0
         self.tool_calls = 0
+        self.task_calls = 0
+        self.embedding_calls = 0
+        self.recording: list[dict[str, Any]] | None = None
 
     # -- handlers ---------------------------------------------------------------
 
@@ -91,16 +122,66 @@ class Upstream:
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
             {"active": self.active, "started": self.started, "completed": self.completed, "aborted": self.aborted,
-             "tool_calls": self.tool_calls}
+             "tool_calls": self.tool_calls, "task_calls": self.task_calls, "embedding_calls": self.embedding_calls}
         )
 
-    async def chat(self, request: web.Request) -> web.StreamResponse:
+    async def record(self, request: web.Request) -> web.Response:
         try:
-            body = json.loads(await request.read())
+            on = bool((await request.json()).get("on"))
+        except (ValueError, AttributeError):
+            return _error(400, 'bench upstream: /bench/record wants {"on": true|false}')
+        records = self.recording or []
+        self.recording = [] if on else None
+        return web.json_response({"records": records})
+
+    def _record(self, kind: str, raw: bytes, body: Any, t0: float) -> None:
+        if self.recording is not None:
+            self.recording.append(
+                {"kind": kind, "bytes": len(raw), "server_ms": round((time.perf_counter() - t0) * 1000, 3), "body": body}
+            )
+
+    async def embeddings(self, request: web.Request) -> web.Response:
+        t0 = time.perf_counter()
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return _error(400, "We could not parse the JSON body of your request.")
+        inputs = body.get("input") if isinstance(body, dict) else None
+        if isinstance(inputs, str):
+            inputs = [inputs]
+        if not isinstance(inputs, list) or not inputs or not all(isinstance(t, str) and t for t in inputs):
+            return _error(400, "'$.input' is invalid: a non-empty string or list of non-empty strings")
+        dim = body.get("dimensions") or EMBEDDING_DIM
+        if not isinstance(dim, int) or dim < 1:
+            return _error(400, "Invalid value for 'dimensions': must be a positive integer.")
+        fmt = body.get("encoding_format") or "float"
+        if fmt not in ("float", "base64"):
+            return _error(400, f"Invalid value for 'encoding_format': {fmt!r}.")
+        data: list[dict[str, Any]] = []
+        for i, text in enumerate(inputs):
+            vector: Any = hashed_embedding(text, dim)
+            if fmt == "base64":
+                vector = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
+            data.append({"object": "embedding", "index": i, "embedding": vector})
+        tokens = sum(max(1, len(_WORD.findall(t))) for t in inputs)
+        out = {"object": "list", "data": data, "model": str(body.get("model") or "bench-embed"),
+               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        resp = web.Response(body=_dumps(out).encode(), content_type="application/json")
+        self.embedding_calls += 1
+        self._record("embeddings", raw, body, t0)
+        return resp
+
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        t0 = time.perf_counter()
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
         except ValueError:
             return _error(400, "We could not parse the JSON body of your request.")
         if not isinstance(body, dict) or not body.get("stream"):
             return _error(400, "bench upstream: only stream=true is supported")
+        task = task_reply(body)
         model = str(body.get("model") or "bench")
         n, rate = _plan(body, model)
         opts = body.get("stream_options")
@@ -128,7 +209,10 @@ class Upstream:
         self.active += 1
         self.started += 1
         try:
-            if tool_call is not None:
+            if task is not None:
+                self.task_calls += 1
+                await resp.write(chunks.role() + chunks.content(task) + chunks.tail(1))
+            elif tool_call is not None:
                 self.tool_calls += 1
                 await resp.write(chunks.tool_call(*tool_call))
             elif rate > 0:
@@ -137,6 +221,7 @@ class Upstream:
                 await self._fast(resp, chunks, n, tokens, block)
             await resp.write_eof()
             self.completed += 1
+            self._record("task" if task is not None else "chat", raw, body, t0)
         except (ConnectionError, asyncio.CancelledError):
             self.aborted += 1
             raise
@@ -307,6 +392,40 @@ class _Chunks:
         return b"".join(out)
 
 
+def hashed_embedding(text: str, dim: int = EMBEDDING_DIM) -> list[float]:
+    """A signed hashed bag of ``text``'s lower-cased words (blake2b: the same on
+    every run), L2-normalized; a text without a word character is hashed whole."""
+    words = _WORD.findall(text.lower()) or [text]
+    vector = [0.0] * dim
+    for word in words:
+        h = int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little")
+        vector[h % dim] += 1.0 if (h >> 63) & 1 else -1.0
+    norm = math.sqrt(sum(x * x for x in vector))
+    if norm == 0.0:  # opposite signs cancelled out: the first word's bucket alone
+        h = int.from_bytes(hashlib.blake2b(words[0].encode(), digest_size=8).digest(), "little")
+        vector = [0.0] * dim
+        vector[h % dim], norm = 1.0, 1.0
+    return [x / norm for x in vector]
+
+
+def task_reply(body: dict[str, Any]) -> str | None:
+    """The JSON answer to a task-model prompt (see the module docstring), else None."""
+    if any(key.startswith("bench_") for key in body):
+        return None
+    users = [m for m in body.get("messages") or [] if isinstance(m, dict) and m.get("role") == "user"]
+    text = users[-1].get("content") if users else None
+    if not isinstance(text, str) or not text.startswith("### Task:"):
+        return None
+    kind = next((k for k in TASK_KEYS if f'{{"{k}":' in text), None)
+    if kind is None:
+        return None
+    if kind == "queries":
+        history = text.rsplit("<chat_history>", 1)[-1]
+        lines = _USER_LINE.findall(history)
+        return _dumps({"queries": [lines[-1].strip() if lines else "bench"]})
+    return _dumps({kind: TASK_ANSWERS[kind]})
+
+
 def _plan(body: dict[str, Any], model: str) -> tuple[int, float]:
     n, rate = DEFAULT_CHUNKS, 0.0
     parts = model.split("-")
@@ -335,6 +454,8 @@ def make_app() -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_post("/v1/chat/completions", up.chat)
     app.router.add_get("/v1/models", up.models)
+    app.router.add_post("/v1/embeddings", up.embeddings)
+    app.router.add_post("/bench/record", up.record)
     app.router.add_post("/bench/release", up.release)
     app.router.add_get("/bench/stats", up.stats)
     return app

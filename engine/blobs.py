@@ -179,6 +179,16 @@ class Blobs:
         self.store = store
         self.user_id = user_id
 
+    async def data_uri(self, url: str) -> str | None:
+        """``engine.ports.PayloadStore.data_uri``: this user's blob as a data URI."""
+        if not url.startswith(BLOB_URL_PREFIX):
+            return None
+        found = await self.store.get_blob(self.user_id, url[len(BLOB_URL_PREFIX) :])
+        if found is None:
+            return None
+        mime, data = found
+        return f"data:{mime};base64," + base64.b64encode(data).decode()
+
     async def externalize(self, payload: Any, *, limit: int) -> Any:
         """A copy of ``payload`` with every large base64 value replaced by a
         :func:`blob_ref` (see the module doc); ``payload`` itself is not changed.

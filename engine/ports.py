@@ -335,12 +335,20 @@ class PayloadStore(Protocol):
         """A copy of ``payload`` with every big base64 string replaced by a blob reference."""
         ...
 
+    async def data_uri(self, url: str) -> str | None:
+        """The ``data:`` URI of one of this user's blob URLs (``/v1/blobs/ID``), for
+        an upstream that cannot fetch it; None if it is not such a blob."""
+        ...
+
 
 class InlinePayloads:
     """No blob store: payloads stay inline."""
 
     async def externalize(self, payload: Any, *, limit: int) -> Any:
         return payload
+
+    async def data_uri(self, url: str) -> str | None:
+        return None
 
 
 # -- the web and images --------------------------------------------------------------------
@@ -389,6 +397,11 @@ class PageFetcher(Protocol):
 
     async def fetch(self, url: str) -> Page:
         """Raises ``FetchRefused`` or ``WebError``."""
+        ...
+
+    async def fetch_many(self, urls: Sequence[str]) -> list[Page | WebError]:
+        """One search's pages, fetched concurrently within a total time limit;
+        each a page or why it is missing, in the order of ``urls``."""
         ...
 
 
@@ -444,10 +457,15 @@ class MemoryHit:
 
 
 class MemorySearch(Protocol):
-    """A user's memories, nearest first."""
+    """A user's memories: searched (nearest first) and added (the model's
+    ``add_memory`` tool)."""
 
     async def search(self, user_id: str, query: str, k: int) -> list[MemoryHit]:
         """Raises ``RetrievalError``."""
+        ...
+
+    async def remember(self, user_id: str, content: str) -> str:
+        """Store a memory; its id. Raises ``RetrievalError`` when it cannot be stored."""
         ...
 
 

@@ -27,6 +27,7 @@ from adapters.http import blob_routes, chat_routes, file_routes, memory_routes, 
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
+from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
@@ -38,6 +39,7 @@ from adapters.store import create_engine, open_store
 from adapters.store.migrate import migrate
 from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
+from adapters.web import open_fetcher, open_search
 from engine.ports import ChatProvider, CodeExecutor, Embedder, NoTools, ToolCatalog
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Supervisor
@@ -80,6 +82,7 @@ def create_app(
             # an upstream has one of that name (that one becomes `openai/demo`).
             providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
         catalog = Catalog(settings, providers)
+        search, fetcher, images = open_search(settings), open_fetcher(settings), open_images(settings)
         opened = open_embedder(settings) if embedder is None else None  # closed with the app
         embeddings = embedder if embedder is not None else opened
         vectors = await open_vector_store(settings.database_url)
@@ -115,6 +118,9 @@ def create_app(
             filters=load_filters(settings),
             memories=memories,
             knowledge=knowledge,
+            search=search,
+            fetcher=fetcher,
+            images=images,
         )
         owners.append(supervisor)
         svc = Services(
@@ -139,6 +145,9 @@ def create_app(
                 await provider.close()
             if opened is not None:
                 await opened.close()
+            for client in (search, images):
+                if client is not None:
+                    await client.close()
             await store.close()
 
     app.cleanup_ctx.append(lifecycle)

@@ -106,6 +106,21 @@ class ChunkRenderer:
             self.last_sent = out.pos
         return b"".join(parts)
 
+    def _assembly_payloads(self, data: dict[str, Any]) -> list[bytes]:
+        """What a client is told during assembly, before the answer starts:
+        progress (``status``), images made for it (``files``), and what could
+        not be used (``warnings``)."""
+        step, detail = data.get("step"), data.get("detail") or {}
+        ext: dict[str, Any] = {}
+        if "status" in detail:
+            ext["status"] = detail["status"]
+        if detail.get("files") and step == "image_generation":
+            ext["files"] = detail["files"]
+        warnings = warnings_of(detail) if step == UNSUPPORTED_STEP else file_warnings(detail) if step == "files" else []
+        if warnings:
+            ext["warnings"] = warnings
+        return [self._chunk({}, extra={"turnlog": ext})] if ext else []
+
     def _event_payloads(self, out: EventOut) -> list[bytes]:
         event = out.event
         t = event.type
@@ -122,17 +137,14 @@ class ChunkRenderer:
             if point is not None and self.last_sent > point.from_pos:
                 return [self._chunk({}, extra={"turnlog": {"resumed": point.notice()}})]
             return []
-        if t == "assembly.step" and event.data.get("step") == UNSUPPORTED_STEP:
-            # Request fields that do nothing yet: said before the answer starts.
-            return [self._chunk({}, extra={"turnlog": {"warnings": warnings_of(event.data.get("detail") or {})}})]
+        if t == "assembly.step":
+            return self._assembly_payloads(event.data)
         if t == "tool.event":
             return [self._chunk({}, extra={"turnlog": {"tool_event": event.data}})]
         if t in ("assembly.completed", "context.reinjected") and event.data.get("sources"):
             # The sources in the context: the [N] the model cites.
             return [*payloads, self._chunk({}, extra={"turnlog": {"sources": event.data["sources"]}})]
-        if t == "assembly.step" and event.data.get("step") == "files":
-            warnings = file_warnings(event.data.get("detail") or {})
-            return [self._chunk({}, extra={"turnlog": {"warnings": warnings}})] if warnings else []
+
         if t == "outlet.applied":
             if event.data.get("content") is None:
                 return []

@@ -130,6 +130,13 @@ class Memories:
             )
         return memory
 
+    async def remember(self, user_id: str, content: str) -> str:
+        """``engine.ports.MemorySearch.remember`` (the model's ``add_memory``)."""
+        try:
+            return (await self.add(user_id, content)).id
+        except EmbeddingFailed as exc:
+            raise RetrievalError(f"the memory could not be embedded: {exc}") from exc
+
     async def list_for(self, user_id: str) -> list[Memory]:
         """The user's memories, newest first."""
         async with self._read.connect() as conn:

@@ -14,6 +14,7 @@ from typing import Any
 
 from engine.context.assemble import ModelProfile
 from engine.context.history import History
+from engine.context.media import ImageGeneration, ImageStarted, WebQueries, WebResults
 from engine.context.steps import (
     ChatHistory,
     CodeInterpreterPrompt,
@@ -27,6 +28,7 @@ from engine.context.steps import (
     StepFailed,
     SystemMessages,
     Unsupported,
+    UserImages,
 )
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.fold.chat import chat_turn_views, stored_history
@@ -34,16 +36,21 @@ from engine.ports import (
     AssemblyError,
     EventStore,
     Filters,
+    ImageGenerator,
+    InlinePayloads,
     Knowledge,
     MemorySearch,
     ModelCatalog,
     ModelClient,
     ModelRequest,
+    PageFetcher,
+    PayloadStore,
     ResolvedModel,
     TaskModel,
     ToolRunner,
     TurnInput,
     UpstreamError,
+    WebSearch,
 )
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
@@ -67,6 +74,12 @@ class LiveAssembler:
         task_model: TaskModel,
         memories: MemorySearch | None = None,
         knowledge: Knowledge | None = None,
+        search: WebSearch | None = None,
+        fetcher: PageFetcher | None = None,
+        images: ImageGenerator | None = None,
+        payloads: PayloadStore | None = None,
+        code_available: bool = True,
+        search_count: int = 5,
     ) -> None:
         self._store = store
         self._models = models
@@ -78,6 +91,17 @@ class LiveAssembler:
         self._task_model = task_model
         self._memories = memories
         self._knowledge = knowledge
+        self._search = search
+        self._fetcher = fetcher
+        self._images = images
+        self._payloads = payloads or InlinePayloads()
+        self._available = {
+            "web_search": search is not None,
+            "image_generation": images is not None,
+            "memory": memories is not None,
+            "code_interpreter": code_available,
+        }
+        self._search_count = search_count
 
     async def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
         resolved = await self._models.resolve(turn.model)
@@ -89,11 +113,17 @@ class LiveAssembler:
         pipeline: list[Step] = [
             Params(),
             ChatHistory(history, chat_turns),
+            UserImages(self._payloads),
             InletFilters(self._filters),
             Memory(self._memories, self._settings.memory_top_k),
+            WebQueries(self._search, self._task_model),
+            WebResults(self._search, self._fetcher, self._search_count),
+            ImageStarted(self._images),
+            ImageGeneration(self._images, self._payloads),
             CodeInterpreterPrompt(),
-            Unsupported(),
-            _Tools(self, resolved),
+            Unsupported(self._available),
+            _OfferedTools(self._tools),
+            _LegacyTools(self, resolved),
             Files(self._knowledge, self._task_model, self._settings.file_wait_seconds),
             SourceContext(self._settings.rag_template, self._settings.rag_system_context),
             SystemMessages(),
@@ -120,10 +150,9 @@ class LiveAssembler:
             )
         )
 
-    async def legacy_tools(self, draft: Draft, resolved: ResolvedModel) -> dict[str, Any]:
+    async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> dict[str, Any]:
         """Legacy (prompt-based) tools: the task model picks tools before the main
         call, they run now, their results become context."""
-        handles = self._tools
         specs = [h.spec.openai_tool()["function"] for h in handles.values()]
         request = ModelRequest(messages=build_selection_request(specs, draft.messages), params={})
         reply: list[str] = []
@@ -153,8 +182,36 @@ class LiveAssembler:
         return {"reply": "".join(reply), "calls": ran, "sources": sources}
 
 
-class _Tools:
-    """The tools the model is offered (native), or run before it (legacy)."""
+def _usable(draft: Draft, handles: Mapping[str, ToolHandle]) -> dict[str, ToolHandle]:
+    """turnlog's own tools are the model's only in native function calling with
+    the model's ``builtin_tools`` capability (in legacy mode their features are
+    injected by the steps instead)."""
+    builtins = draft.mode == "native" and draft.capability("builtin_tools")
+    return {n: h for n, h in handles.items() if builtins or h.spec.kind != "builtin"}
+
+
+class _OfferedTools:
+    """Native function calling: the tools the model may call."""
+
+    name = "tools"
+
+    def __init__(self, handles: Mapping[str, ToolHandle]) -> None:
+        self._handles = handles
+
+    async def run(self, draft: Draft) -> dict[str, Any] | None:
+        if draft.mode != "native":
+            return None
+        handles = _usable(draft, self._handles)
+        tools = [*(draft.params.get("tools") or []), *(h.spec.openai_tool() for h in handles.values())]
+        if tools:
+            draft.params["tools"] = tools
+        offered = sorted(n for n, h in handles.items() if h.spec.kind == "builtin")
+        return {"builtin": offered} if offered else None
+
+
+class _LegacyTools:
+    """Prompt-based function calling: the task model picks tools, they run
+    before the main call, their results become context."""
 
     name = "legacy_tools"
 
@@ -163,13 +220,10 @@ class _Tools:
         self._resolved = resolved
 
     async def run(self, draft: Draft) -> dict[str, Any] | None:
-        handles = self._assembler._tools
-        if draft.mode == "default" and handles and self._resolved is not None:
-            return await self._assembler.legacy_tools(draft, self._resolved)
-        tools = [*(draft.params.get("tools") or []), *(h.spec.openai_tool() for h in handles.values())]
-        if tools:
-            draft.params["tools"] = tools
-        return None
+        handles = _usable(draft, self._assembler._tools)
+        if draft.mode != "default" or not handles or self._resolved is None:
+            return None
+        return await self._assembler.legacy_tools(draft, self._resolved, handles)
 
 
 def _profile(resolved: ResolvedModel | None) -> ModelProfile:

@@ -51,6 +51,7 @@ from engine.ports import (
     Filters,
     Knowledge,
     MemorySearch,
+    PayloadStore,
     RetrievalError,
     TaskModel,
     TurnInput,
@@ -81,6 +82,7 @@ class Draft:
     # The context before sources were applied (for the loop to rebuild it).
     rag: dict[str, Any] | None = None
     numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
+    web_queries: list[str] = field(default_factory=list)  # legacy web search: this turn's queries
 
     @property
     def now(self) -> datetime:
@@ -256,12 +258,18 @@ class CodeInterpreterPrompt:
 
 
 class Unsupported:
-    """What the client switched on that does nothing yet: told, not dropped."""
+    """What the client switched on that cannot work here (a feature whose
+    service is not configured, or that needs the other function-calling
+    mode): told, not dropped."""
 
     name = "unsupported"
 
+    def __init__(self, available: Mapping[str, bool]) -> None:
+        self._available = available
+
     async def run(self, draft: Draft) -> Detail | None:
-        ignored = ignored_fields(draft.request, native=draft.mode == "native")
+        native = draft.mode == "native"
+        ignored = ignored_fields(draft.request, native=native, available=self._available, builtin_tools=draft.capability("builtin_tools"))
         return {"ignored": ignored} if ignored else None
 
 
@@ -418,3 +426,50 @@ def _same_index(before: Sequence[Message], after: Sequence[Message], index: int)
         if message is target or message == target:
             return i
     return None
+
+
+class UserImages:
+    """Images of the user's messages as ``image_url`` parts a vision model reads:
+    Open WebUI-style ``files`` entries of type image become parts, and this
+    service's own blob URLs become data URIs (the upstream cannot fetch them)."""
+
+    name = "images"
+
+    def __init__(self, payloads: PayloadStore) -> None:
+        self._payloads = payloads
+
+    async def run(self, draft: Draft) -> Detail | None:
+        count = 0
+        out: list[Message] = []
+        for message in draft.messages:
+            if message.get("role") != "user":
+                out.append(message)
+                continue
+            parts = _parts(message.get("content"))
+            files = message.get("files")
+            for entry in files if isinstance(files, list) else []:
+                if isinstance(entry, dict) and entry.get("type") == "image" and isinstance(entry.get("url"), str):
+                    parts.append({"type": "image_url", "image_url": {"url": entry["url"]}})
+            changed = isinstance(files, list)
+            for part in parts:
+                image = part.get("image_url") if part.get("type") == "image_url" else None
+                url = image.get("url") if isinstance(image, dict) else None
+                if isinstance(image, dict) and isinstance(url, str) and not url.startswith("data:"):
+                    inline = await self._payloads.data_uri(url)
+                    if inline is not None:
+                        part["image_url"] = {**image, "url": inline}
+                        changed = True
+                        count += 1
+            if changed:
+                rest = {k: v for k, v in message.items() if k != "files"}
+                out.append({**rest, "content": parts})
+            else:
+                out.append(message)
+        draft.messages = out
+        return {"inlined": count} if count else None
+
+
+def _parts(content: Any) -> list[dict[str, Any]]:
+    if isinstance(content, list):
+        return [dict(p) for p in content if isinstance(p, dict)]
+    return [{"type": "text", "text": content}] if isinstance(content, str) and content else []

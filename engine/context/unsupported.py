@@ -15,53 +15,44 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.context.assemble import legacy_code_interpreter
-from engine.events import AssemblyStep
-
 STEP = "unsupported"
 
-# Why each field is ignored, in the words the client sees.
-REASONS: dict[str, str] = {
-    "features.memory": (
-        'with native function calling memories are the model\'s tools, which are not available yet; '
-        'with params.function_calling: "default" they are injected'
-    ),
-    "features.web_search": "web search is not available yet",
-    "features.image_generation": "image generation is not available yet",
-    "features.code_interpreter": (
-        'the code interpreter runs only with params.function_calling: "default" '
-        "(code blocks in the answer); with native function calling it is not available yet"
-    ),
+# Why a feature cannot be used, in the words the client sees.
+NOT_CONFIGURED: dict[str, str] = {
+    "web_search": "no web search engine is configured (TURNLOG_WEB_SEARCH_ENGINE)",
+    "image_generation": "no image generation endpoint is configured (TURNLOG_IMAGES_BASE_URL or an OpenAI upstream)",
+    "memory": "no memory store is configured",
+    "code_interpreter": "code execution is off (TURNLOG_CODE_EXECUTOR)",
 }
+NO_BUILTIN_TOOLS = "the model's builtin_tools capability is off, and with native function calling features are the model's tools"
+KNOWN = frozenset(NOT_CONFIGURED)
 
 
-def ignored_fields(request: dict[str, Any], *, native: bool = True) -> list[dict[str, str]]:
-    """The fields of ``request`` that ask for something not implemented, with why.
+def ignored_fields(
+    request: dict[str, Any], *, native: bool = True, available: Mapping[str, bool] | None = None, builtin_tools: bool = True
+) -> list[dict[str, str]]:
+    """The features ``request`` switched on that cannot work for this turn, with why.
 
     Only what the client switched on counts: ``{"web_search": false}`` asks for
-    nothing, so it is not reported. ``native``: the turn's function calling.
+    nothing. ``native``: the turn's function calling (features are the model's
+    tools then, injected context otherwise); ``available``: which features'
+    services are configured (all, when not given).
     """
     out: list[dict[str, str]] = []
     features = request.get("features")
-    if isinstance(features, dict):
-        for name in sorted(features):
-            if not features[name]:
-                continue
-            if name == "code_interpreter" and legacy_code_interpreter(request):
-                continue  # this combination runs (code blocks in the answer)
-            if name == "memory" and not native:
-                continue  # injected by the memory step
-            key = f"features.{name}"
-            out.append({"field": key, "reason": REASONS.get(key, "this feature is not known to turnlog")})
+    if not isinstance(features, dict):
+        return out
+    for name in sorted(features):
+        if not features[name]:
+            continue
+        key = f"features.{name}"
+        if name not in KNOWN:
+            out.append({"field": key, "reason": "this feature is not known to turnlog"})
+        elif available is not None and not available.get(name, False):
+            out.append({"field": key, "reason": NOT_CONFIGURED[name]})
+        elif native and not builtin_tools:
+            out.append({"field": key, "reason": NO_BUILTIN_TOOLS})
     return out
-
-
-def unsupported_step(request: dict[str, Any]) -> AssemblyStep | None:
-    """The ``assembly.step`` to record for ``request``, or None if it asks for nothing unsupported."""
-    ignored = ignored_fields(request)
-    if not ignored:
-        return None
-    return AssemblyStep(step=STEP, detail={"ignored": ignored})
 
 
 def warnings_of(detail: dict[str, Any]) -> list[str]:

@@ -42,6 +42,7 @@ class LoopState:
         # The retrieved context: the sources that went into it (with their text),
         # the message it went into as it was before, and the citation ids so far.
         self.file_sources: list[dict[str, Any]] = []
+        self.attached_knowledge: list[str] = []  # the model's collections, for its knowledge tools
         self.rag: dict[str, Any] | None = None
         # Citable sources tool results brought (all rounds; this round's).
         self.citations: list[dict[str, Any]] = []
@@ -74,7 +75,9 @@ class LoopState:
 
     def _on_assembly_step(self, event: Event) -> None:
         if event.data.get("step") == "files":
-            self.file_sources = list(event.data.get("detail", {}).get("sources") or [])
+            detail = event.data.get("detail", {})
+            self.file_sources = list(detail.get("sources") or [])
+            self.attached_knowledge = list(detail.get("attached_knowledge") or [])
 
     def _on_assembled(self, event: Event) -> None:
         self.assembled = True

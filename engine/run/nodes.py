@@ -170,7 +170,10 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                 }
                 await ctx.record(ModelItem(item=item))
             elif isinstance(event, ProviderItem):
-                await ctx.record(ModelItem(item=event.item))
+                # An image the model made (a base64 item) goes to the blob store:
+                # the log and clients carry its URL.
+                item = await ctx.ports.payloads.externalize(event.item, limit=ctx.settings.inline_limit)
+                await ctx.record(ModelItem(item=item))
             elif isinstance(event, UsageReport):
                 usage = event.usage
             elif isinstance(event, StreamWarning):
@@ -360,7 +363,13 @@ async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
         user={"id": turn.user_id, "name": turn.user_id},
         messages=list(ctx.state.messages),
         files=list(turn.request.get("files") or []),
-        metadata={"turn_id": turn.id, "chat_id": turn.chat_id, "call_id": call_id, "iteration": ctx.state.iteration},
+        metadata={
+            "turn_id": turn.id,
+            "chat_id": turn.chat_id,
+            "call_id": call_id,
+            "iteration": ctx.state.iteration,
+            "knowledge": list(ctx.state.attached_knowledge),
+        },
         emit=emit,
         call_id=call_id,
     )

@@ -28,6 +28,7 @@ from engine.ports import (
     CodeExecutor,
     EventStore,
     Filters,
+    ImageGenerator,
     Knowledge,
     LiveBus,
     LiveEvent,
@@ -37,9 +38,11 @@ from engine.ports import (
     NoCodeExecutor,
     NoFilters,
     NoTools,
+    PageFetcher,
     RemoteControl,
     ToolCatalog,
     TurnRecord,
+    WebSearch,
 )
 from engine.protocols.client import LiveModelClient
 from engine.run.actor import TurnActor, index_update
@@ -48,6 +51,7 @@ from engine.run.context import TurnPorts
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
 from engine.settings import EngineSettings
+from engine.tools.builtin import BuiltinPorts, builtin_tools
 from engine.tools.calls import LiveToolRunner, ToolHandle
 from engine.tools.direct import DirectToolHandle, direct_tool_specs
 
@@ -98,6 +102,9 @@ class Supervisor:
         filters: Filters | None = None,
         memories: MemorySearch | None = None,
         knowledge: Knowledge | None = None,
+        search: WebSearch | None = None,
+        fetcher: PageFetcher | None = None,
+        images: ImageGenerator | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -112,6 +119,9 @@ class Supervisor:
         self.filters: Filters = filters or NoFilters()
         self.memories = memories
         self.knowledge = knowledge
+        self.search = search
+        self.fetcher = fetcher
+        self.images = images
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
@@ -162,7 +172,9 @@ class Supervisor:
 
     # -- turns -----------------------------------------------------------------
 
-    def _spawn(self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None) -> TurnActor:
+    def _spawn(
+        self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None, model_knowledge: bool = False
+    ) -> TurnActor:
         turn_id = folded.view.id
         channel = ClientRequests(self.bus, turn_id)
         actor = TurnActor(
@@ -171,7 +183,7 @@ class Supervisor:
             fencing=fencing,
             store=self.store,
             bus=self.bus,
-            ports=self._ports(folded.view, channel),
+            ports=self._ports(folded.view, channel, model_knowledge),
             settings=self.settings,
             owner=self.owner,
             history=history,
@@ -182,8 +194,20 @@ class Supervisor:
         actor.done.add_done_callback(lambda _f: asyncio.create_task(self._retire(turn_id, actor)))
         return actor
 
-    def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
-        tools = self.tool_handles(view.request, channel)
+    def _ports(self, view: TurnView, channel: ClientRequests, model_knowledge: bool) -> TurnPorts:
+        payloads = Blobs(self.blobs, view.user_id or "")
+        builtin = BuiltinPorts(
+            search=self.search,
+            fetcher=self.fetcher,
+            knowledge=self.knowledge,
+            memories=self.memories,
+            images=self.images,
+            payloads=payloads,
+            code=self.code,
+        )
+        # The turn's own tools first: a builtin never shadows them.
+        tools: dict[str, ToolHandle] = {**builtin_tools(view.request, builtin, model_knowledge=model_knowledge)}
+        tools.update(self.tool_handles(view.request, channel))
         runner = LiveToolRunner()
         task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
         return TurnPorts(
@@ -200,11 +224,16 @@ class Supervisor:
                 task_model=task_model,
                 memories=self.memories,
                 knowledge=self.knowledge,
+                search=self.search,
+                fetcher=self.fetcher,
+                images=self.images,
+                payloads=payloads,
+                code_available=not isinstance(self.code, NoCodeExecutor),
             ),
             tools=tools,
             tool_runner=runner,
             code=self.code,
-            payloads=Blobs(self.blobs, view.user_id or ""),
+            payloads=payloads,
             filters=self.filters,
             task_model=task_model,
         )
@@ -241,7 +270,16 @@ class Supervisor:
             id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
         )
         fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
-        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
+        knowledge = await self._model_knowledge(model)
+        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event], model_knowledge=knowledge)
+
+    async def _model_knowledge(self, model: str) -> bool:
+        """Whether the model has attached knowledge (its knowledge tools are then offered)."""
+        try:
+            resolved = await self.models.resolve(model)
+        except Exception:  # the turn itself says what is wrong with the model
+            return False
+        return resolved is not None and bool(resolved.knowledge)
 
     def join(self, turn_id: str, *, runs_tools: bool = False) -> Joined:
         """Follow a turn: the subscription, the open window and the history are
@@ -318,7 +356,7 @@ class Supervisor:
         if folded.view.terminal:
             await self.store.release_turn(turn_id, self.owner)
             raise TurnConflict(f"turn {turn_id} is already {folded.view.status}")
-        return self._spawn(folded, fencing, resume=True)
+        return self._spawn(folded, fencing, resume=True, model_knowledge=await self._model_knowledge(folded.view.model or ""))
 
     async def scan_orphans(self, *, include_interrupted: bool = False) -> None:
         """Record ``turn.interrupted`` for running turns whose owner is gone."""
@@ -334,7 +372,7 @@ class Supervisor:
             if folded.view.status != "interrupted":
                 await self._append(folded, fencing, TurnInterrupted(last_owner=record.owner))
             if self.settings.auto_resume:
-                self._spawn(folded, fencing, resume=True)
+                self._spawn(folded, fencing, resume=True, model_knowledge=await self._model_knowledge(folded.view.model or ""))
             else:
                 await self.store.release_turn(record.id, self.owner)
         if include_interrupted:

@@ -1,0 +1,187 @@
+"""Assembly steps of prompt-based ("legacy") function calling that reach the
+world before the model answers: web search (queries from the task model,
+results, the pages fetched concurrently, as sources for the context) and image
+generation (the image drawn or edited, stored as a blob, shown to the client,
+and the model told in a ``<context>`` note). In native function calling the
+model calls ``search_web`` / ``fetch_url`` / ``generate_image`` itself.
+
+Each is two steps: the first records a ``status`` at once ("Searching the
+web", "Creating image") so clients see progress while the second works.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from typing import Any
+
+from engine.context.messages import add_or_update_system_message, get_last_user_message
+from engine.context.steps import Detail, Draft
+from engine.context.tasks import parse_queries, task_request, web_search_queries
+from engine.ports import ImageGenerator, PageFetcher, PayloadStore, TaskModel, UpstreamError, WebError, WebSearch
+from engine.tools.builtin import stored_images
+
+# The most input images an edit takes (the last two user messages with images).
+EDIT_IMAGES = 2
+
+
+def _legacy(draft: Draft, feature: str) -> bool:
+    return draft.mode == "default" and draft.feature(feature)
+
+
+# -- web search --------------------------------------------------------------------------
+
+
+class WebQueries:
+    """Search queries from the task model (the user's message when it gives none)."""
+
+    name = "web_search_queries"
+
+    def __init__(self, search: WebSearch | None, task_model: TaskModel) -> None:
+        self._search = search
+        self._task_model = task_model
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not _legacy(draft, "web_search") or self._search is None:
+            return None
+        last = get_last_user_message(draft.messages) or ""
+        prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
+        detail: Detail = {"status": {"action": "web_search", "description": "Searching the web", "done": False}}
+        try:
+            reply = await self._task_model.ask("queries", prompt)
+        except UpstreamError as exc:
+            draft.web_queries = [last] if last.strip() else []
+            detail.update(queries=draft.web_queries, query_error=exc.message)
+            return detail
+        draft.web_queries = web_search_queries(parse_queries(reply), last)
+        detail.update(queries=draft.web_queries, query_reply=reply)
+        return detail
+
+
+class WebResults:
+    """The results of the queries, their pages fetched concurrently (bounded per
+    page and in all), as sources; a refused or failed page is recorded, and its
+    search snippet stands in for it."""
+
+    name = "web_search"
+
+    def __init__(self, search: WebSearch | None, fetcher: PageFetcher | None, count: int) -> None:
+        self._search = search
+        self._fetcher = fetcher
+        self._count = count
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not _legacy(draft, "web_search") or self._search is None:
+            return None
+        if not draft.web_queries:
+            return {"status": {"action": "web_search", "description": "No search query generated", "done": True}}
+        hits: dict[str, Any] = {}
+        errors: list[str] = []
+        for query in draft.web_queries:
+            try:
+                for hit in await self._search.search(query, self._count):
+                    hits.setdefault(hit.url, hit)
+            except WebError as exc:
+                errors.append(f"{query}: {exc}")
+        if not hits:
+            status = {"action": "web_search", "description": "No search results found", "done": True, "error": True}
+            return {"status": status, "queries": draft.web_queries, "errors": errors}
+        pages: list[dict[str, Any]] = []
+        fetched: list[Any] = list(await self._fetcher.fetch_many(list(hits))) if self._fetcher is not None else []
+        sources = []
+        for n, (url, hit) in enumerate(hits.items()):
+            page = fetched[n] if n < len(fetched) else None
+            if page is not None and not isinstance(page, Exception):
+                pages.append({"url": url, "status": page.status, "title": page.title, "truncated": page.truncated})
+                text, title = page.text, page.title or hit.title
+            else:
+                if page is not None:
+                    pages.append({"url": url, "error": str(page)})
+                text, title = hit.snippet, hit.title
+            sources.append(
+                {
+                    "source": {"id": url, "name": title or url, "type": "web_search", "url": url},
+                    "document": [text],
+                    "metadata": [{"source": url, "name": title or url, "url": url}],
+                }
+            )
+        draft.sources.extend(sources)
+        status = {"action": "web_search", "description": f"Searched {len(hits)} sites", "urls": list(hits), "done": True}
+        return {"status": status, "queries": draft.web_queries, "pages": pages, "sources": sources, "errors": errors}
+
+
+# -- image generation ----------------------------------------------------------------------
+
+
+class ImageStarted:
+    name = "image_generation_started"
+
+    def __init__(self, images: ImageGenerator | None) -> None:
+        self._images = images
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not _legacy(draft, "image_generation") or self._images is None:
+            return None
+        return {"status": {"action": "image_generation", "description": "Creating image", "done": False}}
+
+
+class ImageGeneration:
+    """Draw the user's last message (or edit the images of the recent user
+    messages); the image is stored as a blob and sent to the client as a
+    ``files`` event, and the model is told it exists (or why it failed)."""
+
+    name = "image_generation"
+
+    def __init__(self, images: ImageGenerator | None, payloads: PayloadStore) -> None:
+        self._images = images
+        self._payloads = payloads
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not _legacy(draft, "image_generation") or self._images is None:
+            return None
+        prompt = get_last_user_message(draft.messages) or ""
+        inputs = recent_images(draft.messages)
+        try:
+            if inputs:
+                made = await self._images.edit(prompt, inputs)
+            else:
+                made = await self._images.generate(prompt)
+        except WebError as exc:
+            note = f"An image was requested but could not be created: {exc}. Tell the user."
+            draft.messages = _context_note(draft.messages, note)
+            status = {"action": "image_generation", "description": "An error occurred while generating an image", "done": True, "error": True}
+            return {"status": status, "error": str(exc), "edit": bool(inputs)}
+        files = await stored_images(self._payloads, [(i.data, i.mime) for i in made])
+        what = "edited" if inputs else "created"
+        note = f"The requested image has been {what} and is already shown to the user; do not repeat it or describe how to make it."
+        draft.messages = _context_note(draft.messages, note)
+        status = {"action": "image_generation", "description": "Image created", "done": True}
+        return {"status": status, "files": files, "edit": bool(inputs), "prompt": prompt}
+
+
+def _context_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+    return add_or_update_system_message(f"<context>{note}</context>", list(messages), append=False)
+
+
+_DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<b64>.+)$", re.DOTALL)
+
+
+def recent_images(messages: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
+    """The inline images of the last user messages that have any (at most
+    ``EDIT_IMAGES``, most recent last): what an edit works on."""
+    found: list[tuple[bytes, str]] = []
+    for message in reversed(messages):
+        if message.get("role") != "user" or not isinstance(message.get("content"), list):
+            continue
+        images = []
+        for part in message["content"]:
+            url = part.get("image_url") if isinstance(part, dict) else None
+            url = url.get("url") if isinstance(url, dict) else url
+            match = _DATA_URI.match(url) if isinstance(url, str) else None
+            if match is not None:
+                images.append((base64.b64decode(match.group("b64")), match.group("mime")))
+        if images:
+            found = images + found
+        if len(found) >= EDIT_IMAGES:
+            break
+    return found[-EDIT_IMAGES:]
