@@ -43,3 +43,14 @@ def test_informational_checks_are_not_judged() -> None:
     current = result(ratio=(0.01, ">=", 0.6))
     current["scenarios"]["s"]["checks"][0]["informational"] = True
     assert judge(current, result()) == []
+
+
+def test_a_scenario_without_baseline_is_judged_against_its_target() -> None:
+    """rag_ttfc and rag_tool_loop have no baseline entry: their large-regression
+    marks come from the targets (the --quick TTFC with the guard's absolute floor)."""
+    base = result()
+    ok = result(added_ttfc_ms=(35.0, "<=", 15.0), max_request_bytes_ratio=(2.1, "<=", 1.10))
+    assert judge(ok, base) == []  # 35 ms is within the 40 ms floor; 2.1 within 2 x 1.10
+    bad = result(added_ttfc_ms=(41.0, "<=", 15.0), max_request_bytes_ratio=(2.3, "<=", 1.10))
+    problems = judge(bad, base)
+    assert len(problems) == 2 and "no baseline" in problems[0] and "no baseline" in problems[1]
