@@ -107,10 +107,16 @@ async def test_code_interpreter_prompt_only_in_legacy_mode_with_the_feature() ->
     assert legacy.messages == [{"role": "user", "content": "run\n" + CODE_INTERPRETER_PROMPT}]
 
 
-async def test_unsupported_depends_on_the_mode() -> None:
-    assert await Unsupported().run(draft({"features": {"memory": True}, "params": {"function_calling": "default"}})) is None
-    native = await Unsupported().run(draft({"features": {"memory": True, "web_search": False}}))
+async def test_unsupported_names_what_is_not_configured_or_not_possible() -> None:
+    everything = {"memory": True, "web_search": True, "image_generation": True, "code_interpreter": True}
+    assert await Unsupported(everything).run(draft({"features": {"memory": True, "web_search": True}})) is None
+    missing = await Unsupported({**everything, "web_search": False}).run(draft({"features": {"memory": True, "web_search": True}}))
+    assert missing == {"ignored": [{"field": "features.web_search", "reason": "no web search engine is configured (TURNLOG_WEB_SEARCH_ENGINE)"}]}
+    no_tools = draft({"features": {"memory": True}}, ModelProfile(capabilities={"builtin_tools": False}))
+    native = await Unsupported(everything).run(no_tools)
     assert native is not None and [i["field"] for i in native["ignored"]] == ["features.memory"]
+    legacy = draft({"features": {"memory": True}, "params": {"function_calling": "default"}}, ModelProfile(capabilities={"builtin_tools": False}))
+    assert await Unsupported(everything).run(legacy) is None  # injected, not a tool
 
 
 def test_request_refs_and_the_attached_knowledge_listing() -> None:

@@ -66,13 +66,14 @@ async def test_nothing_matching_injects_nothing(service: Service) -> None:
     assert step == {"query": "zebra quantum", "hits": [], "injected": False}
 
 
-async def test_native_mode_injects_no_memories_and_says_so(service: Service) -> None:
+async def test_native_mode_gives_the_model_memory_tools_instead(service: Service) -> None:
     await remember(service)
     service.upstream.enqueue(Reply(text="ok"))
     status, data, _ = await service.post("/v1/chat/completions", body())
-    assert status == 200
-    assert all("User Context" not in str(m["content"]) for m in service.upstream.requests[-1]["messages"])
-    assert data["turnlog"]["warnings"][0].startswith("features.memory was ignored: with native function calling")
+    assert status == 200 and "turnlog" not in data
+    sent = service.upstream.requests[-1]
+    assert all("User Context" not in str(m["content"]) for m in sent["messages"])
+    assert sorted(t["function"]["name"] for t in sent["tools"]) == ["add_memory", "search_memories"]
 
 
 async def test_a_turn_searches_only_its_users_memories(service: Service) -> None:

@@ -1,4 +1,7 @@
-"""Request fields accepted but not implemented yet are reported, not silently dropped.
+"""Features a request switches on that cannot work for its turn are reported,
+not silently dropped: a service that is not configured (no web search engine,
+code execution off), or a model whose ``builtin_tools`` capability is off in
+native function calling (features are the model's tools then).
 
 The warning is recorded (an ``assembly.step`` named ``unsupported``), shown in
 the turn view's ``warnings``, returned to the client (``turnlog.warnings`` in a
@@ -9,11 +12,12 @@ turns still verify (the harness re-runs every turn at teardown).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from tests.harness import Service, sse_messages, sse_text
-from tests.upstream import Reply
+from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
+from tests.upstream import Reply, ScriptedUpstream
 
-UNSUPPORTED = {"features": {"web_search": True, "memory": False, "image_generation": True}}
+NO_SEARCH = "features.web_search was ignored: no web search engine is configured (TURNLOG_WEB_SEARCH_ENGINE)"
 
 
 def body(**extra: object) -> dict[str, object]:
@@ -22,60 +26,68 @@ def body(**extra: object) -> dict[str, object]:
 
 async def test_non_streaming_response_carries_the_warnings(service: Service) -> None:
     service.upstream.enqueue(Reply(text="answer"))
-    status, data, headers = await service.post("/v1/chat/completions", body(**UNSUPPORTED))
+    request = body(features={"web_search": True, "memory": False, "teleport": True})
+    status, data, headers = await service.post("/v1/chat/completions", request)
     assert status == 200, data
     assert data["choices"][0]["message"]["content"] == "answer"
     warnings = data["turnlog"]["warnings"]
-    assert [w.split(" ")[0] for w in warnings] == ["features.image_generation", "features.web_search"]  # only what was switched on
-    assert all(" was ignored: " in w for w in warnings)
+    assert warnings == ["features.teleport was ignored: this feature is not known to turnlog", NO_SEARCH]
     assert "status" not in data["turnlog"]  # the turn completed
     turn_id = headers["X-Turn-Id"]
     assert (await service.turn(turn_id))["warnings"] == warnings
     events = await service.events(turn_id)
+    step = next(e for e in events if e["type"] == "assembly.step" and e["data"]["step"] == "unsupported")
+    assert [i["field"] for i in step["data"]["detail"]["ignored"]] == ["features.teleport", "features.web_search"]
     types = [e["type"] for e in events]
-    step = events[types.index("assembly.step")]
-    assert step["data"]["step"] == "unsupported"
-    assert [i["field"] for i in step["data"]["detail"]["ignored"]] == ["features.image_generation", "features.web_search"]
-    assert types.index("assembly.step") < types.index("assembly.completed") < types.index("model.requested")
+    assert types.index("assembly.completed") < types.index("model.requested")
     # nothing of it reaches the upstream
-    sent = service.upstream.requests[-1]
-    assert not {"features", "files", "background_tasks"} & set(sent)
+    assert not {"features", "files", "background_tasks"} & set(service.upstream.requests[-1])
 
 
 async def test_stream_says_it_before_the_answer(service: Service) -> None:
     service.upstream.enqueue(Reply(chunks=["an", "swer"]))
-    async with service.http.post(service.v1 + "/chat/completions", json=body(stream=True, features={"memory": True})) as resp:
+    async with service.http.post(service.v1 + "/chat/completions", json=body(stream=True, features={"web_search": True})) as resp:
         assert resp.status == 200
         raw = await resp.text()
     assert sse_text(raw) == "answer"
     chunks = [json.loads(d) for _, d in sse_messages(raw) if d != "[DONE]"]
-    flagged = [i for i, c in enumerate(chunks) if "turnlog" in c]
+    flagged = [i for i, c in enumerate(chunks) if "warnings" in c.get("turnlog", {})]
     first_text = next(i for i, c in enumerate(chunks) if c["choices"] and c["choices"][0]["delta"].get("content"))
     assert len(flagged) == 1 and flagged[0] < first_text
     notice = chunks[flagged[0]]
-    # native function calling (the default): memories would be the model's tools
-    assert notice["turnlog"]["warnings"] == [
-        'features.memory was ignored: with native function calling memories are the model\'s tools, which are '
-        'not available yet; with params.function_calling: "default" they are injected'
-    ]
+    assert notice["turnlog"] == {"warnings": [NO_SEARCH]}
     # still a valid chat.completion.chunk for OpenAI clients
     assert notice["object"] == "chat.completion.chunk" and notice["choices"][0]["delta"] == {}
 
 
-async def test_legacy_code_interpreter_runs_so_it_is_no_warning(service: Service) -> None:
-    service.upstream.enqueue(Reply(text="no code needed"), Reply(text="no code needed"))
-    legacy = body(features={"code_interpreter": True}, params={"function_calling": "default"})
-    status, data, _ = await service.post("/v1/chat/completions", legacy)
-    assert status == 200 and "turnlog" not in data
-    native = body(features={"code_interpreter": True})
-    status, data, _ = await service.post("/v1/chat/completions", native)
-    assert status == 200
-    assert data["turnlog"]["warnings"][0].startswith("features.code_interpreter was ignored: ")
+async def test_code_execution_off_is_said(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, code_executor="off"), upstream)
+    try:
+        upstream.enqueue(Reply(text="no code"), Reply(text="no code"))
+        for params in ({}, {"function_calling": "default"}):
+            status, data, _ = await svc.post("/v1/chat/completions", body(features={"code_interpreter": True}, params=params))
+            assert status == 200
+            assert data["turnlog"]["warnings"] == ["features.code_interpreter was ignored: code execution is off (TURNLOG_CODE_EXECUTOR)"]
+    finally:
+        await stop_service(svc)
+
+
+async def test_features_need_the_builtin_tools_capability_in_native_mode(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, models={"gpt-test": {"capabilities": {"builtin_tools": False}}})
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(Reply(text="ok"), Reply(text="ok"))
+        status, data, _ = await svc.post("/v1/chat/completions", body(features={"memory": True}))
+        assert status == 200 and data["turnlog"]["warnings"][0].startswith("features.memory was ignored: the model's builtin_tools capability is off")
+        assert "tools" not in upstream.requests[-1]
+        # prompt-based function calling injects memories instead: no warning
+        status, data, _ = await svc.post("/v1/chat/completions", body(features={"memory": True}, params={"function_calling": "default"}))
+        assert status == 200 and "turnlog" not in data
+    finally:
+        await stop_service(svc)
 
 
 async def test_a_plain_request_has_no_warnings(service: Service) -> None:
     service.upstream.enqueue(Reply(text="plain"))
     status, data, headers = await service.post("/v1/chat/completions", body(features={"web_search": False}, files=[]))
     assert status == 200 and "turnlog" not in data
-    types = [e["type"] for e in await service.events(headers["X-Turn-Id"])]
-    assert "assembly.step" not in types

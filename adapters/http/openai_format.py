@@ -113,7 +113,7 @@ class ChunkRenderer:
         step, detail = data.get("step"), data.get("detail") or {}
         ext: dict[str, Any] = {}
         if "status" in detail:
-            ext["status"] = detail["status"]
+            ext["progress"] = detail["status"]
         if detail.get("files") and step == "image_generation":
             ext["files"] = detail["files"]
         warnings = warnings_of(detail) if step == UNSUPPORTED_STEP else file_warnings(detail) if step == "files" else []

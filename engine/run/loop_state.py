@@ -128,9 +128,10 @@ class LoopState:
     def _on_reinjected(self, event: Event) -> None:
         d = event.data
         rewrite = d.get("rewrite")
-        if rewrite is not None and self.rag is not None:
+        if rewrite is not None:
             self.messages[rewrite["index"]] = rewrite["message"]
-            self.rag = {**self.rag, "source_ids": rewrite.get("source_ids") or self.rag.get("source_ids")}
+            # The snapshot the context was rebuilt from, and the ids so far.
+            self.rag = {**(self.rag or rewrite.get("snapshot") or {}), "source_ids": rewrite.get("source_ids") or {}}
         self.messages.extend(d.get("messages", []))
         self.iteration = d.get("iteration", self.iteration)
         self.pending_stateful = (d["previous_response_id"], d.get("input_items", [])) if d.get("previous_response_id") else None

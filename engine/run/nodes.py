@@ -470,7 +470,8 @@ def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[s
     )
     added = set(source_ids.values()) - set(before.values())
     numbered = [dict(s) for s in numbered_sources(state.citations, source_ids=source_ids) if s["id"] in added]
-    return {"index": rag["index"], "message": messages[rag["index"]], "source_ids": source_ids}, numbered
+    snap = {k: rag[k] for k in ("role", "index", "message")}
+    return {"index": rag["index"], "message": messages[rag["index"]], "source_ids": source_ids, "snapshot": snap}, numbered
 
 
 def _now(ctx: TurnContext) -> datetime:
