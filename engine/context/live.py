@@ -110,12 +110,15 @@ class LiveAssembler:
             views = [w for w in await chat_turn_views(self._store, turn.chat_id, before=turn.created_at) if w.id != turn.id]
             history, chat_turns = stored_history(views), len(views)
         draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))
+        memory = Memory(self._memories, self._settings.memory_top_k)
+        files = Files(self._knowledge, self._task_model, self._settings.file_wait_seconds)
+        inlet = InletFilters(self._filters)
         pipeline: list[Step] = [
             Params(),
             ChatHistory(history, chat_turns),
             UserImages(self._payloads),
-            InletFilters(self._filters),
-            Memory(self._memories, self._settings.memory_top_k),
+            inlet,
+            memory,
             WebQueries(self._search, self._task_model),
             WebResults(self._search, self._fetcher, self._search_count),
             ImageStarted(self._images),
@@ -124,18 +127,27 @@ class LiveAssembler:
             Unsupported(self._available),
             _OfferedTools(self._tools),
             _LegacyTools(self, resolved),
-            Files(self._knowledge, self._task_model, self._settings.file_wait_seconds),
+            files,
             SourceContext(self._settings.rag_template, self._settings.rag_system_context),
             SystemMessages(),
         ]
-        for step in pipeline:
-            try:
-                detail = await step.run(draft)
-            except StepFailed as exc:
-                yield AssemblyStep(step=step.name, detail=exc.detail)
-                raise AssemblyError(exc.message, exc.type, []) from exc
-            if detail is not None:
-                yield AssemblyStep(step=step.name, detail=detail)
+        try:
+            for step in pipeline:
+                try:
+                    detail = await step.run(draft)
+                except StepFailed as exc:
+                    yield AssemblyStep(step=step.name, detail=exc.detail)
+                    raise AssemblyError(exc.message, exc.type, []) from exc
+                if detail is not None:
+                    yield AssemblyStep(step=step.name, detail=detail)
+                if step is inlet:
+                    # The messages are final now: the searches of memories and
+                    # files start together and run while the steps between work.
+                    memory.prefetch(draft)
+                    files.prefetch(draft)
+        finally:
+            memory.abandon()
+            files.abandon()
         yield (
             AssemblyCompleted(
                 messages=draft.messages,

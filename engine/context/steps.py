@@ -19,6 +19,7 @@ in both modes unless the model's ``file_context`` capability is off.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -50,6 +51,7 @@ from engine.ports import (
     FilterRun,
     Filters,
     Knowledge,
+    MemoryHit,
     MemorySearch,
     PayloadStore,
     RetrievalError,
@@ -220,24 +222,46 @@ def _run(run: FilterRun) -> dict[str, Any]:
 
 class Memory:
     """Legacy mode: the user's memories nearest to the last message, as a
-    ``User Context`` block in the system message (nothing when none match)."""
+    ``User Context`` block in the system message (nothing when none match).
+
+    ``prefetch`` starts the search as soon as the messages are final (after the
+    inlet filters), so it overlaps the steps between; ``run`` takes its result."""
 
     name = "memory"
 
     def __init__(self, memories: MemorySearch | None, k: int) -> None:
         self._memories = memories
         self._k = k
+        self._early: asyncio.Task[tuple[str, list[MemoryHit] | str]] | None = None
 
-    async def run(self, draft: Draft) -> Detail | None:
-        if draft.mode != "default" or not draft.feature("memory") or not draft.capability("memory"):
-            return None
+    def _wanted(self, draft: Draft) -> bool:
+        return draft.mode == "default" and draft.feature("memory") and draft.capability("memory")
+
+    def prefetch(self, draft: Draft) -> None:
+        if self._wanted(draft) and self._memories is not None:
+            self._early = asyncio.ensure_future(self._search(draft))
+
+    def abandon(self) -> None:
+        """Assembly stopped before this step: its early search is not wanted."""
+        if self._early is not None and not self._early.done():
+            self._early.cancel()
+
+    async def _search(self, draft: Draft) -> tuple[str, list[MemoryHit] | str]:
+        """The query and its hits, or why there are none."""
         query = get_last_user_message(draft.messages) or ""
         if self._memories is None:
-            return {"query": query, "error": "no memory store is configured"}
+            return query, "no memory store is configured"
         try:
-            hits = await self._memories.search(draft.turn.user_id, query, self._k)
+            return query, await self._memories.search(draft.turn.user_id, query, self._k)
         except RetrievalError as exc:
-            return {"query": query, "error": str(exc)}
+            return query, str(exc)
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not self._wanted(draft):
+            return None
+        query, hits = await (self._early if self._early is not None else self._search(draft))
+        if isinstance(hits, str):
+            return {"query": query, "error": hits}
         block = memory_block(hits)
         if block is not None:
             draft.messages = with_memory(draft.messages, block)
@@ -281,7 +305,10 @@ class Files:
     model's attached knowledge): waited for while still processing (bounded),
     searched with queries the task model writes, as sources for the context.
     In native mode a model's knowledge is listed in the system message instead,
-    for its knowledge tools."""
+    for its knowledge tools.
+
+    ``prefetch`` starts the search as soon as the messages are final (after the
+    inlet filters), so it overlaps the steps between; ``run`` takes its result."""
 
     name = "files"
 
@@ -289,28 +316,52 @@ class Files:
         self._knowledge = knowledge
         self._task_model = task_model
         self._wait = wait
+        self._early: asyncio.Task[tuple[Detail, list[dict[str, Any]]]] | None = None
 
-    async def run(self, draft: Draft) -> Detail | None:
+    def _refs(self, draft: Draft) -> tuple[list[FileRef], list[FileRef]]:
+        """(what to retrieve, the model's knowledge to list for its tools)."""
         refs = request_refs(draft.request)
         attached = [FileRef("collection", kid) for kid in draft.profile.knowledge]
-        detail: Detail = {}
+        listed: list[FileRef] = []
         if attached and draft.mode == "native":
-            draft.messages = add_or_update_system_message(attached_knowledge(attached), list(draft.messages), append=True)
-            detail["attached_knowledge"] = [r.id for r in attached]
+            listed = attached
         elif attached:
             refs = [*refs, *(r for r in attached if r not in refs)]
         if not draft.capability("file_context"):
             refs = []
+        return refs, listed
+
+    def prefetch(self, draft: Draft) -> None:
+        refs, _ = self._refs(draft)
+        if refs and self._knowledge is not None:
+            self._early = asyncio.ensure_future(self._search(draft, refs))
+
+    def abandon(self) -> None:
+        """Assembly stopped before this step: its early search is not wanted."""
+        if self._early is not None and not self._early.done():
+            self._early.cancel()
+
+    async def run(self, draft: Draft) -> Detail | None:
+        refs, listed = self._refs(draft)
+        detail: Detail = {}
+        if listed:
+            draft.messages = add_or_update_system_message(attached_knowledge(listed), list(draft.messages), append=True)
+            detail["attached_knowledge"] = [r.id for r in listed]
         if not refs:
             return detail or None
+        found, sources = await (self._early if self._early is not None else self._search(draft, refs))
+        draft.sources.extend(sources)
+        return {**detail, **found}
+
+    async def _search(self, draft: Draft, refs: list[FileRef]) -> tuple[Detail, list[dict[str, Any]]]:
         if self._knowledge is None:
-            detail.update(files=[_ref(r) for r in refs], error="files are not available: no knowledge store is configured")
-            return detail
+            return {"files": [_ref(r) for r in refs], "error": "files are not available: no knowledge store is configured"}, []
+        detail: Detail = {}
         infos = await self._knowledge.describe(draft.turn.user_id, refs, wait=self._wait)
         detail["files"] = [_info(i, self._wait) for i in infos]
         ready = [i.ref for i in infos if i.status == "ready"]
         if not ready:
-            return detail
+            return detail, []
         queries: list[str] = []
         if not all(r.full for r in ready):
             queries, query_detail = await self._queries(draft)
@@ -319,10 +370,9 @@ class Files:
             sources = await self._knowledge.retrieve(draft.turn.user_id, ready, queries)
         except RetrievalError as exc:
             detail["error"] = str(exc)
-            return detail
-        draft.sources.extend(sources)
+            return detail, []
         detail["sources"] = sources
-        return detail
+        return detail, sources
 
     async def _queries(self, draft: Draft) -> tuple[list[str], Detail]:
         """Search queries from the task model; on a failure or an empty answer,
