@@ -136,7 +136,9 @@ async def test_rag_system_context_puts_the_sources_in_the_system_message(
         status, _, _ = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]})
         assert status == 200
         messages = upstream.requests[-1]["messages"]
-        assert messages[1] == {"role": "user", "content": "How long should the dough proof?"}
+        # the user message only lists the attached file (for the model's file tools)
+        attached = f'<attached_files>\n<file type="file" id="{guide}"/>\n</attached_files>\n\n'
+        assert messages[1] == {"role": "user", "content": [{"type": "text", "text": attached}, {"type": "text", "text": "How long should the dough proof?"}]}
         assert messages[0]["content"].startswith("Answer briefly.") and "<source id=\"1\" name=\"guide.md\"" in messages[0]["content"]
     finally:
         await stop_service(svc)
@@ -209,3 +211,28 @@ async def test_tool_citations_rebuild_the_context_from_its_snapshot_with_stable_
         assert [s["id"] for s in view["sources"]] == [1, 2] and view["sources"][1]["name"] == "https://bakery.example/hours"
     finally:
         await stop_service(svc)
+
+
+async def test_each_turns_files_are_listed_with_its_own_user_message(rag: Service) -> None:
+    first = await add(rag, "guide.md", GUIDE)
+    second = await add(rag, "bikes.md", OTHER)
+    rag.upstream.enqueue(Reply(text="one"), Reply(text="two"), Reply(text="three"))
+    for text, file_id in (("About bread?", first), ("About bikes?", second)):
+        status, _, headers = await rag.post(
+            "/v1/chat/completions",
+            {"model": "gpt-test", "chat_id": "paired", "messages": [{"role": "user", "content": text}], "files": [{"type": "file", "id": file_id}]},
+        )
+        assert status == 200
+        await rag.wait_status(headers["X-Turn-Id"], "completed")
+    users = [m for m in rag.upstream.requests[-1]["messages"] if m["role"] == "user"]
+    assert [u["content"][0]["text"] for u in users] == [
+        f'<attached_files>\n<file type="file" id="{first}"/>\n</attached_files>\n\n',
+        f'<attached_files>\n<file type="file" id="{second}"/>\n</attached_files>\n\n',
+    ]
+    assert "About bread?" in json.dumps(users[0]) and "About bikes?" in json.dumps(users[1])
+    # prompt-based function calling: no file tools, no listing
+    status, _, _ = await rag.post(
+        "/v1/chat/completions",
+        {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "files": [{"type": "file", "id": first}], "params": {"function_calling": "default"}},
+    )
+    assert status == 200 and "<attached_files>" not in json.dumps(rag.upstream.requests[-1]["messages"])

@@ -16,6 +16,7 @@ from engine.context.assemble import ModelProfile
 from engine.context.history import History
 from engine.context.media import ImageGeneration, ImageStarted, WebQueries, WebResults
 from engine.context.steps import (
+    AttachedFiles,
     ChatHistory,
     CodeInterpreterPrompt,
     Draft,
@@ -128,6 +129,7 @@ class LiveAssembler:
             _OfferedTools(self._tools),
             _LegacyTools(self, resolved),
             files,
+            AttachedFiles(),
             SourceContext(self._settings.rag_template, self._settings.rag_system_context),
             SystemMessages(),
         ]

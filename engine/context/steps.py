@@ -479,9 +479,10 @@ def _same_index(before: Sequence[Message], after: Sequence[Message], index: int)
 
 
 class UserImages:
-    """Images of the user's messages as ``image_url`` parts a vision model reads:
-    Open WebUI-style ``files`` entries of type image become parts, and this
-    service's own blob URLs become data URIs (the upstream cannot fetch them)."""
+    """Images of the user's messages as ``image_url`` parts a vision model
+    reads: Open WebUI-style ``files`` entries of type image become parts, and
+    this service's own blob URLs become data URIs (the upstream cannot fetch
+    them). The other ``files`` entries stay for ``AttachedFiles``."""
 
     name = "images"
 
@@ -492,16 +493,12 @@ class UserImages:
         count = 0
         out: list[Message] = []
         for message in draft.messages:
-            if message.get("role") != "user":
-                out.append(message)
-                continue
+            files: list[Any] = message["files"] if isinstance(message.get("files"), list) else []
+            images = [e for e in files if isinstance(e, dict) and e.get("type") == "image" and isinstance(e.get("url"), str)]
             parts = _parts(message.get("content"))
-            files = message.get("files")
-            for entry in files if isinstance(files, list) else []:
-                if isinstance(entry, dict) and entry.get("type") == "image" and isinstance(entry.get("url"), str):
-                    parts.append({"type": "image_url", "image_url": {"url": entry["url"]}})
-            changed = isinstance(files, list)
-            for part in parts:
+            changed = bool(images)
+            parts += [{"type": "image_url", "image_url": {"url": e["url"]}} for e in images]
+            for part in parts if message.get("role") == "user" else []:
                 image = part.get("image_url") if part.get("type") == "image_url" else None
                 url = image.get("url") if isinstance(image, dict) else None
                 if isinstance(image, dict) and isinstance(url, str) and not url.startswith("data:"):
@@ -511,12 +508,46 @@ class UserImages:
                         changed = True
                         count += 1
             if changed:
-                rest = {k: v for k, v in message.items() if k != "files"}
-                out.append({**rest, "content": parts})
+                rest = [e for e in files if e not in images]
+                rebuilt = {**{k: v for k, v in message.items() if k != "files"}, "content": parts}
+                out.append({**rebuilt, "files": rest} if rest else rebuilt)
             else:
                 out.append(message)
         draft.messages = out
         return {"inlined": count} if count else None
+
+
+class AttachedFiles:
+    """In native function calling with the model's builtin tools, the files and
+    collections of each user message are listed in an ``<attached_files>``
+    block before its text, so the model knows what its file tools can read.
+    Each turn's files go with that turn's user message — paired by role, not by
+    position (Open WebUI mixed them up). The ``files`` entries never reach the
+    upstream."""
+
+    name = "attached_files"
+
+    async def run(self, draft: Draft) -> Detail | None:
+        listed = 0
+        tools = draft.mode == "native" and draft.capability("builtin_tools")
+        last_user = max((i for i, m in enumerate(draft.messages) if m.get("role") == "user"), default=None)
+        out: list[Message] = []
+        for index, message in enumerate(draft.messages):
+            files = list(message["files"]) if isinstance(message.get("files"), list) else []
+            if index == last_user and isinstance(draft.request.get("files"), list):
+                files += draft.request["files"]
+            refs = [e for e in files if isinstance(e, dict) and isinstance(e.get("id"), str) and e.get("type") != "image"]
+            if not refs and "files" not in message:
+                out.append(message)
+                continue
+            rest = {k: v for k, v in message.items() if k != "files"}
+            if refs and tools and message.get("role") == "user":
+                block = "\n".join(f'<file type="{e.get("type", "file")}" id="{e["id"]}"/>' for e in refs)
+                rest["content"] = [{"type": "text", "text": f"<attached_files>\n{block}\n</attached_files>\n\n"}, *_parts(message.get("content"))]
+                listed += len(refs)
+            out.append(rest)
+        draft.messages = out
+        return {"listed": listed} if listed else None
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:

@@ -72,13 +72,26 @@ def stored_history(views: list[TurnView]) -> History:
     entries: list[Entry] = []
     for view in _since_restart(views):
         refs = _refs(view)
+        files_at = _files_message(view)
         for index, message in enumerate(view.new_messages):
             referenced = answers.get(refs.get(index, ""))
+            if referenced is None and index == files_at:
+                # The files that turn's request attached belong to its user
+                # message (the assembly lists them for the model's file tools).
+                message = {**message, "files": list(view.request.get("files") or [])}
             entries.append(referenced if referenced is not None else message)
         own = answers.get(view.id)
         if own is not None:
             entries.append(own)
     return History(entries=tuple(entries), answers=tuple(answers.values()))
+
+
+def _files_message(view: TurnView) -> int | None:
+    """The index of a turn's last user message in its new messages, if its
+    request attached files (paired by role, not by position in the chat)."""
+    if not view.request.get("files"):
+        return None
+    return next((i for i in range(len(view.new_messages) - 1, -1, -1) if view.new_messages[i].get("role") == "user"), None)
 
 
 def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:

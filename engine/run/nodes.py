@@ -407,6 +407,9 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     except Exception as exc:  # the executor itself failed
         output = {"stderr": f"{type(exc).__name__}: {exc}"}
         status, error = "failed", output["stderr"]
+    if output.get("files"):
+        # Files the code wrote go to the blob store: the log carries their URLs.
+        output["files"] = await ctx.ports.payloads.externalize(output["files"], limit=0)
     await ctx.record(
         ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
     )
