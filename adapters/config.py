@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -125,7 +126,8 @@ class Settings(BaseSettings):
     # e.g. numpy, are then available); more folders to hide from the code.
     code_sandbox_uid: int = Field(default=700_000, ge=1000)
     code_sandbox_python: str | None = None
-    code_hide_paths: list[str] = Field(default_factory=list)
+    # TURNLOG_CODE_HIDE_PATHS: a comma list or a JSON list ("/srv/a,/srv/b").
+    code_hide_paths: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # -- web search, page fetching, image generation (adapters.web, adapters.images)
     # The search engine: a SearXNG instance (``searxng_url``, its JSON format
     # enabled), the Brave Search API (``web_search_api_key``), or none.
@@ -137,7 +139,7 @@ class Settings(BaseSettings):
     web_search_count: int = Field(default=3, ge=1, le=20)
     # Hosts, addresses and CIDRs that page fetching may reach although they are
     # private (loopback, RFC 1918, link-local, ...). Nothing is allowed unless named.
-    # TURNLOG_FETCH_ALLOW is a comma list: "intranet.example,10.1.0.0/16".
+    # TURNLOG_FETCH_ALLOW: a comma list or a JSON list ("intranet.example,10.1.0.0/16").
     fetch_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
     # Seconds for one page (redirects and body included) and for all pages of one search.
     fetch_timeout: float = Field(default=10.0, gt=0)
@@ -151,11 +153,13 @@ class Settings(BaseSettings):
     images_model: str = "gpt-image-1"
     images_size: str = "1024x1024"
 
-    @field_validator("fetch_allow", mode="before")
+    @field_validator("fetch_allow", "code_hide_paths", mode="before")
     @classmethod
-    def _fetch_allow(cls, value: Any) -> Any:
-        # The environment gives one string (a comma list); TOML gives a list.
+    def _string_list(cls, value: Any) -> Any:
+        # The environment gives one string: a JSON list, or a comma list; TOML gives a list.
         if isinstance(value, str):
+            if value.lstrip().startswith("["):
+                return json.loads(value)
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
@@ -188,6 +192,7 @@ class Settings(BaseSettings):
             rag_template=self.rag_template,
             memory_top_k=self.memory_top_k,
             file_wait_seconds=self.file_wait_seconds,
+            web_search_count=self.web_search_count,
         )
 
     def auth_enabled(self) -> bool:

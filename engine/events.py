@@ -86,6 +86,11 @@ class AssemblyCompleted(EventData):
     # "source_ids"}`` — the loop rebuilds the message from it when tool results
     # add citations, so the context is carried once, never piled up.
     rag: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # Legacy function calling with the code interpreter on and available: the
+    # answer's <code_interpreter> blocks are run. Always set by the assembly;
+    # None (left out) in logs written before it was recorded, whose fold then
+    # goes by the request.
+    code_interpreter: bool | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class ModelRequested(EventData):

@@ -37,5 +37,7 @@ class EngineSettings:
     rag_system_context: bool = False
     rag_template: str | None = None  # None: the default RAG template
     memory_top_k: int = 3
+    # Results kept of each web search query (legacy injection, and search_web's default).
+    web_search_count: int = 3
     # A turn naming a file still being processed waits this long for it.
     file_wait_seconds: float = 30.0

@@ -24,6 +24,7 @@ from aiohttp import web
 
 from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
 from tests.oracle import check_stream_against_log
+from tests.test_turn_filters import write_filters
 from tests.upstream import Reply, ScriptedUpstream
 
 PAGES = {
@@ -90,7 +91,15 @@ async def world() -> AsyncIterator[World]:
 
 
 @pytest.fixture
-async def featured(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, world: World) -> AsyncIterator[Service]:
+def more_settings() -> dict[str, Any]:
+    """Settings a test adds (overridden with ``pytest.mark.parametrize``)."""
+    return {}
+
+
+@pytest.fixture
+async def featured(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, world: World, more_settings: dict[str, Any]
+) -> AsyncIterator[Service]:
     settings = make_settings(
         tmp_path,
         upstream.url,
@@ -100,6 +109,7 @@ async def featured(tmp_path: Path, upstream: ScriptedUpstream, database_url: str
         fetch_allow=["127.0.0.1"],
         images_base_url=world.url + "/v1",
         images_model="dall-e-3",
+        **more_settings,
     )
     svc = await start_service(settings, upstream)
     try:
@@ -241,3 +251,73 @@ async def test_native_execute_code_runs_in_the_sandbox(featured: Service) -> Non
     assert status == 200
     result = json.loads(featured.upstream.requests[-1]["messages"][-1]["content"])
     assert result["stdout"].strip() == "42" and result["result"] == "43"
+
+
+@pytest.mark.parametrize("more_settings", [{"web_search_count": 1}])
+async def test_the_number_of_results_kept_per_query_is_the_setting(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.task_replies.append(("queries", Reply(text='{"queries": ["lisbon bakery hours"]}')))
+    up.enqueue(Reply(text="At 7."))
+    status, _, headers = await featured.post("/v1/chat/completions", body("When does the bakery open?", features={"web_search": True}, params=LEGACY))
+    assert status == 200
+    text = up.requests[-1]["messages"][-1]["content"]
+    assert "The Lisbon bakery opens at 7 am." in text and "Cats sleep" not in text
+    assert [s["url"] for s in (await featured.turn(headers["X-Turn-Id"]))["sources"]] == [world.url + "/page/bread"]
+
+
+@pytest.mark.parametrize("more_settings", [{"models": {"gpt-test": {"function_calling": "default"}}}])
+async def test_a_model_configured_for_prompt_based_calling_gets_the_code_interpreter(featured: Service) -> None:
+    up = featured.upstream
+    up.enqueue(Reply(text='Let me run it.\n<code_interpreter type="code" lang="python">\nprint(6 * 7)\n</code_interpreter>'), Reply(text="42."))
+    status, _, headers = await featured.post("/v1/chat/completions", body("compute", features={"code_interpreter": True}))
+    assert status == 200
+    first, second = up.requests
+    assert "<code_interpreter" in first["messages"][-1]["content"] and "tools" not in first  # the prompt, no native tools
+    assert "<code_interpreter_output>\n42\n" in second["messages"][-1]["content"]  # the block ran
+    view = await featured.turn(headers["X-Turn-Id"])
+    assert [i["type"] for i in view["output"]][:2] == ["message", "code_interpreter"]
+
+
+async def test_a_builtin_the_model_was_not_offered_is_not_run(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.enqueue(
+        Reply(tool_calls=[{"name": "search_web", "arguments": {"query": "bakery"}, "id": "s1"}], finish_reason="tool_calls"),
+        Reply(text="I cannot search."),
+    )
+    status, _, _ = await featured.post("/v1/chat/completions", body("When does the bakery open?"))  # web search not switched on
+    assert status == 200
+    assert "tools" not in up.requests[0]
+    assert up.requests[1]["messages"][-1]["content"] == 'Error: Tool "search_web" not found.' and world.searches == []
+
+
+FEATURE_FILTER = """
+    class Filter:
+        def inlet(self, body):
+            body.setdefault("features", {})["web_search"] = True
+            return body
+"""
+
+
+@pytest.fixture
+def with_filter(tmp_path: Path) -> dict[str, Any]:
+    return {"filters_dir": str(write_filters(tmp_path / "filters", {"search_on": FEATURE_FILTER}))}
+
+
+async def test_an_inlet_filter_that_switches_a_feature_on_gives_the_model_its_tools(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, world: World, with_filter: dict[str, Any]
+) -> None:
+    settings = make_settings(
+        tmp_path, upstream.url, database_url=database_url, web_search_engine="searxng", searxng_url=world.url, fetch_allow=["127.0.0.1"], **with_filter
+    )
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(
+            Reply(tool_calls=[{"name": "search_web", "arguments": {"query": "bakery"}, "id": "s1"}], finish_reason="tool_calls"),
+            Reply(text="At 7 [1]."),
+        )
+        status, data, _ = await svc.post("/v1/chat/completions", body("When does the bakery open?"))
+        assert status == 200, data
+        assert sorted(t["function"]["name"] for t in upstream.requests[0]["tools"]) == ["fetch_url", "search_web"]
+        assert world.searches == ["bakery"] and "warnings" not in data.get("turnlog", {})
+    finally:
+        await stop_service(svc)

@@ -40,8 +40,8 @@ async def test_non_streaming_response_carries_the_warnings(service: Service) -> 
     assert [i["field"] for i in step["data"]["detail"]["ignored"]] == ["features.teleport", "features.web_search"]
     types = [e["type"] for e in events]
     assert types.index("assembly.completed") < types.index("model.requested")
-    # nothing of it reaches the upstream
-    assert not {"features", "files", "background_tasks"} & set(service.upstream.requests[-1])
+    # nothing of it reaches the upstream, no page fetching tool either
+    assert not {"features", "files", "background_tasks", "tools"} & set(service.upstream.requests[-1])
 
 
 async def test_stream_says_it_before_the_answer(service: Service) -> None:
@@ -63,11 +63,17 @@ async def test_stream_says_it_before_the_answer(service: Service) -> None:
 async def test_code_execution_off_is_said(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, code_executor="off"), upstream)
     try:
-        upstream.enqueue(Reply(text="no code"), Reply(text="no code"))
+        block = '<code_interpreter type="code" lang="python">\nprint(1)\n</code_interpreter>'
+        upstream.enqueue(Reply(text="no code"), Reply(text=block))
         for params in ({}, {"function_calling": "default"}):
             status, data, _ = await svc.post("/v1/chat/completions", body(features={"code_interpreter": True}, params=params))
             assert status == 200
             assert data["turnlog"]["warnings"] == ["features.code_interpreter was ignored: code execution is off (TURNLOG_CODE_EXECUTOR)"]
+            # neither the tool nor the prompt: the model is not told it can run code
+            sent = upstream.requests[-1]
+            assert "tools" not in sent and sent["messages"][-1]["content"] == "q"
+        # and a block the model writes anyway stays text: nothing ran, one upstream call
+        assert data["choices"][0]["message"]["content"] == block and len(upstream.requests) == 2
     finally:
         await stop_service(svc)
 

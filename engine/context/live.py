@@ -55,6 +55,7 @@ from engine.ports import (
 )
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
+from engine.tools.builtin import wanted_builtins
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
 from engine.tools.legacy import build_selection_request, parse_selection, tool_source
 
@@ -80,7 +81,7 @@ class LiveAssembler:
         images: ImageGenerator | None = None,
         payloads: PayloadStore | None = None,
         code_available: bool = True,
-        search_count: int = 5,
+        search_count: int = 3,
     ) -> None:
         self._store = store
         self._models = models
@@ -124,7 +125,7 @@ class LiveAssembler:
             WebResults(self._search, self._fetcher, self._search_count),
             ImageStarted(self._images),
             ImageGeneration(self._images, self._payloads),
-            CodeInterpreterPrompt(),
+            CodeInterpreterPrompt(self._available["code_interpreter"]),
             Unsupported(self._available),
             _OfferedTools(self._tools),
             _LegacyTools(self, resolved),
@@ -161,6 +162,7 @@ class LiveAssembler:
                 chat_turns=draft.chat_turns,
                 sources=draft.numbered,
                 rag=draft.rag,
+                code_interpreter=draft.code_interpreter,
             )
         )
 
@@ -198,10 +200,13 @@ class LiveAssembler:
 
 def _usable(draft: Draft, handles: Mapping[str, ToolHandle]) -> dict[str, ToolHandle]:
     """turnlog's own tools are the model's only in native function calling with
-    the model's ``builtin_tools`` capability (in legacy mode their features are
-    injected by the steps instead)."""
-    builtins = draft.mode == "native" and draft.capability("builtin_tools")
-    return {n: h for n, h in handles.items() if builtins or h.spec.kind != "builtin"}
+    the model's ``builtin_tools`` capability, and only those the request (as
+    the inlet filters left it) asks for; in legacy mode their features are
+    injected by the steps instead."""
+    wanted: set[str] = set()
+    if draft.mode == "native" and draft.capability("builtin_tools"):
+        wanted = wanted_builtins(draft.request, model_knowledge=bool(draft.profile.knowledge))
+    return {n: h for n, h in handles.items() if h.spec.kind != "builtin" or n in wanted}
 
 
 class _OfferedTools:

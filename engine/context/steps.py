@@ -28,7 +28,6 @@ from typing import Any, Literal, Protocol
 from engine.context.assemble import (
     CODE_INTERPRETER_PROMPT,
     ModelProfile,
-    legacy_code_interpreter,
     reconcile_messages,
     upstream_params,
     with_system_prompt,
@@ -85,6 +84,7 @@ class Draft:
     rag: dict[str, Any] | None = None
     numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
     web_queries: list[str] = field(default_factory=list)  # legacy web search: this turn's queries
+    code_interpreter: bool = False  # legacy code blocks in the answer are run
 
     @property
     def now(self) -> datetime:
@@ -274,9 +274,14 @@ class CodeInterpreterPrompt:
 
     name = "code_interpreter"
 
+    def __init__(self, available: bool = True) -> None:
+        self._available = available
+
     async def run(self, draft: Draft) -> Detail | None:
-        if not legacy_code_interpreter(draft.request):
+        # The mode is the request's or the model's; the feature as the inlet filters left it.
+        if draft.mode != "default" or not draft.feature("code_interpreter") or not self._available:
             return None
+        draft.code_interpreter = True
         draft.messages = add_or_update_user_message(CODE_INTERPRETER_PROMPT, list(draft.messages), append=True)
         return {"prompt": "appended to the last user message"}
 

@@ -256,6 +256,12 @@ class TurnView:
             self.acc = self._new_accumulator()
 
     def _on_assembled(self, data: dict[str, Any]) -> None:
+        decided = data.get("code_interpreter")
+        if decided is not None and bool(decided) != self.code_interpreter:
+            # The assembly decided (the model's mode, the filtered features, an
+            # executor configured); nothing has streamed into the accumulator yet.
+            self.code_interpreter = bool(decided)
+            self.acc = self._new_accumulator()
         self.sources.extend(data.get("sources") or [])
         self.new_messages = data.get("new_messages", [])
         self.history_reset = bool(data.get("history_reset"))

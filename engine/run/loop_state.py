@@ -43,6 +43,7 @@ class LoopState:
         # the message it went into as it was before, and the citation ids so far.
         self.file_sources: list[dict[str, Any]] = []
         self.attached_knowledge: list[str] = []  # the model's collections, for its knowledge tools
+        self.offered_builtins: set[str] = set()  # turnlog's own tools the assembly offered the model
         self.rag: dict[str, Any] | None = None
         # Citable sources tool results brought (all rounds; this round's).
         self.citations: list[dict[str, Any]] = []
@@ -74,8 +75,10 @@ class LoopState:
         )
 
     def _on_assembly_step(self, event: Event) -> None:
-        if event.data.get("step") == "files":
-            detail = event.data.get("detail", {})
+        step, detail = event.data.get("step"), event.data.get("detail", {})
+        if step == "tools":
+            self.offered_builtins = set(detail.get("builtin") or [])
+        elif step == "files":
             self.file_sources = list(detail.get("sources") or [])
             self.attached_knowledge = list(detail.get("attached_knowledge") or [])
 

@@ -259,13 +259,22 @@ class Decide:
             # (Open WebUI looped forever on it).
             return Finalize(state.finish_reason if state.finish_reason != "tool_calls" else "stop")
         client_names = client_tool_names(state.input.request)
-        ours = [c for c in calls if c["name"] not in client_names or c["name"] in ctx.ports.tools]
+        ours = [c for c in calls if c["name"] not in client_names or _runnable(ctx, c["name"]) is not None]
         client = [c for c in calls if c not in ours]
         limit = iteration_limit(state.input.request, ctx.settings.max_tool_call_iterations)
         if ours and limit >= 0 and state.iteration >= limit:
             await ctx.record(IterationLimit(limit=limit, pending_calls=ours, message=LIMIT_MESSAGE.format(n=limit)))
             return Finalize("tool_calls" if client else "stop")
         return RunTools(ToolsBatch(iteration=state.iteration + 1, calls=ours, client_calls=client))
+
+
+def _runnable(ctx: TurnContext, name: str) -> ToolHandle | None:
+    """The handle of a tool this turn's model may call: a builtin only if the
+    assembly offered it (the ports hold every configured one)."""
+    handle = ctx.ports.tools.get(name)
+    if handle is not None and handle.spec.kind == "builtin" and name not in ctx.state.offered_builtins:
+        return None
+    return handle
 
 
 def client_tool_names(request: dict[str, Any]) -> set[str]:
@@ -316,7 +325,7 @@ class RunTools:
                 runs.append((call, json.loads(call["arguments"]), None))
                 started.append(ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt))
                 continue
-            handle = ctx.ports.tools.get(name)
+            handle = _runnable(ctx, name)
             parsed = parse_arguments(call.get("arguments"), name)
             if isinstance(parsed, ArgumentError):
                 started.append(_failed(call_id, name, parsed.message))

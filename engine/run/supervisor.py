@@ -173,7 +173,7 @@ class Supervisor:
     # -- turns -----------------------------------------------------------------
 
     def _spawn(
-        self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None, model_knowledge: bool = False
+        self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None
     ) -> TurnActor:
         turn_id = folded.view.id
         channel = ClientRequests(self.bus, turn_id)
@@ -183,7 +183,7 @@ class Supervisor:
             fencing=fencing,
             store=self.store,
             bus=self.bus,
-            ports=self._ports(folded.view, channel, model_knowledge),
+            ports=self._ports(folded.view, channel),
             settings=self.settings,
             owner=self.owner,
             history=history,
@@ -194,7 +194,7 @@ class Supervisor:
         actor.done.add_done_callback(lambda _f: asyncio.create_task(self._retire(turn_id, actor)))
         return actor
 
-    def _ports(self, view: TurnView, channel: ClientRequests, model_knowledge: bool) -> TurnPorts:
+    def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
         payloads = Blobs(self.blobs, view.user_id or "")
         builtin = BuiltinPorts(
             search=self.search,
@@ -203,10 +203,11 @@ class Supervisor:
             memories=self.memories,
             images=self.images,
             payloads=payloads,
-            code=self.code,
+            code=None if isinstance(self.code, NoCodeExecutor) else self.code,
+            search_count=self.settings.web_search_count,
         )
-        # The turn's own tools first: a builtin never shadows them.
-        tools: dict[str, ToolHandle] = {**builtin_tools(view.request, builtin, model_knowledge=model_knowledge)}
+        # The turn's own tools win: a builtin never shadows them.
+        tools: dict[str, ToolHandle] = {**builtin_tools(builtin)}
         tools.update(self.tool_handles(view.request, channel))
         runner = LiveToolRunner()
         task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
@@ -229,6 +230,7 @@ class Supervisor:
                 images=self.images,
                 payloads=payloads,
                 code_available=not isinstance(self.code, NoCodeExecutor),
+                search_count=self.settings.web_search_count,
             ),
             tools=tools,
             tool_runner=runner,
@@ -270,16 +272,7 @@ class Supervisor:
             id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
         )
         fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
-        knowledge = await self._model_knowledge(model)
-        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event], model_knowledge=knowledge)
-
-    async def _model_knowledge(self, model: str) -> bool:
-        """Whether the model has attached knowledge (its knowledge tools are then offered)."""
-        try:
-            resolved = await self.models.resolve(model)
-        except Exception:  # the turn itself says what is wrong with the model
-            return False
-        return resolved is not None and bool(resolved.knowledge)
+        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
 
     def join(self, turn_id: str, *, runs_tools: bool = False) -> Joined:
         """Follow a turn: the subscription, the open window and the history are
@@ -356,7 +349,7 @@ class Supervisor:
         if folded.view.terminal:
             await self.store.release_turn(turn_id, self.owner)
             raise TurnConflict(f"turn {turn_id} is already {folded.view.status}")
-        return self._spawn(folded, fencing, resume=True, model_knowledge=await self._model_knowledge(folded.view.model or ""))
+        return self._spawn(folded, fencing, resume=True)
 
     async def scan_orphans(self, *, include_interrupted: bool = False) -> None:
         """Record ``turn.interrupted`` for running turns whose owner is gone."""
@@ -372,7 +365,7 @@ class Supervisor:
             if folded.view.status != "interrupted":
                 await self._append(folded, fencing, TurnInterrupted(last_owner=record.owner))
             if self.settings.auto_resume:
-                self._spawn(folded, fencing, resume=True, model_knowledge=await self._model_knowledge(folded.view.model or ""))
+                self._spawn(folded, fencing, resume=True)
             else:
                 await self.store.release_turn(record.id, self.owner)
         if include_interrupted:

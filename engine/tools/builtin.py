@@ -275,26 +275,44 @@ async def stored_images(payloads: PayloadStore, images: Sequence[tuple[bytes, st
 # -- which tools a turn gets ------------------------------------------------------------------
 
 
-def builtin_tools(request: Mapping[str, Any], ports: BuiltinPorts, *, model_knowledge: bool = False) -> dict[str, BuiltinTool]:
-    """The builtin tools a request's features ask for, where their ports exist
-    (the assembly offers them to the model only in native function calling).
-    ``model_knowledge``: the model has attached knowledge collections."""
-    features = request.get("features")
-    on = features if isinstance(features, dict) else {}
+def builtin_tools(ports: BuiltinPorts) -> dict[str, BuiltinTool]:
+    """Every builtin tool whose ports are configured. Which of them a turn's
+    model is offered is the assembly's choice (:func:`wanted_builtins`, after
+    the inlet filters); a call to one it was not offered is refused."""
     tools: list[BuiltinTool] = []
-    if on.get("web_search") and ports.search is not None:
+    if ports.search is not None:
         tools.append(search_web(ports))
-    if on.get("web_search") and ports.fetcher is not None:
-        tools.append(fetch_url(ports))
-    if ports.knowledge is not None and (request.get("files") or model_knowledge):
+        if ports.fetcher is not None:
+            tools.append(fetch_url(ports))
+    if ports.knowledge is not None:
         tools += [query_knowledge_files(ports), view_knowledge_file(ports)]
-    if on.get("memory") and ports.memories is not None:
+    if ports.memories is not None:
         tools += [search_memories(ports), add_memory(ports)]
-    if on.get("image_generation") and ports.images is not None and ports.payloads is not None:
+    if ports.images is not None and ports.payloads is not None:
         tools.append(generate_image(ports))
-    if on.get("code_interpreter") and ports.code is not None:
+    if ports.code is not None:
         tools.append(execute_code(ports))
     return {t.spec.name: t for t in tools}
+
+
+#: The builtin tools each feature switches on.
+FEATURE_TOOLS: dict[str, tuple[str, ...]] = {
+    "web_search": ("search_web", "fetch_url"),
+    "memory": ("search_memories", "add_memory"),
+    "image_generation": ("generate_image",),
+    "code_interpreter": ("execute_code",),
+}
+
+
+def wanted_builtins(request: Mapping[str, Any], *, model_knowledge: bool = False) -> set[str]:
+    """The builtin tools a request asks for: its features' tools, and the
+    knowledge tools when it names files or the model has attached knowledge."""
+    features = request.get("features")
+    on = features if isinstance(features, dict) else {}
+    names = {name for feature, tools in FEATURE_TOOLS.items() if on.get(feature) for name in tools}
+    if request.get("files") or model_knowledge:
+        names |= {"query_knowledge_files", "view_knowledge_file"}
+    return names
 
 
 KNOWLEDGE_TOOLS = frozenset({"query_knowledge_files", "view_knowledge_file"})
