@@ -244,14 +244,32 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _file_settings(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    """A config file's settings: its top level, merged with its ``[turnlog]``
+    table if it has one. A key set in both places, or one that is no setting
+    (a typo), is an error rather than silently ignored."""
+    top = {k.lower(): v for k, v in raw.items() if k.lower() != "turnlog"}
+    nested = raw.get("turnlog", raw.get("TURNLOG", {}))
+    if not isinstance(nested, dict):
+        raise ValueError(f"{name}: turnlog must be a table")
+    section = {k.lower(): v for k, v in nested.items()}
+    both = sorted(set(top) & set(section))
+    if both:
+        raise ValueError(f"{name}: {', '.join(both)} set both at the top level and under [turnlog]")
+    merged = {**top, **section}
+    unknown = sorted(k for k in merged if k not in Settings.model_fields)
+    if unknown:
+        raise ValueError(f"{name}: unknown setting(s) {', '.join(unknown)}")
+    return merged
+
+
 def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Settings:
     """``overrides`` over the environment over ``config_file`` (TOML)."""
     values: dict[str, Any] = {}
     if config_file:
         with open(config_file, "rb") as fh:
             raw = tomllib.load(fh)
-        section = raw.get("turnlog", raw)
-        values.update({k.lower(): v for k, v in section.items()})
+        values.update(_file_settings(raw, str(config_file)))
     settings = Settings(**values)
     # Explicit overrides (command-line flags, tests) win over everything; they are
     # re-validated by building a new object.

@@ -60,6 +60,7 @@ class EmbeddingServer:
         self.texts = 0
         self.fail_on: str | None = None
         self.hold: asyncio.Event | None = None  # when set to an unset event, requests wait on it
+        self.hold_only: str | None = None  # ... only those with a text containing this
         self.waiting = 0
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -84,7 +85,7 @@ class EmbeddingServer:
         texts = body["input"] if isinstance(body["input"], list) else [body["input"]]
         self.calls += 1
         self.texts += len(texts)
-        if self.hold is not None:
+        if self.hold is not None and (self.hold_only is None or any(self.hold_only in t for t in texts)):
             self.waiting += 1
             try:
                 await self.hold.wait()

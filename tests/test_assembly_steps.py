@@ -174,10 +174,23 @@ async def test_system_messages_merged_first_and_empty_blocks_stripped() -> None:
         {"role": "system", "content": "A"},
         {"role": "system", "content": "B"},
     ]
-    assert await SystemMessages().run(d) is None
+    assert await SystemMessages().run(d) == {"merged_system_messages": 2, "dropped_empty_parts": 1}
     assert d.messages == [{"role": "system", "content": "A\nB"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}]
 
 
 class _NoTaskModel:
     async def ask(self, task: str, prompt: str) -> str:
         raise AssertionError("no task model call expected")
+
+
+async def test_the_system_step_records_what_it_normalized() -> None:
+    d = draft({})
+    d.messages = [
+        {"role": "system", "content": "A."},
+        {"role": "user", "content": [{"type": "text", "text": "  "}, {"type": "text", "text": "hi"}]},
+        {"role": "system", "content": "B."},
+    ]
+    assert await SystemMessages().run(d) == {"merged_system_messages": 2, "dropped_empty_parts": 1}
+    assert d.messages[1] == {"role": "user", "content": [{"type": "text", "text": "hi"}]}
+    d.messages = [{"role": "system", "content": "A."}, {"role": "user", "content": "hi"}]
+    assert await SystemMessages().run(d) is None  # nothing to do, nothing recorded

@@ -15,6 +15,7 @@ from typing import Any
 import aiohttp
 import pytest
 
+from adapters.config import load_settings
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server
 from tests.upstream import Reply
@@ -119,6 +120,22 @@ async def test_serve_runs_on_the_configured_event_loop(loop: str, upstream: Any,
     finally:
         server.stop()
     assert f"event loop {loop}" in server.log_path.read_text()
+
+
+def test_a_config_file_takes_tables_beside_its_turnlog_table_and_names_mistakes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TURNLOG_PORT", raising=False)
+    good = tmp_path / "good.toml"
+    good.write_text('[turnlog]\nport = 9001\n\n[models."gpt-x"]\nsystem = "Be brief."\n\n[filters.shout]\nsuffix = "?!"\n')
+    settings = load_settings(good)
+    assert settings.port == 9001 and settings.models["gpt-x"].system == "Be brief." and settings.filters == {"shout": {"suffix": "?!"}}
+
+    twice = tmp_path / "twice.toml"
+    twice.write_text('port = 1\n[turnlog]\nport = 2\n')
+    typo = tmp_path / "typo.toml"
+    typo.write_text('[turnlog]\nprot = 9001\n')
+    for path, said in ((twice, "port set both at the top level and under [turnlog]"), (typo, "unknown setting(s) prot")):
+        out = turnlog(tmp_path / "x.db", "--config", str(path), "migrate")
+        assert out.returncode == 2 and said in out.stderr, out.stderr
 
 
 def test_serve_refuses_an_unknown_event_loop(tmp_path: Path) -> None:

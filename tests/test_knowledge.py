@@ -316,6 +316,27 @@ async def test_describe_waits_for_processing_files(tmp_path: Path, upstream: Scr
         await stop_service(svc)
 
 
+async def test_a_collection_is_used_without_its_files_still_processing_once_the_wait_is_over(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embedding_server: EmbeddingServer
+) -> None:
+    svc = await started(tmp_path, upstream, database_url, embedder=HttpEmbedder(embedding_server.url))
+    try:
+        ready = await add(svc, "garage.md", GARAGE)
+        embedding_server.hold, embedding_server.hold_only = asyncio.Event(), "barometer"  # the lighthouse file's ingestion waits
+        status, body = await upload(svc.http, svc.url, "held.md", LIGHTHOUSE.encode(), "text/markdown")
+        status, coll, _ = await svc.post("/v1/knowledge", {"name": "half there"})
+        for file_id in (ready, body["id"]):
+            await svc.post(f"/v1/knowledge/{coll['id']}/files", {"file_id": file_id})
+        refs = [FileRef("collection", coll["id"])]
+        [info] = await knowledge(svc).describe("local", refs, wait=0.1)
+        assert (info.status, info.reason) == ("ready", "1 of its 2 files were still being processed and were left out")
+        sources = await knowledge(svc).retrieve("local", refs, ["sedan garage"])
+        assert [s["source"]["id"] for s in sources] == [ready]
+        embedding_server.hold.set()
+    finally:
+        await stop_service(svc)
+
+
 async def test_failed_and_empty_collections_are_described(service: Service) -> None:
     from tests.documents import pdf_without_text
 

@@ -188,6 +188,11 @@ def test_parse_title(reply: str, expected: str | TaskFailure) -> None:
 def test_fallback_title() -> None:
     assert fallback_title([{"role": "system", "content": "S"}, *chat("  How do\ncats  purr?", "a"), {"role": "user", "content": "later"}]) == "How do cats purr?"
     assert fallback_title([{"role": "assistant", "content": "a"}]) is None
+    words = "Please summarise the attached quarterly report and list every risk it names " * 5
+    title = fallback_title(chat(words, "a"))
+    assert title == "Please summarise the attached quarterly report and list every risk it names…"
+    assert len(title) <= 80 and words.startswith(title[:-1])
+    assert fallback_title(chat("x" * 200, "a")) == "x" * 79 + "…"  # no space to cut at
 
 
 # --------------------------------------------------------------------------

@@ -416,16 +416,21 @@ class FileKnowledge:
         deadline = time.monotonic() + max(0.0, wait)
         while True:
             changed = self._changed  # taken before reading: a finish after the read still wakes us
-            infos = await self._describe_once(user_id, refs)
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not any(info.status == PROCESSING for info in infos):
+            final = time.monotonic() >= deadline
+            infos = await self._describe_once(user_id, refs, final=final)
+            if final or not any(info.status == PROCESSING for info in infos):
                 return infos
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                continue  # one last read, at the deadline
             try:
                 await asyncio.wait_for(changed.wait(), min(remaining, self.settings.poll_interval))
             except TimeoutError:
                 pass
 
-    async def _describe_once(self, user_id: str, refs: Sequence[FileRef]) -> list[FileInfo]:
+    async def _describe_once(self, user_id: str, refs: Sequence[FileRef], *, final: bool = False) -> list[FileInfo]:
+        """``final``: the wait is over, so a collection whose other files are
+        ready is used without the ones still being processed (said in its reason)."""
         found = await self.tables.files_of(user_id, [r.id for r in refs if r.type == "file"])
         collection_ids = [r.id for r in refs if r.type == "collection"]
         collections = {c: await self.tables.get_collection(c, user_id) for c in set(collection_ids)}
@@ -445,7 +450,11 @@ class FileKnowledge:
                 infos.append(FileInfo(ref, ref.id, "missing", _MISSING_COLLECTION))
                 continue
             statuses = [f.status for f in members.get(ref.id, [])]
-            if PROCESSING in statuses:
+            if PROCESSING in statuses and final and READY in statuses:
+                left_out = statuses.count(PROCESSING)
+                reason = f"{left_out} of its {len(statuses)} files were still being processed and were left out"
+                infos.append(FileInfo(ref, collection.name, "ready", reason))
+            elif PROCESSING in statuses:
                 infos.append(FileInfo(ref, collection.name, "processing"))
             elif statuses and all(s == FAILED for s in statuses):
                 first = next(f.error for f in members[ref.id] if f.status == FAILED)

@@ -466,13 +466,26 @@ class SystemMessages:
 
     async def run(self, draft: Draft) -> Detail | None:
         before = draft.messages
-        draft.messages = merge_system_messages(strip_empty_content_blocks(list(draft.messages)))
+        stripped = strip_empty_content_blocks(list(before))
+        dropped = sum(_part_count(a) - _part_count(b) for a, b in zip(before, stripped))
+        systems = sum(1 for m in before if m.get("role") == "system")
+        draft.messages = merge_system_messages(stripped)
         if draft.rag is not None and draft.rag.get("role") == "system":
             draft.rag["index"] = 0 if draft.messages and draft.messages[0].get("role") == "system" else None
         elif draft.rag is not None and draft.rag.get("index") is not None:
             # Merging system messages moves the user message: find it again.
             draft.rag["index"] = _same_index(before, draft.messages, draft.rag["index"])
-        return None
+        detail: Detail = {}
+        if systems > 1:
+            detail["merged_system_messages"] = systems
+        if dropped:
+            detail["dropped_empty_parts"] = dropped
+        return detail or None
+
+
+def _part_count(message: Message) -> int:
+    content = message.get("content")
+    return len(content) if isinstance(content, list) else 0
 
 
 def _same_index(before: Sequence[Message], after: Sequence[Message], index: int) -> int | None:

@@ -337,11 +337,23 @@ def parse_title(reply: str) -> str | TaskFailure:
     return title if title else TaskFailure("empty title")
 
 
+#: A fallback title longer than this is cut at a word boundary (a chat list
+#: shows one line; Open WebUI kept the whole message).
+TITLE_MAX_CHARS = 80
+
+
 def fallback_title(messages: Sequence[Mapping[str, Any]]) -> str | None:
     """The title when the task gives none: the first user message's cleaned text
-    on one line; None without one."""
+    on one line, cut to :data:`TITLE_MAX_CHARS` (with "…"); None without one."""
     first = next((m for m in task_messages(messages) if m["role"] == "user"), None)
-    return _one_line(str(first["content"])) if first else None
+    if first is None:
+        return None
+    text = _one_line(str(first["content"]))
+    if len(text) <= TITLE_MAX_CHARS:
+        return text
+    cut = text[: TITLE_MAX_CHARS - 1]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > TITLE_MAX_CHARS // 2 else cut).rstrip() + "…"
 
 
 def parse_tags(reply: str) -> list[str] | TaskFailure:

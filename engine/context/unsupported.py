@@ -68,8 +68,12 @@ def file_warnings(detail: Mapping[str, Any]) -> list[str]:
     """What a client is told about files that could not be used."""
     out = []
     for f in detail.get("files") or []:
-        if isinstance(f, dict) and f.get("status") != "ready":
+        if not isinstance(f, dict):
+            continue
+        if f.get("status") != "ready":
             out.append(f"{f.get('type', 'file')} {f.get('id')} was not used: {f.get('reason') or f.get('status')}")
+        elif f.get("reason"):  # used in part
+            out.append(f"{f.get('type', 'file')} {f.get('id')}: {f['reason']}")
     if detail.get("error"):
         out.append(f"files were not used: {detail['error']}")
     return out
