@@ -12,9 +12,21 @@ from aiohttp import web
 pytest.register_assert_rewrite("tests.oracle")
 
 from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection  # noqa: E402
+from tests.documents import EmbeddingServer  # noqa: E402
 from tests.harness import Service, make_settings, start_service, stop_service  # noqa: E402
 from tests.pg import pg_url  # noqa: F401, E402  (fixture: a fresh PostgreSQL database)
 from tests.upstream import ScriptedUpstream  # noqa: E402
+
+
+@pytest.fixture
+async def embedding_server() -> AsyncIterator[EmbeddingServer]:
+    """OpenAI's ``POST /v1/embeddings`` on loopback (vectors by concept, see tests.documents)."""
+    server = EmbeddingServer()
+    await server.start()
+    try:
+        yield server
+    finally:
+        await server.close()
 
 
 @pytest.fixture

@@ -41,16 +41,6 @@ HTML = """<!doctype html><html><head><title>Recipe</title><style>body { color: r
 
 
 @pytest.fixture
-async def embedding_server() -> AsyncIterator[EmbeddingServer]:
-    server = EmbeddingServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
-
-
-@pytest.fixture
 async def embedded(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embedding_server: EmbeddingServer) -> AsyncIterator[Service]:
     """The service with an embedder (vectors in the service's database)."""
     settings = make_settings(tmp_path, upstream.url, database_url=database_url, chunk_tokens=64, chunk_overlap_tokens=8)

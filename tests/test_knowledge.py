@@ -10,11 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from engine.ports import FileRef, Knowledge
 from tests.documents import EmbeddingServer, HttpEmbedder, upload, wait_file
@@ -43,16 +40,6 @@ A mango smoothie needs two ripe mangos, a cup of yoghurt and a spoon of honey.
 
 Blend for forty seconds, then pour into chilled glasses.
 """
-
-
-@pytest.fixture
-async def embedding_server() -> AsyncIterator[EmbeddingServer]:
-    server = EmbeddingServer()
-    await server.start()
-    try:
-        yield server
-    finally:
-        await server.close()
 
 
 async def started(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embedder: Any = None, **overrides: Any) -> Service:

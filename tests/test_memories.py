@@ -17,14 +17,14 @@ from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
 from adapters.knowledge.memories import Memories, bm25_scores, collection_for
 from adapters.vectors import open_vector_store
-from engine.ports import EmbeddingError, MemorySearch, RetrievalError
+from engine.ports import MemorySearch, RetrievalError
 from engine.vectors import VectorItem
+from tests.documents import HttpEmbedder
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import ScriptedUpstream
 
@@ -85,29 +85,6 @@ class EmbeddingServer:
 
     def embedded(self) -> list[str]:
         return [t for texts in self.inputs for t in texts]
-
-
-class HttpEmbedder:
-    """An ``Embedder`` over an OpenAI-compatible ``/v1/embeddings`` (test-local)."""
-
-    def __init__(self, base_url: str, model: str) -> None:
-        self.base_url = base_url
-        self._model = model
-
-    @property
-    def model(self) -> str:
-        return self._model
-
-    async def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        try:
-            async with aiohttp.ClientSession() as http:
-                async with http.post(f"{self.base_url}/embeddings", json={"model": self._model, "input": list(texts)}) as resp:
-                    if resp.status != 200:
-                        raise EmbeddingError(f"HTTP {resp.status}: {await resp.text()}")
-                    body = await resp.json()
-        except aiohttp.ClientError as exc:
-            raise EmbeddingError(f"cannot reach the embedding model: {exc}") from exc
-        return [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])]
 
 
 @pytest.fixture

@@ -26,6 +26,7 @@ from typing import Any
 import aiohttp
 import orjson
 
+from adapters.client_session import LazySession
 from adapters.providers.http_base import error_text_from_obj, truncate
 from engine.ports import EmbeddingError
 
@@ -69,12 +70,12 @@ class OpenAIEmbedder:
         self.dimensions = dimensions
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
-        self._session = session
-        self._owns_session = session is None
+        # Per request too: a caller's session may carry other timeouts.
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=read_timeout)
+        self._session = LazySession(self._timeout, session)
         self._headers = {"Accept": "application/json", "Content-Type": "application/json"}
         if self._api_key:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=read_timeout)
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIEmbedder(base_url={self.base_url!r}, model={self._model!r})"
@@ -85,10 +86,7 @@ class OpenAIEmbedder:
 
     async def close(self) -> None:
         """Close the session this embedder created (a caller-supplied one is left open)."""
-        if self._owns_session and self._session is not None:
-            session, self._session = self._session, None
-            if not session.closed:
-                await session.close()
+        await self._session.close()
 
     async def __aenter__(self) -> OpenAIEmbedder:
         return self
@@ -97,12 +95,10 @@ class OpenAIEmbedder:
         await self.close()
 
     def _get_session(self) -> aiohttp.ClientSession:
-        session = self._session
-        if session is None or session.closed:
-            if not self._owns_session:
-                raise EmbeddingError("the aiohttp session given to OpenAIEmbedder is closed")
-            session = self._session = aiohttp.ClientSession(timeout=self._timeout)
-        return session
+        try:
+            return self._session.get()
+        except RuntimeError as exc:
+            raise EmbeddingError("the aiohttp session given to OpenAIEmbedder is closed") from exc
 
     # ------------------------------------------------------------------ embed
 

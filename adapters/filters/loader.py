@@ -33,7 +33,6 @@ skipped: one broken filter must not take the others down.
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import logging
 import sys
@@ -45,7 +44,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from adapters.tools.loader import LoadError
+from adapters.tools.loader import LoadError, import_file
 
 log = logging.getLogger("turnlog.filters")
 
@@ -192,13 +191,8 @@ def load_filter_module(path: Path, valves: Mapping[str, Any] | None = None) -> L
     """Import one filter file, instantiate its ``Filter`` and apply its valves; raises on any failure."""
     filter_id = path.stem
     module_name = f"turnlog_filter_{filter_id}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot import {path}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pydantic look the module up
+    module = import_file(path, module_name)
     try:
-        spec.loader.exec_module(module)
         cls = getattr(module, "Filter", None)
         if not isinstance(cls, type):
             raise InvalidFilter("module defines no class Filter")

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from adapters.client_session import LazySession
 from engine.ports import GeneratedImage, WebError
 
 if TYPE_CHECKING:
@@ -76,22 +77,17 @@ class OpenAIImages:
         self.size = size
         self.timeout = timeout
         self._key = api_key
-        self._session = session
-        self._own_session = session is None
+        self._session = LazySession(aiohttp.ClientTimeout(total=timeout), session)
 
     @property
     def _wants_response_format(self) -> bool:
         return not self.model.startswith("gpt-image")
 
     def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        return self._session
+        return self._session.get()
 
     async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._session.close()
 
     def _headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self._key}"} if self._key else {}

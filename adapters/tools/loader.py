@@ -316,20 +316,26 @@ def _describe(exc: BaseException) -> str:
     return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
-def load_module_tools(path: Path) -> ModuleTools:
-    """Import one tool file and build its handles; raises on any failure."""
-    tool_id = path.stem
-    module_name = f"turnlog_tool_{tool_id}"
+def import_file(path: Path, module_name: str) -> types.ModuleType:
+    """Import a Python file as ``module_name`` (registered in ``sys.modules``,
+    where dataclasses and pydantic look it up; unregistered if it fails)."""
     spec = importlib.util.spec_from_file_location(module_name, path)
     if spec is None or spec.loader is None:
         raise ImportError(f"cannot import {path}")
     module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pydantic look the module up
+    sys.modules[module_name] = module
     try:
         spec.loader.exec_module(module)
     except BaseException:
         sys.modules.pop(module_name, None)
         raise
+    return module
+
+
+def load_module_tools(path: Path) -> ModuleTools:
+    """Import one tool file and build its handles; raises on any failure."""
+    tool_id = path.stem
+    module = import_file(path, f"turnlog_tool_{tool_id}")
     cls = getattr(module, "Tools", None)
     if not isinstance(cls, type):
         raise LookupError("module defines no class Tools")

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+from adapters.client_session import LazySession
 from engine.ports import SearchHit, WebError
 
 if TYPE_CHECKING:
@@ -65,18 +66,13 @@ class _JsonSearch:
 
     def __init__(self, *, timeout: float = 10.0, session: aiohttp.ClientSession | None = None) -> None:
         self.timeout = timeout
-        self._session = session
-        self._own_session = session is None
+        self._session = LazySession(aiohttp.ClientTimeout(total=timeout), session)
 
     def _client(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=self.timeout))
-        return self._session
+        return self._session.get()
 
     async def close(self) -> None:
-        if self._own_session and self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self._session.close()
 
     def _status_error(self, status: int, body: str) -> WebError:
         return WebError(f"{self.name} answered HTTP {status}{_detail(body)}")
