@@ -618,10 +618,12 @@ def _rss_samples(pid: int, n: int, every: float) -> list[int]:
 def _storebench(ctx: Ctx, args: list[str], timeout: float, name: str = "", module: str = "bench.storebench") -> dict[str, Any]:
     """Run a store-level driver (``python -m MODULE ARGS --dir WORKDIR``) and
     return the one JSON line it prints."""
+    return _driver(ctx, name or f"storebench-{args[0]}", [sys.executable, "-m", module, *args, "--dir", str(ctx.workdir)], timeout)
 
 
-    name = name or f"storebench-{args[0]}"
-    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", module, *args, "--dir", str(ctx.workdir)])
+def _driver(ctx: Ctx, name: str, command: list[str], timeout: float) -> dict[str, Any]:
+    """Run a driver process and return the one JSON line it prints."""
+    proc, lines = ctx.procs.spawn(name, command)
     assert lines is not None
     deadline = time.monotonic() + timeout
     result = None
@@ -1090,24 +1092,7 @@ def knowledge_retrieval(ctx: Ctx) -> dict[str, Any]:
 def sandbox(ctx: Ctx) -> dict[str, Any]:
     """Scenario 13: the sandbox code executor's cost per run of ``print(1)``."""
     runs = "20" if ctx.quick else "100"
-    name = "sandboxbench"
-    proc, lines = ctx.procs.spawn(name, [sys.executable, "-m", "bench.sandboxbench", "--runs", runs])
-    assert lines is not None
-    deadline = time.monotonic() + 300
-    result = None
-    try:
-        while True:
-            line = lines.get(deadline)
-            if line is None:
-                break
-            if line.startswith("{"):
-                result = json.loads(line)
-    except TimeoutError:
-        raise BenchError(f"{name} took more than 300 s") from None
-    finally:
-        ctx.procs.stop(proc)
-    if result is None:
-        raise BenchError(f"{name} failed:\n{ctx.procs.log_tail(name)}")
+    result = _driver(ctx, "sandboxbench", [sys.executable, "-m", "bench.sandboxbench", "--runs", runs], 300)
     figures = {k: result[k] for k in ("runs", "p50_ms", "p90_ms", "p99_ms", "min_ms", "max_ms", "floor_p50_ms", "overhead_p50_ms")}
     figures["isolation"] = result["description"]
     return {"status": "ok", "checks": [check("run_p50_ms", result["p50_ms"], "<=", 150.0)], "figures": figures}

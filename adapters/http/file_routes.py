@@ -12,16 +12,14 @@ Someone else's file or collection is answered exactly like a missing one
 
 from __future__ import annotations
 
-from typing import Any
-
 from aiohttp import BodyPartReader, web
 from aiohttp.hdrs import CONTENT_TYPE
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.http.auth import USER
 from adapters.http.context import services
-from adapters.http.errors import ApiError, not_found, validation_message
-from adapters.http.schemas import read_json
+from adapters.http.errors import ApiError, not_found
+from adapters.http.schemas import read_body
 from adapters.knowledge.extract import SUPPORTED_TYPES, content_type_for
 from adapters.knowledge.files import FileKnowledge, NotFound
 
@@ -46,16 +44,6 @@ class FileId(BaseModel):
 
 def _knowledge(request: web.Request) -> FileKnowledge:
     return services(request).knowledge
-
-
-def _validate(model: type[BaseModel], body: Any) -> Any:
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(400, message, code="invalid_value", param=param) from exc
 
 
 def _too_large(limit: int) -> ApiError:
@@ -133,7 +121,7 @@ async def delete_file(request: web.Request) -> web.Response:
 
 
 async def create_collection(request: web.Request) -> web.Response:
-    body: NewCollection = _validate(NewCollection, await read_json(request))
+    body: NewCollection = await read_body(request, NewCollection)
     collection = await _knowledge(request).create_collection(request[USER], body.name, body.description)
     return web.json_response(collection.public())
 
@@ -152,7 +140,7 @@ async def list_collections(request: web.Request) -> web.Response:
 
 
 async def add_collection_file(request: web.Request) -> web.Response:
-    body: FileId = _validate(FileId, await read_json(request))
+    body: FileId = await read_body(request, FileId)
     try:
         collection = await _knowledge(request).add_to_collection(request[USER], request.match_info["knowledge_id"], body.file_id)
     except NotFound as exc:

@@ -9,15 +9,13 @@ fails a write or a search is a 502, never a 500.
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
-
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 
 from adapters.http.auth import USER
 from adapters.http.context import services
-from adapters.http.errors import ApiError, not_found, validation_message
-from adapters.http.schemas import read_json
+from adapters.http.errors import ApiError, not_found
+from adapters.http.schemas import read_body
 from adapters.knowledge.memories import EmbeddingFailed, Memories
 from engine.ports import RetrievalError
 
@@ -45,20 +43,6 @@ class QueryBody(MemoryBody):
     k: StrictInt | None = Field(default=None, ge=1, le=MAX_QUERY_K)
 
 
-Body = TypeVar("Body", bound=BaseModel)
-
-
-async def _parse(request: web.Request, model: type[Body]) -> Body:
-    body: Any = await read_json(request)
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
-    try:
-        return model.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(400, message, code="invalid_value", param=param) from exc
-
-
 def _memories(request: web.Request) -> Memories:
     return services(request).memories
 
@@ -68,7 +52,7 @@ def _embedding_failed(exc: EmbeddingFailed) -> ApiError:
 
 
 async def create_memory(request: web.Request) -> web.Response:
-    body = await _parse(request, MemoryBody)
+    body = await read_body(request, MemoryBody)
     try:
         memory = await _memories(request).add(request[USER], body.content)
     except EmbeddingFailed as exc:
@@ -89,7 +73,7 @@ async def get_memory(request: web.Request) -> web.Response:
 
 
 async def update_memory(request: web.Request) -> web.Response:
-    body = await _parse(request, MemoryBody)
+    body = await read_body(request, MemoryBody)
     try:
         memory = await _memories(request).update(request[USER], request.match_info["memory_id"], body.content)
     except EmbeddingFailed as exc:
@@ -107,7 +91,7 @@ async def delete_memory(request: web.Request) -> web.Response:
 
 
 async def query_memories(request: web.Request) -> web.Response:
-    body = await _parse(request, QueryBody)
+    body = await read_body(request, QueryBody)
     k = body.k if body.k is not None else services(request).settings.memory_top_k
     try:
         hits = await _memories(request).search(request[USER], body.content, k)

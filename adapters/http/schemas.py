@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -67,6 +67,21 @@ async def read_json(request: web.Request) -> Any:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
+
+
+Body = TypeVar("Body", bound=BaseModel)
+
+
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    """The JSON object body validated as ``model``, or a 400 naming the field."""
+    body: Any = await read_json(request)
+    if not isinstance(body, dict):
+        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
+    try:
+        return model.model_validate(body)
+    except ValidationError as exc:
+        message, param = validation_message(exc)
+        raise ApiError(400, message, code="invalid_value", param=param) from exc
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
