@@ -49,9 +49,12 @@ async def post_fork(request: web.Request) -> web.Response:
     if parent is None or parent.user_id != request[USER]:
         raise not_found("turn")
     body = parse_fork_request(await read_json(request))
-    if body.model is not None and await svc.catalog.resolve(body.model) is None:
+    # The model the fork calls: the one asked for, else the parent's.
+    model = body.model or parent.model
+    if await svc.catalog.resolve(model) is None:
+        whose = "" if body.model else " (the parent's; name another with 'model')"
         hint = "GET /v1/models lists the models of the configured upstreams"
-        raise ApiError(404, f"model '{body.model}' not found: {hint}", "not_found_error", "model_not_found", "model")
+        raise ApiError(404, f"model '{model}'{whose} not found: {hint}", "not_found_error", "model_not_found", "model")
     try:
         actor = await svc.supervisor.fork(parent.id, at=body.at, model=body.model, tool_results=body.outputs())
     except KeyError as exc:
