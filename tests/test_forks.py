@@ -9,14 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
+from adapters.cli import scratch_store
+from engine.events import Event
+from engine.run.verify import VerifyResult, verify_turn
 from tests.harness import UPSTREAM_KEY, Service, make_settings, start_service, stop_service
 from tests.oracle import check_stream_against_log, read_stream
+from tests.processes import Server, cli, get_json, wait_for
 from tests.test_cli import turnlog
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
@@ -103,7 +109,16 @@ def check_copied(fork_events: list[dict[str, Any]], parent_events: list[dict[str
             assert mine["data"] == theirs["data"], mine["type"]
 
 
-async def test_fork_at_the_second_batch_with_a_substituted_output(agent: Service) -> None:
+async def verify_events(events: list[Event], folder: Path) -> VerifyResult:
+    folder.mkdir()
+    scratch = await scratch_store(str(folder))
+    try:
+        return await verify_turn(events, scratch)
+    finally:
+        await scratch.close()
+
+
+async def test_fork_at_the_second_batch_with_a_substituted_output(agent: Service, tmp_path: Path) -> None:
     up = agent.upstream
     parent_id = await three_round_turn(agent)
     parent_events = await agent.events(parent_id)
@@ -145,6 +160,17 @@ async def test_fork_at_the_second_batch_with_a_substituted_output(agent: Service
     # The parent is untouched, byte for byte.
     assert await raw_events(agent, parent_id) == parent_raw
     assert await agent.turn(parent_id) == parent_view
+
+    # The fork verifies from its own log (the teardown verifies it too), and a
+    # forged substituted output does not: the re-run records what turn.forked says.
+    stored = await agent.services.store.read(fork_id)
+    assert (await verify_events(stored, tmp_path / "verify-ok")).ok
+    forged = [
+        e.model_copy(update={"data": {**e.data, "output": "41"}}) if e.type == "tool.completed" and e.data.get("substituted") else e
+        for e in stored
+    ]
+    result = await verify_events(forged, tmp_path / "verify-forged")
+    assert not result.ok and any('"41"' in line for line in result.diff), result.diff
 
     # A fork of the fork, at its last model request, with another model: the
     # substitution it inherits is in its log (and re-made when it is verified).
@@ -319,3 +345,76 @@ async def test_turnlog_fork_command(service: Service, tmp_path: Path) -> None:
     missing = await asyncio.to_thread(turnlog, db, "fork", "turn_nope", "--at", "2", **env)
     assert missing.returncode == 1 and "no turn turn_nope" in missing.stderr
     assert await raw_events(service, parent_id) == parent_raw
+
+
+async def test_forks_of_a_turn_that_was_resumed_after_a_crash(
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent whose log holds a kill -9 and the resume after it: a fork copying
+    that part verifies (the crash is replayed where its log shows it), and a fork
+    before it can give the interrupted call's result instead of running it."""
+    tool_log = tmp_path / "tool.log"
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tool_log))
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_SLEEP", "30")
+    monkeypatch.setenv("TURNLOG_TOOLS_DIR", str(write_tools(tmp_path / "tools")))
+    upstream.enqueue(
+        Reply(tool_calls=[{"name": "send_email", "arguments": {"to": "bob@example.com"}, "id": "call_x"}], finish_reason="tool_calls"),
+        Reply(text="It could not be sent."),
+    )
+    db = tmp_path / "turnlog.db"
+    first = Server(db, upstream.url, auto_resume=True)
+    try:
+        await first.ready(http)
+        body = {"model": "gpt-test", "messages": [{"role": "user", "content": "mail bob"}], "tool_ids": ["mail"]}
+        pending = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json=body))
+        deadline = time.monotonic() + 20
+        while not (tool_log.exists() and tool_log.read_text()):  # the tool runs: kill the process now
+            assert time.monotonic() < deadline, "the tool never started"
+            await asyncio.sleep(0.05)
+        first.kill9()
+        with pytest.raises(aiohttp.ClientError):
+            await pending
+    finally:
+        first.stop()
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_SLEEP", "0")
+    second = Server(db, upstream.url, auto_resume=True)
+    try:
+        await second.ready(http)
+        parent_id = cli(db, "turns", "list").stdout.splitlines()[1].split()[0]
+        turns = f"{second.url}/v1/turns"
+        await wait_for(http, f"{turns}/{parent_id}", lambda v: v["status"] == "completed")
+        events = (await get_json(http, f"{turns}/{parent_id}/events?limit=10000"))["events"]
+        types = [e["type"] for e in events]
+        assert types.index("tool.started") < types.index("turn.interrupted") < types.index("turn.resumed") < types.index("tool.completed")
+        parent_raw = json.dumps(events, sort_keys=True)
+
+        # After the crash: the copy holds it; the other model answers.
+        at = seqs_of(events, "model.requested")[-1]
+        upstream.enqueue(Reply(text="the other model's take"))
+        async with http.post(f"{turns}/{parent_id}/fork", json={"at": at, "model": "gpt-other"}) as resp:
+            assert resp.status == 201, await resp.text()
+            after_crash = (await resp.json())["turn_id"]
+        view = await wait_for(http, f"{turns}/{after_crash}", lambda v: v["status"] == "completed")
+        assert view["content"] == "the other model's take"
+        assert upstream.requests[-1]["model"] == "gpt-other" and upstream.requests[-1]["messages"] == upstream.requests[1]["messages"]
+        copied = [e["type"] for e in (await get_json(http, f"{turns}/{after_crash}/events?limit=10000"))["events"]]
+        assert copied[1:at] == types[: at - 1] and "turn.resumed" in copied[1:at]
+
+        # Before the crash, at the batch: the mail is not sent again, its result is given.
+        batch = seqs_of(events, "tools.batch")[0]
+        upstream.enqueue(Reply(text="Sent, then."))
+        async with http.post(f"{turns}/{parent_id}/fork", json={"at": batch, "tool_results": {"call_x": "sent to bob@example.com"}}) as resp:
+            assert resp.status == 201, await resp.text()
+            before_crash = (await resp.json())["turn_id"]
+        view = await wait_for(http, f"{turns}/{before_crash}", lambda v: v["status"] == "completed")
+        assert view["content"] == "Sent, then."
+        tool_messages = [m for m in upstream.requests[-1]["messages"] if m["role"] == "tool"]
+        assert tool_messages == [{"role": "tool", "tool_call_id": "call_x", "content": "sent to bob@example.com"}]
+        assert tool_log.read_text().splitlines() == ["send_email"], "only the parent's first process ran it"
+
+        for turn_id in (parent_id, after_crash, before_crash):
+            verified = cli(db, "verify", turn_id)
+            assert verified.returncode == 0, verified.stderr
+        assert json.dumps((await get_json(http, f"{turns}/{parent_id}/events?limit=10000"))["events"], sort_keys=True) == parent_raw
+    finally:
+        second.stop()
