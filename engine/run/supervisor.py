@@ -285,21 +285,22 @@ class Supervisor:
         ``KeyError``: no such turn; ``TurnConflict``: the parent has not ended
         (its log may still change); ``ForkError``: ``at`` or ``tool_results``
         do not name a point the fork can start from."""
-        record = await self.store.get_turn(parent_id)
-        if record is None:
+        parent = await self.store.get_turn(parent_id)
+        if parent is None:
             raise KeyError(parent_id)
-        if parent_id in self.actors or record.status not in TERMINAL_STATUSES:
-            raise TurnConflict(f"turn {parent_id} is {record.status}: only a turn that has ended can be forked")
-        parent = await self.store.read(parent_id)
+        if parent_id in self.actors or parent.status not in TERMINAL_STATUSES:
+            raise TurnConflict(f"turn {parent_id} is {parent.status}: only a turn that has ended can be forked")
         turn_id, chat_id = new_id("turn"), new_id("chat")
-        events = fork_log(parent, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results)
+        events = fork_log(
+            await self.store.read(parent_id), at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results
+        )
         folded = Folded.of(turn_id, events)
         now = events[0].at
         record = TurnRecord(
             id=turn_id,
             chat_id=chat_id,
-            user_id=folded.view.user_id or record.user_id,
-            model=folded.view.model or record.model,
+            user_id=folded.view.user_id or parent.user_id,
+            model=folded.view.model or parent.model,
             status="running",
             created_at=now,
             updated_at=now,
