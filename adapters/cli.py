@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
 
+from adapters import fork_cli
 from adapters.config import Settings, load_settings
 from adapters.store import open_store
 from adapters.store.migrate import migrate
@@ -339,6 +340,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("turn_id")
     verify.add_argument("--json", action="store_true", help="one JSON document: ok, event counts, diff")
     verify.set_defaults(fn=cmd_verify)
+
+    fork_cli.register(sub)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)

@@ -43,6 +43,26 @@ class EventData(BaseModel):
 # --- lifecycle -------------------------------------------------------------
 
 
+class TurnForked(EventData):
+    """The first event of a fork: a new turn that continues another turn's log.
+
+    The events that follow, up to the live part, are the parent's events
+    ``1..at-1`` copied into this turn (re-sequenced, stream positions
+    re-based): the fork's log is complete on its own. From event ``at`` on,
+    the fork runs live: with ``model`` (None: the parent's) and, for the calls
+    of the batch recorded at ``at`` named in ``tool_results``, those outputs
+    recorded in place of running the calls. ``tool_results`` also carries the
+    substitutions of the parent (itself a fork) that the copied events hold,
+    so that a re-run of this log substitutes them again.
+    """
+
+    TYPE: ClassVar[str] = "turn.forked"
+    parent_turn_id: str
+    at: int
+    model: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    tool_results: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+
+
 class TurnStarted(EventData):
     TYPE: ClassVar[str] = "turn.started"
     chat_id: str
@@ -193,6 +213,9 @@ class ToolCompleted(EventData):
     images: list[str] = Field(default_factory=list)
     sources: list[dict[str, Any]] = Field(default_factory=list)
     error: str | None = None
+    # The output was given when the turn was forked (``turn.forked``'s
+    # ``tool_results``): recorded in place of running the call.
+    substituted: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class ContextReinjected(EventData):
@@ -305,6 +328,7 @@ class TurnResumed(EventData):
 EVENT_TYPES: dict[str, type[EventData]] = {
     cls.TYPE: cls
     for cls in (
+        TurnForked,
         TurnStarted,
         AssemblyStep,
         AssemblyCompleted,

@@ -26,6 +26,8 @@ STATES = ["new", *ACTIVE, *TERMINAL]
 
 # (event type, sources, destination); destination None = internal (no state change).
 TRANSITIONS: list[tuple[str, list[str], str | None]] = [
+    # A fork's first event, before its copy of the parent's turn.started.
+    ("turn.forked", ["new"], None),
     ("turn.started", ["new"], "assembling"),
     ("assembly.step", ["assembling"], None),
     ("assembly.completed", ["assembling"], None),

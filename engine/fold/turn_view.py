@@ -148,6 +148,10 @@ class TurnView:
         self.warnings: list[str] = []
         self.created_at: float | None = None
         self.updated_at: float | None = None
+        # A fork (``turn.forked``): the turn it continues and the parent's seq
+        # it diverged at.
+        self.parent_turn_id: str | None = None
+        self.forked_at: int | None = None
         # The messages this turn adds to its chat (the new user message, tool results...).
         self.new_messages: list[dict[str, Any]] = []
         self.history_reset = False  # the chat's history restarts at this turn
@@ -231,7 +235,8 @@ class TurnView:
             return self._fold_delta(data)
         self._durable_before = self.pos.last_event
         self.pos.take()
-        if event.type == "turn.started":
+        if event.type == "turn.forked" or (event.type == "turn.started" and self.parent_turn_id is None):
+            # A fork was created when it was forked, not when its parent started.
             self.created_at = event.at
         handler = _HANDLERS.get(event.type)
         out = (handler(self, data) or []) if handler is not None else []
@@ -241,6 +246,10 @@ class TurnView:
         return out
 
     # -- handlers, one per event type ------------------------------------------------
+
+    def _on_forked(self, data: dict[str, Any]) -> None:
+        self.parent_turn_id = data["parent_turn_id"]
+        self.forked_at = data["at"]
 
     def _on_started(self, data: dict[str, Any]) -> None:
         self.chat_id = data["chat_id"]
@@ -527,6 +536,9 @@ class TurnView:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+        if self.parent_turn_id is not None:
+            view["parent_turn_id"] = self.parent_turn_id
+            view["forked_at"] = self.forked_at
         if self.sources:
             view["sources"] = self.sources
         if self.title is not None:
@@ -539,6 +551,7 @@ class TurnView:
 
 
 _HANDLERS: dict[str, Handler] = {
+    "turn.forked": TurnView._on_forked,
     "turn.started": TurnView._on_started,
     "assembly.completed": TurnView._on_assembled,
     "model.requested": TurnView._on_model_requested,

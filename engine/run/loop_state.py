@@ -51,6 +51,9 @@ class LoopState:
         # Background tasks: started (None: not yet), and those with a result.
         self.background: list[str] | None = None
         self.background_done: set[str] = set()
+        # A fork's tool outputs given in place of running those calls
+        # (``turn.forked``), until each is recorded.
+        self.substitutes: dict[str, str] = {}
 
     @property
     def background_pending(self) -> list[str]:
@@ -67,6 +70,9 @@ class LoopState:
             handler(self, event)
 
     # -- handlers -----------------------------------------------------------------
+
+    def _on_forked(self, event: Event) -> None:
+        self.substitutes = dict(event.data.get("tool_results") or {})
 
     def _on_started(self, event: Event) -> None:
         d = event.data
@@ -125,6 +131,8 @@ class LoopState:
         self.round_citations.extend(sources)
         call_id = event.data["call_id"]
         self.done.add(call_id)
+        if event.data.get("substituted"):
+            self.substitutes.pop(call_id, None)
         if self.started.get(call_id, {}).get("kind") == "code":
             self.code_runs += 1
 
@@ -154,6 +162,7 @@ class LoopState:
 
 
 _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
+    "turn.forked": LoopState._on_forked,
     "turn.started": LoopState._on_started,
     "assembly.step": LoopState._on_assembly_step,
     "assembly.completed": LoopState._on_assembled,

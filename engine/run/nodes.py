@@ -314,6 +314,11 @@ class RunTools:
             call_id, name = call["call_id"], call["name"]
             if call_id in done:
                 continue  # its result is on the log: never run it again
+            if call_id in state.substitutes:
+                # A fork was given this call's output: recorded, not run.
+                output = state.substitutes[call_id]
+                started.append(ToolCompleted(call_id=call_id, name=name, output=output, substituted=True))
+                continue
             attempt = 1
             if call_id in started_before:
                 previous = started_before[call_id]

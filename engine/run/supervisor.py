@@ -13,7 +13,7 @@ import logging
 import secrets
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +48,7 @@ from engine.protocols.client import LiveModelClient
 from engine.run.actor import TurnActor, index_update
 from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
+from engine.run.fork import fork_log
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
 from engine.settings import EngineSettings
@@ -273,6 +274,40 @@ class Supervisor:
         )
         fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
         return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
+
+    async def fork(
+        self, parent_id: str, *, at: int, model: str | None = None, tool_results: Mapping[str, str] | None = None
+    ) -> TurnActor:
+        """A new turn in a new chat that continues ``parent_id``'s log from its
+        event ``at`` (``engine.run.fork``): its first events are written at once,
+        then it runs as a resumed turn does, from where its log ends.
+
+        ``KeyError``: no such turn; ``TurnConflict``: the parent has not ended
+        (its log may still change); ``ForkError``: ``at`` or ``tool_results``
+        do not name a point the fork can start from."""
+        parent = await self.store.get_turn(parent_id)
+        if parent is None:
+            raise KeyError(parent_id)
+        if parent_id in self.actors or parent.status not in TERMINAL_STATUSES:
+            raise TurnConflict(f"turn {parent_id} is {parent.status}: only a turn that has ended can be forked")
+        turn_id, chat_id = new_id("turn"), new_id("chat")
+        events = fork_log(
+            await self.store.read(parent_id), at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results
+        )
+        folded = Folded.of(turn_id, events)
+        now = events[0].at
+        record = TurnRecord(
+            id=turn_id,
+            chat_id=chat_id,
+            user_id=folded.view.user_id or parent.user_id,
+            model=folded.view.model or parent.model,
+            status="running",
+            created_at=now,
+            updated_at=now,
+            owner=self.owner,
+        )
+        fencing = await self.store.start_turn(record, events, lease_seconds=self.settings.lease_seconds)
+        return self._spawn(folded, fencing, resume=False)
 
     def join(self, turn_id: str, *, runs_tools: bool = False) -> Joined:
         """Follow a turn: the subscription, the open window and the history are

@@ -421,14 +421,18 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
 
 
 class _RecordedModels:
-    """Every model resolves, to the API the log shows it used, with no upstream."""
+    """Every model resolves, with no upstream, to the API the log shows its
+    request used (in order: a fork's model may speak another API than the
+    parent's model of the requests it copied)."""
 
     def __init__(self, events: list[Event]) -> None:
-        apis: list[ModelApi] = [e.data.get("api", "chat") for e in events if e.type == "model.requested"]
-        self.api: ModelApi = apis[0] if apis else "chat"
+        self.apis: list[ModelApi] = [e.data.get("api", "chat") for e in events if e.type == "model.requested"] or ["chat"]
+        self.calls = 0
 
     async def resolve(self, model: str) -> ResolvedModel | None:
-        return ResolvedModel(provider=None, upstream_model=model, api=self.api)
+        api = self.apis[min(self.calls, len(self.apis) - 1)]
+        self.calls += 1
+        return ResolvedModel(provider=None, upstream_model=model, api=api)
 
     async def list_models(self) -> list[dict[str, Any]]:
         return []
@@ -443,11 +447,14 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     ``scratch`` must be an empty-enough store (turn ids are unique, so one
     scratch store can verify many turns).
     """
-    if not events or events[0].type != "turn.started":
-        return VerifyResult(False, [], [], ["the log does not start with turn.started"])
+    # A fork's log starts with turn.forked and its copy of turn.started: both
+    # are given (what the re-run starts from), the rest is re-run.
+    head = 2 if events and events[0].type == "turn.forked" else 1
+    if len(events) < head or events[head - 1].type != "turn.started":
+        return VerifyResult(False, [], [], ["the log does not start with turn.started (or turn.forked, then turn.started)"])
     turn_id = events[0].turn_id
     script = _Script(events)
-    started = events[0]
+    started = events[head - 1]
     stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(
         e.type == "model.fallback" for e in events
     )
@@ -464,7 +471,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         id=turn_id, chat_id=started.data["chat_id"], user_id=started.data["user_id"], model=started.data["model"],
         status="running", created_at=started.at, updated_at=started.at, owner="verify",
     )
-    fencing = await scratch.start_turn(record, [started], lease_seconds=3600)
+    fencing = await scratch.start_turn(record, events[:head], lease_seconds=3600)
     tool_runner = RecordedToolRunner(script)
     bus = _CommitBus(tool_runner.committed)
     ports = TurnPorts(
@@ -484,7 +491,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
             view=folded.view, state=folded.state, fencing=token, store=scratch, bus=bus, ports=ports, settings=settings, owner="verify"
         )
 
-    actor = make_actor(Folded.of(turn_id, [started]), fencing)
+    actor = make_actor(Folded.of(turn_id, events[:head]), fencing)
     external: asyncio.Queue[Event] = asyncio.Queue()
     script.on_external = external.put_nowait
     actor.start()
