@@ -146,6 +146,16 @@ def screenshot(driver: Any, request: pytest.FixtureRequest, name: str, width: in
     return path
 
 
+def unlabelled_controls(driver: Any) -> list[str]:
+    """Form controls and buttons without an accessible name (a label, aria-label or text)."""
+    return list(driver.execute_script("""
+        return [...document.querySelectorAll('input, select, button, a[href]')]
+          .filter(el => el.offsetParent !== null || el.type === 'range')
+          .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
+          .map(el => el.outerHTML.slice(0, 120));
+    """))
+
+
 def only_local_resources(driver: Any, base: str) -> None:
     """Everything the page loaded came from turnlog itself."""
     urls = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
@@ -256,6 +266,7 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
         Select(css(driver, "#f-model")).select_by_value("")
         wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 3)
         only_local_resources(driver, svc.url)
+        assert not unlabelled_controls(driver)
         # open the tool turn from the list, by keyboard
         link = [r for r in all_css(driver, "#turns-table tbody tr") if turn_id in r.get_attribute("textContent")][0]
         link.find_element("css selector", "a.turn-link").send_keys(Keys.ENTER)
@@ -327,6 +338,7 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
         assert "does not prove the model" in text_of(driver, "#main")  # what verify proves, in plain words
         screenshot(driver, request, "turn-verify", 1280)
         only_local_resources(driver, svc.url)
+        assert not unlabelled_controls(driver)
 
     await browse(the_turn, browser)
 
@@ -463,7 +475,7 @@ async def long_service(tmp_path: Path, upstream: ScriptedUpstream, database_url:
     try:
         yield svc
     finally:
-        await stop_service(svc, verify=False)
+        await stop_service(svc)
 
 
 @pytest.mark.sqlite_only

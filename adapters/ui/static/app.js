@@ -72,6 +72,13 @@ function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false && c !== ""));
 }
 
+// Links only to web pages and turnlog's own paths (never javascript: and the like).
+function safeUrl(url) {
+  if (typeof url !== "string") return null;
+  if (/^https?:\/\//i.test(url) || /^\/v1\//.test(url)) return url;
+  return null;
+}
+
 function badge(status) {
   return h("span", { class: `badge s-${status}` }, status);
 }
@@ -441,7 +448,7 @@ async function turnPage(turnId) {
 
     const sources = v.sources || [];
     fill(q("#sources"), sources.length ? h("ol", { class: "sources" }, sources.map((src) => h("li", {},
-      h("strong", {}, `[${src.id}] `), src.url ? h("a", { href: src.url, rel: "noopener noreferrer" }, src.name || src.url) : (src.name || ""),
+      h("strong", {}, `[${src.id}] `), safeUrl(src.url) ? h("a", { href: safeUrl(src.url), rel: "noopener noreferrer" }, src.name || src.url) : (src.name || src.url || ""),
       h("span", { class: "muted" }, ` · ${src.type || ""}`)))) : h("p", { class: "empty" }, "No sources."));
 
     fill(q("#requests"), s.requests.length ? h("ol", { class: "requests" }, s.requests.map((r) => h("li", {},
