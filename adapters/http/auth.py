@@ -15,7 +15,9 @@ from adapters.http.errors import ApiError
 
 LOCAL_USER = "local"
 USER = web.RequestKey("turnlog_user", str)
-OPEN_PATHS = frozenset({"/healthz"})
+OPEN_PATHS = frozenset({"/healthz", "/ui"})
+# The inspector's page and its static files (the page sends a key on its API calls).
+OPEN_PREFIX = "/ui/"
 
 
 def bearer_token(request: web.Request) -> str | None:
@@ -31,7 +33,7 @@ def bearer_token(request: web.Request) -> str | None:
 def auth_middleware(enabled: bool, lookup: Any) -> Any:
     @web.middleware
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
-        if not enabled or request.path in OPEN_PATHS:
+        if not enabled or request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIX):
             request[USER] = LOCAL_USER
             return await handler(request)
         token = bearer_token(request)

@@ -1,0 +1,1 @@
+"""The inspector's static page (served by adapters.http.ui_routes)."""

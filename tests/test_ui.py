@@ -1,0 +1,579 @@
+"""The inspector (``/ui/``) in a real headless browser: Debian's ``chromium``
+driven by ``chromedriver`` through selenium, against the real service and the
+scripted upstream.
+
+The service runs on this test's event loop, so every browser step (blocking
+WebDriver calls) runs in a worker thread (``await browse(...)``) while the loop
+keeps serving the page's requests. Waits are WebDriverWait conditions.
+
+Without chromium the tests are skipped, unless ``CI`` is set: then a missing
+browser is a failure (``.ci/run`` installs it). Screenshots go to
+``bench-artifacts/ui/`` (``TURNLOG_UI_ARTIFACTS`` to change it); their paths
+are printed in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import aiohttp
+import pytest
+
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.tools_fixtures import write_tools
+from tests.upstream import Reply, ScriptedUpstream
+
+T = TypeVar("T")
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = Path(os.environ.get("TURNLOG_UI_ARTIFACTS") or ROOT / "bench-artifacts" / "ui")
+USER = [{"role": "user", "content": "Add some numbers for me"}]
+ANSWER = "The first sum is 5, the second is 42, and the third tool call failed. That is all I could do for you today."
+WAIT = 15  # seconds: a WebDriverWait's limit (never reached when the page works)
+
+
+# ---------------------------------------------------------------- the browser
+
+
+def _browser_paths() -> tuple[str, str] | None:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    driver = shutil.which("chromedriver")
+    return (chromium, driver) if chromium and driver else None
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    paths = _browser_paths()
+    if paths is None:
+        reason = "chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver)"
+        if os.environ.get("CI"):
+            pytest.fail(f"CI: {reason}")
+        pytest.skip(reason)
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service as DriverService
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("CI: selenium is not installed (the test extra has it)")
+        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+    chromium, chromedriver = paths
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900",
+                "--no-first-run", "--disable-extensions", "--disable-background-networking", "--hide-scrollbars"):
+        options.add_argument(arg)
+    # An explicit driver path: Selenium Manager never looks for (or downloads) one.
+    driver = webdriver.Chrome(options=options, service=DriverService(executable_path=chromedriver))
+    driver.set_page_load_timeout(30)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+async def browse(fn: Callable[..., T], *args: Any) -> T:
+    """Run blocking browser steps off the loop (which serves the page meanwhile)."""
+    return await asyncio.to_thread(fn, *args)
+
+
+def wait(driver: Any, condition: Callable[[Any], Any], message: str | Callable[[], str] = "") -> Any:
+    from selenium.common.exceptions import TimeoutException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    try:
+        return WebDriverWait(driver, WAIT, poll_frequency=0.05).until(condition)
+    except TimeoutException as exc:
+        raise AssertionError(f"waited {WAIT} s for: {message() if callable(message) else message}") from exc
+
+
+def css(driver: Any, selector: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector)
+
+
+def all_css(driver: Any, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def text_of(driver: Any, selector: str) -> str:
+    found = texts(driver, selector)
+    return found[0] if found else ""
+
+
+def texts(driver: Any, selector: str) -> list[str]:
+    """The text of every match, read in one script (no stale element between finding and reading)."""
+    return list(driver.execute_script("return [...document.querySelectorAll(arguments[0])].map(e => e.textContent)", selector))
+
+
+def log_line(request: pytest.FixtureRequest, line: str) -> None:
+    """A line in the test log, whatever the capture mode."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        print(line)
+        return
+    with capture.global_and_fixture_disabled():
+        print(line)
+
+
+def shows(selector: str, needle: str = "") -> Callable[[Any], bool]:
+    return lambda d: needle in text_of(d, selector) and bool(all_css(d, selector))
+
+
+def screenshot(driver: Any, request: pytest.FixtureRequest, name: str, width: int, at: str | None = None) -> Path:
+    """A PNG at this width (the whole page, or one screen from the element
+    ``at``); its path is printed in the test log."""
+    driver.set_window_size(width, 900)
+    if at is not None:
+        driver.execute_script("document.querySelector(arguments[0]).scrollIntoView()", at)
+    else:
+        height = int(driver.execute_script("window.scrollTo(0, 0); return Math.max(document.body.scrollHeight, 900)"))
+        # a phone: its first screens; a desktop: the whole page
+        driver.set_window_size(width, min(height + 120, 1800 if width < 600 else 5000))
+        driver.execute_script("window.scrollTo(0, 0)")
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}-{width}.png"
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1280, 900)
+    log_line(request, f"inspector screenshot: {path}")
+    return path
+
+
+def unlabelled_controls(driver: Any) -> list[str]:
+    """Form controls and buttons without an accessible name (a label, aria-label or text)."""
+    return list(driver.execute_script("""
+        return [...document.querySelectorAll('input, select, button, a[href]')]
+          .filter(el => el.offsetParent !== null || el.type === 'range')
+          .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
+          .map(el => el.outerHTML.slice(0, 120));
+    """))
+
+
+def only_local_resources(driver: Any, base: str) -> None:
+    """Everything the page loaded came from turnlog itself."""
+    urls = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
+    foreign = [u for u in urls if not u.startswith(base) and not u.startswith("data:")]
+    assert not foreign, f"the page loaded from elsewhere: {foreign}"
+
+
+# ---------------------------------------------------------------- the service
+
+
+@pytest.fixture
+async def tools_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    tools = write_tools(tmp_path / "tools")
+    settings = make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=2.0, database_url=database_url, flush_max_chunks=2)
+    svc = await start_service(settings, upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+def call(name: str, arguments: object, id: str) -> dict[str, Any]:
+    return {"name": name, "arguments": arguments, "id": id}
+
+
+async def tool_turn(service: Service) -> str:
+    """Three model calls: two tool rounds (one call failing), then the answer."""
+    service.upstream.enqueue(
+        Reply(tool_calls=[call("add", {"a": 2, "b": 3}, "call_add1")], finish_reason="tool_calls"),
+        Reply(tool_calls=[call("add", {"a": 20, "b": 22}, "call_add2"), call("explode", {"reason": "on purpose"}, "call_boom")], finish_reason="tool_calls"),
+        Reply(text=ANSWER, chunk_size=4),
+    )
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    return headers["X-Turn-Id"]
+
+
+async def start_running(service: Service, text: str, pause_after: int) -> tuple[str, asyncio.Task[str]]:
+    """A streamed turn held open by the upstream (paused after ``pause_after``
+    chunks, until ``upstream.release()``); the task reads its stream to the end."""
+    service.upstream.enqueue(Reply(text=text, chunk_size=4, pause_after=pause_after))
+    response = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+    turn_id = response.headers["X-Turn-Id"]
+
+    async def read() -> str:
+        async with response:
+            return await response.text()
+
+    task = asyncio.create_task(read())
+    await asyncio.wait_for(service.upstream.paused.wait(), 10)
+    # the text before the pause is in the log (a delta window is flushed within flush_interval)
+    for _ in range(500):
+        if any(e["type"] == "model.delta" for e in await service.events(turn_id)):
+            break
+        await asyncio.sleep(0.01)
+    return turn_id, task
+
+
+# ---------------------------------------------------------------- tests
+
+
+async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
+    tools_service: Service, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select
+
+    svc = tools_service
+    turn_id = await tool_turn(svc)
+    svc.upstream.enqueue(Reply(text="plain"))
+    status, _, headers = await svc.post("/v1/chat/completions", {"model": "gpt-other", "messages": USER})
+    assert status == 200
+    other_id = headers["X-Turn-Id"]
+    svc.upstream.enqueue(Reply(status=500, error_message="upstream on fire"))
+    status, _, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 502
+    failed_id = headers["X-Turn-Id"]
+    events = await svc.events(turn_id)
+    view = await svc.turn(turn_id)
+    assert view["content"] == ANSWER
+    deltas = [e["seq"] for e in events if e["type"] == "model.delta"]
+    assert len(deltas) >= 4, "the answer should be several delta windows"
+    middle = deltas[len(deltas) // 2]
+    verify_status = (await svc.get(f"/v1/turns/{turn_id}/verify"))[0]
+    receipt_status = (await svc.get(f"/v1/turns/{turn_id}/receipt"))[0]
+
+    def the_list(driver: Any) -> None:
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 3, "the three turns are listed")
+        rows = texts(driver, "#turns-table tbody tr")
+        # newest first
+        assert failed_id in rows[0] and other_id in rows[1] and turn_id in rows[2], rows
+        assert "failed" in rows[0] and "gpt-other" in rows[1]
+        assert len(all_css(driver, "#chats-list li")) == 3
+        screenshot(driver, request, "list", 1280)
+        screenshot(driver, request, "list", 390)
+        # filter by status, then by model (the filter is in the URL: a reload keeps it)
+        Select(css(driver, "#f-status")).select_by_value("failed")
+        wait(driver, lambda d: texts(d, "#turns-table tbody tr") == [t for t in texts(d, "#turns-table tbody tr") if failed_id in t] != [],
+             "the failed turn only")
+        assert "status=failed" in driver.current_url
+        Select(css(driver, "#f-status")).select_by_value("")
+        wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 3)
+        wait(driver, lambda d: len(texts(d, "#f-model option")) == 3, lambda: f"the models in use are offered: {texts(driver, '#f-model option')}")
+        Select(css(driver, "#f-model")).select_by_value("gpt-other")
+        wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 1 and other_id in text_of(d, "#turns-table tbody"))
+        Select(css(driver, "#f-model")).select_by_value("")
+        wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 3)
+        only_local_resources(driver, svc.url)
+        assert not unlabelled_controls(driver)
+        # open the tool turn from the list, by keyboard
+        link = [r for r in all_css(driver, "#turns-table tbody tr") if turn_id in r.get_attribute("textContent")][0]
+        link.find_element("css selector", "a.turn-link").send_keys(Keys.ENTER)
+        wait(driver, lambda d: d.current_url.endswith(f"/ui/turns/{turn_id}"))
+
+    await browse(the_list, browser)
+
+    def the_turn(driver: Any) -> None:
+        wait(driver, shows("#answer-text", ANSWER), "the answer")
+        tools = all_css(driver, "#tool-list > li")
+        assert len(tools) == 3
+        first = tools[0].get_attribute("textContent")
+        assert "add" in first and "completed" in first
+        assert json.loads(tools[0].find_element("css selector", ".tool-args").get_attribute("textContent")) == {"a": 2, "b": 3}
+        assert tools[0].find_element("css selector", ".tool-result").get_attribute("textContent") == "5"
+        assert tools[1].find_element("css selector", ".tool-result").get_attribute("textContent") == "42"
+        boom = tools[2].get_attribute("textContent")
+        assert "explode" in boom and "failed" in boom and "kaboom: on purpose" in boom
+        assert " ms" in first  # its duration
+        # the failure stands out, on top and in the timeline
+        assert "kaboom: on purpose" in text_of(driver, "#problem-list")
+        assert all_css(driver, "#timeline li.ev.bad[data-type='tool.completed']")
+        assert text_of(driver, "#iterations") == "3"
+        # the timeline: every event, with its seq, type and the state after it
+        rows = all_css(driver, "#timeline > li")
+        assert [int(r.get_attribute("data-seq")) for r in rows] == [e["seq"] for e in events]
+        assert rows[-1].get_attribute("data-type") == "turn.completed"
+        assert "done" in rows[-1].find_element("css selector", ".ev-state").get_attribute("textContent")
+        # a model request shows the messages it sent, as text
+        second = [r for r in rows if r.get_attribute("data-type") == "model.requested"][1]
+        second.find_element("css selector", "summary").send_keys(Keys.ENTER)
+        wait(driver, lambda d: "Add some numbers for me" in second.find_element("css selector", ".ev-detail").get_attribute("textContent"))
+        detail = second.find_element("css selector", ".ev-detail").get_attribute("textContent")
+        assert "call_add1" in detail and "tool" in detail
+        screenshot(driver, request, "turn", 1280)
+        screenshot(driver, request, "turn", 390)
+        screenshot(driver, request, "turn-timeline", 390, at="#timeline-h")
+
+        # scrub to the middle of the answer: a prefix of it
+        driver.execute_script(
+            "const s = document.getElementById('replay-seq'); s.value = arguments[0]; s.dispatchEvent(new Event('input'));", middle
+        )
+        wait(driver, lambda d: css(d, "#replay-text").get_attribute("data-seq") == str(middle), "the replay at the middle seq")
+        prefix = css(driver, "#replay-text").get_attribute("textContent")
+        assert prefix and ANSWER.startswith(prefix) and len(prefix) < len(ANSWER), prefix
+        # one step back by keyboard: a shorter (or equal) prefix
+        css(driver, "#replay-seq").send_keys(Keys.ARROW_LEFT)
+        wait(driver, lambda d: css(d, "#replay-text").get_attribute("data-seq") == str(middle - 1))
+        assert ANSWER.startswith(css(driver, "#replay-text").get_attribute("textContent"))
+        assert len(css(driver, "#replay-text").get_attribute("textContent")) <= len(prefix)
+        css(driver, "#replay-seq").send_keys(Keys.END)
+        wait(driver, lambda d: css(d, "#replay-text").get_attribute("textContent") == ANSWER, "the whole answer at the end")
+
+        # verify and receipt: the result, or a clear "not available" where the server has none
+        css(driver, "#verify-btn").click()
+        wait(driver, lambda d: all_css(d, "#verify-result"))
+        css(driver, "#receipt-btn").click()
+        wait(driver, lambda d: all_css(d, "#receipt-result"))
+        verify_state = css(driver, "#verify-result").get_attribute("data-state")
+        receipt_state = css(driver, "#receipt-result").get_attribute("data-state")
+        if verify_status == 404:
+            assert verify_state == "unavailable" and "Not available" in text_of(driver, "#verify-result")
+        else:
+            assert verify_state == "ok", text_of(driver, "#verify")
+        if receipt_status == 404:
+            assert receipt_state == "unavailable" and "Not available" in text_of(driver, "#receipt-result")
+        else:
+            assert receipt_state == "ok" and "Head" in text_of(driver, "#receipt-result")
+        assert "does not prove the model" in text_of(driver, "#main")  # what verify proves, in plain words
+        screenshot(driver, request, "turn-verify", 1280)
+        only_local_resources(driver, svc.url)
+        assert not unlabelled_controls(driver)
+
+    await browse(the_turn, browser)
+
+
+@pytest.mark.sqlite_only
+async def test_a_running_turn_grows_live_then_another_is_cancelled_from_the_page(
+    tools_service: Service, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    svc = tools_service
+    text = "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten. Done."
+    turn_id, reader = await start_running(svc, text, pause_after=5)
+    before = (await svc.turn(turn_id))["content"]
+    assert before and text.startswith(before) and before != text
+
+    def open_running(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, shows("#answer-text", before), "the text so far")
+        assert "running" in text_of(driver, "#turn-facts")
+        assert css(driver, "#cancel-btn").is_displayed()
+        wait(driver, shows("#live", "Following live"))
+        driver.execute_script("window.__same_page = true")
+        screenshot(driver, request, "turn-running", 1280)
+
+    await browse(open_running, browser)
+    count = len(await svc.events(turn_id))
+    svc.upstream.release()
+
+    def grows(driver: Any) -> None:
+        wait(driver, lambda d: text_of(d, "#answer-text") == text, "the rest of the answer, live")
+        wait(driver, lambda d: "completed" in text_of(d, "#turn-facts"), "the end, live")
+        wait(driver, lambda d: len(all_css(d, "#timeline > li")) > count, "new events in the timeline")
+        assert all_css(driver, "#timeline > li[data-type='turn.completed']")
+        assert driver.execute_script("return window.__same_page === true"), "the page was reloaded"
+        wait(driver, lambda d: not css(d, "#cancel-btn").is_displayed())
+        wait(driver, shows("#live", "no longer live"))
+
+    await browse(grows, browser)
+    await reader
+
+    turn_id, reader = await start_running(svc, "This one is stopped from the inspector before it ends.", pause_after=3)
+
+    def cancel(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: css(d, "#cancel-btn").is_displayed(), "the cancel button of a running turn")
+        css(driver, "#cancel-btn").click()
+        wait(driver, lambda d: "cancelled" in text_of(d, "#turn-facts"), "the cancelled status on the page")
+        wait(driver, lambda d: not css(d, "#cancel-btn").is_displayed())
+        assert all_css(driver, "#timeline > li[data-type='turn.cancelled']")
+
+    await browse(cancel, browser)
+    svc.upstream.release()
+    assert (await svc.turn(turn_id))["status"] == "cancelled"
+    await reader
+
+
+@pytest.fixture
+async def authed(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[tuple[Service, str, str]]:
+    svc = await start_service(make_settings(tmp_path, upstream.url, auth="on", database_url=database_url), upstream)
+    try:
+        store = svc.services.store
+        yield svc, await store.create_api_key("alice"), await store.create_api_key("bob")
+    finally:
+        await stop_service(svc)
+
+
+@pytest.mark.sqlite_only
+async def test_with_auth_on_the_page_asks_for_a_key_and_shows_only_that_users_turns(
+    authed: tuple[Service, str, str], browser: Any, request: pytest.FixtureRequest
+) -> None:
+    svc, alice, bob = authed
+    ids = {}
+    for name, key in (("alice", alice), ("bob", bob)):
+        svc.headers = {"Authorization": f"Bearer {key}"}
+        status, _, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": f"chat-{name}"})
+        assert status == 200
+        ids[name] = headers["X-Turn-Id"]
+    # the page itself needs no key; the API behind it does
+    async with aiohttp.ClientSession() as http:
+        for path in ("/ui/", f"/ui/turns/{ids['alice']}", "/ui/static/app.js", "/ui/static/app.css"):
+            async with http.get(svc.url + path) as resp:
+                assert resp.status == 200, path
+        async with http.get(svc.url + "/ui", allow_redirects=False) as resp:
+            assert resp.status == 302 and resp.headers["Location"] == "/ui/"
+        async with http.get(svc.url + "/v1/ui/turns") as resp:
+            assert resp.status == 401
+
+    def no_key(driver: Any) -> None:
+        driver.get(svc.url + "/ui/")
+        driver.execute_script("sessionStorage.clear()")
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: all_css(d, "#key-form"), "the key form")
+        assert not all_css(driver, "#turns-table")
+        source = driver.page_source
+        assert ids["alice"] not in source and ids["bob"] not in source and "chat-alice" not in source
+        screenshot(driver, request, "key", 390)
+        # a turn's page without a key shows nothing of it either
+        driver.get(f"{svc.url}/ui/turns/{ids['alice']}")
+        wait(driver, lambda d: all_css(d, "#key-form"))
+        assert "Add some numbers" not in driver.page_source and not all_css(driver, "#timeline > li")
+        # a wrong key is refused
+        css(driver, "#key-input").send_keys("tl-not-a-key")
+        css(driver, "#key-form button[type=submit]").click()
+        wait(driver, shows("#key-form", "not accepted"))
+
+    await browse(no_key, browser)
+
+    def as_alice(driver: Any) -> None:
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: all_css(d, "#key-input"))
+        css(driver, "#key-input").send_keys(alice)
+        css(driver, "#key-form button[type=submit]").click()
+        wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 1, "alice's turn")
+        listed = text_of(driver, "#main")
+        assert ids["alice"] in listed and ids["bob"] not in listed
+        assert "chat-alice" in driver.page_source and "chat-bob" not in driver.page_source
+        assert driver.execute_script("return sessionStorage.getItem('turnlog.key')") == alice
+        # her turn's page works (the key rides along); bob's is "not found"
+        driver.get(f"{svc.url}/ui/turns/{ids['alice']}")
+        wait(driver, shows("#answer-text", "Hello from the scripted upstream."))
+        driver.get(f"{svc.url}/ui/turns/{ids['bob']}")
+        wait(driver, shows("#main", "Turn not found"))
+        css(driver, "#forget-key").click()
+        wait(driver, lambda d: all_css(d, "#key-form"))
+        assert driver.execute_script("return sessionStorage.getItem('turnlog.key')") is None
+
+    await browse(as_alice, browser)
+
+
+@pytest.fixture
+async def long_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    # One chunk per delta event: a long streamed answer is a long log.
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=1, flush_interval=0.001)
+    svc = await start_service(settings, upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+@pytest.mark.sqlite_only
+async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_second(
+    long_service: Service, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    svc = long_service
+    svc.upstream.enqueue(Reply(chunks=[f"w{i} " for i in range(10_050)]))
+    status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200, body
+    turn_id = headers["X-Turn-Id"]
+    view = await svc.turn(turn_id)
+    assert view["seq"] >= 10_000, f"only {view['seq']} events"
+
+    def open_it(driver: Any) -> dict[str, float]:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:timeline').length") > 0, "the timeline")
+        rows = all_css(driver, "#timeline > li")
+        assert 0 < len(rows) <= 200, f"{len(rows)} rows rendered"
+        wait(driver, shows("#tl-where", f"of {view['seq']}"), "the event count, once the summary is in")
+        wait(driver, shows("#answer-text", "w10049"), "the whole answer")
+        wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:summary').length") > 0, "the summary")
+        timing: dict[str, float] = driver.execute_script(
+            "const p = performance.getEntriesByName('first-contentful-paint')[0];"
+            "const t = performance.getEntriesByName('turnlog:timeline')[0];"
+            "const s = performance.getEntriesByName('turnlog:summary')[0];"
+            "return {fcp: p ? p.startTime : -1, timeline: t.startTime, summary: s.startTime};"
+        )
+        # the last page, by keyboard-reachable buttons: still bounded
+        css(driver, "#tl-next").click()
+        wait(driver, lambda d: "Events 201–400" in text_of(d, "#tl-where"))
+        assert len(all_css(driver, "#timeline > li")) <= 200
+        screenshot(driver, request, "turn-10k", 1280)
+        return timing
+
+    timing = await browse(open_it, browser)
+    line = (
+        f"inspector on a {view['seq']}-event turn: first contentful paint {timing['fcp']:.0f} ms, "
+        f"timeline rendered {timing['timeline']:.0f} ms, all panels {timing['summary']:.0f} ms"
+    )
+    log_line(request, line)
+    assert 0 <= timing["fcp"] < 1000, line
+    assert timing["timeline"] < 1000, line
+
+
+@pytest.mark.sqlite_only
+async def test_verify_and_receipt_panels_show_what_the_server_answers(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    """A failed verify shows its diff; a signed receipt shows its fields. Where
+    this service has no such endpoint yet, stand-ins with their documented
+    shapes answer (where it has one, the real endpoint answers and the page
+    must show it)."""
+    from aiohttp import web
+
+    from adapters.http.app import create_app
+
+    app = create_app(make_settings(tmp_path, upstream.url, database_url=database_url))
+    routed = {r.canonical for r in app.router.resources()}
+    stand_ins = "/v1/turns/{turn_id}/verify" not in routed and "/v1/turns/{turn_id}/receipt" not in routed
+
+    async def verify(req: web.Request) -> web.Response:
+        return web.json_response({"ok": False, "diff": ["seq 4: model.delta text differs", {"seq": 5, "field": "usage"}]})
+
+    async def receipt(req: web.Request) -> web.Response:
+        turn_id = req.match_info["turn_id"]
+        return web.json_response({"turn_id": turn_id, "events": 5, "head": "ab12" * 16, "algorithm": "sha256-chain", "signature": "sig-" + "cd" * 20})
+
+    if stand_ins:
+        app.router.add_get("/v1/turns/{turn_id}/verify", verify)
+        app.router.add_get("/v1/turns/{turn_id}/receipt", receipt)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=2.0)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    url = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER}) as resp:
+                assert resp.status == 200
+                turn_id = resp.headers["X-Turn-Id"]
+
+        def panels(driver: Any) -> None:
+            driver.get(f"{url}/ui/turns/{turn_id}")
+            wait(driver, shows("#answer-text", "Hello"))
+            css(driver, "#verify-btn").click()
+            css(driver, "#receipt-btn").click()
+            wait(driver, lambda d: all_css(d, "#verify-result") and all_css(d, "#receipt-result"))
+            if stand_ins:
+                assert css(driver, "#verify-result").get_attribute("data-state") == "failed"
+                verdict = text_of(driver, "#verify-result")
+                assert "Does not verify" in verdict and "seq 4: model.delta text differs" in verdict and '"field":"usage"' in verdict
+                shown = text_of(driver, "#receipt-result")
+                assert "ab12" * 16 in shown and "sha256-chain" in shown and "sig-" in shown and "server signed" in shown
+            else:
+                assert css(driver, "#verify-result").get_attribute("data-state") == "ok"
+                assert css(driver, "#receipt-result").get_attribute("data-state") == "ok"
+            screenshot(driver, request, "turn-panels", 1280)
+
+        await browse(panels, browser)
+    finally:
+        await runner.cleanup()
