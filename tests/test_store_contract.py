@@ -768,6 +768,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("DROP TABLE knowledge_files, knowledge, file_chunks, files, memories")  # 0005's
         await admin.execute("DROP INDEX vector_items_metadata")  # 0006's
         await admin.execute("ALTER TABLE vector_collections DROP COLUMN version")
+        await admin.execute("ALTER TABLE events DROP COLUMN hash")  # 0007's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) "
