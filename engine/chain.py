@@ -9,11 +9,11 @@ canonical event; the first event of a turn (seq 1) chains from
 :data:`GENESIS`, 32 zero bytes. Stores keep the hash as 64 lowercase hex
 digits. ``head`` is the hash of the turn's last event.
 
-The canonical event is the UTF-8 JSON text of the object ``{"at", "data",
-"seq", "turn_id", "type"}`` of the event *as stored* (``data`` before any
-upcast; its version is ``data["v"]``), with
+The canonical event is the UTF-8 JSON text of the array ``[turn_id, seq,
+type, at, data]`` of the event *as stored* (``data`` before any upcast; its
+version is ``data["v"]``), with
 
-* the keys of every object sorted (by code point), at every level;
+* the keys of every object in ``data`` sorted (by code point), at every level;
 * no whitespace (``,`` and ``:`` separators);
 * strings escaped only where JSON requires it (``"``, ``\\`` and control
   characters; ``\\n``-style short escapes, else ``\\u00XX``), every other
@@ -66,7 +66,7 @@ _REORDER_WINDOW = 32
 
 def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
     """The canonical form of one event (see the module docstring)."""
-    obj = {"at": float(at), "data": data, "seq": seq, "turn_id": turn_id, "type": type}
+    obj = [turn_id, seq, type, float(at), data]
     try:
         return orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)
     except TypeError:  # integers beyond 64 bits: the stdlib writes them the same way

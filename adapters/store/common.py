@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from engine.chain import GENESIS, canonical, link
+from engine.chain import GENESIS, canonical
 from engine.events import Event
 from engine.ports import LeaseLost
 
@@ -63,24 +63,33 @@ def link_rows(
     rows: Sequence[EventRow],
     heads: dict[str, Head],
     previous: Any,
+    *older: dict[str, Head],
 ) -> list[EventRow]:
     """``rows`` with their hashes (hex) in place of their canonical forms, in
     order; ``heads`` (turn -> last linked ``(seq, hash)``) is read and moved
-    on. ``previous(turn_id, seq)`` gives the hash before ``seq`` when ``heads``
-    does not hold ``seq - 1`` (a store's read; :data:`GENESIS` at seq 1)."""
+    on, ``older`` only read (after ``heads``, in order). ``previous(turn_id,
+    seq)`` gives the hash before ``seq`` when they do not hold ``seq - 1`` (a
+    store's read; :data:`GENESIS` at seq 1)."""
     out: list[EventRow] = []
+    append = out.append
+    sha256 = hashlib.sha256  # engine.chain.link, inlined: this runs per event
     for turn_id, seq, type_, at, data, canon in rows:
         if canon is None:  # the chain is off
-            out.append((turn_id, seq, type_, at, data, None))
+            append((turn_id, seq, type_, at, data, None))
             continue
         head = heads.get(turn_id)
+        if head is None:
+            for layer in older:
+                head = layer.get(turn_id)
+                if head is not None:
+                    break
         if head is not None and head[0] == seq - 1:
             prev = head[1]
         else:
             prev = GENESIS if seq <= 1 else previous(turn_id, seq)
-        digest = link(prev, canon)
+        digest = sha256(prev + canon).digest()
         heads[turn_id] = (seq, digest)
-        out.append((turn_id, seq, type_, at, data, digest.hex()))
+        append((turn_id, seq, type_, at, data, digest.hex()))
     return out
 
 

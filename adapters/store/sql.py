@@ -47,7 +47,6 @@ import functools
 import logging
 import sqlite3
 import time
-from collections import ChainMap
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -651,8 +650,7 @@ class SqlEventStore:
             value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()
             return hash_bytes(value)
 
-        heads = ChainMap(trial, self._linked, self._heads)
-        return link_rows(rows, heads, previous)  # type: ignore[arg-type]
+        return link_rows(rows, trial, previous, self._linked, self._heads)
 
     def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
         """The body of a group commit (sync; runs inside the open transaction)."""
