@@ -50,6 +50,8 @@ from typing import Any, Literal
 
 import orjson
 
+from engine.events import Event, upcast
+
 #: What a receipt's ``algorithm`` says.
 ALGORITHM = "sha256-chain"
 
@@ -92,6 +94,10 @@ class StoredEvent:
 
     def canonical(self, seq: int | None = None) -> bytes:
         return canonical(self.turn_id, self.seq if seq is None else seq, self.type, self.at, self.data)
+
+    def event(self) -> Event:
+        """The event as ``EventStore.read`` gives it (upcast)."""
+        return upcast(Event.model_construct(turn_id=self.turn_id, seq=self.seq, type=self.type, at=self.at, data=self.data))
 
     def exported(self) -> dict[str, Any]:
         """The event as ``turnlog export`` writes it (one JSON line)."""
@@ -187,21 +193,23 @@ def _result(i: int, prev: bytes, damage: Damage) -> ChainResult:
 def _classify(events: Sequence[StoredEvent], i: int, prev: bytes, stored: bytes | None) -> Damage:
     event = events[i]
     seq = event.seq
-    after = events[i + 1] if i + 1 < len(events) else None
+    if stored is not None:
+        # Moved: the event's hash is its own at another nearby seq, after
+        # another stored hash (seqs swapped or moved, content and hash kept).
+        lo, hi = max(0, i - _REORDER_WINDOW), min(len(events), i + _REORDER_WINDOW + 1)
+        nearby = events[lo:hi]
+        prevs = [p for p in (_hex(e.hash) for e in nearby) if p is not None]
+        for other in nearby:
+            if other.seq == seq:
+                continue
+            candidates = [GENESIS] if other.seq == 1 else prevs
+            body = event.canonical(other.seq)
+            if any(link(p, body) == stored for p in candidates):
+                return Damage(seq, "reordered", f"seq {seq} ({event.type}) is out of order: it was written as seq {other.seq}", i)
     # An extra event: the next one is the original at this seq (chains from prev).
+    after = events[i + 1] if i + 1 < len(events) else None
     if after is not None and after.seq == seq + 1 and _hex(after.hash) == link(prev, after.canonical(seq)):
-        return Damage(seq, "inserted", f"seq {seq} was inserted: the events after it were written one seq lower", i)
+        return Damage(seq, "inserted", f"seq {seq} ({event.type}) was inserted: the events after it were written one seq lower", i)
     if stored is None:
-        return Damage(seq, "inserted", f"seq {seq} has no valid hash: the store did not write it (inserted)", i)
-    # Moved: the event's hash is its own at another nearby seq, after another stored hash.
-    lo, hi = max(0, i - _REORDER_WINDOW), min(len(events), i + _REORDER_WINDOW + 1)
-    nearby = [e for e in events[lo:hi]]
-    prevs = [p for p in (_hex(e.hash) for e in nearby) if p is not None]
-    for other in nearby:
-        if other.seq == seq:
-            continue
-        candidates = [GENESIS] if other.seq == 1 else prevs
-        body = event.canonical(other.seq)
-        if any(link(p, body) == stored for p in candidates):
-            return Damage(seq, "reordered", f"seq {seq} is out of order: it was written as seq {other.seq}", i)
-    return Damage(seq, "edited", f"seq {seq} was edited: its content does not match its hash", i)
+        return Damage(seq, "inserted", f"seq {seq} ({event.type}) has no valid hash: the store did not write it (inserted)", i)
+    return Damage(seq, "edited", f"seq {seq} ({event.type}) was edited: its content does not match its hash", i)
