@@ -183,7 +183,7 @@ def rechain(db: Path, turn_id: str) -> None:
     with sqlite3.connect(db) as conn:
         rows = conn.execute("select id, turn_id, seq, type, at, data from events where turn_id = ? order by seq", (turn_id,)).fetchall()
         hashes = chain_oracle.chain((t, s, ty, at, json.loads(d)) for _, t, s, ty, at, d in rows)
-        conn.executemany("update events set hash = ? where id = ?", [(h, r[0]) for h, r in zip(hashes, rows)])
+        conn.executemany("update events set hash = ? where id = ?", [(bytes.fromhex(h), r[0]) for h, r in zip(hashes, rows)])
 
 
 @pytest.mark.sqlite_only

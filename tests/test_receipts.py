@@ -59,7 +59,9 @@ async def sql(url: str, *statements: tuple[str, dict[str, Any]] | str) -> list[A
 
 
 async def stored_rows(url: str, turn_id: str) -> list[Any]:
-    return await sql(url, ("SELECT turn_id, seq, type, at, data, hash FROM events WHERE turn_id = :t ORDER BY seq", {"t": turn_id}))
+    """The turn's rows, the hash (32 bytes in the table) as hex."""
+    rows = await sql(url, ("SELECT turn_id, seq, type, at, data, hash FROM events WHERE turn_id = :t ORDER BY seq", {"t": turn_id}))
+    return [(*row[:5], None if row[5] is None else bytes(row[5]).hex()) for row in rows]
 
 
 async def run_turn(service: Service, text_: str = "receipts are chained") -> str:
@@ -93,7 +95,7 @@ async def insert(url: str, turn_id: str, seq: int) -> None:
         ("UPDATE events SET seq = seq - 99999 WHERE turn_id = :t AND seq >= 100000", p),
         (
             "INSERT INTO events (turn_id, seq, type, at, data, hash) VALUES (:t, :s, 'model.warning', 1800000000.5, :d, :h)",
-            p | {"h": "ab" * 32, "d": json.dumps({"v": 1, "message": "forged"})},
+            p | {"h": b"\xab" * 32, "d": json.dumps({"v": 1, "message": "forged"})},
         ),
     )
 
@@ -304,7 +306,7 @@ async def test_migration_chains_the_events_stored_before_it(db_backend: str, tmp
     await migrate(url)
     rows = await sql(url, "SELECT turn_id, seq, hash FROM events ORDER BY turn_id, seq")
     expected = chain_oracle.chain(old[:3]) + chain_oracle.chain(old[3:])
-    assert [(t, s, h) for t, s, h in rows] == [(t, s, h) for (t, s, *_), h in zip(old, expected)]
+    assert [(t, s, bytes(h).hex()) for t, s, h in rows] == [(t, s, h) for (t, s, *_), h in zip(old, expected)]
     # the store goes on from the back-filled head
     from adapters.store import open_store
     from engine.chain import check

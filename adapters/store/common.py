@@ -24,7 +24,7 @@ _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 #: ``(turn_id, seq, type, at, data, chain)``: one event as the stores keep it;
 #: ``chain`` is its canonical form (``engine.chain``) until the writer links it,
-#: then its hash (hex), None with the chain off.
+#: then its hash (32 bytes), None with the chain off.
 EventRow = tuple[str, int, str, float, str, Any]
 
 #: A turn's last linked event: ``(seq, hash)``.
@@ -65,7 +65,7 @@ def link_rows(
     previous: Any,
     *older: dict[str, Head],
 ) -> list[EventRow]:
-    """``rows`` with their hashes (hex) in place of their canonical forms, in
+    """``rows`` with their hashes (32 bytes) in place of their canonical forms, in
     order; ``heads`` (turn -> last linked ``(seq, hash)``) is read and moved
     on, ``older`` only read (after ``heads``, in order). ``previous(turn_id,
     seq)`` gives the hash before ``seq`` when they do not hold ``seq - 1`` (a
@@ -89,18 +89,25 @@ def link_rows(
             prev = GENESIS if seq <= 1 else previous(turn_id, seq)
         digest = sha256(prev + canon).digest()
         heads[turn_id] = (seq, digest)
-        append((turn_id, seq, type_, at, data, digest.hex()))
+        append((turn_id, seq, type_, at, data, digest))
     return out
 
 
-def hash_bytes(value: str | None) -> bytes:
-    """A stored hash as bytes; :data:`GENESIS` for a row without one."""
-    if value:
+def hash_bytes(value: bytes | str | None) -> bytes:
+    """A stored hash (bytes, or hex) as bytes; :data:`GENESIS` for a row without one."""
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) == 32:
+        return bytes(value)
+    if isinstance(value, str):
         try:
             return bytes.fromhex(value)
         except ValueError:
             pass
     return GENESIS
+
+
+def hash_hex(value: bytes | None) -> str | None:
+    """A stored hash as ``engine.chain`` shows it (hex)."""
+    return None if value is None else bytes(value).hex()
 
 
 def hash_api_key(key: str) -> str:

@@ -42,6 +42,7 @@ from adapters.store.common import (
     event_rows,
     hash_api_key,
     hash_bytes,
+    hash_hex,
     link_rows,
     loads,
     new_api_key,
@@ -116,7 +117,7 @@ class _TurnLog:
 
     seqs: list[int] = field(default_factory=list)
     # seq -> (type, at, data, hash)
-    rows: dict[int, tuple[str, float, str, str | None]] = field(default_factory=dict)
+    rows: dict[int, tuple[str, float, str, bytes | None]] = field(default_factory=dict)
 
     def previous_hash(self, seq: int) -> bytes:
         """The hash of the last event before ``seq`` (the chain's previous link)."""
@@ -423,7 +424,7 @@ class MemoryEventStore:
         out = []
         for seq in seqs:
             type_, at, data, hash_ = log_.rows[seq]
-            out.append(StoredEvent(turn_id, seq, type_, at, loads(data), hash_))
+            out.append(StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_)))
         return out
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:

@@ -26,7 +26,7 @@ _INSERT_EVENTS = text(
     INSERT INTO events (turn_id, seq, type, at, data, hash)
     SELECT * FROM unnest(
         CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
-        CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS text[])
+        CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS bytea[])
     )
     """
 )
@@ -42,7 +42,7 @@ _INSERT_EVENTS_SKIPPING = text(
         INSERT INTO events (turn_id, seq, type, at, data, hash)
         SELECT * FROM unnest(
             CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
-            CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS text[])
+            CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS bytea[])
         )
         ON CONFLICT (turn_id, seq) DO NOTHING
         RETURNING id

@@ -62,6 +62,7 @@ from adapters.store.common import (
     after_failure,
     hash_api_key,
     hash_bytes,
+    hash_hex,
     link_rows,
     new_api_key,
     stale_token,
@@ -425,7 +426,7 @@ class SqlEventStore:
         if limit is not None:
             stmt = stmt.limit(limit)
         return [
-            StoredEvent(turn_id, row.seq, row.type, row.at, _loads(row.data), row.hash)
+            StoredEvent(turn_id, row.seq, row.type, row.at, _loads(row.data), hash_hex(row.hash))
             for row in await self._fetch(stmt)
         ]
 

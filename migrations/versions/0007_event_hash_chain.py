@@ -4,7 +4,7 @@ Revision ID: 0007
 Revises: 0006
 Create Date: 2026-12-03
 
-``hash`` is ``sha256(previous hash || canonical event)`` as 64 hex digits,
+``hash`` is ``sha256(previous hash || canonical event)``, its 32 bytes (BLOB, BYTEA),
 the first event of a turn chaining from 32 zero bytes (``engine.chain``
 defines the canonical form; the stores compute it on every append). The
 events already stored are chained here, turn by turn in seq order, from their
@@ -46,12 +46,12 @@ def _loads(text: str) -> object:
 
 def upgrade() -> None:
     with op.batch_alter_table("events") as batch:
-        batch.add_column(sa.Column("hash", sa.Text(), nullable=True))
+        batch.add_column(sa.Column("hash", sa.LargeBinary(), nullable=True))
     bind = op.get_bind()
     rows = bind.execute(
         sa.text("SELECT id, turn_id, seq, type, at, data FROM events ORDER BY turn_id, seq")
     )
-    update = sa.text("UPDATE events SET hash = :h WHERE id = :i")
+    update = sa.text("UPDATE events SET hash = :h WHERE id = :i").bindparams(sa.bindparam("h", type_=sa.LargeBinary()))
     turn: str | None = None
     prev = GENESIS
     pending: list[dict[str, object]] = []
@@ -61,7 +61,7 @@ def upgrade() -> None:
         if turn_id != turn:
             turn, prev = turn_id, GENESIS
         prev = link(prev, canonical(turn_id, seq, type_, at, _loads(data)))
-        pending.append({"h": prev.hex(), "i": id_})
+        pending.append({"h": prev, "i": id_})
         if len(pending) >= _BATCH:
             bind.execute(update, pending)
             pending = []
