@@ -6,8 +6,9 @@ Every event is chained when a store appends it::
 
 ``||`` is byte concatenation of the previous hash's 32 raw bytes and the
 canonical event; the first event of a turn (seq 1) chains from
-:data:`GENESIS`, 32 zero bytes. Stores keep the hash as 64 lowercase hex
-digits. ``head`` is the hash of the turn's last event.
+:data:`GENESIS`, 32 zero bytes. Stores keep the 32 bytes; everything
+that shows a hash (``StoredEvent.hash``, receipts, exports) writes it as 64
+lowercase hex digits. ``head`` is the hash of the turn's last event.
 
 The canonical event is the UTF-8 JSON text of the array ``[turn_id, seq,
 type, at, data]`` of the event *as stored* (``data`` before any upcast; its

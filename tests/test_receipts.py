@@ -64,11 +64,15 @@ async def stored_rows(url: str, turn_id: str) -> list[Any]:
     return [(*row[:5], None if row[5] is None else bytes(row[5]).hex()) for row in rows]
 
 
+chat_of: dict[str, str] = {}
+
+
 async def run_turn(service: Service, text_: str = "receipts are chained") -> str:
     service.upstream.enqueue(Reply(chunks=[w + " " for w in text_.split()]))
     status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}]})
     assert status == 200, body
     turn_id = headers["X-Turn-Id"]
+    chat_of[turn_id] = headers["X-Chat-Id"]
     await service.wait_status(turn_id, "completed")
     return turn_id
 
@@ -174,6 +178,11 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
             assert status == 200 and [e["seq"] for e in body["events"]] == [last], body
         status, body = await service.get(f"/v1/turns/{intact}")
         assert status == 200 and body["status"] == "completed"
+        status, body = await service.get(f"/v1/turns/{turn_id}/stream")
+        assert status != 500, body
+        if kind == "deleted":  # a chat holding a turn whose log does not fold: a 409 too, never a 500
+            status, body = await service.get(f"/v1/chats/{chat_of[turn_id]}")
+            assert status == 409 and body["error"]["code"] == "damaged_log", body
     finally:
         await stop_service(service, verify=False)
 

@@ -214,7 +214,11 @@ async def get_chat(request: web.Request) -> web.Response:
     chat = await svc.store.get_chat(request.match_info["chat_id"])
     if chat is None or chat.user_id != request[USER]:
         raise not_found("chat")
-    views = await chat_turn_views(svc.store, chat.id)
+    try:
+        views = await chat_turn_views(svc.store, chat.id)
+    except (ValueError, KeyError, TypeError) as exc:  # a turn whose log does not fold
+        log.warning("chat %s: a turn's log does not fold: %s", chat.id, exc)
+        raise ApiError(409, f"chat {chat.id}: damaged log: {exc}", "conflict_error", "damaged_log") from None
     return web.json_response(
         {
             "id": chat.id,
