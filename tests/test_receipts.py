@@ -10,6 +10,7 @@ the documented canonical form, not with ``engine.chain``.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -185,6 +186,24 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
             assert status == 409 and body["error"]["code"] == "damaged_log", body
     finally:
         await stop_service(service, verify=False)
+
+
+async def test_verify_of_a_running_turn_is_a_conflict_not_a_wait(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="still streaming when asked", chunk_size=4, pause_after=2))
+    async with service.http.post(
+        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}
+    ) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(service.upstream.paused.wait(), 5)
+        status, body = await service.get(f"/v1/turns/{turn_id}/verify")
+        assert status == 409 and body["error"]["code"] == "turn_not_ended", body
+        status, body = await service.get(f"/v1/turns/{turn_id}/receipt")  # a receipt of the log so far
+        assert status == 200 and body["events"] >= 3, body
+        service.upstream.release()
+        await resp.text()
+    await service.wait_status(turn_id, "completed")
+    status, body = await service.get(f"/v1/turns/{turn_id}/verify")
+    assert status == 200 and body["ok"] is True, body
 
 
 @pytest.mark.backends(SQLITE, POSTGRES)

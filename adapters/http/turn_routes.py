@@ -168,6 +168,11 @@ async def get_verify(request: web.Request) -> web.Response:
         out["damage"] = result.damage.public()
         return web.json_response(out)
     out["head"] = result.head
+    if record.status == "running":  # the re-run would wait for the events still to come
+        raise ApiError(
+            409, f"turn {record.id} has not ended: its hash chain holds ({len(stored)} events); verify it once it has ended",
+            "conflict_error", "turn_not_ended",
+        )
     scratch = MemoryEventStore()
     try:
         verdict = await asyncio.wait_for(verify_turn([e.event() for e in stored], scratch), VERIFY_TIMEOUT)
