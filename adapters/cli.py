@@ -15,9 +15,14 @@ from typing import Any
 from adapters import fork_cli
 from adapters.config import Settings, load_settings
 from adapters.store import open_store
+from adapters.store.common import hash_bytes
 from adapters.store.migrate import migrate
-from engine.events import TERMINAL_TYPES
-from engine.fold.turn_view import fold
+from engine.chain import GENESIS, ChainResult, StoredEvent, check
+from engine.events import TERMINAL_TYPES, Event
+from engine.fold.turn_view import TurnView, fold
+
+#: How long ``verify`` lets the re-run of a turn take before it says it did not finish.
+VERIFY_TIMEOUT = 60.0
 
 
 def _print_json(obj: Any) -> None:
@@ -106,11 +111,38 @@ def turn_summary(view: dict[str, Any], events: int) -> str:
     return "\n".join(lines)
 
 
+class Damaged(Exception):
+    """A turn's log does not hold: the one line the CLI prints (exit 1)."""
+
+
+async def checked_chain(store: Any, turn_id: str) -> tuple[list[StoredEvent], ChainResult]:
+    stored = await store.read_chain(turn_id)
+    return stored, check(turn_id, stored)
+
+
+async def checked_events(store: Any, turn_id: str) -> list[Event]:
+    """The turn's events once its hash chain is checked; ``Damaged`` if it does not hold."""
+    stored, result = await checked_chain(store, turn_id)
+    if result.damage is not None:
+        raise Damaged(f"turn {turn_id}: damaged log: {result.damage.message} (turnlog verify {turn_id})")
+    return [e.event() for e in stored]
+
+
+def checked_fold(turn_id: str, events: list[Event]) -> TurnView:
+    try:
+        return fold(turn_id, events)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise Damaged(f"turn {turn_id}: damaged log: it cannot be folded: {exc} (turnlog verify {turn_id})") from None
+
+
 async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -> int:
     await migrate(settings.database_url)
     store = await open_store(settings.database_url)
     try:
         return await fn(store)
+    except Damaged as exc:
+        print(f"turnlog: {exc}", file=sys.stderr)
+        return 1
     finally:
         await store.close()
 
@@ -201,20 +233,24 @@ def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
         if args.action == "show":
-            events = await store.read(record.id)
-            view = fold(record.id, events).public()
+            events = await checked_events(store, record.id)
+            view = checked_fold(record.id, events).public()
             if args.json:
                 _print_json(view)
             else:
                 print(turn_summary(view, len(events)))
             return 0
-        # events
-        after = args.after
+        # events: the whole log is checked, then the events after --after printed
+        last, previous = 0, GENESIS
         while True:
-            events = await store.read(record.id, after=after)
-            for event in events:
+            stored = await store.read_chain(record.id, after=last)
+            result = check(record.id, stored, previous=previous, first_seq=last + 1)
+            if result.damage is not None:
+                raise Damaged(f"turn {record.id}: damaged log: {result.damage.message} (turnlog verify {record.id})")
+            if stored:
+                last, previous = stored[-1].seq, hash_bytes(result.head)
+            for event in (e.event() for e in stored if e.seq > args.after):
                 _print_json({"seq": event.seq, "type": event.type, "at": event.at, "data": event.data})
-                after = event.seq
                 if event.type in TERMINAL_TYPES and args.follow:
                     return 0
             if not args.follow:
@@ -233,7 +269,7 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         if record is None:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
-        view = fold(record.id, await store.read(record.id)).public()
+        view = checked_fold(record.id, await checked_events(store, record.id)).public()
         _print_json(view)
         if record.view is not None and record.view != json.loads(json.dumps(view)):
             diff = [k for k in sorted(set(view) | set(record.view)) if view.get(k) != record.view.get(k)]
@@ -257,20 +293,37 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
 
     from engine.run.verify import verify_turn
 
+    if args.file:
+        return verify_file_command(args)
+    if not args.turn_id:
+        print("turnlog: verify needs a TURN_ID or --file FILE", file=sys.stderr)
+        return 2
+
     async def run(store: Any) -> int:
-        events = await store.read(args.turn_id)
-        if not events:
+        stored, chain = await checked_chain(store, args.turn_id)
+        if not stored:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
+        if chain.damage is not None:
+            damage = chain.damage
+            if args.json:
+                _print_json({"turn_id": args.turn_id, "ok": False, "events_recorded": len(stored), "diff": [damage.message], "damage": damage.public()})
+            else:
+                print(f"turnlog: turn {args.turn_id} does not verify: {damage.kind}: {damage.message}", file=sys.stderr)
+            return 1
+        events = [e.event() for e in stored]
         with tempfile.TemporaryDirectory(prefix="turnlog-verify-") as folder:
             scratch = await scratch_store(folder)
             try:
-                result = await verify_turn(events, scratch)
+                result = await asyncio.wait_for(verify_turn(events, scratch), VERIFY_TIMEOUT)
+            except TimeoutError:
+                print(f"turnlog: turn {args.turn_id} does not verify: the re-run did not finish within {VERIFY_TIMEOUT:g} s", file=sys.stderr)
+                return 1
             finally:
                 await scratch.close()
         recorded, compared = len(events), len(result.expected)
         if args.json:
-            _print_json({"turn_id": args.turn_id, "ok": result.ok, "events_recorded": recorded, "events_compared": compared, "diff": result.diff})
+            _print_json({"turn_id": args.turn_id, "ok": result.ok, "events_recorded": recorded, "events_compared": compared, "head": chain.head, "diff": result.diff})
             return 0 if result.ok else 1
         if result.ok:
             if compared < recorded:
@@ -280,7 +333,7 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
                 )
             else:
                 how = "compared one by one"
-            print(f"ok: turn {args.turn_id} reproduced: {recorded} events recorded, {how}")
+            print(f"ok: turn {args.turn_id} reproduced: {recorded} events recorded, {how}; hash chain intact, head {chain.head}")
             return 0
         print(f"turnlog: turn {args.turn_id} does not verify:", file=sys.stderr)
         for line in result.diff:
@@ -290,7 +343,68 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_store(settings, run))
 
 
+def verify_file_command(args: argparse.Namespace) -> int:
+    """``turnlog verify --file FILE [--public-key KEY]``: no database."""
+    from adapters.receipts import ReceiptKeyError, load_public_key, verify_file
+
+    try:
+        key = load_public_key(args.public_key) if args.public_key else None
+        data = sys.stdin.buffer.read() if args.file == "-" else open(args.file, "rb").read()
+    except (ReceiptKeyError, OSError) as exc:
+        print(f"turnlog: {exc}", file=sys.stderr)
+        return 2
+    verdict = verify_file(data, key)
+    if args.json:
+        _print_json(verdict.public())
+        return 0 if verdict.ok else 1
+    if not verdict.ok:
+        print(f"turnlog: {args.file} does not verify: {verdict.problem}", file=sys.stderr)
+        return 1
+    notes = "".join(f"; {note}" for note in verdict.notes)
+    print(f"ok: {args.file}: turn {verdict.turn_id}, {verdict.events} events, hash chain intact, head {verdict.head}{notes}")
+    return 0
+
+
+def cmd_export(settings: Settings, args: argparse.Namespace) -> int:
+    """The turn's events with their hashes as JSON lines, its receipt first."""
+    from adapters.receipts import ReceiptKeyError, export_lines, load_private_key
+
+    try:
+        key = load_private_key(settings.receipt_key) if settings.receipt_key else None
+    except ReceiptKeyError as exc:
+        print(f"turnlog: {exc}", file=sys.stderr)
+        return 2
+
+    async def run(store: Any) -> int:
+        stored, chain = await checked_chain(store, args.turn_id)
+        if not stored:
+            print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
+            return 1
+        if chain.damage is not None:
+            raise Damaged(f"turn {args.turn_id}: damaged log, not exported: {chain.damage.message} (turnlog verify {args.turn_id})")
+        out = sys.stdout
+        for line in export_lines(args.turn_id, stored, chain, key):
+            out.write(line + "\n")
+        out.flush()
+        return 0
+
+    return asyncio.run(_with_store(settings, run))
+
+
 def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
+    if args.action == "receipt-public":
+        from adapters.receipts import ReceiptKeyError, load_private_key, public_pem
+
+        if not settings.receipt_key:
+            print("turnlog: TURNLOG_RECEIPT_KEY is not set (a PEM file with an Ed25519 private key)", file=sys.stderr)
+            return 2
+        try:
+            sys.stdout.write(public_pem(load_private_key(settings.receipt_key)))
+        except ReceiptKeyError as exc:
+            print(f"turnlog: {exc}", file=sys.stderr)
+            return 2
+        return 0
+
     async def run(store: Any) -> int:
         print(await store.create_api_key(args.user))
         return 0
@@ -336,17 +450,25 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("turn_id")
     replay.set_defaults(fn=cmd_replay)
 
-    verify = sub.add_parser("verify", help="re-run a turn's engine against its recorded results")
-    verify.add_argument("turn_id")
+    verify = sub.add_parser(
+        "verify", help="check a turn's hash chain and re-run its engine against its recorded results; or check an exported file"
+    )
+    verify.add_argument("turn_id", nargs="?")
+    verify.add_argument("--file", help="an exported turn (turnlog export) to check offline, no database ('-': stdin)")
+    verify.add_argument("--public-key", help="with --file: a PEM Ed25519 public key the receipt's signature must match")
     verify.add_argument("--json", action="store_true", help="one JSON document: ok, event counts, diff")
     verify.set_defaults(fn=cmd_verify)
 
     fork_cli.register(sub)
+    export = sub.add_parser("export", help="a turn's events with their hashes as JSON lines (its receipt first)")
+    export.add_argument("turn_id")
+    export.set_defaults(fn=cmd_export)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)
     create = keys_sub.add_parser("create")
     create.add_argument("--user", required=True)
+    keys_sub.add_parser("receipt-public", help="the public key (PEM) of TURNLOG_RECEIPT_KEY, to check signed receipts")
     keys.set_defaults(fn=cmd_keys)
     return parser
 

@@ -58,6 +58,9 @@ class Settings(BaseSettings):
     # Seconds a server tool / a client's direct tool may take before its result is an error.
     tool_timeout: float = 60.0
     direct_tool_timeout: float = 60.0
+    # A PEM file with an Ed25519 private key: receipts (GET /v1/turns/{id}/receipt,
+    # `turnlog export`) carry its signature of the turn's head.
+    receipt_key: str | None = None
     # Upstream timeouts: connecting, and silence between two reads of a stream.
     upstream_connect_timeout: float = 10.0
     upstream_idle_timeout: float = 300.0
@@ -216,6 +219,10 @@ class Settings(BaseSettings):
         """Refuse an unauthenticated service on a non-loopback address (API.md §1)."""
         if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_base_url):
             raise ValueError("TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL)")
+        if self.receipt_key:
+            from adapters.receipts import load_private_key
+
+            load_private_key(self.receipt_key)  # ReceiptKeyError (a ValueError) names the problem
         if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
             raise ValueError(
                 f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "

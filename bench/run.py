@@ -37,6 +37,7 @@ ORDER = [
     "concurrent_paced",
     "log_size",
     "append_throughput",
+    "hash_chain",
     "replay_fold",
     "open_turns_rss",
     "tool_loop",

@@ -660,6 +660,30 @@ def append_throughput(ctx: Ctx) -> dict[str, Any]:
     }
 
 
+def hash_chain(ctx: Ctx) -> dict[str, Any]:
+    """What the hash chain costs appends: ``append_throughput``'s workload with
+    and without the chain, alternating, in the same run (SQLite, FULL)."""
+    args = ["chain", "--turns", "200", "--events", "50" if ctx.quick else "100", "--rounds", "4" if ctx.quick else "6"]
+    r = _storebench(ctx, args, 600, name="storebench-chain")
+    return {
+        "status": "ok",
+        "checks": [check("chained_over_unchained_events_per_s", r["ratio"], ">=", 0.95)],
+        "figures": {
+            "ratio": spread(r["ratios"], digits=3),
+            "cpu_ratio": round(r["cpu_ratio"], 3),
+            "chain_us_per_event": round(r["chain_us_per_event"], 2),
+            "chain_cpu_share": round(r["chain_cpu_share"], 3),
+            "cpu_us_per_event_chained": round(r["cpu_us_per_event_chained"], 1),
+            "cpu_us_per_event_unchained": round(r["cpu_us_per_event_unchained"], 1),
+            "events_per_s_chained": round(r["events_per_s_chained"]),
+            "events_per_s_unchained": round(r["events_per_s_unchained"]),
+            "concurrent_appenders": r["turns"],
+            "events_per_appender": r["events_per_turn"],
+            "rounds": r["rounds"],
+        },
+    }
+
+
 def replay_fold(ctx: Ctx) -> dict[str, Any]:
     """Scenario 7: fold time of a 10,000-event turn."""
     r = _storebench(ctx, ["replay", "--events", "10000", "--chunks-per-event", "1", "--repeat", "5"], 300)
@@ -1138,6 +1162,7 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "concurrent_paced": (concurrent_paced, True, True),
     "open_turns_rss": (open_turns_rss, True, False),
     "append_throughput": (append_throughput, False, True),
+    "hash_chain": (hash_chain, False, True),
     "replay_fold": (replay_fold, False, True),
     "log_size": (log_size, True, True),
     "cpu_per_chunk": (cpu_per_chunk, True, True),

@@ -2,6 +2,7 @@
 
     python -m bench.storebench append --dir DIR [--turns 200] [--events 100] [--repeat 3] [--url DB_URL]
     python -m bench.storebench replay --dir DIR [--events 10000] [--chunks-per-event 1] [--repeat 5]
+    python -m bench.storebench chain --dir DIR [--turns 200] [--events 100] [--rounds 5] [--url DB_URL]
 
 Each prints ONE JSON line.
 
@@ -11,6 +12,12 @@ each appends M ``model.delta`` events one at a time, with its fencing token,
 awaiting each append before the next (like a turn actor flushing one window
 after another). An append returns once its group commit is COMMITted, so the
 figure is *durable* events/s.
+
+``chain``: what the hash chain costs appends: ``append``'s workload in
+rounds, each round one run on a store without the chain (``open_store(...,
+chain=False)``: no canonical form, no sha256, NULL hashes) and one with it,
+the order alternating from round to round, on the same database. The figure
+is the median of the rounds' ratios (chained events/s ÷ unchained events/s).
 
 ``replay``: a turn of exactly E events (``turn.started``, ``assembly.completed``,
 ``model.requested``, E-6 ``model.delta`` of C chunks each, ``model.completed``,
@@ -32,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from adapters.store import migrate, open_store
+from engine.chain import GENESIS, canonical, link
 from engine.events import (
     AssemblyCompleted,
     Event,
@@ -49,9 +57,9 @@ from engine.ports import TurnRecord
 WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", " dog", "."]
 
 
-async def bench_append(url: str, turns: int, per_turn: int, repeat: int) -> dict[str, Any]:
+async def bench_append(url: str, turns: int, per_turn: int, repeat: int, chain: bool = True) -> dict[str, Any]:
     await migrate(url)
-    store = await open_store(url)
+    store = await open_store(url, chain=chain)
     runs = []
     try:
         for _ in range(repeat):
@@ -77,15 +85,17 @@ async def bench_append(url: str, turns: int, per_turn: int, repeat: int) -> dict
                     await store.append([event], fencing=token)
 
             before = dict(store.stats)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             await asyncio.gather(*(turn(tid) for tid in tokens))
             elapsed = time.perf_counter() - t0
+            cpu = time.process_time() - c0
             total = turns * per_turn
             batches = store.stats["batches"] - before["batches"]
             for tid in list(tokens)[:3]:
                 assert [e.seq for e in await store.read(tid)] == list(range(1, per_turn + 2))
             runs.append(
                 {"events": total, "seconds": elapsed, "events_per_s": total / elapsed,
+                 "cpu_us_per_event": cpu * 1e6 / total,
                  "commits": batches, "appends_per_commit": total / max(1, batches)}
             )
     finally:
@@ -93,12 +103,60 @@ async def bench_append(url: str, turns: int, per_turn: int, repeat: int) -> dict
     eps = [r["events_per_s"] for r in runs]
     return {
         "events_per_s": statistics.median(eps),
+        "cpu_us_per_event": statistics.median(r["cpu_us_per_event"] for r in runs),
         "events_per_s_min": min(eps),
         "events_per_s_max": max(eps),
         "turns": turns,
         "events_per_turn": per_turn,
         "synchronous": "FULL",
         "runs": runs,
+    }
+
+
+async def bench_chain(url: str, turns: int, per_turn: int, rounds: int) -> dict[str, Any]:
+    """Alternating unchained/chained append runs on one database (see the module docstring)."""
+    with_chain: list[float] = []
+    without: list[float] = []
+    ratios: list[float] = []
+    cpu_on: list[float] = []
+    cpu_off: list[float] = []
+    for i in range(rounds):
+        order = (False, True) if i % 2 == 0 else (True, False)
+        got: dict[bool, dict[str, Any]] = {}
+        for chain in order:
+            got[chain] = await bench_append(url, turns, per_turn, 1, chain=chain)
+        with_chain.append(got[True]["events_per_s"])
+        without.append(got[False]["events_per_s"])
+        ratios.append(got[True]["events_per_s"] / got[False]["events_per_s"])
+        cpu_on.append(got[True]["cpu_us_per_event"])
+        cpu_off.append(got[False]["cpu_us_per_event"])
+    # The chain's own work per event, timed alone (canonical form + sha256 link).
+    sample = Event(
+        turn_id="bench-chain", seq=2, type="model.delta", at=time.time(),
+        data={"v": 1, "kind": "text", "pos": 2, "text": " the quick", "lens": [4, 6]},
+    )
+    n = 100_000
+    t0 = time.perf_counter()
+    prev = GENESIS
+    for _ in range(n):
+        prev = link(prev, canonical(sample.turn_id, sample.seq, sample.type, sample.at, sample.data))
+    chain_us = (time.perf_counter() - t0) * 1e6 / n
+    return {
+        "ratio": statistics.median(ratios),
+        "ratios": ratios,
+        # Process CPU (both threads) per durable event, and their ratio: steadier
+        # than wall-clock throughput on a shared machine.
+        "cpu_us_per_event_chained": statistics.median(cpu_on),
+        "cpu_us_per_event_unchained": statistics.median(cpu_off),
+        "cpu_ratio": statistics.median(cpu_off) / statistics.median(cpu_on),
+        "chain_us_per_event": chain_us,
+        # The chain's work alone as a share of an unchained append's CPU.
+        "chain_cpu_share": chain_us / statistics.median(cpu_off),
+        "events_per_s_chained": statistics.median(with_chain),
+        "events_per_s_unchained": statistics.median(without),
+        "turns": turns,
+        "events_per_turn": per_turn,
+        "rounds": rounds,
     }
 
 
@@ -186,6 +244,12 @@ def main(argv: list[str] | None = None) -> None:
     a.add_argument("--events", type=int, default=100)
     a.add_argument("--repeat", type=int, default=3)
     a.add_argument("--url", help="database URL (default: a fresh SQLite file in --dir), e.g. postgresql+asyncpg://...")
+    c = sub.add_parser("chain")
+    c.add_argument("--dir", required=True)
+    c.add_argument("--turns", type=int, default=200)
+    c.add_argument("--events", type=int, default=100)
+    c.add_argument("--rounds", type=int, default=5)
+    c.add_argument("--url", help="database URL (default: a fresh SQLite file in --dir)")
     r = sub.add_parser("replay")
     r.add_argument("--dir", required=True)
     r.add_argument("--events", type=int, default=10_000)
@@ -198,6 +262,8 @@ def main(argv: list[str] | None = None) -> None:
         out = asyncio.run(bench_append(url, args.turns, args.events, args.repeat))
         if not url.startswith("sqlite"):
             out["synchronous"] = "n/a (" + url.split(":", 1)[0] + ": the server's own durability settings)"
+    elif args.cmd == "chain":
+        out = asyncio.run(bench_chain(url, args.turns, args.events, args.rounds))
     else:
         out = asyncio.run(bench_replay(url, args.events, args.chunks_per_event, args.repeat))
     sys.stdout.write(json.dumps(out) + "\n")

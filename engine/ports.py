@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from engine.chain import StoredEvent
 from engine.events import Event, EventData
 from engine.fold.accumulator import Piece
 from engine.protocols.model_events import ModelEvent
@@ -104,6 +105,11 @@ class EventStore(Protocol):
         ...
 
     async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]: ...
+
+    async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        """Events as stored (data not upcast) with their hashes, by seq: what
+        ``engine.chain.check`` checks and ``turnlog export`` writes."""
+        ...
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None: ...
 

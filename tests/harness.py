@@ -106,9 +106,11 @@ async def start_service(settings: Settings, upstream: ScriptedUpstream, **ports:
 
 
 async def verify_all_turns(service: Service, scratch_dir: Path) -> int:
-    """``turnlog verify`` on every finished turn of the service: the engine re-run
-    against each turn's recorded results must append the same events."""
+    """``turnlog verify`` on every finished turn of the service: its hash chain
+    holds, and the engine re-run against its recorded results appends the
+    same events."""
     from adapters.cli import scratch_store
+    from engine.chain import check
     from engine.run.verify import verify_turn
 
     store = service.services.store
@@ -119,6 +121,8 @@ async def verify_all_turns(service: Service, scratch_dir: Path) -> int:
     scratch = await scratch_store(str(scratch_dir))
     try:
         for record in records:
+            chain = check(record.id, await store.read_chain(record.id))
+            assert chain.ok, f"turn {record.id}: {chain.damage}"
             result = await verify_turn(await store.read(record.id), scratch)
             assert result.ok, f"turn {record.id} does not verify:\n" + "\n".join(result.diff)
     finally:

@@ -16,6 +16,7 @@ import aiohttp
 import pytest
 
 from adapters.config import load_settings
+from tests import chain_oracle
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server
 from tests.upstream import Reply
@@ -156,10 +157,15 @@ async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Servic
     assert f"ok: turn {turn_id} reproduced: {recorded} events recorded" in ok.stdout
     # forge the log: the engine would never have finalized with this finish reason
     with sqlite3.connect(db) as conn:
-        row = conn.execute("select id, data from events where turn_id = ? and type = 'turn.finalized'", (turn_id,)).fetchone()
+        row = conn.execute("select id, data, seq from events where turn_id = ? and type = 'turn.finalized'", (turn_id,)).fetchone()
         data = json.loads(row[1])
         data["finish_reason"] = "length"
         conn.execute("update events set data = ? where id = ?", (json.dumps(data), row[0]))
+    edited = turnlog(db, "verify", turn_id)  # the hash chain sees it first
+    assert edited.returncode == 1
+    assert edited.stderr == f"turnlog: turn {turn_id} does not verify: edited: seq {row[2]} (turn.finalized) was edited: its content does not match its hash\n"
+    # someone with write access re-chains the forged log: consistent, so the re-run has to catch it
+    rechain(db, turn_id)
     forged = turnlog(db, "verify", turn_id)
     assert forged.returncode == 1 and "turn.finalized" in forged.stderr
     forged_json = turnlog(db, "verify", turn_id, "--json")
@@ -168,7 +174,16 @@ async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Servic
     assert report["ok"] is False and any("turn.finalized" in line for line in report["diff"])
     with sqlite3.connect(db) as conn:  # put the truth back for the teardown's verify
         conn.execute("update events set data = ? where id = ?", (row[1], row[0]))
+    rechain(db, turn_id)
     assert turnlog(db, "verify", "turn_missing").returncode == 1
+
+
+def rechain(db: Path, turn_id: str) -> None:
+    """Rewrite a turn's hashes from its rows (what a DB writer can do to an unsigned chain)."""
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select id, turn_id, seq, type, at, data from events where turn_id = ? order by seq", (turn_id,)).fetchall()
+        hashes = chain_oracle.chain((t, s, ty, at, json.loads(d)) for _, t, s, ty, at, d in rows)
+        conn.executemany("update events set hash = ? where id = ?", [(bytes.fromhex(h), r[0]) for h, r in zip(hashes, rows)])
 
 
 @pytest.mark.sqlite_only
@@ -190,9 +205,13 @@ async def test_verify_explains_the_merged_delta_windows(upstream: Any, database_
     ok = turnlog(db, "verify", turn_id)
     assert ok.returncode == 0, ok.stderr
     compared = recorded - 3
+    with sqlite3.connect(db) as conn:
+        rows = conn.execute("select turn_id, seq, type, at, data from events where turn_id = ? order by seq", (turn_id,)).fetchall()
+    head = chain_oracle.chain((t, s, ty, at, json.loads(d)) for t, s, ty, at, d in rows)[-1]
     assert ok.stdout.strip() == (
         f"ok: turn {turn_id} reproduced: {recorded} events recorded, compared as {compared} after merging "
-        "consecutive model.delta windows (group-commit batching depends on timing, so the windows may differ)"
+        "consecutive model.delta windows (group-commit batching depends on timing, so the windows may differ); "
+        f"hash chain intact, head {head}"
     )
     report = json.loads(turnlog(db, "verify", turn_id, "--json").stdout)
-    assert report == {"turn_id": turn_id, "ok": True, "events_recorded": recorded, "events_compared": compared, "diff": []}
+    assert report == {"turn_id": turn_id, "ok": True, "events_recorded": recorded, "events_compared": compared, "head": head, "diff": []}

@@ -31,8 +31,10 @@ from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrat
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
+from engine.chain import check
 from engine.events import Event
 from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
+from tests import chain_oracle
 from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
 
 #: The newest revision in migrations/versions.
@@ -189,6 +191,49 @@ class TestEventStoreContract:
         await asyncio.gather(store.append([ev(a, 2, x="a")]), store.append([ev(b, 2, x="b")]))
         assert [e.data.get("x") for e in await store.read(a)] == [None, "a"]
         assert [e.data.get("x") for e in await store.read(b)] == [None, "b"]
+
+    # ------------------------------------------------------------ the chain
+
+    async def test_events_are_hash_chained(self, store: Store, store_backend: Backend, clock: Clock, ids: Any) -> None:
+        """Every append links its events (``sha256(previous hash || canonical
+        event)``, from 32 zero bytes), whatever path writes them: start_turn,
+        group-committed appends of several turns, append_nowait, a batch
+        in which an append fails, another store (process) of the same log."""
+        a, b = ids("a"), ids("b")
+        token = await start(store, a)
+        await start(store, b)
+        await asyncio.gather(
+            store.append_nowait([ev(a, 2, "model.delta", text="héllo ✓", lens=[3, 3])], fencing=token),
+            store.append_nowait([ev(b, 2, x=1)]),
+            store.append_nowait([ev(a, 3), ev(a, 4, nested={"z": 1, "a": [1.5, None, "é"]})], fencing=token),
+        )
+        # one batch: an append at a taken seq fails alone; the others are linked as if it never was
+        results = await asyncio.gather(
+            store.append([ev(b, 3, x="first")]),
+            store.append([ev(b, 3, x="second")]),
+            store.append([ev(a, 5)], fencing=token),
+            return_exceptions=True,
+        )
+        assert sum(isinstance(r, ConcurrencyError) for r in results) == 1 and results[2] is None
+        other = await store_backend.open(clock)  # a second process: no heads of its own
+        try:
+            await other.append([ev(a, 6, by="other")])
+        finally:
+            await other.close()
+        await store.append([ev(a, 7)])  # the first store again, past the other's event
+        await store.append([ev(b, 4)])
+        for turn in (a, b):
+            stored = await store.read_chain(turn)
+            rows = [(e.turn_id, e.seq, e.type, e.at, e.data) for e in stored]
+            assert [e.hash for e in stored] == chain_oracle.chain(rows), turn
+            assert [e.seq for e in stored] == list(range(1, len(stored) + 1))
+            assert check(turn, stored).ok
+        # stored data, not upcast: the chain is over what was written
+        await store.append([Event(turn_id=b, seq=5, type="model.requested", at=T0, data={"v": 1, "provider": "openai"})])
+        (old,) = await store.read_chain(b, after=4)
+        assert old.data == {"v": 1, "provider": "openai"} and (await store.read(b, after=4))[0].data == {"v": 2}
+        assert old.hash == chain_oracle.chain([(e.turn_id, e.seq, e.type, e.at, e.data) for e in await store.read_chain(b)])[-1]
+        assert [e.seq for e in await store.read_chain(a, after=2, limit=3)] == [3, 4, 5]
 
     # ---------------------------------------------------- optimistic concurrency
 
@@ -768,6 +813,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("DROP TABLE knowledge_files, knowledge, file_chunks, files, memories")  # 0005's
         await admin.execute("DROP INDEX vector_items_metadata")  # 0006's
         await admin.execute("ALTER TABLE vector_collections DROP COLUMN version")
+        await admin.execute("ALTER TABLE events DROP COLUMN hash")  # 0007's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) "

@@ -156,7 +156,7 @@ def create_app(
     chat_routes.setup(app)
     memory_routes.setup(app)
     file_routes.setup(app)
-    turn_routes.setup(app)
+    turn_routes.setup(app, settings)
     fork_routes.setup(app)
     ws_routes.setup(app)
     ui_routes.setup(app)

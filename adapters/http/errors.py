@@ -17,8 +17,17 @@ log = logging.getLogger("turnlog.http")
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        type_: str = "invalid_request_error",
+        code: str | None = None,
+        param: str | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(message)
+        self.extra = extra  # more fields of the error object (e.g. a damaged log's ``damage``)
         self.status = status
         self.message = message
         self.type = type_
@@ -65,6 +74,10 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
     try:
         return await handler(request)
     except ApiError as exc:
+        if exc.extra:
+            body = error_body(exc.message, exc.type, exc.code, exc.param)
+            body["error"].update(exc.extra)
+            return web.json_response(body, status=exc.status)
         return error_response(exc.status, exc.message, exc.type, exc.code, exc.param)
     except web.HTTPRequestEntityTooLarge:
         limit = getattr(request, "_client_max_size", None)

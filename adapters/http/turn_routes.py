@@ -2,19 +2,34 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from typing import Any
 
 from aiohttp import web
 
+from adapters.config import Settings
 from adapters.http.auth import USER
 from adapters.http.chat_routes import stream_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, not_found
+from adapters.receipts import load_private_key, receipt
+from adapters.store.common import hash_bytes
+from engine.chain import ChainResult, Damage, StoredEvent, check
+from engine.events import Event
 from engine.fold.chat import chat_messages, chat_turn_views
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import TurnRecord
 from engine.run.supervisor import TurnConflict
+
+log = logging.getLogger("turnlog.http")
+
+#: The Ed25519 key receipts are signed with (``TURNLOG_RECEIPT_KEY``), or None.
+RECEIPT_KEY = web.AppKey("turnlog_receipt_key", object)
+
+#: How long ``GET …/verify`` lets the re-run take before it answers that it did not finish.
+VERIFY_TIMEOUT = 60.0
 
 
 def _int_query(request: web.Request, name: str, default: int | None = None, minimum: int = 0) -> int | None:
@@ -38,6 +53,42 @@ async def _own_turn(request: web.Request) -> TurnRecord:
     return record
 
 
+class DamagedLog(ApiError):
+    """409 ``damaged_log``, the error naming the damage: ``{"error": {"message",
+    "type", "code", "damage": {"seq", "kind", "message"}}}``."""
+
+    def __init__(self, turn_id: str, message: str, damage: Damage | None = None) -> None:
+        super().__init__(
+            409,
+            f"turn {turn_id}: damaged log: {message} (GET /v1/turns/{turn_id}/verify)",
+            "conflict_error",
+            "damaged_log",
+            extra={"damage": damage.public()} if damage is not None else None,
+        )
+
+
+async def _checked(svc: Services, turn_id: str) -> tuple[list[StoredEvent], ChainResult]:
+    stored = await svc.store.read_chain(turn_id)
+    return stored, check(turn_id, stored)
+
+
+async def _checked_events(svc: Services, turn_id: str) -> list[Event]:
+    """The turn's events, after its chain is checked (409 ``damaged_log`` if not)."""
+    stored, result = await _checked(svc, turn_id)
+    if result.damage is not None:
+        raise DamagedLog(turn_id, result.damage.message, result.damage)
+    return [e.event() for e in stored]
+
+
+def _fold(turn_id: str, events: list[Event], upto: int | None = None) -> TurnView:
+    """The fold, a log it cannot fold (whatever its chain says) a 409."""
+    try:
+        return fold(turn_id, events, upto=upto)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("turn %s: its log does not fold: %s", turn_id, exc)
+        raise DamagedLog(turn_id, f"the log cannot be folded: {exc}") from None
+
+
 def _public(svc: Services, record: TurnRecord, view: TurnView) -> dict[str, Any]:
     out = view.public()
     # No terminal event and nobody holding the lease: the owner is gone.
@@ -50,7 +101,7 @@ def _public(svc: Services, record: TurnRecord, view: TurnView) -> dict[str, Any]
 async def get_turn(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
-    view = fold(record.id, await svc.store.read(record.id))
+    view = _fold(record.id, await _checked_events(svc, record.id))
     return web.json_response(_public(svc, record, view))
 
 
@@ -58,8 +109,21 @@ async def get_events(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
     after = _int_query(request, "after", 0) or 0
-    limit = _int_query(request, "limit", 1000, minimum=1)
-    events = await svc.store.read(record.id, after=after, limit=min(limit or 1000, 10_000))
+    limit = min(_int_query(request, "limit", 1000, minimum=1) or 1000, 10_000)
+    # The page is checked against its chain from the event before it.
+    stored = await svc.store.read_chain(record.id, after=max(after - 1, 0), limit=limit + (after > 0))
+    previous = None
+    if after > 0 and stored:
+        if stored[0].seq == after:
+            previous, stored = hash_bytes(stored[0].hash), stored[1:]
+        else:
+            damage = Damage(after, "deleted", f"seq {after} missing: deleted", 0)
+            raise DamagedLog(record.id, damage.message, damage)
+    if stored:
+        result = check(record.id, stored, first_seq=after + 1, **({"previous": previous} if previous is not None else {}))
+        if result.damage is not None:
+            raise DamagedLog(record.id, result.damage.message, result.damage)
+    events = [e.event() for e in stored]
     return web.json_response(
         {"events": [e.public() for e in events], "next_after": events[-1].seq if events else after}
     )
@@ -86,8 +150,48 @@ async def get_replay(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
     upto = _int_query(request, "upto", None, minimum=0)
-    view = fold(record.id, await svc.store.read(record.id), upto=upto)
+    view = _fold(record.id, await _checked_events(svc, record.id), upto=upto)
     return web.json_response(view.public())
+
+
+async def get_verify(request: web.Request) -> web.Response:
+    """What ``turnlog verify`` checks: the chain, then the re-run of the engine."""
+    from adapters.store.memory import MemoryEventStore
+    from engine.run.verify import verify_turn
+
+    svc = services(request)
+    record = await _own_turn(request)
+    stored, result = await _checked(svc, record.id)
+    out: dict[str, Any] = {"ok": False, "diff": [], "turn_id": record.id, "events": len(stored)}
+    if result.damage is not None:
+        out["diff"] = [result.damage.message]
+        out["damage"] = result.damage.public()
+        return web.json_response(out)
+    out["head"] = result.head
+    if record.status == "running":  # the re-run would wait for the events still to come
+        raise ApiError(
+            409, f"turn {record.id} has not ended: its hash chain holds ({len(stored)} events); verify it once it has ended",
+            "conflict_error", "turn_not_ended",
+        )
+    scratch = MemoryEventStore()
+    try:
+        verdict = await asyncio.wait_for(verify_turn([e.event() for e in stored], scratch), VERIFY_TIMEOUT)
+    except TimeoutError:
+        out["diff"] = [f"the re-run did not finish within {VERIFY_TIMEOUT:g} s"]
+        return web.json_response(out)
+    finally:
+        await scratch.close()
+    out["ok"], out["diff"] = verdict.ok, verdict.diff
+    return web.json_response(out)
+
+
+async def get_receipt(request: web.Request) -> web.Response:
+    svc = services(request)
+    record = await _own_turn(request)
+    _, result = await _checked(svc, record.id)
+    if result.damage is not None:
+        raise DamagedLog(record.id, result.damage.message, result.damage)
+    return web.json_response(receipt(record.id, result, request.app[RECEIPT_KEY]))
 
 
 async def post_cancel(request: web.Request) -> web.Response:
@@ -115,7 +219,11 @@ async def get_chat(request: web.Request) -> web.Response:
     chat = await svc.store.get_chat(request.match_info["chat_id"])
     if chat is None or chat.user_id != request[USER]:
         raise not_found("chat")
-    views = await chat_turn_views(svc.store, chat.id)
+    try:
+        views = await chat_turn_views(svc.store, chat.id)
+    except (ValueError, KeyError, TypeError) as exc:  # a turn whose log does not fold
+        log.warning("chat %s: a turn's log does not fold: %s", chat.id, exc)
+        raise ApiError(409, f"chat {chat.id}: damaged log: {exc}", "conflict_error", "damaged_log") from None
     return web.json_response(
         {
             "id": chat.id,
@@ -149,8 +257,11 @@ async def list_chats(request: web.Request) -> web.Response:
     )
 
 
-def setup(app: web.Application) -> None:
+def setup(app: web.Application, settings: Settings) -> None:
+    app[RECEIPT_KEY] = load_private_key(settings.receipt_key) if settings.receipt_key else None
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
+    app.router.add_get("/v1/turns/{turn_id}/verify", get_verify)
+    app.router.add_get("/v1/turns/{turn_id}/receipt", get_receipt)
     app.router.add_get("/v1/turns/{turn_id}/events", get_events)
     app.router.add_get("/v1/turns/{turn_id}/stream", get_stream)
     app.router.add_get("/v1/turns/{turn_id}/replay", get_replay)

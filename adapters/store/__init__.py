@@ -66,6 +66,7 @@ async def open_store(
     synchronous: str = "FULL",
     clock: Callable[[], float] = time.time,
     max_batch: int = 1000,
+    chain: bool = True,
     **engine_kwargs: Any,
 ) -> SqlEventStore:
     """Open the store at ``url`` (already migrated: call :func:`migrate` first).
@@ -73,6 +74,8 @@ async def open_store(
     SQLite: ``synchronous`` is its PRAGMA (see ``adapters.store.sqlite``), and
     group commits run on a sync writer engine in a thread. Other dialects: a
     plain async engine (``engine_kwargs`` go to the engine factory).
+    ``chain=False`` stores events without their hashes: only to measure what
+    the chain costs (``bench.storebench chain``).
     """
     if make_url(url).get_backend_name() == "sqlite":
         engine = sqlite_engine(url, synchronous=synchronous, **engine_kwargs)
@@ -81,5 +84,5 @@ async def open_store(
             synchronous=synchronous,
             busy_timeout_ms=engine_kwargs.get("busy_timeout_ms", 5000),
         )
-        return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch)
-    return SqlEventStore(create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch)
+        return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch, chain=chain)
+    return SqlEventStore(create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch, chain=chain)

@@ -16,13 +16,19 @@ from typing import Any
 
 import orjson
 
+from engine.chain import GENESIS, canonical
 from engine.events import Event
 from engine.ports import LeaseLost
 
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
-#: ``(turn_id, seq, type, at, data)``: one event as the stores keep it.
-EventRow = tuple[str, int, str, float, str]
+#: ``(turn_id, seq, type, at, data, chain)``: one event as the stores keep it;
+#: ``chain`` is its canonical form (``engine.chain``) until the writer links it,
+#: then its hash (32 bytes), None with the chain off.
+EventRow = tuple[str, int, str, float, str, Any]
+
+#: A turn's last linked event: ``(seq, hash)``.
+Head = tuple[int, bytes]
 
 
 def dumps(obj: Any) -> str:
@@ -41,10 +47,67 @@ def loads(text: str | bytes) -> Any:
         return json.loads(text)  # e.g. integers beyond 64 bits
 
 
-def event_rows(events: Sequence[Event]) -> list[EventRow]:
-    """Rows of ``events``, data as compact JSON: encoded in the caller's call,
-    so that unencodable data fails there, before anything is queued."""
-    return [(e.turn_id, e.seq, e.type, e.at, dumps(e.data)) for e in events]
+def event_rows(events: Sequence[Event], chain: bool = True) -> list[EventRow]:
+    """Rows of ``events``, data as compact JSON and (``chain``) their canonical
+    form: encoded in the caller's call, so that unencodable data fails there,
+    before anything is queued."""
+    if not chain:
+        return [(e.turn_id, e.seq, e.type, e.at, dumps(e.data), None) for e in events]
+    return [
+        (e.turn_id, e.seq, e.type, e.at, dumps(e.data), canonical(e.turn_id, e.seq, e.type, e.at, e.data))
+        for e in events
+    ]
+
+
+def link_rows(
+    rows: Sequence[EventRow],
+    heads: dict[str, Head],
+    previous: Any,
+    *older: dict[str, Head],
+) -> list[EventRow]:
+    """``rows`` with their hashes (32 bytes) in place of their canonical forms, in
+    order; ``heads`` (turn -> last linked ``(seq, hash)``) is read and moved
+    on, ``older`` only read (after ``heads``, in order). ``previous(turn_id,
+    seq)`` gives the hash before ``seq`` when they do not hold ``seq - 1`` (a
+    store's read; :data:`GENESIS` at seq 1)."""
+    out: list[EventRow] = []
+    append = out.append
+    sha256 = hashlib.sha256  # engine.chain.link, inlined: this runs per event
+    for turn_id, seq, type_, at, data, canon in rows:
+        if canon is None:  # the chain is off
+            append((turn_id, seq, type_, at, data, None))
+            continue
+        head = heads.get(turn_id)
+        if head is None:
+            for layer in older:
+                head = layer.get(turn_id)
+                if head is not None:
+                    break
+        if head is not None and head[0] == seq - 1:
+            prev = head[1]
+        else:
+            prev = GENESIS if seq <= 1 else previous(turn_id, seq)
+        digest = sha256(prev + canon).digest()
+        heads[turn_id] = (seq, digest)
+        append((turn_id, seq, type_, at, data, digest))
+    return out
+
+
+def hash_bytes(value: bytes | str | None) -> bytes:
+    """A stored hash (bytes, or hex) as bytes; :data:`GENESIS` for a row without one."""
+    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) == 32:
+        return bytes(value)
+    if isinstance(value, str):
+        try:
+            return bytes.fromhex(value)
+        except ValueError:
+            pass
+    return GENESIS
+
+
+def hash_hex(value: bytes | None) -> str | None:
+    """A stored hash as ``engine.chain`` shows it (hex)."""
+    return None if value is None else bytes(value).hex()
 
 
 def hash_api_key(key: str) -> str:

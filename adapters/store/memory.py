@@ -41,11 +41,15 @@ from adapters.store.common import (
     dumps,
     event_rows,
     hash_api_key,
+    hash_bytes,
+    hash_hex,
+    link_rows,
     loads,
     new_api_key,
     stale_token,
 )
 from engine.blobs import blob_id as _blob_id
+from engine.chain import GENESIS, StoredEvent
 from engine.events import Event, upcast
 from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, TurnRecord
 
@@ -112,7 +116,13 @@ class _TurnLog:
     """One turn's events: ``seqs`` sorted (appends may come out of order)."""
 
     seqs: list[int] = field(default_factory=list)
-    rows: dict[int, tuple[str, float, str]] = field(default_factory=dict)  # seq -> (type, at, data)
+    # seq -> (type, at, data, hash)
+    rows: dict[int, tuple[str, float, str, bytes | None]] = field(default_factory=dict)
+
+    def previous_hash(self, seq: int) -> bytes:
+        """The hash of the last event before ``seq`` (the chain's previous link)."""
+        i = bisect.bisect_left(self.seqs, seq)
+        return GENESIS if i == 0 else hash_bytes(self.rows[self.seqs[i - 1]][3])
 
 
 @dataclass(slots=True)
@@ -146,8 +156,14 @@ class MemoryDatabase:
         return any(turn_id in events and seq in events[turn_id].rows for turn_id, seq in keys)
 
     def insert(self, rows: Sequence[EventRow]) -> None:
-        """Insert ``rows``; the caller has checked :meth:`taken`."""
-        for turn_id, seq, type_, at, data in rows:
+        """Insert ``rows``, hash-chained; the caller has checked :meth:`taken`."""
+        events = self.events
+
+        def previous(turn_id: str, seq: int) -> bytes:
+            log_ = events.get(turn_id)
+            return GENESIS if log_ is None else log_.previous_hash(seq)
+
+        for turn_id, seq, type_, at, data, hash_ in link_rows(rows, {}, previous):
             log_ = self.events.get(turn_id)
             if log_ is None:
                 log_ = self.events[turn_id] = _TurnLog()
@@ -155,7 +171,7 @@ class MemoryDatabase:
                 log_.seqs.append(seq)
             else:
                 bisect.insort(log_.seqs, seq)
-            log_.rows[seq] = (type_, float(at), data)
+            log_.rows[seq] = (type_, float(at), data, hash_)
 
 
 class _Append:
@@ -394,8 +410,21 @@ class MemoryEventStore:
         construct = Event.model_construct
         out = []
         for seq in seqs:
-            type_, at, data = rows[seq]
+            type_, at, data, _ = rows[seq]
             out.append(upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=loads(data))))
+        return out
+
+    async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        await _round_trip()
+        log_ = self.database.events.get(turn_id)
+        if log_ is None:
+            return []
+        start = bisect.bisect_right(log_.seqs, after)
+        seqs = log_.seqs[start:] if limit is None else log_.seqs[start : start + max(limit, 0)]
+        out = []
+        for seq in seqs:
+            type_, at, data, hash_ = log_.rows[seq]
+            out.append(StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_)))
         return out
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:

@@ -23,10 +23,10 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 # One statement for any number of events (the rows passed as arrays).
 _INSERT_EVENTS = text(
     """
-    INSERT INTO events (turn_id, seq, type, at, data)
+    INSERT INTO events (turn_id, seq, type, at, data, hash)
     SELECT * FROM unnest(
         CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
-        CAST(:ats AS float8[]), CAST(:datas AS text[])
+        CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS bytea[])
     )
     """
 )
@@ -39,10 +39,10 @@ _INSERT_EVENTS = text(
 _INSERT_EVENTS_SKIPPING = text(
     """
     WITH inserted AS (
-        INSERT INTO events (turn_id, seq, type, at, data)
+        INSERT INTO events (turn_id, seq, type, at, data, hash)
         SELECT * FROM unnest(
             CAST(:turn_ids AS text[]), CAST(:seqs AS integer[]), CAST(:types AS text[]),
-            CAST(:ats AS float8[]), CAST(:datas AS text[])
+            CAST(:ats AS float8[]), CAST(:datas AS text[]), CAST(:hashes AS bytea[])
         )
         ON CONFLICT (turn_id, seq) DO NOTHING
         RETURNING id
@@ -78,18 +78,19 @@ def postgres_engine(url: str, **kwargs: Any) -> AsyncEngine:
 
 
 def _columns(rows: list[tuple[Any, ...]]) -> dict[str, list[Any]]:
-    turn_ids, seqs, types, ats, datas = zip(*rows)
+    turn_ids, seqs, types, ats, datas, hashes = zip(*rows)
     return {
         "turn_ids": list(turn_ids),
         "seqs": list(seqs),
         "types": list(types),
         "ats": list(ats),
         "datas": list(datas),
+        "hashes": list(hashes),
     }
 
 
 def insert_events(conn: Connection, rows: list[tuple[Any, ...]]) -> None:
-    """INSERT ``rows`` (``(turn_id, seq, type, at, data)``) atomically (one
+    """INSERT ``rows`` (``(turn_id, seq, type, at, data, hash)``) atomically (one
     statement; a taken ``(turn_id, seq)`` raises ``IntegrityError``)."""
     conn.execute(_INSERT_EVENTS, _columns(rows))
 

@@ -41,6 +41,10 @@ events = Table(
     Column("type", Text, nullable=False),
     Column("at", Float, nullable=False),
     Column("data", Text, nullable=False),  # compact JSON
+    # sha256 of the previous event's hash and this event's canonical form
+    # (``engine.chain``), its 32 bytes (BLOB, BYTEA: half the size of hex in
+    # every row); NULL only with the chain off (bench).
+    Column("hash", LargeBinary, nullable=True),
     # Optimistic concurrency: a second writer at the same (turn_id, seq) fails.
     UniqueConstraint("turn_id", "seq", name="uq_events_turn_seq"),
     sqlite_autoincrement=True,

@@ -58,8 +58,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store import postgres as _pg
 from adapters.store.common import (
+    Head,
     after_failure,
     hash_api_key,
+    hash_bytes,
+    hash_hex,
+    link_rows,
     new_api_key,
     stale_token,
 )
@@ -75,6 +79,7 @@ from adapters.store.common import (
 from adapters.store.schema import api_keys, blobs, chats, events, turns
 from adapters.store.sqlite import SQLITE_BEGIN
 from engine.blobs import blob_id as _blob_id
+from engine.chain import StoredEvent
 from engine.events import Event, upcast
 from engine.ports import (
     ChatRecord,
@@ -123,7 +128,7 @@ class _Op:
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
-_EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data")
+_EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
 _INSERT_EVENTS = events.insert()
 # SQLite: the INSERT at the driver level, many rows per statement. One
 # statement is atomic (a unique violation backs out all its rows, the
@@ -149,6 +154,14 @@ _UPDATE_INDEX = (
         view=func.coalesce(bindparam("i_view", type_=Text), turns.c.view),
         updated_at=bindparam("i_updated_at", type_=Float),
     )
+)
+# The hash before ``seq`` (the chain's previous link) when the writer has not
+# linked that turn's last event itself.
+_SELECT_PREVIOUS_HASH = (
+    select(events.c.hash)
+    .where(events.c.turn_id == bindparam("p_turn", type_=Text), events.c.seq < bindparam("p_seq"))
+    .order_by(events.c.seq.desc())
+    .limit(1)
 )
 _SELECT_FENCING = select(turns.c.id, turns.c.fencing).where(
     turns.c.id.in_(bindparam("ids", expanding=True))
@@ -180,8 +193,18 @@ class SqlEventStore:
         writer_engine: Engine | None = None,
         clock: Callable[[], float] = time.time,
         max_batch: int = 1000,
+        chain: bool = True,
     ) -> None:
         self.engine = engine
+        # Hash-chain every appended event (``engine.chain``); off only to
+        # measure what the chain costs (``bench.storebench chain``).
+        self._chain = chain
+        # turn -> (seq, hash) of its last event this store linked and
+        # committed: the next append's previous link without a read. Only the
+        # writer touches it (its thread, on SQLite); a batch's links go into
+        # ``_linked`` and reach it once the batch is committed.
+        self._heads: dict[str, Head] = {}
+        self._linked: dict[str, Head] = {}
         self._clock = clock
         self._max_batch = max_batch
         self._dialect = engine.dialect.name
@@ -211,7 +234,7 @@ class SqlEventStore:
     async def start_turn(
         self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float
     ) -> int:
-        rows = _event_rows(events)
+        rows = _event_rows(events, self._chain)
         if any(row[0] != turn.id for row in rows):
             raise ValueError("start_turn: events of another turn")
         view = None if turn.view is None else _dumps(turn.view)
@@ -238,10 +261,12 @@ class SqlEventStore:
             except IntegrityError as exc:
                 raise ConcurrencyError(f"turn {turn.id} already exists") from exc
             if rows:
+                trial: dict[str, Head] = {}
                 try:
-                    self._insert_events(conn, rows)
+                    self._insert_events(conn, self._link(conn, rows, trial))
                 except IntegrityError as exc:
                     raise ConcurrencyError(f"turn {turn.id}: event seq already taken") from exc
+                self._linked.update(trial)
             return 1
 
         return await self._submit(_Op, op)
@@ -262,7 +287,7 @@ class SqlEventStore:
         fencing: int | None = None,
         index: IndexUpdate | None = None,
     ) -> asyncio.Future[None]:
-        rows = _event_rows(events)
+        rows = _event_rows(events, self._chain)
         turn_ids = {row[0] for row in rows}
         turn_id = next(iter(turn_ids)) if len(turn_ids) == 1 else None
         if (fencing is not None or index is not None) and turn_id is None:
@@ -390,6 +415,19 @@ class SqlEventStore:
         return [
             upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data)))
             for row in rows
+        ]
+
+    async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
+        stmt = (
+            select(events.c.seq, events.c.type, events.c.at, events.c.data, events.c.hash)
+            .where(events.c.turn_id == turn_id, events.c.seq > after)
+            .order_by(events.c.seq)
+        )
+        if limit is not None:
+            stmt = stmt.limit(limit)
+        return [
+            StoredEvent(turn_id, row.seq, row.type, row.at, _loads(row.data), hash_hex(row.hash))
+            for row in await self._fetch(stmt)
         ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
@@ -559,7 +597,9 @@ class SqlEventStore:
         conn = self._sync_conn
         try:
             with conn.begin():
-                return self._write_batch(conn, batch)
+                results = self._write_batch(conn, batch)
+            self._committed_links()
+            return results
         except BaseException:
             self._sync_conn = None
             try:
@@ -575,7 +615,9 @@ class SqlEventStore:
         conn = self._async_conn
         try:
             async with conn.begin():
-                return await conn.run_sync(self._write_batch, batch)
+                results = await conn.run_sync(self._write_batch, batch)
+            self._committed_links()
+            return results
         except BaseException:
             self._async_conn = None
             try:
@@ -590,8 +632,30 @@ class SqlEventStore:
             self._sync_conn.close()
             self._sync_conn = None
 
+    def _committed_links(self) -> None:
+        """The batch committed: its links are the turns' heads now."""
+        if self._linked:
+            if len(self._heads) > 20_000:  # turns long finished: read again if ever appended to
+                self._heads.clear()
+            self._heads.update(self._linked)
+            self._linked = {}
+
+    def _link(self, conn: Connection, rows: list[tuple[Any, ...]], trial: dict[str, Head]) -> list[tuple[Any, ...]]:
+        """``rows`` with their hashes, linked after this batch's and the
+        committed heads (``trial`` gets the new heads: merge it into
+        ``_linked`` once the rows are written)."""
+        if not self._chain:
+            return [(*row[:5], None) for row in rows]
+
+        def previous(turn_id: str, seq: int) -> bytes:
+            value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()
+            return hash_bytes(value)
+
+        return link_rows(rows, trial, previous, self._linked, self._heads)
+
     def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
         """The body of a group commit (sync; runs inside the open transaction)."""
+        self._linked = {}
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
         while i < n:
@@ -645,6 +709,8 @@ class SqlEventStore:
         rows = [row for i in live for row in batch[i].rows]
         if len({(row[0], row[1]) for row in rows}) == len(rows):
             updates = [batch[i].index for i in live if batch[i].index is not None]
+            trial: dict[str, Head] = {}
+            rows = self._link(conn, rows, trial)
             try:
                 if self._sqlite and len(rows) <= _SQLITE_ROWS_PER_INSERT:
                     # One statement: atomic by itself, no savepoint needed.
@@ -665,6 +731,7 @@ class SqlEventStore:
                             self._insert_events(conn, rows)
                         if updates:
                             conn.execute(_UPDATE_INDEX, updates)
+                self._linked.update(trial)
                 return
             except (IntegrityError, _pg.Conflict):
                 pass  # nothing of the run was written; find the culprits
@@ -674,12 +741,14 @@ class SqlEventStore:
             if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
                 results[i] = (False, after_failure(req.turn_id, req.fencing))
                 continue
+            trial = {}
             try:
                 with conn.begin_nested():
                     if req.rows:
-                        self._insert_events(conn, req.rows)
+                        self._insert_events(conn, self._link(conn, req.rows, trial))
                     if req.index is not None:
                         conn.execute(_UPDATE_INDEX, [req.index])
+                self._linked.update(trial)
             except IntegrityError as exc:
                 error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
                 error.__cause__ = exc

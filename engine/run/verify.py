@@ -452,6 +452,9 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     head = 2 if events and events[0].type == "turn.forked" else 1
     if len(events) < head or events[head - 1].type != "turn.started":
         return VerifyResult(False, [], [], ["the log does not start with turn.started (or turn.forked, then turn.started)"])
+    for want, event in enumerate(events, 1):
+        if event.seq != want:  # a re-run would wait forever for what is missing
+            return VerifyResult(False, [], [], [f"the log's seqs are not 1..{len(events)}: seq {want} expected, seq {event.seq} found"])
     turn_id = events[0].turn_id
     script = _Script(events)
     started = events[head - 1]
