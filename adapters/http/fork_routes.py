@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 from aiohttp import web
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from adapters.http.auth import USER
 from adapters.http.context import services
-from adapters.http.errors import ApiError, not_found, validation_message
-from adapters.http.schemas import read_json
+from adapters.http.errors import ApiError, not_found
+from adapters.http.schemas import read_json, validate_body
 from engine.run.fork import ForkError
 from engine.run.supervisor import TurnConflict
 
@@ -34,13 +34,7 @@ class ForkRequest(BaseModel):
 
 
 def parse_fork_request(body: Any) -> ForkRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
-    try:
-        return ForkRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(400, message, code="invalid_value", param=param) from exc
+    return validate_body(ForkRequest, body)
 
 
 async def post_fork(request: web.Request) -> web.Response:

@@ -72,9 +72,8 @@ async def read_json(request: web.Request) -> Any:
 Body = TypeVar("Body", bound=BaseModel)
 
 
-async def read_body(request: web.Request, model: type[Body]) -> Body:
-    """The JSON object body validated as ``model``, or a 400 naming the field."""
-    body: Any = await read_json(request)
+def validate_body(model: type[Body], body: Any) -> Body:
+    """A parsed JSON body validated as ``model``, or a 400 naming the field."""
     if not isinstance(body, dict):
         raise ApiError(400, "request body must be a JSON object", code="invalid_type")
     try:
@@ -84,11 +83,10 @@ async def read_body(request: web.Request, model: type[Body]) -> Body:
         raise ApiError(400, message, code="invalid_value", param=param) from exc
 
 
+async def read_body(request: web.Request, model: type[Body]) -> Body:
+    """The JSON object body validated as ``model``, or a 400 naming the field."""
+    return validate_body(model, await read_json(request))
+
+
 def parse_chat_request(body: Any) -> ChatRequest:
-    if not isinstance(body, dict):
-        raise ApiError(400, "request body must be a JSON object", code="invalid_type")
-    try:
-        return ChatRequest.model_validate(body)
-    except ValidationError as exc:
-        message, param = validation_message(exc)
-        raise ApiError(400, message, code="invalid_value", param=param) from exc
+    return validate_body(ChatRequest, body)
