@@ -179,8 +179,17 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
             assert status == 200 and [e["seq"] for e in body["events"]] == [last], body
         status, body = await service.get(f"/v1/turns/{intact}")
         assert status == 200 and body["status"] == "completed"
+        # streams of it: 409 before any byte over SSE, an error message over the WebSocket
         status, body = await service.get(f"/v1/turns/{turn_id}/stream")
-        assert status != 500, body
+        assert status == 409 and body["error"]["code"] == "damaged_log" and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body
+        async with service.http.ws_connect(service.v1 + "/ws") as ws:
+            await ws.send_json({"type": "subscribe", "turn_id": turn_id})
+            said = await asyncio.wait_for(ws.receive_json(), 10)
+            assert said["type"] == "error" and said["code"] == "damaged_log", said
+            assert said["damage"] == {"seq": TAMPERED_SEQ, "kind": kind, "message": report["damage"]["message"]}
+            await ws.send_json({"type": "subscribe", "turn_id": intact})  # the same socket still serves an intact turn
+            first = await asyncio.wait_for(ws.receive_json(), 10)
+            assert first["type"] == "event" and first["seq"] == 1, first
         if kind == "deleted":  # a chat holding a turn whose log does not fold: a 409 too, never a 500
             status, body = await service.get(f"/v1/chats/{chat_of[turn_id]}")
             assert status == 409 and body["error"]["code"] == "damaged_log", body

@@ -80,6 +80,18 @@ async def _checked_events(svc: Services, turn_id: str) -> list[Event]:
     return [e.event() for e in stored]
 
 
+async def refuse_damaged(svc: Services, turn_id: str) -> None:
+    """409 ``damaged_log`` before a stream of a turn this process is not running
+    (a running turn's log is being written by its actor here: it is read as it
+    grows). A stream of a damaged log would otherwise stop at the damage with
+    nothing said."""
+    if turn_id in svc.supervisor.actors:
+        return
+    _stored, result = await _checked(svc, turn_id)
+    if result.damage is not None:
+        raise DamagedLog(turn_id, result.damage.message, result.damage)
+
+
 def _fold(turn_id: str, events: list[Event], upto: int | None = None) -> TurnView:
     """The fold, a log it cannot fold (whatever its chain says) a 409."""
     try:
@@ -137,6 +149,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         raise ApiError(400, "Last-Event-ID / after must be an integer stream position", code="invalid_value") from exc
     include_usage = request.query.get("include_usage", "").lower() in ("1", "true")
+    await refuse_damaged(services(request), record.id)
     return await stream_turn(
         request,
         record.id,

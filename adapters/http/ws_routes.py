@@ -26,6 +26,7 @@ from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
 from adapters.http.schemas import parse_chat_request
+from adapters.http.turn_routes import refuse_damaged
 from engine.events import Event
 from engine.fold.turn_view import fold
 from engine.ports import LiveDelta
@@ -49,8 +50,8 @@ class Connection:
         async with self._lock:
             await self.ws.send_str(_dumps(payload))
 
-    async def error(self, message: str, code: str) -> None:
-        await self.send({"type": "error", "message": message, "code": code})
+    async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
+        await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
 
     async def handle(self, raw: str) -> None:
         try:
@@ -74,7 +75,7 @@ class Connection:
             else:
                 await self.error(f"unknown message type '{kind}'", "unknown_type")
         except ApiError as exc:
-            await self.error(exc.message, exc.code or "invalid_request")
+            await self.error(exc.message, exc.code or "invalid_request", exc.extra)
 
     async def _own_turn(self, turn_id: Any) -> str:
         if not isinstance(turn_id, str) or not turn_id:
@@ -101,6 +102,7 @@ class Connection:
                 self._start_pump(record.id, 0)
             return
         turn_id = await self._own_turn(message.get("turn_id"))
+        await refuse_damaged(self.svc, turn_id)
         self._start_pump(turn_id, after)
 
     async def on_tool_result(self, message: dict[str, Any]) -> None:
@@ -151,8 +153,12 @@ class Connection:
                             await self.send(item.payload)
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
             pass
-        except Exception:
+        except Exception as exc:
             log.exception("ws pump for %s failed", turn_id)
+            try:  # the client is told, not left waiting
+                await self.error(f"turn {turn_id}: its log could not be followed: {type(exc).__name__}: {exc}", "log_unreadable", {"turn_id": turn_id})
+            except Exception:
+                pass
         finally:
             if self.pumps.get(turn_id) is asyncio.current_task():
                 del self.pumps[turn_id]
