@@ -361,20 +361,29 @@ async def test_sqlite_migration_matches_vector_schema(tmp_path: Path) -> None:
 # ------------------------------------------------ a random history, against an oracle
 
 
-@pytest.mark.parametrize("inline", [True, False], ids=["inline", "threaded"])
-async def test_random_upserts_deletes_and_filtered_queries_match_brute_force(
-    vectors: VectorStore, inline: bool, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_random_upserts_deletes_and_filtered_queries_match_brute_force(vectors: VectorStore) -> None:
     """Upserts (new ids and replacements, metadata changing), deletes (the
     SQLite image fills holes with its last row) and filtered queries, checked
-    after every step against exact search over what was written. ``threaded``:
-    every SQLite product goes to the worker thread (no size threshold)."""
+    after every step against exact search over what was written."""
+    await _random_history_against_brute_force(vectors)
+
+
+async def test_sqlite_worker_thread_path_matches_brute_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on SQLite with every product sent to the worker thread (a
+    size threshold otherwise keeps these small collections inline)."""
     import adapters.vectors.sqlite as sqlite_store
 
-    if not inline:
-        if isinstance(vectors, PgVectorStore):
-            pytest.skip("SQLite-only variant")
-        monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
+    monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
+    await migrate(url)
+    store = await open_vector_store(url)
+    try:
+        await _random_history_against_brute_force(store)
+    finally:
+        await store.close()
+
+
+async def _random_history_against_brute_force(vectors: VectorStore) -> None:
     rnd = random.Random(5)
     live: dict[str, VectorItem] = {}
     for step in range(40):
