@@ -196,3 +196,11 @@ async def wait_for(http: aiohttp.ClientSession, url: str, predicate, timeout: fl
         await asyncio.sleep(0.05)
 
 
+async def wait_for_output(path: Path, what: str, timeout: float = 20.0) -> str:
+    """The text another process wrote to ``path`` once it is there (polled:
+    the writer is a separate process with no other signal to wait on)."""
+    deadline = time.monotonic() + timeout
+    while not (path.exists() and path.read_text()):
+        assert time.monotonic() < deadline, f"{what} never happened"
+        await asyncio.sleep(0.05)
+    return path.read_text()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 from tests.harness import sse_text
-from tests.processes import Server, cli, get_json, wait_for
+from tests.processes import Server, cli, get_json, wait_for, wait_for_output
 from tests.upstream import Reply, ScriptedUpstream
 
 TEXT = "".join(f"word{i:03d} " for i in range(150))
@@ -118,10 +117,7 @@ async def test_kill9_between_tool_started_and_completed(
     try:
         await first.ready(http)
         pending = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "go"}], "tool_ids": [module]}))
-        deadline = time.monotonic() + 20
-        while not (tool_log.exists() and tool_log.read_text()):
-            assert time.monotonic() < deadline, "the tool never started"
-            await asyncio.sleep(0.05)
+        await wait_for_output(tool_log, "the tool's start")  # the tool runs: kill the process now
         first.kill9()
         with pytest.raises(aiohttp.ClientError):
             await pending

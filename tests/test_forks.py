@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from engine.events import Event
 from engine.run.verify import VerifyResult, verify_turn
 from tests.harness import UPSTREAM_KEY, Service, make_settings, start_service, stop_service
 from tests.oracle import check_stream_against_log, read_stream
-from tests.processes import Server, cli, get_json, wait_for
+from tests.processes import Server, cli, get_json, wait_for, wait_for_output
 from tests.test_cli import turnlog
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
@@ -367,10 +366,7 @@ async def test_forks_of_a_turn_that_was_resumed_after_a_crash(
         await first.ready(http)
         body = {"model": "gpt-test", "messages": [{"role": "user", "content": "mail bob"}], "tool_ids": ["mail"]}
         pending = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json=body))
-        deadline = time.monotonic() + 20
-        while not (tool_log.exists() and tool_log.read_text()):  # the tool runs: kill the process now
-            assert time.monotonic() < deadline, "the tool never started"
-            await asyncio.sleep(0.05)
+        await wait_for_output(tool_log, "the tool's start")  # the tool runs: kill the process now
         first.kill9()
         with pytest.raises(aiohttp.ClientError):
             await pending

@@ -399,33 +399,29 @@ class MemoryEventStore:
 
     # ------------------------------------------------------------------- reads
 
-    async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        await _round_trip()
+    def _rows(self, turn_id: str, after: int, limit: int | None) -> list[tuple[int, Any]]:
+        """``(seq, row)`` of the turn's events after ``after``, at most ``limit``."""
         log_ = self.database.events.get(turn_id)
         if log_ is None:
             return []
         start = bisect.bisect_right(log_.seqs, after)
         seqs = log_.seqs[start:] if limit is None else log_.seqs[start : start + max(limit, 0)]
-        rows = log_.rows
+        return [(seq, log_.rows[seq]) for seq in seqs]
+
+    async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
+        await _round_trip()
         construct = Event.model_construct
-        out = []
-        for seq in seqs:
-            type_, at, data, _ = rows[seq]
-            out.append(upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=loads(data))))
-        return out
+        return [
+            upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=loads(data)))
+            for seq, (type_, at, data, _) in self._rows(turn_id, after, limit)
+        ]
 
     async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
         await _round_trip()
-        log_ = self.database.events.get(turn_id)
-        if log_ is None:
-            return []
-        start = bisect.bisect_right(log_.seqs, after)
-        seqs = log_.seqs[start:] if limit is None else log_.seqs[start : start + max(limit, 0)]
-        out = []
-        for seq in seqs:
-            type_, at, data, hash_ = log_.rows[seq]
-            out.append(StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_)))
-        return out
+        return [
+            StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_))
+            for seq, (type_, at, data, hash_) in self._rows(turn_id, after, limit)
+        ]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         await _round_trip()
