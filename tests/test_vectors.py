@@ -368,15 +368,12 @@ async def test_random_upserts_deletes_and_filtered_queries_match_brute_force(vec
     await _random_history_against_brute_force(vectors)
 
 
-async def test_sqlite_worker_thread_path_matches_brute_force(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_sqlite_worker_thread_path_matches_brute_force(tmp_path: Path) -> None:
     """The same on SQLite with every product sent to the worker thread (a
     size threshold otherwise keeps these small collections inline)."""
-    import adapters.vectors.sqlite as sqlite_store
-
-    monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
     url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
     await migrate(url)
-    store = await open_vector_store(url)
+    store = SqliteVectorStore.open(url, inline_work=0)
     try:
         await _random_history_against_brute_force(store)
     finally:
@@ -473,15 +470,12 @@ async def test_sqlite_reads_float64_rows_of_the_previous_format(tmp_path: Path) 
         await store.close()
 
 
-async def test_sqlite_queries_during_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_sqlite_queries_during_writes(tmp_path: Path) -> None:
     """Queries in worker threads while the same collection is written: every
     answer is one of the collection's states, and the last one is exact."""
-    import adapters.vectors.sqlite as sqlite_store
-
-    monkeypatch.setattr(sqlite_store, "INLINE_WORK", 0)
     url = f"sqlite+aiosqlite:///{tmp_path / 'v.db'}"
     await migrate(url)
-    store = SqliteVectorStore.open(url)
+    store = SqliteVectorStore.open(url, inline_work=0)
     try:
         items = random_items(300, 16, seed=3)
         await store.upsert("c", items[:100])

@@ -275,8 +275,10 @@ def _decode(blobs: list[bytes], dim: int) -> np.ndarray:
 class SqliteVectorStore:
     """Vector collections in a (migrated) SQLite database."""
 
-    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, engine: AsyncEngine, *, clock: Callable[[], float] = time.time, inline_work: int = INLINE_WORK) -> None:
         self.engine = engine
+        # Products up to this many multiply-adds run on the loop, larger ones in a worker thread.
+        self.inline_work = inline_work
         self._write = engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"})
         self._read = engine.execution_options(**{SQLITE_BEGIN: None})
         self._snapshot = engine.execution_options(**{SQLITE_BEGIN: "BEGIN"})  # several reads, one snapshot
@@ -285,9 +287,9 @@ class SqliteVectorStore:
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    def open(cls, url: str, **engine_kwargs: Any) -> SqliteVectorStore:
+    def open(cls, url: str, *, inline_work: int = INLINE_WORK, **engine_kwargs: Any) -> SqliteVectorStore:
         engine_kwargs.setdefault("pool_size", 4)
-        return cls(sqlite_engine(url, **engine_kwargs))
+        return cls(sqlite_engine(url, **engine_kwargs), inline_work=inline_work)
 
     async def close(self) -> None:
         self._images.clear()
@@ -396,7 +398,7 @@ class SqliteVectorStore:
             else:
                 rows = image.candidates(want)
                 work = len(rows) * dim
-            if work <= INLINE_WORK:
+            if work <= self.inline_work:
                 best = _best(image, q, k, rows)
             else:
                 async with image.gate.reading():
