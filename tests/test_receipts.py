@@ -179,6 +179,11 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
             assert status == 200 and [e["seq"] for e in body["events"]] == [last], body
         status, body = await service.get(f"/v1/turns/{intact}")
         assert status == 200 and body["status"] == "completed"
+        # the inspector's summary and a fork of it: the same 409, never a 500
+        status, body = await service.get(f"/v1/ui/turns/{turn_id}/summary")
+        assert status == 409 and body["error"]["code"] == "damaged_log", body
+        status, body, _ = await service.post(f"/v1/turns/{turn_id}/fork", {"at": 3})
+        assert status == 409 and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body
         # streams of it: 409 before any byte over SSE, an error message over the WebSocket
         status, body = await service.get(f"/v1/turns/{turn_id}/stream")
         assert status == 409 and body["error"]["code"] == "damaged_log" and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body

@@ -13,6 +13,7 @@ from adapters.http.auth import USER
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
 from adapters.http.schemas import read_json, validate_body
+from adapters.http.turn_routes import refuse_damaged
 from engine.run.fork import ForkError
 from engine.run.supervisor import TurnConflict
 
@@ -43,6 +44,7 @@ async def post_fork(request: web.Request) -> web.Response:
     if parent is None or parent.user_id != request[USER]:
         raise not_found("turn")
     body = parse_fork_request(await read_json(request))
+    await refuse_damaged(svc, parent)  # a fork copies the parent's log: never a damaged one
     # The model the fork calls: the one asked for, else the parent's.
     model = body.model or parent.model
     if await svc.catalog.resolve(model) is None:

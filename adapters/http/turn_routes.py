@@ -80,16 +80,16 @@ async def _checked_events(svc: Services, turn_id: str) -> list[Event]:
     return [e.event() for e in stored]
 
 
-async def refuse_damaged(svc: Services, turn_id: str) -> None:
-    """409 ``damaged_log`` before a stream of a turn this process is not running
-    (a running turn's log is being written by its actor here: it is read as it
-    grows). A stream of a damaged log would otherwise stop at the damage with
-    nothing said."""
-    if turn_id in svc.supervisor.actors:
+async def refuse_damaged(svc: Services, record: TurnRecord) -> None:
+    """409 ``damaged_log`` before a stream (or a fork) of a turn that is no
+    longer running: a stream of a damaged log would otherwise stop at the
+    damage with nothing said. A running turn is not checked: its log is being
+    written, and checking it on every reconnect would read it all once more."""
+    if record.status == "running":
         return
-    _stored, result = await _checked(svc, turn_id)
+    _stored, result = await _checked(svc, record.id)
     if result.damage is not None:
-        raise DamagedLog(turn_id, result.damage.message, result.damage)
+        raise DamagedLog(record.id, result.damage.message, result.damage)
 
 
 def _fold(turn_id: str, events: list[Event], upto: int | None = None) -> TurnView:
@@ -149,7 +149,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     except ValueError as exc:
         raise ApiError(400, "Last-Event-ID / after must be an integer stream position", code="invalid_value") from exc
     include_usage = request.query.get("include_usage", "").lower() in ("1", "true")
-    await refuse_damaged(services(request), record.id)
+    await refuse_damaged(services(request), record)
     return await stream_turn(
         request,
         record.id,

@@ -31,9 +31,10 @@ from sqlalchemy import select
 from adapters.http.auth import USER
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
-from adapters.http.turn_routes import _int_query, _own_turn, _public
+from adapters.http.turn_routes import DamagedLog, _checked_events, _fold, _int_query, _own_turn, _public
 from adapters.store.schema import chats, turns
-from engine.fold.turn_view import TurnView, fold
+from engine.events import Event
+from engine.fold.turn_view import TurnView
 from engine.run.loop_state import LoopState
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
@@ -140,8 +141,8 @@ def _problems(event: Any) -> list[dict[str, Any]]:
 async def turn_summary(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
-    events = await svc.store.read(record.id)
-    view = TurnView(record.id)
+    events = await _checked_events(svc, record.id)
+    view = _fold(record.id, [])
     loop = LoopState()
     requests: list[dict[str, Any]] = []
     tools: dict[str, dict[str, Any]] = {}
@@ -149,7 +150,7 @@ async def turn_summary(request: web.Request) -> web.Response:
     history_len = 0
     iterations = 0
     for event in events:
-        view.apply(event)
+        _apply(view, event)
         loop.apply(event)
         d, t = event.data, event.type
         if t == "assembly.completed":
@@ -214,18 +215,29 @@ async def turn_timeline(request: web.Request) -> web.Response:
     record = await _own_turn(request)
     after = _int_query(request, "after", 0) or 0
     limit = min(_int_query(request, "limit", TIMELINE_PAGE, minimum=1) or TIMELINE_PAGE, TIMELINE_MAX)
-    # The state after each event needs the fold from the start.
-    events = await svc.store.read(record.id, limit=after + limit)
-    view = fold(record.id, [e for e in events if e.seq <= after])
+    # The state after each event needs the fold from the start; one more
+    # event read says whether a page follows.
+    events = await svc.store.read(record.id, limit=after + limit + 1)
+    more = len(events) > after + limit
+    events = events[: after + limit]
+    view = _fold(record.id, [e for e in events if e.seq <= after])
     rows: list[dict[str, Any]] = []
     for event in events:
         if event.seq <= after:
             continue
-        view.apply(event)
+        _apply(view, event)
         rows.append({"seq": event.seq, "type": event.type, "at": event.at, "state": view.state, "data": event.data})
     next_after: int = rows[-1]["seq"] if rows else after
-    more = await svc.store.read(record.id, after=next_after, limit=1)
-    return web.json_response({"events": rows, "next_after": next_after, "has_more": bool(more)})
+    return web.json_response({"events": rows, "next_after": next_after, "has_more": more})
+
+
+def _apply(view: TurnView, event: Event) -> None:
+    """One more event into the view; a log that does not fold is a 409, as on
+    ``GET /v1/turns/{id}``."""
+    try:
+        view.apply(event)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DamagedLog(view.id, f"the log cannot be folded: {exc}") from None
 
 
 def setup(app: web.Application) -> None:

@@ -102,7 +102,9 @@ class Connection:
                 self._start_pump(record.id, 0)
             return
         turn_id = await self._own_turn(message.get("turn_id"))
-        await refuse_damaged(self.svc, turn_id)
+        found = await self.svc.store.get_turn(turn_id)
+        if found is not None:
+            await refuse_damaged(self.svc, found)
         self._start_pump(turn_id, after)
 
     async def on_tool_result(self, message: dict[str, Any]) -> None:

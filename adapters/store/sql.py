@@ -643,9 +643,8 @@ class SqlEventStore:
     def _link(self, conn: Connection, rows: list[tuple[Any, ...]], trial: dict[str, Head]) -> list[tuple[Any, ...]]:
         """``rows`` with their hashes, linked after this batch's and the
         committed heads (``trial`` gets the new heads: merge it into
-        ``_linked`` once the rows are written)."""
-        if not self._chain:
-            return [(*row[:5], None) for row in rows]
+        ``_linked`` once the rows are written; with the chain off, rows carry
+        None and pass through)."""
 
         def previous(turn_id: str, seq: int) -> bytes:
             value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()

@@ -52,6 +52,7 @@ from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
+from engine.tools.builtin import run_code
 from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
 
 LIMIT_MESSAGE = "Tool-call limit reached ({n} iterations)."
@@ -413,7 +414,9 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     status: Literal["completed", "failed"]
     try:
         async with asyncio.timeout(timeout):
-            output = await ctx.ports.code.run(args.get("code", ""), args.get("lang", "python"))
+            # A failure to store its files after the run is this call's failure, recorded
+            # (never left unrecorded, for a resume to run the code again).
+            output = await run_code(ctx.ports.code, ctx.ports.payloads, args.get("code", ""), args.get("lang", "python"))
         status = "failed" if output.get("stderr") and not output.get("stdout") else "completed"
     except TimeoutError:
         output = {"stderr": f"the code did not finish within {timeout:g} seconds"}
@@ -421,9 +424,6 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     except Exception as exc:  # the executor itself failed
         output = {"stderr": f"{type(exc).__name__}: {exc}"}
         status, error = "failed", output["stderr"]
-    if output.get("files"):
-        # Files the code wrote go to the blob store: the log carries their URLs.
-        output["files"] = await ctx.ports.payloads.externalize(output["files"], limit=0)
     await ctx.record(
         ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
     )

@@ -243,13 +243,18 @@ def generate_image(ports: BuiltinPorts) -> BuiltinTool:
     return BuiltinTool(spec, run)
 
 
+async def run_code(code: CodeExecutor, payloads: PayloadStore | None, source: str, lang: str) -> dict[str, Any]:
+    """Run code; the files it wrote go to the blob store (the log keeps their URLs)."""
+    output = await code.run(source, lang)
+    if output.get("files") and payloads is not None:
+        output["files"] = await payloads.externalize(output["files"], limit=0)
+    return output
+
+
 def execute_code(ports: BuiltinPorts) -> BuiltinTool:
     async def run(args: dict[str, Any], ctx: ToolContext) -> str:
         assert ports.code is not None
-        output = await ports.code.run(str(args.get("code", "")), "python")
-        if output.get("files") and ports.payloads is not None:
-            output["files"] = await ports.payloads.externalize(output["files"], limit=0)
-        return _json(output)
+        return _json(await run_code(ports.code, ports.payloads, str(args.get("code", "")), "python"))
 
     spec = _spec(
         "execute_code",
@@ -295,6 +300,9 @@ def builtin_tools(ports: BuiltinPorts) -> dict[str, BuiltinTool]:
     return {t.spec.name: t for t in tools}
 
 
+KNOWLEDGE_TOOLS = frozenset({"query_knowledge_files", "view_knowledge_file"})
+
+
 #: The builtin tools each feature switches on.
 FEATURE_TOOLS: dict[str, tuple[str, ...]] = {
     "web_search": ("search_web", "fetch_url"),
@@ -311,8 +319,7 @@ def wanted_builtins(request: Mapping[str, Any], *, model_knowledge: bool = False
     on = features if isinstance(features, dict) else {}
     names = {name for feature, tools in FEATURE_TOOLS.items() if on.get(feature) for name in tools}
     if request.get("files") or model_knowledge:
-        names |= {"query_knowledge_files", "view_knowledge_file"}
+        names |= KNOWLEDGE_TOOLS
     return names
 
 
-KNOWLEDGE_TOOLS = frozenset({"query_knowledge_files", "view_knowledge_file"})
