@@ -14,6 +14,7 @@ from typing import Any
 
 from adapters import fork_cli
 from adapters.config import Settings, load_settings
+from adapters.observe.logs import configure_logging
 from adapters.store import open_store
 from adapters.store.common import hash_bytes
 from adapters.store.migrate import migrate
@@ -181,19 +182,25 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"turnlog: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_format)
+
+    def announce(text: str) -> None:
+        """The start-up banner: a log line in JSON mode (every line of output parses)."""
+        if settings.log_format == "json":
+            logging.getLogger("turnlog").info("%s", text)
+        else:
+            print(text, flush=True)
+
     loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-    print(
+    announce(
         f"turnlog serving on http://{settings.host}:{settings.port} (database {settings.database_url}, "
-        f"event loop {loop_name})",
-        flush=True,
+        f"event loop {loop_name})"
     )
     if settings.demo:
-        print(
+        announce(
             "demo mode: model 'demo' and tool 'clock' are on. Try:\n"
             f"  curl -N http://{settings.host}:{settings.port}/v1/chat/completions -H 'Content-Type: application/json' "
-            '-d \'{"model": "demo", "stream": true, "messages": [{"role": "user", "content": "count to 20"}]}\'',
-            flush=True,
+            '-d \'{"model": "demo", "stream": true, "messages": [{"role": "user", "content": "count to 20"}]}\''
         )
     app = create_app(settings)
 

@@ -75,6 +75,8 @@ class Settings(BaseSettings):
     # per-socket-event cost that dominates many concurrent streams; "auto" uses it
     # when it is installed (the default install has it on Linux and macOS).
     event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    # Log lines on stderr: "text" for people, "json" one object a line (with turn_id).
+    log_format: Literal["text", "json"] = "text"
     # Young-generation threshold of Python's cyclic GC in `serve` (0 keeps
     # Python's default of 700); see adapters.cli.tune_gc.
     gc_gen0_threshold: int = Field(default=100_000, ge=0)

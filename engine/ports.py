@@ -11,6 +11,7 @@ the other lacks.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -701,3 +702,105 @@ class RemoteControl(Protocol):
 
     async def request_cancel(self, turn_id: str, by: str) -> None: ...
 
+
+# -- observation: metrics and traces -------------------------------------------------
+
+
+class TurnObserver(Protocol):
+    """What the engine tells the operator's instruments (metrics, traces) as a turn runs.
+
+    Called per turn, per model or tool call and per group commit, never per
+    streamed chunk (the relay's hot path stays as it is). An observer only
+    watches: it never changes a turn, must not block the loop, and whatever it
+    raises is the observer's bug, so callers go through :func:`observe`.
+    ``verify`` runs turns with :class:`NoObserver`: a re-run is not traffic.
+    """
+
+    def turn_started(self, turn_id: str, *, model: str, chat_id: str | None, started_at: float | None, resumed: bool) -> None:
+        """This process starts (or resumes) running the turn."""
+        ...
+
+    def turn_ended(self, turn_id: str, status: str) -> None:
+        """This process stops running the turn: ``status`` is the turn's status
+        then, ``running`` when it stopped without a terminal event (shutdown, a
+        lost lease: another process resumes it)."""
+        ...
+
+    def first_token(self, turn_id: str, seconds: float) -> None:
+        """The first streamed chunk of a new turn, ``seconds`` after it started."""
+        ...
+
+    def model_call_started(self, turn_id: str, *, model: str, resolved: ResolvedModel, iteration: int) -> None: ...
+
+    def model_call_ended(
+        self,
+        turn_id: str,
+        *,
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        response_id: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        """The call's response finished (``error`` None) or failed (``error``: its kind)."""
+        ...
+
+    def tool_call_started(self, turn_id: str, *, call_id: str, name: str) -> None: ...
+
+    def tool_call_ended(self, turn_id: str, *, call_id: str, name: str, status: str, error: str | None = None) -> None:
+        """A tool call's result is recorded (also for a call refused before it ran)."""
+        ...
+
+    def upstream_error(self, turn_id: str, kind: str) -> None:
+        """A model call failed at the upstream (``UpstreamError.kind`` or a stream failure)."""
+        ...
+
+    def events_committed(self, count: int, seconds: float) -> None:
+        """One group commit of the event store made ``count`` events durable in ``seconds``."""
+        ...
+
+
+class NoObserver:
+    """Observes nothing: the default, and what ``verify`` runs with."""
+
+    def turn_started(self, turn_id: str, *, model: str, chat_id: str | None, started_at: float | None, resumed: bool) -> None:
+        pass
+
+    def turn_ended(self, turn_id: str, status: str) -> None:
+        pass
+
+    def first_token(self, turn_id: str, seconds: float) -> None:
+        pass
+
+    def model_call_started(self, turn_id: str, *, model: str, resolved: ResolvedModel, iteration: int) -> None:
+        pass
+
+    def model_call_ended(
+        self,
+        turn_id: str,
+        *,
+        finish_reason: str | None = None,
+        usage: dict[str, Any] | None = None,
+        response_id: str | None = None,
+        error: str | None = None,
+    ) -> None:
+        pass
+
+    def tool_call_started(self, turn_id: str, *, call_id: str, name: str) -> None:
+        pass
+
+    def tool_call_ended(self, turn_id: str, *, call_id: str, name: str, status: str, error: str | None = None) -> None:
+        pass
+
+    def upstream_error(self, turn_id: str, kind: str) -> None:
+        pass
+
+    def events_committed(self, count: int, seconds: float) -> None:
+        pass
+
+
+def observe(call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """Call an observer method; a failing observer is logged, never the turn's failure."""
+    try:
+        call(*args, **kwargs)
+    except Exception:
+        logging.getLogger("turnlog.observe").exception("observer %s failed", getattr(call, "__qualname__", call))

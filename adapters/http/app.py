@@ -31,6 +31,7 @@ from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
+from adapters.observe import Metrics, Observers, open_tracing
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
@@ -56,6 +57,7 @@ def create_app(
     calls their own ``/v1/embeddings`` server); None: the one the settings
     configure, if any (else retrieval is lexical only)."""
     holder: dict[str, Services] = {}
+    metrics = Metrics()  # this app's own registry (GET /metrics)
     code = code_executor if code_executor is not None else build_code_executor(settings)
 
     async def lookup(token: str) -> str | None:
@@ -69,6 +71,8 @@ def create_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await migrate(settings.database_url)
         store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous)
+        observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
+        store.observer = observers
         providers: dict[str, ChatProvider] = {}
         connect, idle = settings.upstream_connect_timeout, settings.upstream_idle_timeout
         if settings.openai_base_url:
@@ -121,6 +125,7 @@ def create_app(
             search=search,
             fetcher=fetcher,
             images=images,
+            observer=observers,
         )
         owners.append(supervisor)
         svc = Services(
@@ -149,9 +154,11 @@ def create_app(
                 if client is not None:
                     await client.close()
             await store.close()
+            await observers.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_get("/healthz", health)
+    app.router.add_get("/metrics", metrics.handle)
     blob_routes.setup(app)
     chat_routes.setup(app)
     memory_routes.setup(app)

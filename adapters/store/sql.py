@@ -43,6 +43,7 @@ key (no reader follows the log across turns by it: see
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import sqlite3
@@ -85,7 +86,9 @@ from engine.ports import (
     ChatRecord,
     ConcurrencyError,
     IndexUpdate,
+    TurnObserver,
     TurnRecord,
+    observe,
 )
 
 log = logging.getLogger(__name__)
@@ -125,6 +128,16 @@ class _Op:
     def __init__(self, fn: Op, future: asyncio.Future[Any]) -> None:
         self.fn = fn
         self.future = future
+
+
+class _StartOp(_Op):
+    """A turn's creation with its first events (counted as appended events)."""
+
+    __slots__ = ("events",)
+
+    def __init__(self, fn: Op, events: int, future: asyncio.Future[Any]) -> None:
+        super().__init__(fn, future)
+        self.events = events
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
@@ -228,6 +241,9 @@ class SqlEventStore:
         self._closed = False
         #: Group-commit counters: committed transactions, requests and events.
         self.stats = {"batches": 0, "requests": 0, "events": 0}
+        #: Told of every group commit (events made durable, seconds it took):
+        #: metrics (``engine.ports.TurnObserver.events_committed``).
+        self.observer: TurnObserver | None = None
 
     # ------------------------------------------------------------------ writes
 
@@ -269,7 +285,7 @@ class SqlEventStore:
                 self._linked.update(trial)
             return 1
 
-        return await self._submit(_Op, op)
+        return await self._submit(_StartOp, op, len(rows))
 
     async def append(
         self,
@@ -511,8 +527,10 @@ class SqlEventStore:
             raise RuntimeError("event store is closed")
         writer = self._writer
         if writer is None or writer.done():
+            # A context of its own: it serves every turn, so its log lines name none
+            # (it may be started from a turn's task, whose context names that turn).
             writer = self._writer = asyncio.get_running_loop().create_task(
-                self._write_loop(), name="turnlog-store-writer"
+                self._write_loop(), name="turnlog-store-writer", context=contextvars.Context()
             )
         # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
         # getpid() system call, and this runs for every delta window.
@@ -553,6 +571,7 @@ class SqlEventStore:
 
     async def _commit(self, batch: list[Any]) -> None:
         """Write one batch in one transaction and resolve its futures."""
+        began = time.perf_counter()
         try:
             if self._writer_engine is not None:
                 if self._executor is None:
@@ -575,10 +594,13 @@ class SqlEventStore:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("event store writer cancelled"))
             raise
-        n_events = 0
+        took = time.perf_counter() - began
+        n_events = n_started = 0
         for item, (ok, value) in zip(batch, results):
             if ok and type(item) is _Append:
                 n_events += len(item.rows)
+            elif ok and type(item) is _StartOp:
+                n_started += item.events
             if item.future.done():  # the caller was cancelled
                 continue
             if ok:
@@ -589,6 +611,8 @@ class SqlEventStore:
         stats["batches"] += 1
         stats["requests"] += len(batch)
         stats["events"] += n_events
+        if self.observer is not None:
+            observe(self.observer.events_committed, n_events + n_started, took)
 
     def _commit_in_thread(self, batch: list[Any]) -> Results:
         assert self._writer_engine is not None

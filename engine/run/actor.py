@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections import deque
 
 from engine.events import (
@@ -33,8 +34,9 @@ from engine.events import (
 )
 from engine.fold.turn_view import TurnView
 from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
-from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveEvent
+from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveEvent, observe
 from engine.run.context import END, End, TurnPorts
+from engine.run.log_context import current_turn
 from engine.run.loop_state import LoopState
 from engine.run.nodes import entry_node
 from engine.settings import EngineSettings
@@ -110,6 +112,8 @@ class TurnActor:
         # what a non-streaming client waits for.
         self.answered: asyncio.Future[None] = self._loop.create_future()
         self._lost = False
+        # The first chunk of a new turn is reported once (time to first token).
+        self._first_pending = False
 
     # -- the TurnContext the nodes see ----------------------------------------------
 
@@ -142,6 +146,7 @@ class TurnActor:
     # -- lifecycle -------------------------------------------------------------
 
     def start(self, *, resume: bool = False) -> None:
+        self._first_pending = not resume
         self.task = asyncio.create_task(self._main(resume), name=f"turn:{self.turn_id}")
 
     async def cancel(self, by: str | None = None) -> None:
@@ -179,6 +184,9 @@ class TurnActor:
         return list(self._batch)
 
     async def _main(self, resume: bool) -> None:
+        current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
+        observer, view = self._ports.observer, self._view
+        observe(observer.turn_started, self.turn_id, model=view.model or "", chat_id=view.chat_id, started_at=view.created_at, resumed=resume)
         try:
             if resume:
                 view = self._view
@@ -208,6 +216,7 @@ class TurnActor:
                 self.answered.set_result(None)
             if not self.done.done():
                 self.done.set_result(None)
+            observe(observer.turn_ended, self.turn_id, self._view.status)
 
     async def _save_cancelled(self) -> None:
         try:
@@ -255,12 +264,19 @@ class TurnActor:
             self._batch_pos = v.pos.next
             self._batch_seq = v.last_seq + 1
             self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
+            if self._first_pending:  # once per window, not per chunk
+                self._first_token()
         pos = v.pos.next
         delta = LiveDelta(self._batch_seq, pos, kind, text, v.feed_chunk(kind, text))
         self._batch.append(delta)
         self.bus.publish(self.turn_id, delta)
         if len(self._batch) >= self._settings.flush_max_chunks:
             self._flush()
+
+    def _first_token(self) -> None:
+        self._first_pending = False
+        if self._view.created_at is not None:
+            observe(self._ports.observer.first_token, self.turn_id, max(0.0, time.time() - self._view.created_at))
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -10,12 +10,23 @@ by ``verify``; the nodes cannot tell them apart.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from engine.events import EventData
 from engine.fold.turn_view import TurnView
-from engine.ports import Assembler, CodeExecutor, Filters, ModelCatalog, ModelClient, PayloadStore, TaskModel, ToolRunner
+from engine.ports import (
+    Assembler,
+    CodeExecutor,
+    Filters,
+    ModelCatalog,
+    ModelClient,
+    NoObserver,
+    PayloadStore,
+    TaskModel,
+    ToolRunner,
+    TurnObserver,
+)
 from engine.run.loop_state import LoopState
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolHandle
@@ -34,6 +45,8 @@ class TurnPorts:
     payloads: PayloadStore
     filters: Filters  # stream and outlet (inlet runs in assembly)
     task_model: TaskModel  # background tasks
+    # Metrics and traces (engine.ports.TurnObserver); verify leaves it a no-op.
+    observer: TurnObserver = field(default_factory=NoObserver)
 
 
 class End:

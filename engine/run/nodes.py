@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -46,7 +46,7 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError
+from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError, observe
 from engine.protocols.history import convert_output_to_messages, for_model
 from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
 from engine.protocols.responses import stateful_continuation_input
@@ -118,6 +118,7 @@ class RequestModel:
         prefill = view.acc.content if self.resume and not view.round_closed else None
         # Write-ahead: durable before the request goes out.
         await ctx.record(ModelRequested(iteration=state.iteration, prefill=prefill or None, resumed=self.resume, api=resolved.api))
+        observe(ctx.ports.observer.model_call_started, ctx.turn_id, model=state.input.model, resolved=resolved, iteration=state.iteration)
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
             messages=state.messages,
@@ -130,6 +131,7 @@ class RequestModel:
             finished = await _consume(ctx, resolved, request)
         except UpstreamError as exc:
             if exc.kind != "previous_response_not_found" or not request.previous_response_id:
+                _upstream_failed(ctx, exc.kind)
                 return await ctx.fail(exc.message, exc.kind, status=exc.status)
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
@@ -137,8 +139,16 @@ class RequestModel:
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
+                _upstream_failed(ctx, again.kind)
                 return await ctx.fail(again.message, again.kind, status=again.status)
         return Decide() if finished else END
+
+
+def _upstream_failed(ctx: TurnContext, kind: str) -> None:
+    """The model call failed at the upstream: ends its span, counts the error."""
+    observer = ctx.ports.observer
+    observe(observer.upstream_error, ctx.turn_id, kind)
+    observe(observer.model_call_ended, ctx.turn_id, error=kind)
 
 
 async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequest) -> bool:
@@ -181,15 +191,24 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                 raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
                 await ctx.record(ModelWarning(message=event.message, raw=raw))
             elif isinstance(event, StreamFailed):
+                _upstream_failed(ctx, "upstream_failed")
                 await ctx.fail(event.message, "upstream_failed", code=event.code)
                 return False
             elif isinstance(event, Finished):
                 await ctx.record(
                     ModelCompleted(finish_reason=event.reason, usage=event.usage or usage, response_id=event.response_id, status=event.status)
                 )
+                observe(
+                    ctx.ports.observer.model_call_ended,
+                    ctx.turn_id,
+                    finish_reason=event.reason,
+                    usage=event.usage or usage,
+                    response_id=event.response_id,
+                )
                 return True
         if ctx.writes_behind():
             await ctx.catch_up()
+    _upstream_failed(ctx, "upstream_truncated")
     await ctx.fail("the model stream ended without finishing", "upstream_truncated")
     return False
 
@@ -354,6 +373,7 @@ class RunTools:
             )
         if started:
             await ctx.record(*started)  # write-ahead: durable before any tool runs
+            _observe_tools(ctx, started)
         if runs:
             await asyncio.gather(
                 *(_run_code(ctx, call, args) if handle is None else _run_tool(ctx, call, args, handle) for call, args, handle in runs)
@@ -361,6 +381,16 @@ class RunTools:
         if batch.get("client_calls"):
             return Finalize("tool_calls")
         return Reinject()
+
+
+def _observe_tools(ctx: TurnContext, recorded: Sequence[EventData]) -> None:
+    """Tool calls that start, or end without running (refused, interrupted)."""
+    observer = ctx.ports.observer
+    for data in recorded:
+        if isinstance(data, ToolStarted):
+            observe(observer.tool_call_started, ctx.turn_id, call_id=data.call_id, name=data.name)
+        elif isinstance(data, ToolCompleted) and not data.substituted:
+            observe(observer.tool_call_ended, ctx.turn_id, call_id=data.call_id, name=data.name, status=data.status, error=data.error)
 
 
 def _failed(call_id: str, name: str, text: str) -> ToolCompleted:
@@ -405,6 +435,7 @@ async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
             error=error,
         )
     )
+    observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call_id, name=name, status=result.status, error=error)
 
 
 async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]) -> None:
@@ -427,6 +458,7 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     await ctx.record(
         ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
     )
+    observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call["call_id"], name=CODE_TOOL, status=status, error=error)
 
 
 @dataclass(frozen=True)

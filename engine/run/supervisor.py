@@ -37,10 +37,12 @@ from engine.ports import (
     ModelClient,
     NoCodeExecutor,
     NoFilters,
+    NoObserver,
     NoTools,
     PageFetcher,
     RemoteControl,
     ToolCatalog,
+    TurnObserver,
     TurnRecord,
     WebSearch,
 )
@@ -106,6 +108,7 @@ class Supervisor:
         search: WebSearch | None = None,
         fetcher: PageFetcher | None = None,
         images: ImageGenerator | None = None,
+        observer: TurnObserver | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -123,6 +126,7 @@ class Supervisor:
         self.search = search
         self.fetcher = fetcher
         self.images = images
+        self.observer: TurnObserver = observer or NoObserver()
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
@@ -239,6 +243,7 @@ class Supervisor:
             payloads=payloads,
             filters=self.filters,
             task_model=task_model,
+            observer=self.observer,
         )
 
     def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:

@@ -1,0 +1,66 @@
+"""The service's log lines: text for people (the default) or one JSON object a line.
+
+``TURNLOG_LOG_FORMAT=json`` gives each line ``time`` (UTC, ISO 8601), ``level``,
+``logger``, ``message`` — plus ``turn_id`` on every line written while working
+on a turn (the actor's task and everything it spawns: ``engine.run.log_context``)
+and ``exception`` with the traceback when there is one. A log shipper (Loki,
+Elasticsearch, CloudWatch) then filters one turn's lines without parsing text.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Literal
+
+import orjson
+
+from engine.run.log_context import current_turn
+
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class TurnIdFilter(logging.Filter):
+    """Puts the current turn (if any) on the record as ``turn_id``."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "turn_id"):
+            record.turn_id = current_turn.get()
+        return True
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        turn_id = getattr(record, "turn_id", None)
+        if turn_id is None:
+            turn_id = current_turn.get()
+        if turn_id is not None:
+            line["turn_id"] = turn_id
+        if record.exc_info:
+            line["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:
+            line["exception"] = record.exc_text
+        if record.stack_info:
+            line["stack"] = self.formatStack(record.stack_info)
+        return orjson.dumps(line, default=str).decode()
+
+
+def configure_logging(fmt: Literal["text", "json"] = "text", level: int = logging.INFO) -> None:
+    """The root logger of ``turnlog serve``: one handler on stderr in the chosen format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(TurnIdFilter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(level)
