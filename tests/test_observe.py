@@ -437,3 +437,41 @@ async def test_json_logs_name_the_turn(tmp_path: Path, upstream: ScriptedUpstrea
     assert any(r["message"].startswith("turnlog serving on") for r in records)
     assert any(r["logger"] == "turnlog.catalog" for r in records)
     assert [r for r in records if "turn_id" in r] == noisy
+
+
+async def test_a_cancelled_turn_in_metrics_and_trace(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, receiver: OtlpReceiver, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a turn runs it is counted running; cancelled, it is finished as
+    ``cancelled`` and its cut-off model call ends in error in the trace."""
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", receiver.url)
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        upstream.enqueue(Reply(text="stop me please now", chunk_size=3, pause_after=2))
+        resp = await svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(upstream.paused.wait(), 5)
+        running = await scrape(svc)
+        assert running["turnlog_turns_running"] == 1
+        assert running['turnlog_turns_finished_total{status="cancelled"}'] == 0
+        status, body, _ = await svc.post(f"/v1/turns/{turn_id}/cancel")
+        assert status == 202, body
+        resp.close()
+        view = await svc.wait_status(turn_id, "cancelled")
+        samples = await scrape_until(svc, "turnlog_turns_running", 0)
+        assert samples['turnlog_turns_finished_total{status="cancelled"}'] == 1
+        assert samples['turnlog_turns_finished_total{status="completed"}'] == 0
+        assert samples["turnlog_events_appended_total"] == len(await svc.events(turn_id))
+    finally:
+        upstream.release()
+        await stop_service(svc)
+
+    assert view["status"] == "cancelled"
+    spans = {span.name: span for _, span in receiver.spans()}
+    assert sorted(spans) == ["chat gpt-test", "invoke_agent turnlog"]
+    root, chat = spans["invoke_agent turnlog"], spans["chat gpt-test"]
+    assert attributes(root.attributes)["turnlog.status"] == "cancelled"
+    assert root.status.code != Status.STATUS_CODE_ERROR  # a cancel is not a failure of the turn
+    assert chat.parent_span_id == root.span_id
+    assert chat.status.code == Status.STATUS_CODE_ERROR
+    assert attributes(chat.attributes)["error.type"] == "cancelled"
