@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -475,3 +477,32 @@ async def test_a_cancelled_turn_in_metrics_and_trace(
     assert chat.parent_span_id == root.span_id
     assert chat.status.code == Status.STATUS_CODE_ERROR
     assert attributes(chat.attributes)["error.type"] == "cancelled"
+
+
+def test_json_lines_of_records_about_a_turn_outside_its_task() -> None:
+    """A line written outside the turn's task (a request handler, the supervisor)
+    that names the turn as its first argument gets ``turn_id`` too; an exception
+    comes with its traceback; a line about no turn has no ``turn_id``."""
+    from adapters.observe.logs import JsonFormatter, TurnIdFilter
+    from engine.run.log_context import current_turn
+
+    def line(msg: str, *args: object, exc: Any = None) -> dict[str, Any]:
+        record = logging.LogRecord("turnlog.test", logging.ERROR, __file__, 1, msg, args, exc)
+        assert TurnIdFilter().filter(record)
+        return json.loads(JsonFormatter().format(record))
+
+    turn = "turn_0123456789abcdef01234567"
+    assert line("stream of turn %s failed", turn)["turn_id"] == turn
+    assert "turn_id" not in line("heartbeat failed")
+    assert "turn_id" not in line("user %s did %s", "turn_not_an_id", "x")
+    try:
+        raise ValueError("bad")
+    except ValueError:
+        failed = line("turn %s: internal error", turn, exc=sys.exc_info())
+    assert failed["turn_id"] == turn and failed["level"] == "ERROR"
+    assert "ValueError: bad" in failed["exception"]
+    token = current_turn.set("turn_aaaaaaaaaaaaaaaaaaaaaaaa")
+    try:
+        assert line("working")["turn_id"] == "turn_aaaaaaaaaaaaaaaaaaaaaaaa"
+    finally:
+        current_turn.reset(token)

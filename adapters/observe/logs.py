@@ -10,6 +10,7 @@ Elasticsearch, CloudWatch) then filters one turn's lines without parsing text.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from datetime import UTC, datetime
 from typing import Literal
@@ -21,12 +22,27 @@ from engine.run.log_context import current_turn
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+TURN_ID = re.compile(r"turn_[0-9a-f]{24}")
+
+
+def turn_of(record: logging.LogRecord) -> str | None:
+    """The turn a record is about: the one being worked on (``current_turn``), else
+    the turn id a line written elsewhere names first (``"turn %s: …"`` lines of a
+    request handler, a follower or the supervisor)."""
+    turn_id = current_turn.get()
+    if turn_id is None and isinstance(record.args, tuple) and record.args:
+        first = record.args[0]
+        if isinstance(first, str) and TURN_ID.fullmatch(first):
+            turn_id = first
+    return turn_id
+
+
 class TurnIdFilter(logging.Filter):
-    """Puts the current turn (if any) on the record as ``turn_id``."""
+    """Puts the record's turn (if any) on it as ``turn_id``."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if not hasattr(record, "turn_id"):
-            record.turn_id = current_turn.get()
+        if getattr(record, "turn_id", None) is None:
+            record.turn_id = turn_of(record)
         return True
 
 
@@ -40,9 +56,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        turn_id = getattr(record, "turn_id", None)
-        if turn_id is None:
-            turn_id = current_turn.get()
+        turn_id = getattr(record, "turn_id", None) or turn_of(record)
         if turn_id is not None:
             line["turn_id"] = turn_id
         if record.exc_info:
