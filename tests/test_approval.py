@@ -9,7 +9,6 @@ re-run of the engine (``verify``) for every turn that ended.
 
 from __future__ import annotations
 
-import json
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,9 +18,12 @@ import aiohttp
 import openai
 import pytest
 
+from engine.events import ToolApproval, make_event
+from engine.run.actor import index_update
+from engine.run.supervisor import Folded
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.oracle import check_stream_against_log
-from tests.processes import Server, cli, get_json, wait_for
+from tests.processes import Server, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "Pay the rent"}]
@@ -183,6 +185,27 @@ async def test_a_batch_waits_for_every_decision_and_bad_decisions_are_4xx(bank: 
     assert sorted(ran(ledger)) == ["balance", "transfer 700 landlord"]
     results = {m["tool_call_id"]: m["content"] for m in bank.upstream.requests[1]["messages"] if m["role"] == "tool"}
     assert results["c1"] == "sent 700 to landlord" and results["c3"] == "1000" and "later" in results["c2"]
+    await verified(bank, turn_id)
+
+
+async def test_a_crash_right_after_the_last_decision_resumes_and_runs_the_batch(bank: Service, ledger: Path) -> None:
+    """What a process that dies just after recording the last decision leaves
+    behind: the decision on the log, its lease, no actor. The lease runs out,
+    the turn is interrupted and resumed, and the batch runs with the recorded
+    decision."""
+    bank.upstream.enqueue(calls(transfer("c1")), Reply(text="Paid after a crash."))
+    turn_id, _ = await start(bank)
+    store = bank.services.store
+    fencing = await store.claim_turn(turn_id, "proc_dead", lease_seconds=0.5)
+    assert fencing is not None
+    folded = Folded.of(turn_id, await store.read(turn_id))
+    event = make_event(turn_id, folded.view.last_seq + 1, ToolApproval(call_id="c1", approve=True, by="anonymous"))
+    folded.apply(event)
+    await store.append([event], fencing=fencing, index=index_update(event, folded.view))
+    view = await bank.wait_status(turn_id, "completed", timeout=20)
+    assert view["content"] == "Paid after a crash." and ran(ledger) == ["transfer 700 landlord"]
+    types = [e["type"] for e in await bank.events(turn_id)]
+    assert types.index("tool.approval") < types.index("turn.interrupted") < types.index("turn.resumed") < types.index("tools.decided")
     await verified(bank, turn_id)
 
 
@@ -377,7 +400,8 @@ async def test_approve_on_another_postgresql_instance(
         assert sse_text(rest) == "Paid by B.", "A's client gets the answer B's actor made"
         done = await wait_for(http, f"{a.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         assert done["content"] == "Paid by B." and ran(ledger) == ["transfer 700 landlord"]
-        assert cli(pg_url, "verify", turn_id).returncode == 0
+        verdict = await get_json(http, f"{a.url}/v1/turns/{turn_id}/verify")
+        assert verdict["ok"], verdict
     finally:
         a.stop()
         b.stop()

@@ -101,8 +101,9 @@ class Connection:
             chat = await self.svc.store.get_chat(str(message["chat_id"]))
             if chat is None or chat.user_id != self.user:
                 raise ApiError(404, "chat not found", code="not_found")
-            for record in await self.svc.store.list_turns(chat_id=chat.id, status="running"):
-                self._start_pump(record.id, 0)
+            for status in ("running", "waiting"):
+                for record in await self.svc.store.list_turns(chat_id=chat.id, status=status):
+                    self._start_pump(record.id, 0)
             return
         turn_id = await self._own_turn(message.get("turn_id"))
         found = await self.svc.store.get_turn(turn_id)
