@@ -1158,7 +1158,7 @@ from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
 
 def waiting_turns_rss(ctx: Ctx) -> dict[str, Any]:
-    """Tool approval: 10,000 turns waiting for a decision (500 in quick) cost
+    """Tool approval: 10,000 turns waiting for a decision (300 in quick) cost
     the turnlog process no memory beyond their rows.
 
     Each turn (non-streaming, ``params.tool_approval: "ask"``) gets one tool
@@ -1169,7 +1169,7 @@ def waiting_turns_rss(ctx: Ctx) -> dict[str, Any]:
     """
     from concurrent.futures import ThreadPoolExecutor
 
-    n = 500 if ctx.quick else 10_000
+    n = 300 if ctx.quick else 10_000
     tools_dir = ctx.workdir / "bench-tools-approval"
     tools_dir.mkdir(exist_ok=True)
     (tools_dir / "bench_tools.py").write_text(TOOLS_MODULE)
