@@ -9,6 +9,7 @@ re-run of the engine (``verify``) for every turn that ended.
 
 from __future__ import annotations
 
+import asyncio
 import textwrap
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -206,6 +207,18 @@ async def test_a_crash_right_after_the_last_decision_resumes_and_runs_the_batch(
     assert view["content"] == "Paid after a crash." and ran(ledger) == ["transfer 700 landlord"]
     types = [e["type"] for e in await bank.events(turn_id)]
     assert types.index("tool.approval") < types.index("turn.interrupted") < types.index("turn.resumed") < types.index("tools.decided")
+    await verified(bank, turn_id)
+
+
+async def test_simultaneous_decisions_run_the_batch_once(bank: Service, ledger: Path) -> None:
+    bank.upstream.enqueue(calls(transfer("c1"), transfer("c2", 5, "bank")), Reply(text="Both done."))
+    turn_id, _ = await start(bank)
+    answers = await asyncio.gather(decide(bank, turn_id, "c1", True), decide(bank, turn_id, "c2", True), decide(bank, turn_id, "c2", True))
+    assert sorted(status for status, _ in answers) == [202, 202, 409], answers
+    await bank.wait_status(turn_id, "completed")
+    assert sorted(ran(ledger)) == ["transfer 5 bank", "transfer 700 landlord"]
+    types = [e["type"] for e in await bank.events(turn_id)]
+    assert types.count("tool.approval") == 2 and types.count("tools.decided") == 1
     await verified(bank, turn_id)
 
 

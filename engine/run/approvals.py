@@ -13,9 +13,13 @@ and the answer, so the wait survives restarts and costs one row.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import weakref
+from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from engine.events import ToolApproval
+from engine.ports import ConcurrencyError, LeaseLost
 
 if TYPE_CHECKING:
     from engine.run.supervisor import Folded, Supervisor
@@ -59,11 +63,42 @@ async def settle(sup: Supervisor, turn_id: str) -> None:
         await asyncio.shield(retiring)
 
 
+class TurnLocks:
+    """One lock per turn while someone in this process waits on it: two
+    decisions here would both get the lease (a process may re-claim its own)."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, turn_id: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(turn_id, (asyncio.Lock(), 0))
+        self._locks[turn_id] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[turn_id]
+            if users == 1:
+                del self._locks[turn_id]
+            else:
+                self._locks[turn_id] = (lock, users - 1)
+
+
+_LOCKS: weakref.WeakKeyDictionary[Supervisor, TurnLocks] = weakref.WeakKeyDictionary()
+
+
 async def decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
     """Record the decision on ``call_id``; returns the turn's status after it
     (``waiting`` while other calls of the batch are undecided, else ``running``).
 
     ``KeyError``: no such turn; ``ApprovalError``: see its codes."""
+    locks = _LOCKS.setdefault(sup, TurnLocks())
+    async with locks.hold(turn_id):
+        return await _decide(sup, turn_id, call_id, approve=approve, reason=reason, by=by)
+
+
+async def _decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
     from engine.run.supervisor import Folded
 
     await settle(sup, turn_id)
@@ -87,6 +122,11 @@ async def decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, 
         folded = Folded.of(turn_id, await sup.store.read(turn_id))
         check(folded, call_id)
         await sup.append(folded, fencing, ToolApproval(call_id=call_id, approve=approve, reason=reason or None, by=by))
+    except (LeaseLost, ConcurrencyError) as exc:
+        # Another writer of this process (a cancel) re-claimed the turn and got
+        # there first; it releases the lease. The log says what happened.
+        check(Folded.of(turn_id, await sup.store.read(turn_id)), call_id)
+        raise ApprovalError(f"turn {turn_id} changed while the decision was recorded; try again", "turn_busy") from exc
     except BaseException:
         await sup.store.release_turn(turn_id, sup.owner)
         raise
