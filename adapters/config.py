@@ -13,7 +13,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -32,6 +32,15 @@ class ModelSettings(BaseModel):
     params: dict[str, Any] = Field(default_factory=dict)
     capabilities: dict[str, Any] = Field(default_factory=dict)
     knowledge: list[str] = Field(default_factory=list)
+
+
+class ToolSettings(BaseModel):
+    """``[tools.ID]`` (a tool id, or one function's name): how its calls run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # "ask": every call waits for a person's approval (POST /v1/turns/{id}/approvals).
+    approval: Literal["ask", "auto"] = "auto"
 
 
 class Settings(BaseSettings):
@@ -157,6 +166,8 @@ class Settings(BaseSettings):
     images_api_key: SecretStr | None = None
     images_model: str = "gpt-image-1"
     images_size: str = "1024x1024"
+    # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
+    tools: dict[str, ToolSettings] = Field(default_factory=dict)
 
     @field_validator("fetch_allow", "code_hide_paths", mode="before")
     @classmethod
@@ -198,6 +209,7 @@ class Settings(BaseSettings):
             memory_top_k=self.memory_top_k,
             file_wait_seconds=self.file_wait_seconds,
             web_search_count=self.web_search_count,
+            approval_tools=frozenset(name for name, tool in self.tools.items() if tool.approval == "ask"),
         )
 
     def auth_enabled(self) -> bool:

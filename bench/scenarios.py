@@ -1154,6 +1154,79 @@ from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports 
 from bench.ragbench import rag_tool_loop, rag_ttfc  # noqa: E402 - likewise
 from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
+# --------------------------------------------------------------------------- waiting turns (issue 15)
+
+
+def waiting_turns_rss(ctx: Ctx) -> dict[str, Any]:
+    """Tool approval: 10,000 turns waiting for a decision (300 in quick) cost
+    the turnlog process no memory beyond their rows.
+
+    Each turn (non-streaming, ``params.tool_approval: "ask"``) gets one tool
+    call from the upstream (``bench_tool_rounds: 1``) and is answered once it
+    waits; a waiting turn has no actor, so RSS after all of them wait should be
+    about RSS before. Checked: every turn is ``waiting`` in the database, and
+    one of them, approved at the end, runs its tool and completes.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    n = 300 if ctx.quick else 10_000
+    tools_dir = ctx.workdir / "bench-tools-approval"
+    tools_dir.mkdir(exist_ok=True)
+    (tools_dir / "bench_tools.py").write_text(TOOLS_MODULE)
+    db = ctx.workdir / "turnlog-waiting.db"
+    proc, v1 = ctx.procs.start_turnlog("turnlog-waiting", ctx.upstream_v1, db, extra_env={"TURNLOG_TOOLS_DIR": str(tools_dir)})
+    turn_body = {**body(5), "stream": False, "bench_tool_rounds": 1, "tool_ids": ["bench_tools"], "params": {"tool_approval": "ask"}}
+    figures: dict[str, Any] = {"waiting_turns": n}
+    problems: list[str] = []
+
+    def one(_i: int) -> str:
+        answer = http_json("POST", v1 + "/chat/completions", turn_body, timeout=60)
+        status = (answer.get("turnlog") or {}).get("status")
+        if status != "waiting":
+            problems.append(f"a turn answered with status {status!r}, not waiting")
+        return str(answer["id"]).removeprefix("chatcmpl-")
+
+    try:
+        with ThreadPoolExecutor(16) as pool:
+            list(pool.map(one, range(50)))  # warm-up: code paths, caches, pools
+            time.sleep(1.0)
+            before = _rss_samples(proc.pid, 5, 0.1)
+            t0 = time.monotonic()
+            ids = list(pool.map(one, range(n)))
+            figures["turns_per_s"] = round(n / (time.monotonic() - t0), 1)
+        time.sleep(2.0)
+        after = _rss_samples(proc.pid, 5, 0.2)
+        with sqlite3.connect(db) as conn:
+            waiting = conn.execute("SELECT count(*) FROM turns WHERE status = 'waiting'").fetchone()[0]
+        figures["waiting_in_db"] = waiting
+        if waiting != n + 50:
+            problems.append(f"{waiting} turns waiting in the database, expected {n + 50}")
+        # One decision: the turn continues from its log and completes.
+        probe = ids[-1]
+        view = http_json("GET", f"{v1}/turns/{probe}")
+        call_id = view["approvals"][0]["call_id"]
+        http_json("POST", f"{v1}/turns/{probe}/approvals", {"call_id": call_id, "approve": True})
+        deadline = time.monotonic() + 30
+        while view["status"] != "completed" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            view = http_json("GET", f"{v1}/turns/{probe}")
+        if view["status"] != "completed":
+            problems.append(f"the approved turn ended {view['status']}")
+    finally:
+        ctx.procs.stop(proc)
+    if problems:
+        raise BenchError("; ".join(problems[:3]))
+    growth_mb = (statistics.median(after) - statistics.median(before)) / 1024
+    figures["rss_before_kb"] = statistics.median(before)
+    figures["rss_after_kb"] = statistics.median(after)
+    figures["rss_growth_mb"] = round(growth_mb, 2)
+    figures["rss_growth_kb_per_waiting_turn"] = round(growth_mb * 1024 / n, 3)
+    figures["note"] = (
+        "VmRSS of the turnlog process (SQLite, warmed up with 50 waiting turns) before vs 2 s after N more turns "
+        "reached tool.approval_requested (non-streaming clients, answered when the turn waits)"
+    )
+    return {"status": "ok", "checks": [check("waiting_turns_rss_growth_mb", growth_mb, "<=", 20.0)], "figures": figures}
+
 # name -> (function, needs the shared servers, runs in --quick)
 SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "long_answer": (long_answer, True, True),
@@ -1180,4 +1253,5 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
 
 
     "web_fetch": (web_fetch, False, True),
+    "waiting_turns_rss": (waiting_turns_rss, True, True),
 }

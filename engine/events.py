@@ -325,6 +325,35 @@ class TurnResumed(EventData):
     owner: str | None = None
 
 
+class ToolApprovalRequested(EventData):
+    """A call waits for a person's decision before it runs (``tool_approval:
+    "ask"``, or a tool configured so). Recorded with its batch, in one commit:
+    the turn then holds no task until the decision is recorded."""
+
+    TYPE: ClassVar[str] = "tool.approval_requested"
+    call_id: str
+    name: str
+    arguments: str  # as the model gave them (the run filters them, after approval)
+
+
+class ToolApproval(EventData):
+    """A person's decision on a call: an input from outside the turn, recorded
+    before the turn goes on, so a replay never asks again."""
+
+    TYPE: ClassVar[str] = "tool.approval"
+    call_id: str
+    approve: bool
+    reason: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    by: str | None = Field(default=None, exclude_if=lambda v: v is None)
+
+
+class ToolsDecided(EventData):
+    """Every asked call of the batch is decided: the batch runs (the approved
+    calls; a rejected one gets its error result)."""
+
+    TYPE: ClassVar[str] = "tools.decided"
+
+
 EVENT_TYPES: dict[str, type[EventData]] = {
     cls.TYPE: cls
     for cls in (
@@ -354,6 +383,9 @@ EVENT_TYPES: dict[str, type[EventData]] = {
         TurnFailed,
         TurnInterrupted,
         TurnResumed,
+        ToolApprovalRequested,
+        ToolApproval,
+        ToolsDecided,
     )
 }
 

@@ -20,7 +20,7 @@ from transitions import Machine, MachineError
 # transitions logs every state change at INFO: the log already has them.
 logging.getLogger("transitions").setLevel(logging.WARNING)
 
-ACTIVE = ["assembling", "streaming", "executing_tools", "reinjecting", "finalizing", "outlet", "background"]
+ACTIVE = ["assembling", "streaming", "executing_tools", "reinjecting", "finalizing", "outlet", "background", "awaiting_approval"]
 TERMINAL = ["done", "cancelled", "failed"]
 STATES = ["new", *ACTIVE, *TERMINAL]
 
@@ -43,6 +43,10 @@ TRANSITIONS: list[tuple[str, list[str], str | None]] = [
     ("tool.event", ["executing_tools"], None),
     ("tool.completed", ["executing_tools"], None),
     ("context.reinjected", ["executing_tools"], "reinjecting"),
+    # Tool approval: the batch waits (no actor) until every asked call is decided.
+    ("tool.approval_requested", ["executing_tools", "awaiting_approval"], "awaiting_approval"),
+    ("tool.approval", ["awaiting_approval"], None),
+    ("tools.decided", ["awaiting_approval"], "executing_tools"),
     ("turn.iteration_limit", ["streaming", "executing_tools", "reinjecting"], None),
     ("turn.finalized", ["streaming", "executing_tools", "reinjecting"], "finalizing"),
     ("outlet.applied", ["finalizing"], "outlet"),
@@ -63,6 +67,11 @@ STATUS_AFTER: dict[str, str] = {
     "turn.failed": "failed",
     "turn.interrupted": "interrupted",
     "turn.resumed": "running",
+    # A turn waiting for approval holds no actor; the fold keeps it ``waiting``
+    # while a call is undecided (``TurnView.apply``).
+    "tool.approval_requested": "waiting",
+    "tool.approval": "running",
+    "tools.decided": "running",
 }
 TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed"})
 

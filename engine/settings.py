@@ -41,3 +41,5 @@ class EngineSettings:
     web_search_count: int = 3
     # A turn naming a file still being processed waits this long for it.
     file_wait_seconds: float = 30.0
+    # Tools whose calls wait for a person's approval (tool ids or function names).
+    approval_tools: frozenset[str] = frozenset()

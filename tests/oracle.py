@@ -49,6 +49,7 @@ class Step:
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     outlet: str | None = None  # the outlet filters' version of the content
     background: dict[str, Any] = field(default_factory=dict)  # task -> result (named events after [DONE])
+    asked: list[str] = field(default_factory=list)  # call ids of approval requests (named events before [DONE])
 
 
 @dataclass
@@ -64,6 +65,7 @@ class ClientView:
     usage: dict[str, Any] | None = None
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     background: dict[str, Any] = field(default_factory=dict)
+    asked: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -88,6 +90,7 @@ class ClientStream:
             if step.outlet is not None:
                 view.content = step.outlet
             view.background.update(step.background)
+            view.asked.extend(step.asked)
         return view
 
     @property
@@ -128,6 +131,12 @@ def parse_stream(raw: str) -> ClientStream:
             assert name == "turnlog" and ident is not None, f"a chunk after [DONE]: {data[:200]}"
             background = json.loads(data)["background"]
             steps.append(Step(pos=ident, background={background["task"]: background.get("result")}))
+            continue
+        if name == "turnlog" and not loose:
+            # A call waiting for approval: a named event at a position of its own.
+            request = json.loads(data)["turnlog"]["approval_request"]
+            assert ident is not None, "an approval request carries its position"
+            steps.append(Step(pos=ident, asked=[request["call_id"]]))
             continue
         assert name is None, f"a named event before [DONE]: {name}"
         if data == "[DONE]":
@@ -237,6 +246,7 @@ async def check_stream_against_log(
         assert shown.status == terminal, f"{where}: status differs"
         if terminal == "failed":
             assert shown.error is not None and shown.error["message"] == replay["error"]["message"]
+        assert shown.asked == [a["call_id"] for a in replay.get("approvals", [])], f"{where}: approval requests differ"
         expected_background = {t: replay[t] for t in ("title", "tags", "follow_ups") if t in replay}
         shown_background = {t: r for t, r in shown.background.items() if r is not None}
         assert shown_background == expected_background, f"{where}: background results differ"

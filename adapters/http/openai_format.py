@@ -89,6 +89,8 @@ class ChunkRenderer:
                 # After [DONE]: a named event, which OpenAI clients (stopped at
                 # [DONE]) never see and a raw SSE reader can take.
                 parts.append(b"event: turnlog\nid: %d\ndata: %s\n\n" % (out.pos, _dumps({"background": out.event.data}).encode()))
+            elif out.event.type == "tool.approval_requested":
+                parts.append(self._approval_request(out))
             else:
                 payloads = self._event_payloads(out)
                 if out.pieces:
@@ -105,6 +107,16 @@ class ChunkRenderer:
                     continue
             self.last_sent = out.pos
         return b"".join(parts)
+
+    def _approval_request(self, out: EventOut) -> bytes:
+        """A call waits for approval: a named ``turnlog`` event (a raw SSE reader
+        takes it by name) whose data is still a ``chat.completion.chunk`` with
+        no choices, which OpenAI SDKs iterate over harmlessly mid-stream."""
+        v, d = self.view, out.event.data
+        request = {"turn_id": v.id, "call_id": d["call_id"], "name": d["name"], "arguments": d["arguments"]}
+        head = {"id": completion_id(v.id), "object": "chat.completion.chunk", "created": int(v.created_at or 0), "model": v.model}
+        body = _dumps({**head, "choices": [], "turnlog": {"approval_request": request}}).encode()
+        return b"event: turnlog\nid: %d\ndata: %s\n\n" % (out.pos, body)
 
     def _assembly_payloads(self, data: dict[str, Any]) -> list[bytes]:
         """What a client is told during assembly, before the answer starts:
@@ -218,6 +230,8 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         extension["status"] = status
     if view.warnings:
         extension["warnings"] = list(view.warnings)
+    if view.pending_approvals:
+        extension["approvals"] = view.pending_approvals
     if extension:
         body["turnlog"] = extension
     return body

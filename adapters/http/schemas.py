@@ -49,6 +49,14 @@ class ChatRequest(BaseModel):
                 raise ValueError(f"messages[{i}] ({message.role}) needs content")
         return value
 
+    @field_validator("params")
+    @classmethod
+    def _tool_approval(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        mode = (value or {}).get("tool_approval")
+        if mode is not None and mode not in ("ask", "auto"):
+            raise ValueError("params.tool_approval must be \"ask\" or \"auto\"")
+        return value
+
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
 

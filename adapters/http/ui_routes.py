@@ -38,7 +38,7 @@ from engine.fold.turn_view import TurnView
 from engine.run.loop_state import LoopState
 
 STATIC = Path(__file__).resolve().parent.parent / "ui" / "static"
-STATUSES = ("running", "completed", "cancelled", "failed", "interrupted")
+STATUSES = ("running", "completed", "cancelled", "failed", "interrupted", "waiting")
 TIMELINE_PAGE = 200
 TIMELINE_MAX = 1000
 

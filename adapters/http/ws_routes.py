@@ -21,6 +21,7 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from adapters.http.approval_routes import approval_request, parse_approval, record_decision
 from adapters.http.auth import USER
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
@@ -72,6 +73,8 @@ class Connection:
                 await self.on_cancel(message)
             elif kind == "tool_result":
                 await self.on_tool_result(message)
+            elif kind == "approval":
+                await self.on_approval(message)
             else:
                 await self.error(f"unknown message type '{kind}'", "unknown_type")
         except ApiError as exc:
@@ -98,8 +101,9 @@ class Connection:
             chat = await self.svc.store.get_chat(str(message["chat_id"]))
             if chat is None or chat.user_id != self.user:
                 raise ApiError(404, "chat not found", code="not_found")
-            for record in await self.svc.store.list_turns(chat_id=chat.id, status="running"):
-                self._start_pump(record.id, 0)
+            for status in ("running", "waiting"):
+                for record in await self.svc.store.list_turns(chat_id=chat.id, status=status):
+                    self._start_pump(record.id, 0)
             return
         turn_id = await self._own_turn(message.get("turn_id"))
         found = await self.svc.store.get_turn(turn_id)
@@ -116,6 +120,11 @@ class Connection:
             raise ApiError(400, "missing 'result'", code="invalid_value")
         if not self.svc.supervisor.deliver_tool_result(turn_id, call_id, message["result"]):
             await self.error(f"no direct tool call {call_id} is waiting for a result", "unexpected_tool_result")
+
+    async def on_approval(self, message: dict[str, Any]) -> None:
+        turn_id = await self._own_turn(message.get("turn_id"))
+        body = parse_approval({k: v for k, v in message.items() if k not in ("type", "turn_id")})
+        await self.send({"type": "approval", **await record_decision(self.svc, turn_id, self.user, body)})
 
     async def on_cancel(self, message: dict[str, Any]) -> None:
         turn_id = await self._own_turn(message.get("turn_id"))
@@ -148,6 +157,8 @@ class Connection:
                             await self.send({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": item.data}})
                             if item.type == "turn.resumed":
                                 await self._send_resumed(turn_id, item)
+                            elif item.type == "tool.approval_requested":
+                                await self.send({"type": "approval:request", "turn_id": turn_id, **approval_request(item)})
                         elif isinstance(item, LiveDelta):
                             for piece in item.pieces:
                                 await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})

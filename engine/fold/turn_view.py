@@ -187,6 +187,9 @@ class TurnView:
         self.code_items: dict[str, dict[str, Any]] = {}
         self._arguments_ran: dict[str, str] = {}
         self._stopped_calls: list[str] = []  # calls a cancel or a failure left incomplete
+        # Tool approval: call_id -> {"call_id", "name", "arguments", "status", "reason"?},
+        # status pending | approved | rejected | cancelled.
+        self.approvals: dict[str, dict[str, Any]] = {}
 
     def _new_accumulator(self) -> Accumulator:
         # The accumulator gets the id source, not a method of this view: a
@@ -243,7 +246,15 @@ class TurnView:
         status = STATUS_AFTER.get(event.type)
         if status is not None:
             self.status = status
+            if status == "running" and self.machine.state == "awaiting_approval" and self.pending_approvals:
+                # A decision (or a resume) while another call of the batch is
+                # still undecided: the turn goes on waiting.
+                self.status = "waiting"
         return out
+
+    @property
+    def pending_approvals(self) -> list[dict[str, Any]]:
+        return [a for a in self.approvals.values() if a["status"] == "pending"]
 
     # -- handlers, one per event type ------------------------------------------------
 
@@ -353,6 +364,17 @@ class TurnView:
         self.items.append(output)
         self.outputs[call_id] = output
 
+    def _on_approval_requested(self, data: dict[str, Any]) -> None:
+        call_id = data["call_id"]
+        self.approvals[call_id] = {"call_id": call_id, "name": data["name"], "arguments": data["arguments"], "status": "pending"}
+
+    def _on_approval(self, data: dict[str, Any]) -> None:
+        asked = self.approvals.get(data["call_id"])
+        if asked is not None:
+            asked["status"] = "approved" if data.get("approve") else "rejected"
+            if data.get("reason"):
+                asked["reason"] = data["reason"]
+
     def _on_reinjected(self, data: dict[str, Any]) -> None:
         self.sources.extend(data.get("sources") or [])
 
@@ -407,6 +429,8 @@ class TurnView:
             self.acc.mark_incomplete()
             self._close_round()
         self._stopped_calls = []
+        for asked in self.pending_approvals:
+            asked["status"] = "cancelled"
         for item in self.items:
             # Never "completed" for what did not complete.
             if item.get("status") == "in_progress":
@@ -541,6 +565,8 @@ class TurnView:
             view["forked_at"] = self.forked_at
         if self.sources:
             view["sources"] = self.sources
+        if self.approvals:
+            view["approvals"] = [dict(a) for a in self.approvals.values()]
         if self.title is not None:
             view["title"] = self.title
         if self.tags is not None:
@@ -568,6 +594,8 @@ _HANDLERS: dict[str, Handler] = {
     "turn.finalized": TurnView._on_finalized,
     "background.result": TurnView._on_background_result,
     "turn.interrupted": TurnView._on_interrupted,
+    "tool.approval_requested": TurnView._on_approval_requested,
+    "tool.approval": TurnView._on_approval,
     "turn.resumed": TurnView._on_resumed,
     "turn.cancelled": TurnView._on_stopped,
     "turn.failed": TurnView._on_stopped,

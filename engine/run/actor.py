@@ -53,9 +53,11 @@ class TurnLost(Exception):
 
 def index_update(event: Event, view: TurnView) -> IndexUpdate | None:
     """What an event changes in the turn's index row (status, and the final view)."""
-    status = STATUS_AFTER.get(event.type)
-    if status is None:
+    if event.type not in STATUS_AFTER:
         return None
+    # The fold's status: a decision while another call of the batch is
+    # undecided leaves the turn waiting.
+    status = view.status
     return IndexUpdate(status=status, view=view.public() if status in TERMINAL_STATUSES else None)
 
 

@@ -54,6 +54,14 @@ class LoopState:
         # A fork's tool outputs given in place of running those calls
         # (``turn.forked``), until each is recorded.
         self.substitutes: dict[str, str] = {}
+        # Tool approval of the batch in progress: the calls asked (call_id -> the
+        # request's data) and the decisions recorded (call_id -> the decision's data).
+        self.asked: dict[str, dict[str, Any]] = {}
+        self.decisions: dict[str, dict[str, Any]] = {}
+
+    @property
+    def undecided(self) -> list[str]:
+        return [c for c in self.asked if c not in self.decisions]
 
     @property
     def background_pending(self) -> list[str]:
@@ -121,6 +129,8 @@ class LoopState:
         self.batch = event.data
         self.started = {}
         self.done = set()
+        self.asked = {}
+        self.decisions = {}
 
     def _on_tool_started(self, event: Event) -> None:
         self.started[event.data["call_id"]] = event.data
@@ -135,6 +145,12 @@ class LoopState:
             self.substitutes.pop(call_id, None)
         if self.started.get(call_id, {}).get("kind") == "code":
             self.code_runs += 1
+
+    def _on_approval_requested(self, event: Event) -> None:
+        self.asked[event.data["call_id"]] = event.data
+
+    def _on_approval(self, event: Event) -> None:
+        self.decisions[event.data["call_id"]] = event.data
 
     def _on_reinjected(self, event: Event) -> None:
         d = event.data
@@ -174,6 +190,8 @@ _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "tool.started": LoopState._on_tool_started,
     "tool.completed": LoopState._on_tool_completed,
     "context.reinjected": LoopState._on_reinjected,
+    "tool.approval_requested": LoopState._on_approval_requested,
+    "tool.approval": LoopState._on_approval,
     "turn.finalized": LoopState._on_finalized,
     "background.started": LoopState._on_background_started,
     "background.result": LoopState._on_background_result,

@@ -38,9 +38,11 @@ from engine.events import (
     ModelRequested,
     ModelWarning,
     OutletApplied,
+    ToolApprovalRequested,
     ToolCompleted,
     ToolEvent,
     ToolsBatch,
+    ToolsDecided,
     ToolStarted,
     TurnCompleted,
     TurnFinalized,
@@ -52,6 +54,7 @@ from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
+from engine.tools.approval import asks, rejected_output
 from engine.tools.builtin import run_code
 from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
 
@@ -79,6 +82,8 @@ def entry_node(view: TurnView, state: LoopState) -> Node | End:
         return RequestModel(resume=True) if state.model_open else Decide()
     if at == "executing_tools":
         return RunTools()
+    if at == "awaiting_approval":
+        return AwaitApproval() if state.undecided else RunTools()
     if at == "reinjecting":
         return RequestModel()
     if at == "finalizing":
@@ -325,6 +330,18 @@ class RunTools:
     async def run(self, ctx: TurnContext) -> Node | End:
         state = ctx.state
         fresh = self.batch is not None
+        if self.batch is not None:
+            asked = _approval_requests(ctx, self.batch)
+            if asked:
+                # The batch and its questions in one commit; nothing runs before
+                # every asked call is decided.
+                await ctx.record(self.batch, *asked)
+                return AwaitApproval()
+        elif ctx.view.state == "awaiting_approval":
+            if state.undecided:
+                return AwaitApproval()
+            # Committed with the batch's write-ahead events below.
+            await ctx.record(ToolsDecided(), durable=False)
         batch = self.batch.model_dump() if self.batch is not None else (state.batch or {})
         done = set() if fresh else state.done
         started_before = {} if fresh else state.started
@@ -338,6 +355,10 @@ class RunTools:
                 # A fork was given this call's output: recorded, not run.
                 output = state.substitutes[call_id]
                 started.append(ToolCompleted(call_id=call_id, name=name, output=output, substituted=True))
+                continue
+            decision = state.decisions.get(call_id)
+            if decision is not None and not decision.get("approve"):
+                started.append(_failed(call_id, name, rejected_output(name, decision.get("reason"))))
                 continue
             attempt = 1
             if call_id in started_before:
@@ -391,6 +412,36 @@ def _observe_tools(ctx: TurnContext, recorded: Sequence[EventData]) -> None:
             observe(observer.tool_call_started, ctx.turn_id, call_id=data.call_id, name=data.name)
         elif isinstance(data, ToolCompleted) and not data.substituted:
             observe(observer.tool_call_ended, ctx.turn_id, call_id=data.call_id, name=data.name, status=data.status, error=data.error)
+
+@dataclass(frozen=True)
+class AwaitApproval:
+    """The batch waits for decisions: the actor ends here, holding nothing. The
+    turn stays ``waiting`` in the log; recording the last decision starts an
+    actor (on whichever process records it) that continues with ``RunTools``."""
+
+    async def run(self, ctx: TurnContext) -> Node | End:
+        return END
+
+
+def _approval_requests(ctx: TurnContext, batch: ToolsBatch) -> list[EventData]:
+    """The questions for the calls of a new batch that must be approved before
+    they run. Calls that cannot run (an unknown tool, broken arguments) and
+    calls a fork substitutes are not asked: their result is recorded anyway."""
+    request, tools = ctx.state.input.request, ctx.settings.approval_tools
+    out: list[EventData] = []
+    for call in batch.calls:
+        call_id, name = call["call_id"], call["name"]
+        if call_id in ctx.state.substitutes:
+            continue
+        if call.get("kind") == "code":
+            handle = None
+        else:
+            handle = _runnable(ctx, name)
+            if handle is None or isinstance(parse_arguments(call.get("arguments"), name), ArgumentError):
+                continue
+        if asks(request, tools, name, handle):
+            out.append(ToolApprovalRequested(call_id=call_id, name=name, arguments=call.get("arguments") or ""))
+    return out
 
 
 def _failed(call_id: str, name: str, text: str) -> ToolCompleted:

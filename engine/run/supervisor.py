@@ -48,6 +48,7 @@ from engine.ports import (
 )
 from engine.protocols.client import LiveModelClient
 from engine.run.actor import TurnActor, index_update
+from engine.run.approvals import decide, settle
 from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
 from engine.run.fork import fork_log
@@ -131,6 +132,8 @@ class Supervisor:
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Actors that ended and whose lease is being released (see approvals.settle).
+        self.retiring: dict[str, asyncio.Task[None]] = {}
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -196,8 +199,21 @@ class Supervisor:
         self.actors[turn_id] = actor
         self._channels[turn_id] = channel
         actor.start(resume=resume)
-        actor.done.add_done_callback(lambda _f: asyncio.create_task(self._retire(turn_id, actor)))
+        actor.done.add_done_callback(lambda _f: self._track_retire(turn_id, asyncio.create_task(self._retire(turn_id, actor))))
         return actor
+
+    def _track_retire(self, turn_id: str, task: asyncio.Task[None]) -> None:
+        self.retiring[turn_id] = task
+        task.add_done_callback(lambda t: self.retiring.pop(turn_id, None) if self.retiring.get(turn_id) is t else None)
+
+    def continue_turn(self, folded: Folded, fencing: int) -> TurnActor:
+        """Start an actor for a turn this process has just claimed and written
+        (the last decision of an approval): it goes on from its log."""
+        return self._spawn(folded, fencing, resume=False)
+
+    async def decide(self, turn_id: str, call_id: str, *, approve: bool, reason: str | None = None, by: str | None = None) -> str:
+        """A person's decision on a call waiting for approval (``engine.run.approvals``)."""
+        return await decide(self, turn_id, call_id, approve=approve, reason=reason, by=by)
 
     def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
         payloads = Blobs(self.blobs, view.user_id or "")
@@ -325,6 +341,7 @@ class Supervisor:
 
     async def cancel(self, turn_id: str, by: str) -> str:
         """Cancel and return the final status once it is durable."""
+        await settle(self, turn_id)  # an actor that just stopped at an approval
         actor = self.actors.get(turn_id)
         if actor is not None:
             await actor.cancel(by)
@@ -382,6 +399,8 @@ class Supervisor:
             raise KeyError(turn_id)
         if record.status in TERMINAL_STATUSES:
             raise TurnConflict(f"turn {turn_id} is already {record.status}")
+        if record.status == "waiting":
+            raise TurnConflict(f"turn {turn_id} is waiting for a tool approval (POST /v1/turns/{turn_id}/approvals)")
         fencing = await self.store.claim_turn(turn_id, self.owner, lease_seconds=self.settings.lease_seconds)
         if fencing is None:
             raise TurnConflict(f"turn {turn_id} is running on another process")
@@ -415,6 +434,10 @@ class Supervisor:
                         await self.resume(record.id)
                     except TurnConflict:
                         pass
+
+    async def append(self, folded: Folded, fencing: int, data: EventData) -> None:
+        """``_append`` for the turn's other writers (``engine.run.approvals``)."""
+        await self._append(folded, fencing, data)
 
     async def _append(self, folded: Folded, fencing: int, data: EventData) -> None:
         """An event the supervisor records itself (no actor runs the turn)."""

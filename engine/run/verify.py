@@ -417,6 +417,13 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
             idempotent=d.get("idempotent", False),
         )
         handles[d["name"]] = _RecordedHandle(spec)
+    for event in events:
+        # A call asked for approval and rejected never started: its tool still
+        # had a handle live (only a runnable call is asked).
+        if event.type == "tool.approval_requested" and event.data["name"] not in handles:
+            name = event.data["name"]
+            empty = ToolSpec(name=name, description="", parameters={"type": "object", "properties": {}}, tool_id="", kind="server")
+            handles[name] = _RecordedHandle(empty)
     return handles
 
 
@@ -439,6 +446,31 @@ class _RecordedModels:
 
 
 # -- the re-run ------------------------------------------------------------------------
+
+#: What reaches a turn waiting for approval from outside: the decisions, a
+#: cancel, a crash of the process that recorded the last decision.
+WAIT_INPUTS = ("tool.approval", "turn.cancel_requested", "turn.cancelled", "turn.interrupted")
+
+
+async def _after_wait(scratch: EventStore, events: list[Event], turn_id: str) -> bool | None:
+    """After the re-run's actor ended: if the turn waits for approval, copy the
+    recorded outside inputs that follow into the re-run's log and say how the
+    turn went on (True: resumed after a crash, False: started again by the last
+    decision); None when there is nothing to go on with."""
+    current = Folded.of(turn_id, await scratch.read(turn_id))
+    if current.view.terminal or current.view.state != "awaiting_approval":
+        return None
+    at = current.view.last_seq
+    copied = False
+    token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or 0
+    while at < len(events) and events[at].type in WAIT_INPUTS:
+        await scratch.append([events[at]], fencing=token)
+        current.apply(events[at])
+        at += 1
+        copied = True
+    if not copied or current.view.terminal:
+        return None
+    return at < len(events) and events[at].type == "turn.resumed"
 
 
 async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[str, Any] | None = None) -> VerifyResult:
@@ -468,7 +500,9 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         flush_max_chunks=1 << 30,
         max_tool_call_iterations=limit,
         responses_stateful=stateful,
-        **(config or {}),
+        # The calls the log shows asked for approval were asked: by the request or
+        # by the tool's configuration then, which the re-run cannot read.
+        **{"approval_tools": frozenset(e.data["name"] for e in events if e.type == "tool.approval_requested"), **(config or {})},
     )
     record = TurnRecord(
         id=turn_id, chat_id=started.data["chat_id"], user_id=started.data["user_id"], model=started.data["model"],
@@ -504,7 +538,15 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         finished, _ = await asyncio.wait((done_task, ext_task), return_when=asyncio.FIRST_COMPLETED)
         if done_task in finished:
             ext_task.cancel()
-            break
+            # The actor stopped at an approval: feed it what the log shows came
+            # from outside while nobody ran the turn, then start the turn again.
+            resumed = await _after_wait(scratch, events, turn_id)
+            if resumed is None:
+                break
+            token = await scratch.claim_turn(turn_id, "verify", lease_seconds=3600) or fencing
+            actor = make_actor(Folded.of(turn_id, await scratch.read(turn_id)), token)
+            actor.start(resume=resumed)
+            continue
         done_task.cancel()
         event = ext_task.result()
         if event.type == "turn.cancel_requested":
