@@ -48,6 +48,16 @@ def pixel() -> list[str | Image]:
     return ["a red pixel", Image(data=PIXEL, format="png")]
 
 
+#: Large enough (77 KB) to be stored as a blob rather than inline in the log.
+POSTER = b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 300
+
+
+@server.tool()
+def poster() -> Image:
+    """A large image."""
+    return Image(data=POSTER, format="png")
+
+
 @server.tool()
 def documents() -> list[EmbeddedResource]:
     """A text resource and a binary one."""

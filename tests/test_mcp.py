@@ -26,6 +26,7 @@ from adapters.tools.mcp import McpServerConfig, McpServers, function_name, funct
 from engine.ports import NoTools
 from engine.tools.calls import ToolContext, execute_tool_call
 from tests.harness import Service, make_settings, start_service, stop_service
+from tests.mcp_server import POSTER
 from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.processes import ROOT, free_port
 from tests.upstream import Reply, ScriptedUpstream
@@ -197,11 +198,16 @@ async def test_list_and_calls_share_one_session_that_closes_with_the_turn(mcp_se
 async def test_image_and_resource_results(mcp_service: Service) -> None:
     up = mcp_service.upstream
     up.enqueue(
-        tool_reply(call("tools_pixel", {}, "p1"), call("tools_documents", {}, "d1")),
-        Reply(text="A pixel and two documents."),
+        tool_reply(call("tools_pixel", {}, "p1"), call("tools_documents", {}, "d1"), call("tools_poster", {}, "l1")),
+        Reply(text="A pixel, two documents and a poster."),
     )
     turn_id, _ = await run(mcp_service)
     completed = {d["call_id"]: d for d in of_type(await mcp_service.events(turn_id), "tool.completed")}
+    # A large image is stored as a blob, as any tool's: the log holds its reference.
+    (poster,) = completed["l1"]["files"]
+    assert poster["type"] == "image" and poster["url"]["mime"] == "image/png"
+    async with mcp_service.http.get(mcp_service.url + poster["url"]["url"]) as resp:
+        assert resp.status == 200 and await resp.read() == POSTER
     # §7.3 for MCP: text parts are the text, image parts become image files.
     assert completed["p1"]["output"] == "a red pixel"
     assert completed["p1"]["images"] == [PIXEL_URL]
@@ -237,6 +243,26 @@ async def test_a_raising_and_a_hanging_tool_are_error_results(mcp_service: Servi
     assert completed["e1"]["output"] == "still here"
     seen = await wire.since()
     assert len(seen["sessions"]) == 1 and {c["session"] for c in seen["calls"]} == set(seen["sessions"])
+    await wire.wait_ended(seen["sessions"])
+    await verify(mcp_service, turn_id)
+
+
+async def test_prompt_based_function_calling_picks_and_runs_mcp_tools(mcp_service: Service, mcp_url: str) -> None:
+    wire = Wire(mcp_service, mcp_url)
+    await wire.mark()
+    up = mcp_service.upstream
+    up.enqueue(
+        Reply(text='{"tool_calls": [{"name": "tools_add", "parameters": {"a": 20, "b": 22, "note": "kept"}}]}'),
+        Reply(text="The sum is 42 [1]."),
+    )
+    turn_id, body = await run(mcp_service, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "The sum is 42 [1]."
+    selection, main = up.requests
+    assert "tools_add" in selection["messages"][0]["content"]  # the listed tools were offered for selection
+    assert "tools" not in main
+    assert '<source id="1" name="mcp:tools/tools_add">' in main["messages"][-1]["content"]
+    seen = await wire.since()
+    assert [(c["name"], c["arguments"]) for c in seen["calls"]] == [("add", {"a": 20, "b": 22, "note": "kept"})]
     await wire.wait_ended(seen["sessions"])
     await verify(mcp_service, turn_id)
 

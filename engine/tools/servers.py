@@ -26,10 +26,10 @@ class TurnTools(Mapping[str, ToolHandle]):
         return {**self._builtins, **self._servers.listed(), **self._own}
 
     def __getitem__(self, name: str) -> ToolHandle:
-        handle = self._own.get(name) or self._servers.handle(name) or self._builtins.get(name)
-        if handle is None:
-            raise KeyError(name)
-        return handle
+        for found in (self._own.get(name), self._servers.handle(name), self._builtins.get(name)):
+            if found is not None:
+                return found
+        raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._merged())
