@@ -22,7 +22,6 @@ every streamable-HTTP MCP server answers, with a server-side session
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import re
@@ -35,7 +34,7 @@ from typing import Any
 # build grammars), which the first call of the first turn would spend inside its
 # timeout. Imported with this module instead: once, when the service starts.
 import jsonschema  # type: ignore[import-untyped]  # noqa: F401
-from mcp import Client
+from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
@@ -49,6 +48,8 @@ MAX_NAME = 64  # OpenAI's limit for a function name
 _INVALID = re.compile(r"[^A-Za-z0-9_-]")
 #: A listing longer than this many pages is cut (a server that paginates forever).
 MAX_PAGES = 100
+#: How long a closing session may take to end itself (its DELETE) before it is cut off.
+CLOSE_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -194,20 +195,15 @@ class _Session:
         not let go within a few seconds is cut off."""
         self._closing.set()
         task = self._task
-        if task is None or task.done():
-            return
-        try:
-            async with asyncio.timeout(5.0):
-                await asyncio.shield(task)
-        except TimeoutError:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        except Exception:
-            pass  # logged by the task
-        finally:
-            if self._ready is not None and self._ready.done() and not self._ready.cancelled():
-                self._ready.exception()  # retrieved: no "never retrieved" noise
+        if task is not None and not task.done():
+            # asyncio.wait: the session's own failure is logged by it, never
+            # raised here; a cancel of this coroutine still is.
+            done, _ = await asyncio.wait([task], timeout=CLOSE_SECONDS)
+            if not done:
+                task.cancel()
+                await asyncio.wait([task])
+        if self._ready is not None and self._ready.done() and not self._ready.cancelled():
+            self._ready.exception()  # retrieved: no "never retrieved" noise
 
 
 @dataclass
@@ -229,7 +225,10 @@ class McpToolHandle:
         client = session.client
         if client is None:
             raise ConnectionError(f"the session with MCP server '{self.server}' has ended")
-        result = await client.call_tool(tool, args)
+        try:
+            result = await client.call_tool(tool, args)
+        except MCPError as exc:  # the server refused the request (a JSON-RPC error)
+            raise McpToolError(exc.error.message) from exc
         parts = _content(result)
         if result.is_error:
             raise McpToolError(_error_text(parts))
