@@ -247,6 +247,31 @@ async def test_a_raising_and_a_hanging_tool_are_error_results(mcp_service: Servi
     await verify(mcp_service, turn_id)
 
 
+async def test_a_cancel_during_a_call_ends_the_session(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, mcp_url: str) -> None:
+    servers = {"tools": {"url": mcp_url, "timeout": 60}}
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, mcp_servers=servers), upstream)
+    wire = Wire(svc, mcp_url)
+    try:
+        await wire.mark()
+        upstream.enqueue(tool_reply(call("tools_hang", {}, "h1")))
+        body = {"model": "gpt-test", "stream": True, "messages": USER, "tool_ids": ["mcp:tools"]}
+        async with svc.http.post(svc.v1 + "/chat/completions", json=body) as resp:
+            turn_id = resp.headers["X-Turn-Id"]
+            deadline = time.monotonic() + 10
+            while not (await wire.since())["calls"]:  # the server has the call
+                assert time.monotonic() < deadline, "the call never reached the server"
+                await asyncio.sleep(0.02)
+            status, _, _ = await svc.post(f"/v1/turns/{turn_id}/cancel")
+            assert status == 202
+            await resp.text()
+        assert (await svc.turn(turn_id))["status"] == "cancelled"
+        seen = await wire.since()
+        assert len(seen["sessions"]) == 1
+        await wire.wait_ended(seen["sessions"])
+    finally:
+        await stop_service(svc)
+
+
 async def test_prompt_based_function_calling_picks_and_runs_mcp_tools(mcp_service: Service, mcp_url: str) -> None:
     wire = Wire(mcp_service, mcp_url)
     await wire.mark()
