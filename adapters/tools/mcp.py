@@ -42,6 +42,11 @@ from engine.ports import NoTurnToolServers, ToolCatalog, ToolServerListing, Turn
 from engine.tools.calls import ToolContext, ToolHandle, ToolSpec
 
 log = logging.getLogger("turnlog.mcp")
+# One INFO line per HTTP request and per stream reconnect is noise in the
+# service's log; what matters (a server not reached, a session that died) is
+# logged here as a warning.
+for _name in ("httpx2", "mcp.client.streamable_http"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 
 PREFIX = "mcp:"
 MAX_NAME = 64  # OpenAI's limit for a function name
