@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
+import re
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -41,6 +42,20 @@ class ToolSettings(BaseModel):
 
     # "ask": every call waits for a person's approval (POST /v1/turns/{id}/approvals).
     approval: Literal["ask", "auto"] = "auto"
+
+
+class McpServerSettings(BaseModel):
+    """One MCP server (``TURNLOG_MCP_SERVERS`` / ``[mcp.NAME]``): its streamable
+    HTTP endpoint, headers sent with every request (a token: never logged),
+    the seconds a call may take (unset: ``tool_timeout``) and the seconds
+    connecting and listing its tools may take."""
+
+    model_config = {"extra": "forbid"}
+
+    url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
 
 
 class Settings(BaseSettings):
@@ -117,6 +132,9 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(default=3, ge=1)
     # Filter valves: [filters.NAME] tables of the TOML file.
     filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # MCP tool servers by name (a request offers their tools with tool_ids
+    # ["mcp:NAME"]): TURNLOG_MCP_SERVERS as JSON, or [mcp.NAME] tables.
+    mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
     # -- code execution (adapters.code) ----------------------------------------
     # "sandbox": a local isolated Python process per run; "jupyter": a kernel
     # per run on the Jupyter server at jupyter_url; "off": none.
@@ -179,6 +197,15 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
+    @field_validator("mcp_servers")
+    @classmethod
+    def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+        # The name prefixes the function names the model sees: OpenAI's characters only.
+        bad = sorted(name for name in value if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name))
+        if bad:
+            raise ValueError(f"MCP server names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
+        return value
+
     @field_validator("auth", mode="before")
     @classmethod
     def _auth(cls, value: Any) -> Any:
@@ -237,6 +264,11 @@ class Settings(BaseSettings):
             from adapters.receipts import load_private_key
 
             load_private_key(self.receipt_key)  # ReceiptKeyError (a ValueError) names the problem
+        if self.mcp_servers:
+            import importlib.util
+
+            if importlib.util.find_spec("mcp") is None:
+                raise ValueError("TURNLOG_MCP_SERVERS needs the mcp package: pip install 'turnlog[mcp]'")
         if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
             raise ValueError(
                 f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "
@@ -278,6 +310,10 @@ def _file_settings(raw: dict[str, Any], name: str) -> dict[str, Any]:
     if both:
         raise ValueError(f"{name}: {', '.join(both)} set both at the top level and under [turnlog]")
     merged = {**top, **section}
+    if "mcp" in merged:  # [mcp.NAME] tables are the mcp_servers setting
+        if "mcp_servers" in merged:
+            raise ValueError(f"{name}: mcp and mcp_servers both set")
+        merged["mcp_servers"] = merged.pop("mcp")
     unknown = sorted(k for k in merged if k not in Settings.model_fields)
     if unknown:
         raise ValueError(f"{name}: unknown setting(s) {', '.join(unknown)}")

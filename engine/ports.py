@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
@@ -804,3 +804,73 @@ def observe(call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
         call(*args, **kwargs)
     except Exception:
         logging.getLogger("turnlog.observe").exception("observer %s failed", getattr(call, "__qualname__", call))
+
+
+# -- tool servers (MCP) -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ToolServerListing:
+    """What a turn's tool servers offered when it assembled: the tool names of
+    each server that answered, a warning for each that did not (the turn goes
+    on without its tools), and the instructions the servers sent."""
+
+    tools: dict[str, list[str]]  # tool id (``mcp:NAME``) -> the function names offered
+    warnings: list[str]
+    instructions: list[str]
+
+
+class TurnToolServers(Protocol):
+    """One turn's connections to its tool servers: listed while it assembles,
+    reused by every call of the turn, closed when it ends."""
+
+    async def connect(self) -> ToolServerListing:
+        """Connect and list; never raises (a server that fails is a warning)."""
+        ...
+
+    def handle(self, name: str) -> ToolHandle | None:
+        """The tool of this name, also before ``connect`` (a turn resumed by
+        another process calls tools its assembly listed)."""
+        ...
+
+    def listed(self) -> Mapping[str, ToolHandle]:
+        """The tools ``connect`` listed, by function name."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ToolServers(Protocol):
+    """The tool servers a deployment knows (``mcp:NAME`` tool ids)."""
+
+    def known_ids(self) -> set[str]: ...
+
+    def open(self, tool_ids: Sequence[str]) -> TurnToolServers:
+        """A turn's servers, not yet connected (no I/O)."""
+        ...
+
+
+class NoTurnToolServers:
+    """A turn that asks for no tool server."""
+
+    async def connect(self) -> ToolServerListing:
+        return ToolServerListing({}, [], [])
+
+    def handle(self, name: str) -> ToolHandle | None:
+        return None
+
+    def listed(self) -> Mapping[str, ToolHandle]:
+        return {}
+
+    async def close(self) -> None:
+        return None
+
+
+class NoToolServers:
+    """A deployment without tool servers."""
+
+    def known_ids(self) -> set[str]:
+        return set()
+
+    def open(self, tool_ids: Sequence[str]) -> TurnToolServers:
+        return NoTurnToolServers()

@@ -180,10 +180,7 @@ async def test_direct_tool_vector_engine_part() -> None:
 # parameter_filtering.json
 # --------------------------------------------------------------------------
 
-FILTER_EXCLUDED = {
-    # MCP tools receive every key in Open WebUI; turnlog has no MCP kind yet (brief: bypass not needed now).
-    "mcp_no_filtering": "MCP bypass not modelled",
-}
+FILTER_EXCLUDED: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("v", select(FILTER_VECTORS, FILTER_EXCLUDED))
@@ -195,6 +192,7 @@ async def test_parameter_filtering_vectors(v: dict[str, Any]) -> None:
         parameters=raw_spec["parameters"],
         tool_id=f"builtin:{raw_spec['name']}",
         kind="builtin",
+        filter_parameters=v["input"].get("tool_type") != "mcp",
     )
     handle = FunctionHandle(spec, add if spec.name == "add" else echo)
     expected = v["expected"]

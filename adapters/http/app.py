@@ -97,6 +97,9 @@ def create_app(
         )
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
+        mcp = open_mcp_servers(settings, tools)
+        if mcp is not None:
+            tools = mcp  # the catalog knows the mcp:NAME tool ids too
         bus = InProcessBus()
         signals: PgSignals | None = None
         owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
@@ -126,6 +129,7 @@ def create_app(
             fetcher=fetcher,
             images=images,
             observer=observers,
+            tool_servers=mcp,
         )
         owners.append(supervisor)
         svc = Services(
@@ -169,6 +173,17 @@ def create_app(
     ui_routes.setup(app)
     approval_routes.setup(app)
     return app
+
+
+def open_mcp_servers(settings: Settings, base: ToolCatalog) -> Any:
+    """The configured MCP servers over the tool modules, or None; the ``mcp``
+    package (the ``mcp`` extra) is imported only when a server is configured."""
+    if not settings.mcp_servers:
+        return None
+    from adapters.tools.mcp import McpServerConfig, McpServers
+
+    configs = {name: McpServerConfig(**server.model_dump()) for name, server in settings.mcp_servers.items()}
+    return McpServers(configs, base)
 
 
 def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:

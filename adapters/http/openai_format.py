@@ -129,6 +129,8 @@ class ChunkRenderer:
         if detail.get("files") and step == "image_generation":
             ext["files"] = detail["files"]
         warnings = warnings_of(detail) if step == UNSUPPORTED_STEP else file_warnings(detail) if step == "files" else []
+        if step == "tool_servers":  # an MCP server that could not be reached or listed
+            warnings = [str(w) for w in detail.get("warnings") or []]
         if warnings:
             ext["warnings"] = warnings
         return [self._chunk({}, extra={"turnlog": ext})] if ext else []

@@ -31,6 +31,7 @@ from engine.context.steps import (
     Unsupported,
     UserImages,
 )
+from engine.context.tool_servers import ToolServersStep
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.fold.chat import chat_turn_views, stored_history
 from engine.ports import (
@@ -44,12 +45,14 @@ from engine.ports import (
     ModelCatalog,
     ModelClient,
     ModelRequest,
+    NoTurnToolServers,
     PageFetcher,
     PayloadStore,
     ResolvedModel,
     TaskModel,
     ToolRunner,
     TurnInput,
+    TurnToolServers,
     UpstreamError,
     WebSearch,
 )
@@ -82,6 +85,7 @@ class LiveAssembler:
         payloads: PayloadStore | None = None,
         code_available: bool = True,
         search_count: int = 3,
+        tool_servers: TurnToolServers | None = None,
     ) -> None:
         self._store = store
         self._models = models
@@ -104,6 +108,7 @@ class LiveAssembler:
             "code_interpreter": code_available,
         }
         self._search_count = search_count
+        self._tool_servers = tool_servers or NoTurnToolServers()
 
     async def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
         resolved = await self._models.resolve(turn.model)
@@ -127,6 +132,7 @@ class LiveAssembler:
             ImageGeneration(self._images, self._payloads),
             CodeInterpreterPrompt(self._available["code_interpreter"]),
             Unsupported(self._available),
+            ToolServersStep(self._tool_servers),
             _OfferedTools(self._tools),
             _LegacyTools(self, resolved),
             files,

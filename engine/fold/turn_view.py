@@ -309,6 +309,8 @@ class TurnView:
             self.warnings.extend(file_warnings(data.get("detail") or {}))
         elif step == "memory" and (data.get("detail") or {}).get("error"):
             self.warnings.append(f"memories were not used: {data['detail']['error']}")
+        elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
+            self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")

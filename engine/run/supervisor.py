@@ -39,11 +39,15 @@ from engine.ports import (
     NoFilters,
     NoObserver,
     NoTools,
+    NoToolServers,
+    NoTurnToolServers,
     PageFetcher,
     RemoteControl,
     ToolCatalog,
+    ToolServers,
     TurnObserver,
     TurnRecord,
+    TurnToolServers,
     WebSearch,
 )
 from engine.protocols.client import LiveModelClient
@@ -58,6 +62,7 @@ from engine.settings import EngineSettings
 from engine.tools.builtin import BuiltinPorts, builtin_tools
 from engine.tools.calls import LiveToolRunner, ToolHandle
 from engine.tools.direct import DirectToolHandle, direct_tool_specs
+from engine.tools.servers import TurnTools
 
 log = logging.getLogger("turnlog.supervisor")
 
@@ -110,6 +115,7 @@ class Supervisor:
         fetcher: PageFetcher | None = None,
         images: ImageGenerator | None = None,
         observer: TurnObserver | None = None,
+        tool_servers: ToolServers | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -134,6 +140,10 @@ class Supervisor:
         self._tasks: list[asyncio.Task[None]] = []
         # Actors that ended and whose lease is being released (see approvals.settle).
         self.retiring: dict[str, asyncio.Task[None]] = {}
+
+        # MCP: each turn's connections, closed when its actor is done.
+        self.tool_servers: ToolServers = tool_servers or NoToolServers()
+        self._open_servers: set[TurnToolServers] = set()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -164,6 +174,8 @@ class Supervisor:
             await self.store.release_turn(actor.turn_id, self.owner)
             self.bus.close_turn(actor.turn_id)
         self.actors.clear()
+        for servers in list(self._open_servers):
+            await self._close_servers(servers)
 
     async def _heartbeat(self) -> None:
         interval = max(0.05, self.settings.lease_seconds / 3)
@@ -185,13 +197,15 @@ class Supervisor:
     ) -> TurnActor:
         turn_id = folded.view.id
         channel = ClientRequests(self.bus, turn_id)
+        servers = self.tool_servers.open(list(folded.view.request.get("tool_ids") or []))
+        self._open_servers.add(servers)
         actor = TurnActor(
             view=folded.view,
             state=folded.state,
             fencing=fencing,
             store=self.store,
             bus=self.bus,
-            ports=self._ports(folded.view, channel),
+            ports=self._ports(folded.view, channel, servers),
             settings=self.settings,
             owner=self.owner,
             history=history,
@@ -199,7 +213,7 @@ class Supervisor:
         self.actors[turn_id] = actor
         self._channels[turn_id] = channel
         actor.start(resume=resume)
-        actor.done.add_done_callback(lambda _f: self._track_retire(turn_id, asyncio.create_task(self._retire(turn_id, actor))))
+        actor.done.add_done_callback(lambda _f: self._track_retire(turn_id, asyncio.create_task(self._retire(turn_id, actor, servers))))
         return actor
 
     def _track_retire(self, turn_id: str, task: asyncio.Task[None]) -> None:
@@ -215,7 +229,7 @@ class Supervisor:
         """A person's decision on a call waiting for approval (``engine.run.approvals``)."""
         return await decide(self, turn_id, call_id, approve=approve, reason=reason, by=by)
 
-    def _ports(self, view: TurnView, channel: ClientRequests) -> TurnPorts:
+    def _ports(self, view: TurnView, channel: ClientRequests, servers: TurnToolServers | None = None) -> TurnPorts:
         payloads = Blobs(self.blobs, view.user_id or "")
         builtin = BuiltinPorts(
             search=self.search,
@@ -227,9 +241,8 @@ class Supervisor:
             code=None if isinstance(self.code, NoCodeExecutor) else self.code,
             search_count=self.settings.web_search_count,
         )
-        # The turn's own tools win: a builtin never shadows them.
-        tools: dict[str, ToolHandle] = {**builtin_tools(builtin)}
-        tools.update(self.tool_handles(view.request, channel))
+        # The turn's own tools win: a builtin never shadows them (nor a tool server's).
+        tools = TurnTools(builtin_tools(builtin), servers or NoTurnToolServers(), self.tool_handles(view.request, channel))
         runner = LiveToolRunner()
         task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
         return TurnPorts(
@@ -252,6 +265,7 @@ class Supervisor:
                 payloads=payloads,
                 code_available=not isinstance(self.code, NoCodeExecutor),
                 search_count=self.settings.web_search_count,
+                tool_servers=servers,
             ),
             tools=tools,
             tool_runner=runner,
@@ -273,7 +287,16 @@ class Supervisor:
         channel = self._channels.get(turn_id)
         return channel is not None and channel.deliver(call_id, result)
 
-    async def _retire(self, turn_id: str, actor: TurnActor) -> None:
+    async def _close_servers(self, servers: TurnToolServers) -> None:
+        self._open_servers.discard(servers)
+        try:
+            await servers.close()
+        except Exception:
+            log.exception("could not close a turn's tool server sessions")
+
+    async def _retire(self, turn_id: str, actor: TurnActor, servers: TurnToolServers | None = None) -> None:
+        if servers is not None:
+            await self._close_servers(servers)
         if self.actors.get(turn_id) is actor:
             del self.actors[turn_id]
             self._channels.pop(turn_id, None)

@@ -76,6 +76,9 @@ class ToolSpec:
     kind: ToolKind
     idempotent: bool = False
     timeout: float | None = None
+    # False for MCP tools: the server validates its own arguments, so every key
+    # the model wrote reaches it (behaviour spec §7.2 step 6, the MCP bypass).
+    filter_parameters: bool = True
 
     def openai_tool(self) -> dict[str, Any]:
         return {
@@ -165,8 +168,11 @@ def filter_arguments(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
     """Keep only the keys the spec declares; required keys are not checked.
 
     A missing required argument surfaces as the tool's own TypeError, which the
-    model can act on (Open WebUI does the same).
+    model can act on (Open WebUI does the same). A spec with
+    ``filter_parameters`` off (an MCP tool) keeps every key.
     """
+    if not spec.filter_parameters:
+        return dict(args)
     properties = spec.parameters.get("properties") if isinstance(spec.parameters, dict) else None
     if not isinstance(properties, dict):
         return {}
