@@ -15,7 +15,7 @@ from adapters.http.errors import ApiError
 
 LOCAL_USER = "local"
 USER = web.RequestKey("turnlog_user", str)
-OPEN_PATHS = frozenset({"/healthz", "/ui"})
+OPEN_PATHS = frozenset({"/healthz", "/ui", "/openapi.json"})
 # The inspector's page and its static files (the page sends a key on its API calls).
 OPEN_PREFIX = "/ui/"
 
