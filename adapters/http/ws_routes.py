@@ -19,6 +19,7 @@ import logging
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from aiohttp import WSMsgType, web
 
 from adapters.http.auth import USER
@@ -55,7 +56,7 @@ class Connection:
 
     async def handle(self, raw: str) -> None:
         try:
-            message = json.loads(raw)
+            message = orjson.loads(raw)  # strict, as HTTP bodies (adapters.http.schemas.parse_json)
         except ValueError:
             await self.error("message is not valid JSON", "invalid_json")
             return
