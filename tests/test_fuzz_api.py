@@ -34,9 +34,9 @@ from tests.upstream import ScriptedUpstream
 #: A request that takes longer is a hang (the scripted upstream answers at once).
 TIMEOUT = (5.0, 15.0)
 #: Cases per operation: valid ones, invalid ones (with the key), and each of
-#: no key and a wrong key. About 15 s per backend on a 2-core machine.
-EXAMPLES_VALID = 6
-EXAMPLES_INVALID = 4
+#: no key and a wrong key. About 20 s per backend on a busy 2-core machine.
+EXAMPLES_VALID = 4
+EXAMPLES_INVALID = 3
 EXAMPLES_WITHOUT_KEY = 1
 PUBLIC = ("/healthz", "/openapi.json", "/ui")
 
@@ -53,7 +53,7 @@ async def test_fuzz_every_operation(tmp_path: Path, upstream: ScriptedUpstream, 
         doc = _offer_known(doc, known)
         failures, calls = await asyncio.to_thread(_fuzz, doc, svc.url, key)
         assert not failures, f"{len(failures)} of {calls} requests failed:\n\n" + "\n\n".join(failures[:20])
-        assert calls > 300  # every operation really was called, several times
+        assert calls > 250  # every operation really was called, several times
         # The fuzzed requests reached past validation: they started turns.
         started = await svc.services.store.list_turns(limit=1000)
         assert len(started) > 2, [t.id for t in started]
