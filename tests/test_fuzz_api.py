@@ -261,7 +261,8 @@ async def test_nul_characters_are_a_400_on_every_backend(service: Service) -> No
 async def test_json_no_store_can_hold_is_a_400(service: Service) -> None:
     """Found by the fuzzing: a lone surrogate was a 500 (no UTF-8 encoder
     takes it), and an integer past 64 bits a turn whose hash chain failed its
-    own check. Bodies are strict JSON now; ``stop_service`` verifies the turns."""
+    own check (the store read it back as a float). Bodies are strict JSON
+    now; ``stop_service`` verifies the turns."""
     head = '{"model": "gpt-test", "messages": [{"role": "user", "content": '
     for raw in (head + '"a\\udaf5b"}]}', head + '"x"}], "temperature": NaN}', head + '"x"}], "temperature": 1e400}'):
         async with service.http.post(service.v1 + "/chat/completions", data=raw, headers={"Content-Type": "application/json"}) as resp:
@@ -275,3 +276,6 @@ async def test_json_no_store_can_hold_is_a_400(service: Service) -> None:
         turn_id = resp.headers["X-Turn-Id"]
     status, verdict = await service.get(f"/v1/turns/{turn_id}/verify")
     assert status == 200 and verdict["ok"], verdict
+    # Recorded exactly as sent (an integer, not a float), and read back so.
+    async with service.http.get(service.v1 + f"/turns/{turn_id}/events") as resp:
+        assert "123456789012345678901234567890" in await resp.text()

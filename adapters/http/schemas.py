@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Literal, TypeVar
 
 import orjson
@@ -14,6 +16,7 @@ ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 #: Text stored in a column of its own (names, memories, ids): no NUL character,
 #: which PostgreSQL's text type cannot hold (a 400, not a 500, on every backend).
 NO_NUL = r"^[^\x00]*$"
+_LONG_NUMBER = re.compile(rb"\d{20}")
 
 
 class Message(BaseModel):
@@ -72,12 +75,14 @@ async def read_json(request: web.Request) -> Any:
 def parse_json(raw: bytes | str) -> Any:
     """Strict JSON (orjson): a lone surrogate (``"\\ud800"``), ``NaN`` or
     ``Infinity`` is malformed, a 400, where the stdlib would accept what no
-    store can encode or the hash chain write back as sent; integers past 64
-    bits become floats."""
+    store can encode or the hash chain write back as sent."""
     try:
-        return orjson.loads(raw)
+        value = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
+    if _LONG_NUMBER.search(raw if isinstance(raw, bytes) else raw.encode()):
+        value = json.loads(raw)  # orjson reads integers beyond 64 bits as floats: keep them exact
+    return value
 
 
 Body = TypeVar("Body", bound=BaseModel)
