@@ -11,11 +11,11 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.http.errors import ApiError
+from adapters.http.errors import ApiError, refuse_nul_in_url
 
 LOCAL_USER = "local"
 USER = web.RequestKey("turnlog_user", str)
-OPEN_PATHS = frozenset({"/healthz", "/ui"})
+OPEN_PATHS = frozenset({"/healthz", "/ui", "/openapi.json"})
 # The inspector's page and its static files (the page sends a key on its API calls).
 OPEN_PREFIX = "/ui/"
 
@@ -35,6 +35,7 @@ def auth_middleware(enabled: bool, lookup: Any) -> Any:
     async def middleware(request: web.Request, handler: Any) -> web.StreamResponse:
         if not enabled or request.path in OPEN_PATHS or request.path.startswith(OPEN_PREFIX):
             request[USER] = LOCAL_USER
+            refuse_nul_in_url(request)
             return await handler(request)
         token = bearer_token(request)
         if token is None:
@@ -43,6 +44,7 @@ def auth_middleware(enabled: bool, lookup: Any) -> Any:
         if user is None:
             raise ApiError(401, "invalid API key", "authentication_error", "invalid_api_key")
         request[USER] = user
+        refuse_nul_in_url(request)  # (after the key: a caller without one learns nothing)
         return await handler(request)
 
     return middleware

@@ -69,6 +69,13 @@ _STATUS_TYPES = {
 }
 
 
+def refuse_nul_in_url(request: web.Request) -> None:
+    """400 for a NUL character in the path or the query: no id or name holds
+    one, and PostgreSQL refuses it in any text it is asked to compare."""
+    if "\x00" in request.path or any("\x00" in k or "\x00" in v for k, v in request.query.items()):
+        raise ApiError(400, "the URL contains a NUL character", "invalid_request_error", "invalid_value")
+
+
 @web.middleware
 async def error_middleware(request: web.Request, handler: Any) -> web.StreamResponse:
     try:

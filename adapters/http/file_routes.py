@@ -14,12 +14,13 @@ from __future__ import annotations
 
 from aiohttp import BodyPartReader, web
 from aiohttp.hdrs import CONTENT_TYPE
+from aiohttp.http_exceptions import BadHttpMessage
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.http.auth import USER
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
-from adapters.http.schemas import read_body
+from adapters.http.schemas import NO_NUL, read_body
 from adapters.knowledge.extract import SUPPORTED_TYPES, content_type_for
 from adapters.knowledge.files import FileKnowledge, NotFound
 
@@ -32,14 +33,14 @@ _READ = 64 * 1024
 class NewCollection(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    name: str = Field(min_length=1, max_length=256)
-    description: str = Field(default="", max_length=10_000)
+    name: str = Field(min_length=1, max_length=256, pattern=NO_NUL)
+    description: str = Field(default="", max_length=10_000, pattern=NO_NUL)
 
 
 class FileId(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    file_id: str = Field(min_length=1, max_length=128)
+    file_id: str = Field(min_length=1, max_length=128, pattern=NO_NUL)
 
 
 def _knowledge(request: web.Request) -> FileKnowledge:
@@ -73,7 +74,7 @@ async def upload_file(request: web.Request) -> web.Response:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if isinstance(part, BodyPartReader) and part.name == "file" and upload is None:
-                filename = (part.filename or "").strip() or "upload"
+                filename = (part.filename or "").replace("\x00", "").strip() or "upload"
                 content_type = content_type_for(part.headers.get(CONTENT_TYPE), filename)
                 if content_type is None:
                     declared = part.headers.get(CONTENT_TYPE) or "none"
@@ -85,7 +86,7 @@ async def upload_file(request: web.Request) -> web.Response:
                 upload = (filename, content_type, await _read_limited(part, limit))
             else:
                 await part.release()  # ``purpose`` and anything else: read and dropped
-    except ValueError as exc:  # aiohttp's multipart parser on a malformed body
+    except (ValueError, BadHttpMessage) as exc:  # aiohttp's multipart parser on a malformed body (or part headers)
         raise ApiError(400, f"malformed multipart body: {exc}", code="invalid_multipart") from exc
     if upload is None:
         raise ApiError(400, "missing required field 'file'", code="missing_field", param="file")

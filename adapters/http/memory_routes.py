@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_v
 from adapters.http.auth import USER
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
-from adapters.http.schemas import read_body
+from adapters.http.schemas import NO_NUL, read_body
 from adapters.knowledge.memories import EmbeddingFailed, Memories
 from engine.ports import RetrievalError
 
@@ -27,7 +27,7 @@ class MemoryBody(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    content: StrictStr
+    content: StrictStr = Field(pattern=NO_NUL)
 
     @field_validator("content")
     @classmethod

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal, TypeVar
 
+import orjson
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.http.errors import ApiError, validation_message
 
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
+#: Text stored in a column of its own (names, memories, ids): no NUL character,
+#: which PostgreSQL's text type cannot hold (a 400, not a 500, on every backend).
+NO_NUL = r"^[^\x00]*$"
+_LONG_NUMBER = re.compile(rb"\d{20}")
 
 
 class Message(BaseModel):
@@ -71,10 +77,20 @@ async def read_json(request: web.Request) -> Any:
     raw = await request.read()  # raises 413 past client_max_size
     if not raw:
         raise ApiError(400, "request body is empty; expected a JSON object", code="empty_body")
+    return parse_json(raw)
+
+
+def parse_json(raw: bytes | str) -> Any:
+    """Strict JSON (orjson): a lone surrogate (``"\\ud800"``), ``NaN`` or
+    ``Infinity`` is malformed, a 400, where the stdlib would accept what no
+    store can encode or the hash chain write back as sent."""
     try:
-        return json.loads(raw)
+        value = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
+    if _LONG_NUMBER.search(raw if isinstance(raw, bytes) else raw.encode()):
+        value = json.loads(raw)  # orjson reads integers beyond 64 bits as floats: keep them exact
+    return value
 
 
 Body = TypeVar("Body", bound=BaseModel)

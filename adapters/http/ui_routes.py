@@ -47,6 +47,20 @@ async def page(request: web.Request) -> web.FileResponse:
     return web.FileResponse(STATIC / "index.html", headers={"Cache-Control": "no-cache"})
 
 
+async def static_file(request: web.Request) -> web.FileResponse:
+    """One of the page's files; any other name is a 404 in the API's error shape
+    (aiohttp's own static handler answers an empty one)."""
+    name = request.match_info["filename"]
+    path = STATIC / name
+    try:
+        found = path.name == name and path.is_file()
+    except (OSError, ValueError):  # a name no file system has (a NUL byte, too long)
+        found = False
+    if not found:
+        raise ApiError(404, "file not found", "not_found_error", "not_found")
+    return web.FileResponse(path)
+
+
 async def to_page(request: web.Request) -> web.StreamResponse:
     raise web.HTTPFound("/ui/")
 
@@ -244,7 +258,7 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/ui", to_page)
     app.router.add_get("/ui/", page)
     app.router.add_get("/ui/turns/{turn_id}", page)
-    app.router.add_static("/ui/static/", STATIC, append_version=False)
+    app.router.add_get("/ui/static/{filename}", static_file)
     app.router.add_get("/v1/ui/turns", list_turns)
     app.router.add_get("/v1/ui/turns/{turn_id}/summary", turn_summary)
     app.router.add_get("/v1/ui/turns/{turn_id}/timeline", turn_timeline)

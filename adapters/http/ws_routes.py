@@ -19,6 +19,7 @@ import logging
 from contextlib import aclosing
 from typing import Any
 
+import orjson
 from aiohttp import WSMsgType, web
 
 from adapters.http.approval_routes import approval_request, parse_approval, record_decision
@@ -56,7 +57,7 @@ class Connection:
 
     async def handle(self, raw: str) -> None:
         try:
-            message = json.loads(raw)
+            message = orjson.loads(raw)  # strict, as HTTP bodies (adapters.http.schemas.parse_json)
         except ValueError:
             await self.error("message is not valid JSON", "invalid_json")
             return
@@ -79,10 +80,15 @@ class Connection:
                 await self.error(f"unknown message type '{kind}'", "unknown_type")
         except ApiError as exc:
             await self.error(exc.message, exc.code or "invalid_request", exc.extra)
+        except Exception:
+            # A bug, as a 500 is over HTTP: logged, and the client told; the
+            # connection (and its subscriptions) stays up.
+            log.exception("ws message %r failed", kind)
+            await self.error(f"internal error handling a '{kind}' message", "internal_error")
 
     async def _own_turn(self, turn_id: Any) -> str:
-        if not isinstance(turn_id, str) or not turn_id:
-            raise ApiError(400, "'turn_id' must be a non-empty string", code="invalid_value")
+        if not isinstance(turn_id, str) or not turn_id or "\x00" in turn_id:
+            raise ApiError(400, "'turn_id' must be a non-empty string (without NUL characters)", code="invalid_value")
         record = await self.svc.store.get_turn(turn_id)
         if record is None or record.user_id != self.user:
             raise ApiError(404, "turn not found", code="not_found")
@@ -98,6 +104,8 @@ class Connection:
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise ApiError(400, "'after' must be a non-negative integer seq", code="invalid_value")
         if message.get("chat_id") and not message.get("turn_id"):
+            if "\x00" in str(message["chat_id"]):
+                raise ApiError(400, "'chat_id' must not contain NUL characters", code="invalid_value")
             chat = await self.svc.store.get_chat(str(message["chat_id"]))
             if chat is None or chat.user_id != self.user:
                 raise ApiError(404, "chat not found", code="not_found")

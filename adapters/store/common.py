@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from collections.abc import Sequence
 from typing import Any
@@ -40,11 +41,21 @@ def dumps(obj: Any) -> str:
         return _json_dumps(obj)
 
 
+#: A number of 20 digits or more: maybe an integer beyond 64 bits, which
+#: orjson reads back as a float (no error), so the stdlib must read it.
+_LONG_NUMBER = re.compile(r"\d{20}")
+_LONG_NUMBER_B = re.compile(rb"\d{20}")
+
+
 def loads(text: str | bytes) -> Any:
+    """What ``dumps`` wrote, exactly: an integer beyond 64 bits stays one (read
+    as a float, the event would no longer match its hash)."""
+    if (_LONG_NUMBER_B if isinstance(text, bytes) else _LONG_NUMBER).search(text) is not None:  # type: ignore[arg-type]
+        return json.loads(text)
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
-        return json.loads(text)  # e.g. integers beyond 64 bits
+        return json.loads(text)
 
 
 def event_rows(events: Sequence[Event], chain: bool = True) -> list[EventRow]:

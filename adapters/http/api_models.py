@@ -1,0 +1,400 @@
+"""The shapes of what the HTTP API answers, and of its query parameters.
+
+The handlers build their answers as dicts (the hot paths serialize by hand);
+these models describe those dicts for ``GET /openapi.json``
+(``adapters.http.openapi``), and the fuzz tests check the live answers
+against them, so a handler that drifts from its model fails a test. Models
+allow extra fields: the API grows by adding fields (API.md), and an older
+client must keep parsing.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TurnStatus = Literal["running", "completed", "cancelled", "failed", "interrupted"]
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ------------------------------------------------------------------ errors
+
+
+class ErrorDetail(_Open):
+    message: str = Field(description="What is wrong, naming the field or the object.")
+    type: str = Field(description="`invalid_request_error`, `authentication_error`, `not_found_error`, `conflict_error`, `upstream_error`, `api_error`, …")
+    code: str | None = Field(default=None, description="A stable machine-readable code (`invalid_json`, `missing_api_key`, `damaged_log`, …).")
+    param: str | None = Field(default=None, description="The request field at fault, if one is.")
+
+
+class ErrorResponse(BaseModel):
+    """Every error, in the OpenAI shape (API.md §7)."""
+
+    error: ErrorDetail
+
+
+# ------------------------------------------------------------ service, models
+
+
+class Health(_Open):
+    ok: bool
+
+
+class ModelInfo(_Open):
+    id: str
+    object: Literal["model"] = "model"
+    created: int = 0
+    owned_by: str
+
+
+class ModelList(_Open):
+    object: Literal["list"] = "list"
+    data: list[ModelInfo]
+    turnlog: dict[str, Any] | None = Field(default=None, description="Why the list may be short: `warning` (no upstream) or `unreachable` upstreams.")
+
+
+# --------------------------------------------------------- chat completions
+
+
+class ToolCallFunction(_Open):
+    name: str
+    arguments: str
+
+
+class ToolCall(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: ToolCallFunction
+
+
+class AssistantMessage(_Open):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+
+
+class Choice(_Open):
+    index: int
+    message: AssistantMessage
+    logprobs: None = None
+    finish_reason: str
+
+
+class Usage(_Open):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+class ChatCompletion(_Open):
+    """``stream: false``: the answer once the turn has ended (or only its background tasks are left)."""
+
+    id: str = Field(description="`chatcmpl-<turn_id>`")
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage | None = None
+    turnlog: dict[str, Any] | None = Field(default=None, description="Extension: `status` when not completed, `warnings`.")
+
+
+class ChunkDelta(_Open):
+    role: str | None = None
+    content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ChunkChoice(_Open):
+    index: int
+    delta: ChunkDelta
+    logprobs: None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(_Open):
+    """One ``data:`` message of a ``text/event-stream`` answer (the stream ends with ``data: [DONE]``)."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
+    turnlog: dict[str, Any] | None = Field(default=None, description="Extension: tool progress (`item`), `status`, `warnings`, `sources`, …")
+
+
+# ------------------------------------------------------------ turns, chats
+
+
+class TurnError(_Open):
+    message: str
+    type: str
+
+
+class Turn(_Open):
+    """The turn as projected from its log (API.md §3)."""
+
+    id: str
+    object: Literal["turn"] = "turn"
+    chat_id: str | None
+    status: TurnStatus
+    state: str
+    model: str | None
+    output: list[dict[str, Any]] = Field(description="Output items in the Responses API shapes.")
+    content: str
+    reasoning_content: str | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    response_ids: list[str]
+    error: TurnError | None = None
+    warnings: list[Any]
+    seq: int = Field(description="The last event folded.")
+    epoch: int
+    created_at: float | None
+    updated_at: float | None
+    parent_turn_id: str | None = None
+    forked_at: int | None = None
+    sources: list[dict[str, Any]] | None = None
+    title: str | None = None
+    tags: list[str] | None = None
+    follow_ups: list[str] | None = None
+
+
+class PublicEvent(BaseModel):
+    seq: int
+    type: str
+    at: float
+    data: dict[str, Any]
+
+
+class EventPage(_Open):
+    events: list[PublicEvent]
+    next_after: int
+
+
+class TurnStatusChange(_Open):
+    """202: the request is recorded; the turn reaches the status on its own."""
+
+    id: str
+    status: str
+
+
+class ApprovalDecision(_Open):
+    """202: the decision is recorded; ``status`` is the call's approval status."""
+
+    turn_id: str
+    call_id: str
+    approve: bool
+    status: str
+
+
+class Damage(_Open):
+    seq: int
+    kind: str
+    message: str
+
+
+class Verdict(_Open):
+    ok: bool
+    diff: list[str]
+    turn_id: str
+    events: int
+    head: str | None = None
+    damage: Damage | None = None
+
+
+class Receipt(_Open):
+    turn_id: str
+    events: int
+    head: str = Field(description="The last event's hash (hex).")
+    algorithm: str
+    signature: str | None = Field(default=None, description="Base64 Ed25519 signature of the head, with TURNLOG_RECEIPT_KEY.")
+
+
+class Forked(_Open):
+    turn_id: str
+    chat_id: str
+
+
+class ChatSummary(_Open):
+    id: str
+    title: str | None
+    tags: list[str] | None
+    created_at: float | None
+    updated_at: float | None
+
+
+class ChatList(_Open):
+    data: list[ChatSummary]
+
+
+class Chat(ChatSummary):
+    messages: list[dict[str, Any]] = Field(description="The chat's messages; assistant messages carry their turn's `output` items.")
+
+
+# ---------------------------------------------------------------- memories
+
+
+class Memory(_Open):
+    id: str
+    content: str
+    created_at: float
+    updated_at: float | None = None
+
+
+class MemoryList(_Open):
+    data: list[Memory]
+
+
+class MemoryHit(Memory):
+    score: float
+
+
+class MemoryHits(_Open):
+    data: list[MemoryHit]
+
+
+class Deleted(_Open):
+    id: str
+    object: str | None = None
+    deleted: Literal[True]
+
+
+# ------------------------------------------------------- files, knowledge
+
+
+class FileUpload(BaseModel):
+    """``multipart/form-data`` with the document in the field ``file`` (text, Markdown, HTML, PDF)."""
+
+    file: bytes = Field(json_schema_extra={"format": "binary"})
+
+
+class FileObject(_Open):
+    id: str
+    object: Literal["file"] = "file"
+    filename: str
+    bytes: int
+    content_type: str
+    status: str = Field(description="`processing`, `ready` or `failed`.")
+    error: str | None = None
+    chars: int | None = None
+    chunks: int | None = None
+    tokens: int | None = None
+    embedding_model: str | None = None
+    created_at: int
+    updated_at: int | None = None
+
+
+class FileList(_Open):
+    object: Literal["list"] = "list"
+    data: list[FileObject]
+
+
+class Collection(_Open):
+    id: str
+    object: Literal["knowledge"] = "knowledge"
+    name: str
+    description: str
+    files: list[FileObject]
+    created_at: int
+    updated_at: int
+
+
+class CollectionList(_Open):
+    object: Literal["list"] = "list"
+    data: list[Collection]
+
+
+# -------------------------------------------------------------- inspector
+
+
+class UiTurn(_Open):
+    id: str
+    chat_id: str | None
+    chat_title: str | None
+    model: str | None
+    status: str
+    created_at: float | None
+    updated_at: float | None
+
+
+class UiTurnPage(_Open):
+    data: list[UiTurn]
+    has_more: bool
+    offset: int
+    models: list[str | None]
+
+
+class UiSummary(_Open):
+    turn: Turn
+    first_at: float | None
+    last_seq: int
+    iterations: int
+    requests: list[dict[str, Any]]
+    tools: list[dict[str, Any]]
+    problems: list[dict[str, Any]]
+
+
+class TimelineEvent(PublicEvent):
+    state: str
+
+
+class UiTimeline(_Open):
+    events: list[TimelineEvent]
+    next_after: int
+    has_more: bool
+
+
+# --------------------------------------------------------- query, headers
+
+
+class EventsQuery(BaseModel):
+    after: int = Field(default=0, ge=0, description="Events with a greater seq.")
+    limit: int = Field(default=1000, ge=1, description="At most this many (capped at 10,000).")
+
+
+class StreamQuery(BaseModel):
+    after: int | None = Field(default=None, description="The stream position to continue after (as `Last-Event-ID`).")
+    include_usage: bool = False
+
+
+class StreamHeaders(BaseModel):
+    last_event_id: int | None = Field(
+        default=None, alias="Last-Event-ID", description="The `id:` of the last SSE message received: the stream continues right after it."
+    )
+
+
+class ReplayQuery(BaseModel):
+    upto: int | None = Field(default=None, ge=0, description="Fold only the events with seq <= upto.")
+
+
+class ChatsQuery(BaseModel):
+    limit: int = Field(default=50, ge=1, description="At most this many (capped at 500).")
+    before: float | None = Field(default=None, description="Chats updated before this Unix time.")
+
+
+class BlobHeaders(BaseModel):
+    if_none_match: str | None = Field(default=None, alias="If-None-Match")
+
+
+class WsQuery(BaseModel):
+    access_token: str | None = Field(default=None, description="The API key, for browsers, which cannot send headers on a WebSocket upgrade.")
+
+
+class UiTurnsQuery(BaseModel):
+    status: Literal["running", "completed", "cancelled", "failed", "interrupted"] | None = None
+    model: str | None = None
+    chat_id: str | None = None
+    offset: int = Field(default=0, ge=0)
+    limit: int = Field(default=25, ge=1, description="Capped at 200.")
+
+
+class TimelineQuery(BaseModel):
+    after: int = Field(default=0, ge=0)
+    limit: int = Field(default=200, ge=1, description="Capped at 1,000.")

@@ -1,0 +1,437 @@
+"""``GET /openapi.json``: an OpenAPI 3.1 document of every route the app registers.
+
+The paths and methods come from the aiohttp router itself, the schemas from
+the pydantic models that validate the requests (``schemas.py`` and the route
+modules) and describe the answers (``api_models.py``); only the operations'
+words and status codes are written here, in :data:`OPERATIONS`. A route the
+router has and :data:`OPERATIONS` lacks is still listed (marked
+``x-undocumented``) and :func:`undocumented` names it, which a test checks, so a
+new route cannot ship without its operation.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from aiohttp import web
+from pydantic import BaseModel
+from pydantic.json_schema import models_json_schema
+
+from adapters.http import api_models as m
+from adapters.http.approval_routes import ApprovalRequest
+from adapters.http.file_routes import FileId, NewCollection
+from adapters.http.fork_routes import ForkRequest
+from adapters.http.memory_routes import MemoryBody, QueryBody
+from adapters.http.schemas import ChatRequest
+
+OPENAPI_PATH = "/openapi.json"
+REF = "#/components/schemas/{model}"
+BEARER = "bearerAuth"
+ACCESS_TOKEN = "accessToken"
+_PARAM = re.compile(r"\{([^{}:]+)(?::[^{}]*)?\}")
+
+
+@dataclass(frozen=True)
+class Media:
+    """One content type of a body: JSON of a model, SSE whose ``data:`` is a
+    model, or opaque (HTML, files)."""
+
+    kind: str  # "json" | "sse" | "binary" | "text" | "object" (any JSON object)
+    model: type[BaseModel] | None = None
+
+
+def json_(model: type[BaseModel]) -> dict[str, Media]:
+    return {"application/json": Media("json", model)}
+
+
+SSE_CHUNKS = Media("sse", m.ChatCompletionChunk)
+HTML = {"text/html": Media("text")}
+TURN_HEADERS = ("X-Turn-Id", "X-Chat-Id")
+
+
+@dataclass(frozen=True)
+class Reply:
+    description: str
+    content: dict[str, Media] = field(default_factory=dict)
+    headers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Operation:
+    summary: str
+    tag: str
+    responses: dict[int, Reply]
+    errors: tuple[int, ...] = ()
+    body: dict[str, Media] | None = None
+    query: type[BaseModel] | None = None
+    headers: type[BaseModel] | None = None
+    public: bool = False  # no API key, even with TURNLOG_AUTH=on
+    description: str | None = None
+
+
+ERRORS: dict[int, str] = {
+    400: "Bad input: malformed JSON, a schema violation or a bad parameter, named in the message.",
+    401: "No or wrong API key (`TURNLOG_AUTH=on`).",
+    404: "Not found, or someone else's.",
+    409: "A conflict with the turn's state (`turn_not_running`, `turn_not_ended`, …) or a damaged log (`damaged_log`, with `damage`).",
+    413: "The body is over the limit (`TURNLOG_MAX_BODY_BYTES`, `TURNLOG_MAX_FILE_BYTES`).",
+    415: "Unsupported file type.",
+    501: "Not supported by this event store.",
+    502: "The upstream (model or embedding service) failed.",
+}
+
+PARAMS: dict[str, str] = {
+    "turn_id": "A turn id (`X-Turn-Id`).",
+    "chat_id": "A chat id.",
+    "memory_id": "A memory id.",
+    "file_id": "A file id.",
+    "knowledge_id": "A knowledge collection id.",
+    "blob_id": "A blob id: 64 hex digits (the sha256 of its bytes).",
+    "filename": "A file of the inspector's page.",
+}
+
+_TURN_ERRORS = (404, 409)
+_BODY = (400, 413)
+
+#: (METHOD, path as the router has it) -> the operation.
+OPERATIONS: dict[tuple[str, str], Operation] = {
+    ("GET", "/healthz"): Operation("Liveness", "service", {200: Reply("Up.", json_(m.Health))}, public=True),
+    ("GET", OPENAPI_PATH): Operation("This document", "service", {200: Reply("The OpenAPI 3.1 document.", {"application/json": Media("object")})}, public=True),
+    ("GET", "/v1/models"): Operation("The models of the configured upstreams", "models", {200: Reply("The model ids a request may name.", json_(m.ModelList))}),
+    ("POST", "/v1/chat/completions"): Operation(
+        "Start a turn (OpenAI Chat Completions plus turnlog's extensions)",
+        "chat",
+        {
+            200: Reply(
+                "`stream: false`: the `chat.completion`; `stream: true`: SSE of `chat.completion.chunk`, each message with `id: <position>`, ending with `data: [DONE]`.",
+                {"application/json": Media("json", m.ChatCompletion), "text/event-stream": SSE_CHUNKS},
+                TURN_HEADERS,
+            ),
+            502: Reply("`stream: false`: the turn failed upstream (the turn is recorded as `failed`).", json_(m.ErrorResponse), TURN_HEADERS),
+        },
+        errors=(*_BODY, 404),
+        body=json_(ChatRequest),
+    ),
+    ("GET", "/v1/turns/{turn_id}"): Operation("The turn projected from its log", "turns", {200: Reply("The turn.", json_(m.Turn))}, errors=_TURN_ERRORS),
+    ("GET", "/v1/turns/{turn_id}/events"): Operation(
+        "A page of the turn's event log", "turns", {200: Reply("Events in seq order.", json_(m.EventPage))}, errors=(400, *_TURN_ERRORS), query=m.EventsQuery
+    ),
+    ("GET", "/v1/turns/{turn_id}/stream"): Operation(
+        "Reconnect: the turn's SSE stream after a position, then live",
+        "turns",
+        {200: Reply("SSE of `chat.completion.chunk` until the turn ends.", {"text/event-stream": SSE_CHUNKS}, TURN_HEADERS)},
+        errors=(400, *_TURN_ERRORS),
+        query=m.StreamQuery,
+        headers=m.StreamHeaders,
+    ),
+    ("GET", "/v1/turns/{turn_id}/replay"): Operation(
+        "Time travel: the turn as folded from its first events",
+        "turns",
+        {200: Reply("The turn at `upto`.", json_(m.Turn))},
+        errors=(400, *_TURN_ERRORS),
+        query=m.ReplayQuery,
+    ),
+    ("GET", "/v1/turns/{turn_id}/verify"): Operation(
+        "Check the hash chain and re-run the engine against the recorded results", "turns", {200: Reply("The verdict.", json_(m.Verdict))}, errors=_TURN_ERRORS
+    ),
+    ("GET", "/v1/turns/{turn_id}/receipt"): Operation(
+        "The turn's receipt: its chain's head, signed with TURNLOG_RECEIPT_KEY", "turns", {200: Reply("The receipt.", json_(m.Receipt))}, errors=_TURN_ERRORS
+    ),
+    ("POST", "/v1/turns/{turn_id}/cancel"): Operation(
+        "Cancel a running turn (the partial answer is saved)", "turns", {202: Reply("Cancelled.", json_(m.TurnStatusChange))}, errors=_TURN_ERRORS
+    ),
+    ("POST", "/v1/turns/{turn_id}/resume"): Operation(
+        "Resume an interrupted turn from its last durable event", "turns", {202: Reply("Resumed.", json_(m.TurnStatusChange))}, errors=_TURN_ERRORS
+    ),
+    ("POST", "/v1/turns/{turn_id}/fork"): Operation(
+        "Re-run a finished turn from one of its events, with another model or other tool results",
+        "turns",
+        {201: Reply("The fork, a new turn in a new chat.", json_(m.Forked), TURN_HEADERS)},
+        errors=(*_BODY, *_TURN_ERRORS),
+        body=json_(ForkRequest),
+    ),
+    ("POST", "/v1/turns/{turn_id}/approvals"): Operation(
+        "Approve or reject a tool call the turn waits on (params.tool_approval: ask)",
+        "turns",
+        {202: Reply("The decision is recorded; the turn goes on when every call of the batch is decided.", json_(m.ApprovalDecision))},
+        errors=(*_BODY, *_TURN_ERRORS),
+        body=json_(ApprovalRequest),
+    ),
+    ("GET", "/metrics"): Operation(
+        "Prometheus metrics of this process", "service", {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})}
+    ),
+    ("GET", "/v1/chats"): Operation("The caller's chats", "chats", {200: Reply("Newest first.", json_(m.ChatList))}, errors=(400,), query=m.ChatsQuery),
+    ("GET", "/v1/chats/{chat_id}"): Operation("A chat and its messages", "chats", {200: Reply("The chat.", json_(m.Chat))}, errors=(404, 409)),
+    ("POST", "/v1/memories"): Operation(
+        "Store a memory", "memories", {200: Reply("The memory.", json_(m.Memory))}, errors=(*_BODY, 502), body=json_(MemoryBody)
+    ),
+    ("GET", "/v1/memories"): Operation("The caller's memories", "memories", {200: Reply("Every memory.", json_(m.MemoryList))}),
+    ("POST", "/v1/memories/query"): Operation(
+        "The memories nearest to a text", "memories", {200: Reply("The k best, with scores.", json_(m.MemoryHits))}, errors=(*_BODY, 502), body=json_(QueryBody)
+    ),
+    ("GET", "/v1/memories/{memory_id}"): Operation("A memory", "memories", {200: Reply("The memory.", json_(m.Memory))}, errors=(404,)),
+    ("POST", "/v1/memories/{memory_id}"): Operation(
+        "Replace a memory's content", "memories", {200: Reply("The memory.", json_(m.Memory))}, errors=(*_BODY, 404, 502), body=json_(MemoryBody)
+    ),
+    ("PATCH", "/v1/memories/{memory_id}"): Operation(
+        "Replace a memory's content", "memories", {200: Reply("The memory.", json_(m.Memory))}, errors=(*_BODY, 404, 502), body=json_(MemoryBody)
+    ),
+    ("DELETE", "/v1/memories/{memory_id}"): Operation("Delete a memory", "memories", {200: Reply("Deleted.", json_(m.Deleted))}, errors=(404,)),
+    ("POST", "/v1/files"): Operation(
+        "Upload and index a document",
+        "files",
+        {200: Reply("The file; `status` is `processing` until it is indexed.", json_(m.FileObject))},
+        errors=(*_BODY, 415),
+        body={"multipart/form-data": Media("json", m.FileUpload)},
+    ),
+    ("GET", "/v1/files"): Operation("The caller's files", "files", {200: Reply("Every file.", json_(m.FileList))}),
+    ("GET", "/v1/files/{file_id}"): Operation("A file's metadata and status", "files", {200: Reply("The file.", json_(m.FileObject))}, errors=(404,)),
+    ("DELETE", "/v1/files/{file_id}"): Operation("Delete a file and its chunks", "files", {200: Reply("Deleted.", json_(m.Deleted))}, errors=(404,)),
+    ("POST", "/v1/knowledge"): Operation(
+        "Create a knowledge collection", "knowledge", {200: Reply("The collection.", json_(m.Collection))}, errors=_BODY, body=json_(NewCollection)
+    ),
+    ("GET", "/v1/knowledge"): Operation("The caller's collections", "knowledge", {200: Reply("Every collection.", json_(m.CollectionList))}),
+    ("GET", "/v1/knowledge/{knowledge_id}"): Operation(
+        "A collection and its files", "knowledge", {200: Reply("The collection.", json_(m.Collection))}, errors=(404,)
+    ),
+    ("DELETE", "/v1/knowledge/{knowledge_id}"): Operation(
+        "Delete a collection (not its files)", "knowledge", {200: Reply("Deleted.", json_(m.Deleted))}, errors=(404,)
+    ),
+    ("POST", "/v1/knowledge/{knowledge_id}/files"): Operation(
+        "Add a file to a collection", "knowledge", {200: Reply("The collection.", json_(m.Collection))}, errors=(*_BODY, 404), body=json_(FileId)
+    ),
+    ("DELETE", "/v1/knowledge/{knowledge_id}/files/{file_id}"): Operation(
+        "Remove a file from a collection", "knowledge", {200: Reply("The collection.", json_(m.Collection))}, errors=(404,)
+    ),
+    ("GET", "/v1/blobs/{blob_id}"): Operation(
+        'The bytes behind a `{"$blob"}` reference in an event (images, files)',
+        "blobs",
+        {200: Reply("The bytes, with their mime type.", {"*/*": Media("binary")}), 304: Reply("Not modified (`If-None-Match`).")},
+        errors=(404,),
+        headers=m.BlobHeaders,
+    ),
+    ("GET", "/v1/ws"): Operation(
+        "The WebSocket: chat, subscribe with a cursor, cancel, direct tool results",
+        "websocket",
+        {101: Reply("Switching to the WebSocket protocol; the messages are JSON text (docs/api.md).")},
+        errors=(400,),
+        query=m.WsQuery,
+        description="A request that is not a WebSocket upgrade gets 400.",
+    ),
+    ("GET", "/ui"): Operation("The inspector (redirect)", "inspector", {302: Reply("To `/ui/`.")}, public=True),
+    ("GET", "/ui/"): Operation("The inspector's page", "inspector", {200: Reply("HTML.", HTML)}, public=True),
+    ("GET", "/ui/turns/{turn_id}"): Operation("The inspector, opened on one turn", "inspector", {200: Reply("HTML.", HTML)}, public=True),
+    ("GET", "/ui/static/{filename}"): Operation(
+        "The inspector's scripts and styles", "inspector", {200: Reply("The file.", {"*/*": Media("binary")})}, errors=(404,), public=True
+    ),
+    ("GET", "/v1/ui/turns"): Operation(
+        "The inspector's list of the caller's turns",
+        "inspector",
+        {200: Reply("One page, newest first.", json_(m.UiTurnPage))},
+        errors=(400, 501),
+        query=m.UiTurnsQuery,
+    ),
+    ("GET", "/v1/ui/turns/{turn_id}/summary"): Operation(
+        "The inspector's summary of a turn: requests sent, tool calls, problems",
+        "inspector",
+        {200: Reply("The summary.", json_(m.UiSummary))},
+        errors=_TURN_ERRORS,
+    ),
+    ("GET", "/v1/ui/turns/{turn_id}/timeline"): Operation(
+        "The inspector's timeline: events with the state after each",
+        "inspector",
+        {200: Reply("One page.", json_(m.UiTimeline))},
+        errors=(400, *_TURN_ERRORS),
+        query=m.TimelineQuery,
+    ),
+}
+
+
+def routes(app: web.Application) -> list[tuple[str, str]]:
+    """(METHOD, path) of every route the router has, HEAD aside (aiohttp adds
+    it to every GET); a static folder is ``{prefix}/{filename}``."""
+    out: list[tuple[str, str]] = []
+    for route in app.router.routes():
+        if route.method == "HEAD" or route.resource is None:
+            continue
+        path = route.resource.canonical
+        if isinstance(route.resource, web.StaticResource):
+            path = path.rstrip("/") + "/{filename}"
+        key = (route.method, path)
+        if key not in out:
+            out.append(key)
+    return out
+
+
+def undocumented(app: web.Application) -> list[tuple[str, str]]:
+    """Routes without an operation in :data:`OPERATIONS`."""
+    return [key for key in routes(app) if key not in OPERATIONS]
+
+
+def _models(app: web.Application) -> list[type[BaseModel]]:
+    found: list[type[BaseModel]] = [m.ErrorResponse]
+    for key in routes(app):
+        op = OPERATIONS.get(key)
+        if op is None:
+            continue
+        medias = [media for reply in op.responses.values() for media in reply.content.values()]
+        medias += list((op.body or {}).values())
+        for media in medias:
+            if media.model is not None and media.model not in found:
+                found.append(media.model)
+    return found
+
+
+def _parameters(where: str, model: type[BaseModel]) -> list[dict[str, Any]]:
+    schema = model.model_json_schema(by_alias=True, ref_template=REF)
+    required = set(schema.get("required", ()))
+    out = []
+    for name, prop in schema.get("properties", {}).items():
+        description = prop.pop("description", None)
+        prop.pop("title", None)
+        # A parameter is absent or a value: never null.
+        options = [o for o in prop.pop("anyOf", ()) if o != {"type": "null"}]
+        if len(options) == 1:
+            prop.update(options[0])
+        elif options:
+            prop["anyOf"] = options
+        if prop.get("default", 0) is None:
+            del prop["default"]
+        param: dict[str, Any] = {"name": name, "in": where, "required": name in required, "schema": prop}
+        if description:
+            param["description"] = description
+        out.append(param)
+    return out
+
+
+def _content(content: dict[str, Media], refs: dict[type[BaseModel], dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for media_type, media in content.items():
+        if media.kind == "json" and media.model is not None:
+            out[media_type] = {"schema": refs[media.model]}
+        elif media.kind == "sse":
+            out[media_type] = {
+                "schema": {"type": "string", "description": "Server-sent events; each `data:` is the JSON of `x-sse-data`, the last is `[DONE]`."},
+                "x-sse-data": refs[media.model] if media.model is not None else {},
+            }
+        elif media.kind == "object":
+            out[media_type] = {"schema": {"type": "object"}}
+        elif media.kind == "binary":
+            out[media_type] = {"schema": {"type": "string", "format": "binary"}}
+        else:
+            out[media_type] = {"schema": {"type": "string"}}
+    return out
+
+
+def _operation(method: str, path: str, op: Operation | None, refs: dict[type[BaseModel], dict[str, Any]]) -> dict[str, Any]:
+    params = [
+        {"name": name, "in": "path", "required": True, "schema": {"type": "string"}, "description": PARAMS.get(name, name)} for name in _PARAM.findall(path)
+    ]
+    if op is None:
+        return {
+            "summary": "undocumented",
+            "operationId": _operation_id(method, path),
+            "parameters": params,
+            "responses": {"default": {"description": "undocumented"}},
+            "x-undocumented": True,
+        }
+    if op.query is not None:
+        params += _parameters("query", op.query)
+    if op.headers is not None:
+        params += _parameters("header", op.headers)
+    responses: dict[str, Any] = {}
+    for status, reply in op.responses.items():
+        entry: dict[str, Any] = {"description": reply.description}
+        if reply.content:
+            entry["content"] = _content(reply.content, refs)
+        if reply.headers:
+            entry["headers"] = {h: {"$ref": f"#/components/headers/{h}"} for h in reply.headers}
+        responses[str(status)] = entry
+    errors = set(op.errors) | ({401} if not op.public else set())
+    for status in sorted(errors):
+        responses.setdefault(str(status), {"$ref": f"#/components/responses/Error{status}"})
+    out: dict[str, Any] = {"summary": op.summary, "operationId": _operation_id(method, path), "tags": [op.tag]}
+    if op.description:
+        out["description"] = op.description
+    if params:
+        out["parameters"] = params
+    if op.body is not None:
+        out["requestBody"] = {"required": True, "content": _content(op.body, refs)}
+    out["responses"] = responses
+    if op.public:
+        out["security"] = []
+    elif path == "/v1/ws":
+        out["security"] = [{BEARER: []}, {ACCESS_TOKEN: []}]
+    return out
+
+
+def _operation_id(method: str, path: str) -> str:
+    words = re.sub(r"[{}]", "", path).strip("/").replace(".", "_").replace("-", "_").split("/")
+    if path.endswith("/") and path != "/":
+        words.append("index")  # /ui/ next to /ui
+    return "_".join([method.lower(), *(w for w in words if w)])
+
+
+def build_document(app: web.Application) -> dict[str, Any]:
+    """The OpenAPI 3.1 document of ``app``'s routes."""
+    models = _models(app)
+    schemas, top = models_json_schema([(model, "validation") for model in models], ref_template=REF)
+    refs = {model: schemas[(model, "validation")] for model in models}
+    components = dict(top.get("$defs", {}))
+    paths: dict[str, dict[str, Any]] = {}
+    for method, path in routes(app):
+        paths.setdefault(path, {})[method.lower()] = _operation(method, path, OPERATIONS.get((method, path)), refs)
+    return {
+        "openapi": "3.1.0",
+        "info": {
+            "title": "turnlog",
+            "version": _version(),
+            "description": (
+                "Chat turns recorded as an event log, over an OpenAI-compatible API. With `TURNLOG_AUTH=on` every "
+                "operation except those with empty `security` needs `Authorization: Bearer KEY`. Every error is "
+                '`{"error": {"message", "type", "code", "param"}}`. Generated from the service\'s routes and models.'
+            ),
+        },
+        "paths": paths,
+        "components": {
+            "schemas": components,
+            "responses": {
+                f"Error{status}": {"description": text, "content": {"application/json": {"schema": refs[m.ErrorResponse]}}} for status, text in ERRORS.items()
+            },
+            "headers": {
+                "X-Turn-Id": {"description": "The turn's id.", "schema": {"type": "string"}},
+                "X-Chat-Id": {"description": "The turn's chat id (empty when it has none).", "schema": {"type": "string"}},
+            },
+            "securitySchemes": {
+                BEARER: {"type": "http", "scheme": "bearer", "description": "An API key from `turnlog keys create --user NAME` (only with `TURNLOG_AUTH=on`)."},
+                ACCESS_TOKEN: {
+                    "type": "apiKey",
+                    "in": "query",
+                    "name": "access_token",
+                    "description": "The API key on a WebSocket upgrade (browsers cannot set headers there).",
+                },
+            },
+        },
+        "security": [{BEARER: []}],
+    }
+
+
+def _version() -> str:
+    try:
+        return version("turnlog")
+    except PackageNotFoundError:
+        return "0"
+
+
+def setup(app: web.Application) -> None:
+    built: list[dict[str, Any]] = []  # built on the first request: the router is frozen by then
+
+    async def get_openapi(request: web.Request) -> web.Response:
+        if not built:
+            built.append(build_document(request.app))
+        return web.json_response(built[0])
+
+    app.router.add_get(OPENAPI_PATH, get_openapi)
