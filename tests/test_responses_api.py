@@ -257,3 +257,36 @@ async def test_bad_input_is_a_4xx(service: Service) -> None:
         await sdk.responses.retrieve(unstored.id)
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.create(model="gpt-test", input="x", previous_response_id=unstored.id)
+
+
+async def test_openai_agents_sdk_with_a_function_tool(service: Service) -> None:
+    from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+    set_tracing_disabled(True)
+    ran: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        ran.append(city)
+        return f"rainy in {city}"
+
+    service.upstream.enqueue(
+        Reply(chunks=[], tool_calls=[{"name": "get_weather", "arguments": {"city": "Oslo"}, "id": "call_a"}], finish_reason="tool_calls"),
+        Reply(text="It is rainy in Oslo."),
+    )
+    agent = Agent(
+        name="weather",
+        instructions="Answer about the weather.",
+        tools=[get_weather],
+        model=OpenAIResponsesModel(model="gpt-test", openai_client=aclient(service)),
+    )
+    result = await Runner.run(agent, "Weather in Oslo?")
+    assert ran == ["Oslo"]
+    assert result.final_output == "It is rainy in Oslo."
+    sent = service.upstream.requests[-1]["messages"]
+    assert sent[0] == {"role": "system", "content": "Answer about the weather."}
+    assert sent[-1] == {"role": "tool", "tool_call_id": "call_a", "content": "rainy in Oslo"}
+    for response in result.raw_responses:
+        assert response.response_id is not None
+        await verified(service, response.response_id)
