@@ -50,6 +50,7 @@ ORDER = [
     "knowledge_ingest",
     "knowledge_retrieval",
     "sandbox",
+    "responses_cpu",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)
