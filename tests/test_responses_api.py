@@ -212,6 +212,8 @@ async def test_cancel_keeps_the_partial_output(service: Service) -> None:
     sdk = aclient(service)
     started = await sdk.responses.create(model="gpt-test", input="go", background=True)
     await asyncio.wait_for(service.upstream.paused.wait(), 10)
+    with pytest.raises(openai.ConflictError, match="cancel it"):
+        await sdk.responses.delete(started.id)
     cancelled = await sdk.responses.cancel(started.id)
     assert cancelled.status == "cancelled"
     again = await sdk.responses.retrieve(started.id)
@@ -290,3 +292,45 @@ async def test_openai_agents_sdk_with_a_function_tool(service: Service) -> None:
     for response in result.raw_responses:
         assert response.response_id is not None
         await verified(service, response.response_id)
+
+
+async def test_delete_and_input_items(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="first answer"))
+    sdk = aclient(service)
+    items = [
+        {"role": "developer", "content": "Be terse."},
+        {"role": "user", "content": "one"},
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "two"}]},
+    ]
+    response = await sdk.responses.create(model="gpt-test", input=items)
+    listed = await sdk.responses.input_items.list(response.id, order="asc")
+    assert [(i.type, i.role, i.content[0].text) for i in listed.data] == [
+        ("message", "developer", "Be terse."),
+        ("message", "user", "one"),
+        ("message", "user", "two"),
+    ]
+    newest_first = await sdk.responses.input_items.list(response.id, limit=2)
+    assert [i.content[0].text for i in newest_first.data] == ["two", "one"] and newest_first.has_more
+    status, body = await service.get(f"/v1/responses/{response.id}/input_items?after={newest_first.last_id}")
+    assert status == 200 and [i["content"][0]["text"] for i in body["data"]] == ["Be terse."]
+    status, body = await service.get(f"/v1/responses/{response.id}/input_items?order=sideways")
+    assert status == 400 and body["error"]["param"] == "order"
+    async with service.http.delete(f"{service.v1}/responses/{response.id}") as resp:
+        assert resp.status == 200
+        assert await resp.json() == {"id": response.id, "object": "response", "deleted": True}
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.retrieve(response.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.input_items.list(response.id)
+    with pytest.raises(openai.NotFoundError, match="Previous response"):
+        await sdk.responses.create(model="gpt-test", input="more", previous_response_id=response.id)
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.delete(response.id)
+    # The turn's log is the audit record: still there, still verifying.
+    view = await verified(service, response.id)
+    assert view["content"] == "first answer"
+    # A turn made over chat completions is no response.
+    service.upstream.enqueue(Reply(text="chat"))
+    _, chat, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]})
+    with pytest.raises(openai.NotFoundError):
+        await sdk.responses.retrieve("resp_" + headers["X-Turn-Id"])

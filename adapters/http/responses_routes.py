@@ -22,6 +22,7 @@ from adapters.http.chat_routes import KEEPALIVE, start_turn
 from adapters.http.context import Services, services
 from adapters.http.direct_sse import DirectSSE
 from adapters.http.errors import ApiError
+from adapters.http.response_deletions import ResponseDeletions
 from adapters.http.responses_format import (
     RECORD_KEY,
     InputError,
@@ -44,6 +45,15 @@ log = logging.getLogger("turnlog.http")
 #: Model parameters of the Responses body that map onto the turn request.
 _PARAMS = {"temperature": "temperature", "top_p": "top_p", "max_output_tokens": "max_tokens"}
 NO_BACKGROUND_TASKS = {"title": False, "tags": False, "follow_ups": False}
+#: The app's ``ResponseDeletions``, made on first use (the store opens at start-up).
+DELETIONS = web.AppKey("turnlog_response_deletions", dict)
+
+
+def _deletions(request: web.Request) -> ResponseDeletions:
+    holder: dict[str, ResponseDeletions] = request.app[DELETIONS]
+    if "it" not in holder:
+        holder["it"] = ResponseDeletions(services(request).store.engine)  # type: ignore[attr-defined]
+    return holder["it"]
 
 
 class ResponsesRequest(BaseModel):
@@ -82,20 +92,20 @@ def _bad(exc: InputError) -> ApiError:
     return ApiError(400, str(exc), code="invalid_value", param=exc.param)
 
 
-async def _previous(svc: Services, previous_id: str, user: str) -> TurnRecord:
+async def _previous(svc: Services, previous_id: str, user: str, deletions: ResponseDeletions) -> TurnRecord:
     """The turn ``previous_response_id`` names: the user's, stored, ended, and
     the latest of its conversation (a response continues the chat's history)."""
     turn_id = turn_id_of(previous_id)
     record = await svc.store.get_turn(turn_id) if turn_id else None
-    if record is None or record.user_id != user:
+    if record is None or record.user_id != user or await deletions.deleted(record.id):
         raise ApiError(
             404, f"Previous response with id '{previous_id}' not found.", "invalid_request_error", "previous_response_not_found", "previous_response_id"
         )
     view = fold(record.id, await svc.store.read(record.id))
-    if (view.request.get(RECORD_KEY) or {}).get("store") is False:
+    if (view.request.get(RECORD_KEY) or {"store": False}).get("store") is False:
         raise ApiError(
             404,
-            f"Previous response with id '{previous_id}' not found (it was created with store: false).",
+            f"Previous response with id '{previous_id}' not found (it was created with store: false, or not through /v1/responses).",
             "invalid_request_error",
             "previous_response_not_found",
             "previous_response_id",
@@ -157,7 +167,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "background responses need store: true", code="invalid_value", param="background")
     chat_id = None
     if body.previous_response_id:
-        chat_id = (await _previous(svc, body.previous_response_id, user)).chat_id
+        chat_id = (await _previous(svc, body.previous_response_id, user, _deletions(request))).chat_id
     chat_request = parse_chat_request(turn_request(body, chat_id))
     actor = await start_turn(svc, chat_request, user)
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
@@ -222,7 +232,7 @@ async def _own(request: web.Request) -> tuple[Services, TurnRecord, str]:
     rid = request.match_info["response_id"]
     turn_id = turn_id_of(rid)
     record = await svc.store.get_turn(turn_id) if turn_id else None
-    if record is None or record.user_id != request[USER]:
+    if record is None or record.user_id != request[USER] or await _deletions(request).deleted(record.id):
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found")
     return svc, record, rid
 
@@ -330,10 +340,25 @@ def recorded_input_items(view: TurnView) -> list[dict[str, Any]]:
 
 
 async def delete_response(request: web.Request) -> web.Response:
-    raise ApiError(501, "DELETE /v1/responses/{id} is not available in this version", "invalid_request_error", "not_implemented")
+    """Deletes an ended response from the Responses API (404 from then on);
+    the turn's log stays as the audit record (``response_deletions``)."""
+    svc, record, rid = await _own(request)
+    view = fold(record.id, await svc.store.read(record.id))
+    _stored(view, rid)
+    if not view.terminal:
+        raise ApiError(
+            409,
+            f"Response '{rid}' is {view.status}: cancel it (POST /v1/responses/{rid}/cancel) before deleting it",
+            "invalid_request_error",
+            "response_in_progress",
+        )
+    if not await _deletions(request).delete(record.id, request[USER]):
+        raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found")
+    return web.json_response({"id": rid, "object": "response", "deleted": True})
 
 
 def setup(app: web.Application) -> None:
+    app[DELETIONS] = {}
     app.router.add_post("/v1/responses", create_response)
     app.router.add_get("/v1/responses/{response_id}", get_response)
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
