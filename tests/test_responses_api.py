@@ -334,3 +334,47 @@ async def test_delete_and_input_items(service: Service) -> None:
     _, chat, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]})
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.retrieve("resp_" + headers["X-Turn-Id"])
+
+
+@pytest.fixture
+async def responses_upstream_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "lookup.py").write_text('class Tools:\n    def lookup(self, key: str) -> str:\n        """Looks a key up."""\n        return "value of " + key\n')
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, openai_api_mode="responses", tools_dir=str(tools))
+    svc = await start_service(settings, upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+async def test_reasoning_items_go_back_to_a_responses_upstream(responses_upstream_service: Service) -> None:
+    service = responses_upstream_service
+    service.upstream.enqueue(Reply(reasoning=["Let me think."], text="Hi Ada."), Reply(text="Ada."))
+    sdk = aclient(service)
+    first = await sdk.responses.create(model="gpt-test", input="I am Ada.")
+    assert [i.type for i in first.output] == ["reasoning", "message"]
+    assert first.output[0].content[0].text == "Let me think."
+    upstream_reasoning_id = service.upstream.responses[-1]["output"][0]["id"] if hasattr(service.upstream, "responses") else None
+    second = await sdk.responses.create(model="gpt-test", input="Who am I?", previous_response_id=first.id)
+    assert second.output_text == "Ada."
+    sent = service.upstream.requests[-1]["input"]
+    kinds = [(i.get("type") or "message", i.get("role")) for i in sent]
+    # the upstream's own reasoning item, before the answer it led to
+    assert kinds == [("message", "user"), ("reasoning", None), ("message", "assistant"), ("message", "user")], sent
+    assert sent[1]["id"].startswith("rs_") and upstream_reasoning_id in (None, sent[1]["id"])
+    await verified(service, second.id)
+    # In a server tool's loop too: the round's reasoning goes back before its call.
+    service.upstream.enqueue(
+        Reply(reasoning=["Need a lookup."], chunks=[], tool_calls=[{"name": "lookup", "arguments": {"key": "k"}, "id": "call_k"}], finish_reason="tool_calls"),
+        Reply(text="It is the value of k."),
+    )
+    third = await sdk.responses.create(model="gpt-test", input="Look up k.", extra_body={"tool_ids": ["lookup"]})
+    assert third.output_text == "It is the value of k."
+    assert [i.type for i in third.output] == ["reasoning", "message"]  # server tool calls are not client calls
+    sent = service.upstream.requests[-1]["input"]
+    kinds = [i.get("type") for i in sent]
+    assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"], sent
+    assert sent[-3]["id"].startswith("rs_") and sent[-1]["output"] == "value of k"
+    await verified(service, third.id)
