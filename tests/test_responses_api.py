@@ -378,3 +378,31 @@ async def test_reasoning_items_go_back_to_a_responses_upstream(responses_upstrea
     assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"], sent
     assert sent[-3]["id"].startswith("rs_") and sent[-1]["output"] == "value of k"
     await verified(service, third.id)
+
+
+async def test_branching_from_an_earlier_response(service: Service) -> None:
+    service.upstream.enqueue(Reply(text="A1"), Reply(text="A2"), Reply(text="B2"), Reply(text="B3"))
+    sdk = aclient(service)
+    first = await sdk.responses.create(model="gpt-test", input="Q1")
+    await sdk.responses.create(model="gpt-test", input="Q2", previous_response_id=first.id)
+    # Another answer to a different second question: the conversation up to the first response only.
+    branch = await sdk.responses.create(model="gpt-test", input="Q2b", previous_response_id=first.id)
+    assert branch.output_text == "B2"
+    sent = service.upstream.requests[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [("user", "Q1"), ("assistant", "A1"), ("user", "Q2b")]
+    # The branch goes on from itself.
+    after = await sdk.responses.create(model="gpt-test", input="Q3", previous_response_id=branch.id)
+    assert after.output_text == "B3"
+    sent = service.upstream.requests[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in sent] == [
+        ("user", "Q1"),
+        ("assistant", "A1"),
+        ("user", "Q2b"),
+        ("assistant", "B2"),
+        ("user", "Q3"),
+    ]
+    chats = {(await verified(service, r.id))["chat_id"] for r in (first, branch, after)}
+    assert len(chats) == 2  # the branch has a chat of its own
+    # what the branch was given is its own input
+    items = await sdk.responses.input_items.list(branch.id)
+    assert [i.content[0].text for i in items.data] == ["Q2b"]

@@ -31,10 +31,10 @@ from adapters.http.responses_format import (
     chat_tools,
     fold_response,
     input_messages,
-    response_id,
     turn_id_of,
 )
 from adapters.http.schemas import parse_chat_request, read_json, validate_body
+from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import TurnRecord
 from engine.run.follow import follow
@@ -93,8 +93,7 @@ def _bad(exc: InputError) -> ApiError:
 
 
 async def _previous(svc: Services, previous_id: str, user: str, deletions: ResponseDeletions) -> TurnRecord:
-    """The turn ``previous_response_id`` names: the user's, stored, ended, and
-    the latest of its conversation (a response continues the chat's history)."""
+    """The turn ``previous_response_id`` names: the user's, stored, not deleted, ended."""
     turn_id = turn_id_of(previous_id)
     record = await svc.store.get_turn(turn_id) if turn_id else None
     if record is None or record.user_id != user or await deletions.deleted(record.id):
@@ -112,21 +111,27 @@ async def _previous(svc: Services, previous_id: str, user: str, deletions: Respo
         )
     if view.status in ("running", "interrupted"):
         raise ApiError(409, f"Previous response '{previous_id}' is still in progress.", "invalid_request_error", "response_in_progress", "previous_response_id")
-    later = [r for r in await svc.store.list_turns(chat_id=record.chat_id, limit=10_000) if (r.created_at, r.id) > (record.created_at, record.id)]
-    if later:
-        raise ApiError(
-            400,
-            f"previous_response_id '{previous_id}' is not the latest response of its conversation ({response_id(later[0].id)} continued it); branching is not supported",
-            code="unsupported_value",
-            param="previous_response_id",
-        )
     return record
 
 
-def turn_request(body: ResponsesRequest, chat_id: str | None) -> dict[str, Any]:
-    """The turn request (Chat Completions shape with extensions) of a Responses body."""
+async def _continuation(svc: Services, previous: TurnRecord) -> tuple[str | None, list[dict[str, Any]] | None]:
+    """How a response continues ``previous``: in its chat when it is the chat's
+    latest turn (the stored history is prepended as for any turn of the chat);
+    else (a branch from an earlier response) in a new chat whose first turn
+    sends the conversation up to ``previous`` itself, expanded from the log."""
+    records = await svc.store.list_turns(chat_id=previous.chat_id, limit=10_000)
+    if not any((r.created_at, r.id) > (previous.created_at, previous.id) for r in records):
+        return previous.chat_id, None
+    views = await chat_turn_views(svc.store, previous.chat_id)
+    upto = next(i for i, view in enumerate(views) if view.id == previous.id)
+    return None, history_messages(views[: upto + 1])
+
+
+def turn_request(body: ResponsesRequest, chat_id: str | None, history: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The turn request (Chat Completions shape with extensions) of a Responses
+    body; ``history``: the conversation to send before its input (a branch)."""
     try:
-        messages = input_messages(body.input)
+        messages = [*(history or []), *input_messages(body.input)]
         request: dict[str, Any] = {"model": body.model, "messages": messages, "stream": bool(body.stream)}
         if body.instructions:
             request["messages"] = [{"role": "system", "content": body.instructions}, *messages]
@@ -165,10 +170,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     body = validate_body(ResponsesRequest, await read_json(request))
     if body.background and body.store is False:
         raise ApiError(400, "background responses need store: true", code="invalid_value", param="background")
-    chat_id = None
+    chat_id, branch = None, None
     if body.previous_response_id:
-        chat_id = (await _previous(svc, body.previous_response_id, user, _deletions(request))).chat_id
-    chat_request = parse_chat_request(turn_request(body, chat_id))
+        previous = await _previous(svc, body.previous_response_id, user, _deletions(request))
+        chat_id, branch = await _continuation(svc, previous)
+    chat_request = parse_chat_request(turn_request(body, chat_id, branch))
     actor = await start_turn(svc, chat_request, user)
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
