@@ -406,3 +406,18 @@ async def test_branching_from_an_earlier_response(service: Service) -> None:
     # what the branch was given is its own input
     items = await sdk.responses.input_items.list(branch.id)
     assert [i.content[0].text for i in items.data] == ["Q2b"]
+
+
+async def test_upstream_failure_and_length_limit(service: Service) -> None:
+    service.upstream.enqueue(Reply(status=500, error_message="upstream exploded"), Reply(text="cut off here", finish_reason="length"))
+    sdk = aclient(service)
+    events = [e async for e in await sdk.responses.create(model="gpt-test", input="x", stream=True)]
+    check_sequence(events)
+    assert events[-1].type == "response.failed"
+    failed = await sdk.responses.retrieve(events[-1].response.id)
+    assert failed.status == "failed" and failed.error is not None and "exploded" in failed.error.message
+    assert (await verified(service, failed.id))["status"] == "failed"
+    cut = await sdk.responses.create(model="gpt-test", input="y")
+    assert cut.status == "incomplete" and cut.incomplete_details is not None
+    assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == "cut off here"
+    await verified(service, cut.id)
