@@ -421,3 +421,26 @@ async def test_upstream_failure_and_length_limit(service: Service) -> None:
     assert cut.status == "incomplete" and cut.incomplete_details is not None
     assert cut.incomplete_details.reason == "max_output_tokens" and cut.output_text == "cut off here"
     await verified(service, cut.id)
+
+
+@pytest.fixture
+async def unverified_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
+    """A service whose turns are not verified at the end (a test damages one)."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc, verify=False)
+
+
+async def test_a_damaged_log_is_a_409(unverified_service: Service) -> None:
+    from tests.test_receipts import edit
+
+    service = unverified_service
+    service.upstream.enqueue(Reply(text="to be forged"))
+    sdk = aclient(service)
+    response = await sdk.responses.create(model="gpt-test", input="x")
+    await edit(service.settings.database_url, turn_of(response.id), 3)
+    for path in (f"/v1/responses/{response.id}", f"/v1/responses/{response.id}?stream=true"):
+        status, body = await service.get(path)
+        assert status == 409 and body["error"]["code"] == "damaged_log", body

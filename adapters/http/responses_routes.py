@@ -34,6 +34,8 @@ from adapters.http.responses_format import (
     turn_id_of,
 )
 from adapters.http.schemas import parse_chat_request, read_json, validate_body
+from adapters.http.turn_routes import DamagedLog, _checked_events, refuse_damaged
+from engine.events import Event
 from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import TurnRecord
@@ -264,18 +266,30 @@ def _int(request: web.Request, name: str, default: int, minimum: int) -> int:
     return value
 
 
+def _folded(turn_id: str, events: list[Event]) -> tuple[dict[str, Any], TurnView]:
+    """``fold_response``; a log it cannot fold is a 409 ``damaged_log``, as for the turn."""
+    try:
+        return fold_response(turn_id, events)
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("turn %s: its log does not fold: %s", turn_id, exc)
+        raise DamagedLog(turn_id, f"the log cannot be folded: {exc}") from None
+
+
 async def get_response(request: web.Request) -> web.StreamResponse:
+    """The response object; a log whose hash chain is damaged is a 409
+    ``damaged_log`` (checked before a stream too, once the turn has ended)."""
     svc, record, rid = await _own(request)
-    events = await svc.store.read(record.id)
-    obj, view = fold_response(record.id, events)
-    _stored(view, rid)
     headers = {"X-Turn-Id": record.id, "X-Chat-Id": record.chat_id}
     stream = request.query.get("stream", "false").lower()
     if stream not in ("true", "false", "1", "0"):
         raise ApiError(400, "query parameter 'stream' must be true or false", code="invalid_value", param="stream")
     if stream in ("true", "1"):
         after = _int(request, "starting_after", -1, -1)
+        _stored(fold(record.id, (await svc.store.read(record.id, limit=1))), rid)
+        await refuse_damaged(svc, record)
         return await stream_response(request, record.id, headers=headers, starting_after=after)
+    obj, view = _folded(record.id, await _checked_events(svc, record.id))
+    _stored(view, rid)
     return web.json_response(obj, headers=headers)
 
 
