@@ -116,6 +116,10 @@ async def test_background_retrieve_and_resumed_stream(service: Service) -> None:
     await asyncio.wait_for(service.upstream.paused.wait(), 10)
     running = await sdk.responses.retrieve(started.id)
     assert running.status == "in_progress"
+    # the output so far (the chunks not yet in the log included), however far it got
+    assert "one two three four five six".startswith(running.output_text)
+    with pytest.raises(openai.ConflictError, match="in progress"):
+        await sdk.responses.create(model="gpt-test", input="next", previous_response_id=started.id)
     # A first reader takes a few events, then goes away.
     first: list[Any] = []
     stream = await sdk.responses.retrieve(started.id, stream=True)

@@ -401,6 +401,21 @@ class ResponsesRenderer:
                 body["completed_at"] = int(self.view.updated_at or 0)
         return body
 
+    def current(self) -> dict[str, Any]:
+        """The response as derived so far: its end, or ``in_progress`` with the
+        output so far (the open item with its text so far)."""
+        if self.status is not None:
+            return self.snapshot(self.status)
+        body = self.snapshot("in_progress")
+        opened = self._open
+        if opened is not None:
+            part_type = "output_text" if opened.kind == "text" else "reasoning_text"
+            part: dict[str, Any] = {"type": part_type, "text": "".join(opened.text)}
+            if part_type == "output_text":
+                part.update(annotations=[], logprobs=[])
+            body["output"][opened.index] = {**opened.item, "content": [part]}
+        return body
+
     def _finish(self, status: str, type_: str) -> None:
         self.status = status
         self.done = True
@@ -457,26 +472,17 @@ class ResponsesRenderer:
 
 
 def fold_response(turn_id: str, events: list[Event]) -> tuple[dict[str, Any], TurnView]:
-    """The response object of a turn: the stream derivation over its log, then
-    the turn's current status (a running turn is ``in_progress`` with what it
-    has output so far)."""
+    """The response object of a turn: the stream derivation over its log."""
     follower = TurnFollower(turn_id)
     renderer = ResponsesRenderer(follower.view, emit=False)
     for event in events:
         renderer.render(follower.on_event(event))
-    view = follower.view
-    if renderer.status is not None:
-        status = renderer.status
-    else:
-        status = "in_progress"
-    body = renderer.snapshot(status)
-    if renderer.status is None:
-        # Items still streaming are in_progress, with their text so far.
-        if renderer._open is not None:
-            opened = renderer._open
-            part_type = "output_text" if opened.kind == "text" else "reasoning_text"
-            part: dict[str, Any] = {"type": part_type, "text": "".join(opened.text)}
-            if part_type == "output_text":
-                part.update(annotations=[], logprobs=[])
-            body["output"][opened.index] = {**opened.item, "content": [part]}
-    return body, view
+    return renderer.current(), follower.view
+
+
+def response_of(view: TurnView, outs: list[Out]) -> dict[str, Any]:
+    """The response object from a follower's output (a running turn: the log
+    and the live chunks not yet written to it, as a joining client sees them)."""
+    renderer = ResponsesRenderer(view, emit=False)
+    renderer.render(outs)
+    return renderer.current()

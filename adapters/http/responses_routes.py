@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from contextlib import aclosing
 from typing import Any, Literal
 
 from aiohttp import web
@@ -31,6 +32,7 @@ from adapters.http.responses_format import (
     chat_tools,
     fold_response,
     input_messages,
+    response_of,
     turn_id_of,
 )
 from adapters.http.schemas import parse_chat_request, read_json, validate_body
@@ -38,6 +40,7 @@ from adapters.http.turn_routes import DamagedLog, _checked_events, refuse_damage
 from engine.events import Event
 from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
+from engine.machine import TERMINAL_STATUSES
 from engine.ports import TurnRecord
 from engine.run.follow import follow
 from engine.run.supervisor import TurnConflict
@@ -102,7 +105,7 @@ async def _previous(svc: Services, previous_id: str, user: str, deletions: Respo
         raise ApiError(
             404, f"Previous response with id '{previous_id}' not found.", "invalid_request_error", "previous_response_not_found", "previous_response_id"
         )
-    view = fold(record.id, await svc.store.read(record.id))
+    view = await _started(svc, record.id)
     if (view.request.get(RECORD_KEY) or {"store": False}).get("store") is False:
         raise ApiError(
             404,
@@ -111,7 +114,7 @@ async def _previous(svc: Services, previous_id: str, user: str, deletions: Respo
             "previous_response_not_found",
             "previous_response_id",
         )
-    if view.status in ("running", "interrupted"):
+    if record.status not in TERMINAL_STATUSES:
         raise ApiError(409, f"Previous response '{previous_id}' is still in progress.", "invalid_request_error", "response_in_progress", "previous_response_id")
     return record
 
@@ -182,11 +185,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if body.stream:
         return await stream_response(request, actor.turn_id, headers=headers)
     if body.background:
-        obj, _ = fold_response(actor.turn_id, await svc.store.read(actor.turn_id))
+        obj, _ = _folded(actor.turn_id, await svc.store.read(actor.turn_id))
         obj["status"] = "queued" if obj["status"] == "in_progress" and not obj["output"] else obj["status"]
         return web.json_response(obj, headers=headers)
     await asyncio.shield(actor.answered)
-    obj, _ = fold_response(actor.turn_id, await svc.store.read(actor.turn_id))
+    obj, _ = _folded(actor.turn_id, await svc.store.read(actor.turn_id))
     return web.json_response(obj, headers=headers)
 
 
@@ -266,6 +269,18 @@ def _int(request: web.Request, name: str, default: int, minimum: int) -> int:
     return value
 
 
+async def _started(svc: Services, turn_id: str) -> TurnView:
+    """The turn as its first event says: the request it was started with."""
+    return _folded_view(turn_id, await svc.store.read(turn_id, limit=1))
+
+
+def _folded_view(turn_id: str, events: list[Event]) -> TurnView:
+    try:
+        return fold(turn_id, events)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise DamagedLog(turn_id, f"the log cannot be folded: {exc}") from None
+
+
 def _folded(turn_id: str, events: list[Event]) -> tuple[dict[str, Any], TurnView]:
     """``fold_response``; a log it cannot fold is a 409 ``damaged_log``, as for the turn."""
     try:
@@ -285,19 +300,31 @@ async def get_response(request: web.Request) -> web.StreamResponse:
         raise ApiError(400, "query parameter 'stream' must be true or false", code="invalid_value", param="stream")
     if stream in ("true", "1"):
         after = _int(request, "starting_after", -1, -1)
-        _stored(fold(record.id, (await svc.store.read(record.id, limit=1))), rid)
+        _stored(await _started(svc, record.id), rid)
         await refuse_damaged(svc, record)
         return await stream_response(request, record.id, headers=headers, starting_after=after)
-    obj, view = _folded(record.id, await _checked_events(svc, record.id))
-    _stored(view, rid)
-    return web.json_response(obj, headers=headers)
+    if record.status in TERMINAL_STATUSES:
+        obj, view = _folded(record.id, await _checked_events(svc, record.id))
+        _stored(view, rid)
+        return web.json_response(obj, headers=headers)
+    _stored(await _started(svc, record.id), rid)
+    return web.json_response(await _running(svc, record.id), headers=headers)
+
+
+async def _running(svc: Services, turn_id: str) -> dict[str, Any]:
+    """A running response as a client joining its stream now would see it: the
+    log and the chunks of the open window (not yet written to the log)."""
+    async with aclosing(follow(svc.store, svc.supervisor.join, turn_id)) as followed:
+        async for follower, outs in followed:
+            return response_of(follower.view, outs)
+    raise DamagedLog(turn_id, "the log cannot be followed")  # pragma: no cover - follow always yields
 
 
 async def cancel_response(request: web.Request) -> web.Response:
     """Cancels a running response (its partial output is kept); one that has
     ended is returned as it is."""
     svc, record, rid = await _own(request)
-    view = fold(record.id, await svc.store.read(record.id))
+    view = await _started(svc, record.id)
     _stored(view, rid)
     try:
         await svc.supervisor.cancel(record.id, request[USER])
@@ -305,13 +332,13 @@ async def cancel_response(request: web.Request) -> web.Response:
         pass  # already ended (or ending): the object says how
     except KeyError as exc:
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found") from exc
-    obj, _ = fold_response(record.id, await svc.store.read(record.id))
+    obj, _ = _folded(record.id, await svc.store.read(record.id))
     return web.json_response(obj)
 
 
 async def input_items(request: web.Request) -> web.Response:
     svc, record, rid = await _own(request)
-    view = fold(record.id, await svc.store.read(record.id))
+    view = await _started(svc, record.id)
     _stored(view, rid)
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -363,12 +390,12 @@ async def delete_response(request: web.Request) -> web.Response:
     """Deletes an ended response from the Responses API (404 from then on);
     the turn's log stays as the audit record (``response_deletions``)."""
     svc, record, rid = await _own(request)
-    view = fold(record.id, await svc.store.read(record.id))
+    view = await _started(svc, record.id)
     _stored(view, rid)
-    if not view.terminal:
+    if record.status not in TERMINAL_STATUSES:
         raise ApiError(
             409,
-            f"Response '{rid}' is {view.status}: cancel it (POST /v1/responses/{rid}/cancel) before deleting it",
+            f"Response '{rid}' is {record.status}: cancel it (POST /v1/responses/{rid}/cancel) before deleting it",
             "invalid_request_error",
             "response_in_progress",
         )
