@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
@@ -42,7 +43,7 @@ from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
 from engine.machine import TERMINAL_STATUSES
 from engine.ports import TurnRecord
-from engine.run.follow import follow
+from engine.run.follow import Out, TurnFollower, follow
 from engine.run.supervisor import TurnConflict
 
 log = logging.getLogger("turnlog.http")
@@ -188,8 +189,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         obj, _ = _folded(actor.turn_id, await svc.store.read(actor.turn_id))
         obj["status"] = "queued" if obj["status"] == "in_progress" and not obj["output"] else obj["status"]
         return web.json_response(obj, headers=headers)
+    # Final once the turn ends or only its background tasks are left.
     await asyncio.shield(actor.answered)
-    obj, _ = _folded(actor.turn_id, await svc.store.read(actor.turn_id))
+    # The actor's committed events are the log (no read needed), unless it
+    # stopped writing midway.
+    history = actor.history()
+    events = history if history is not None and not actor.lost else await svc.store.read(actor.turn_id)
+    obj, _ = _folded(actor.turn_id, events)
     return web.json_response(obj, headers=headers)
 
 
@@ -314,10 +320,12 @@ async def get_response(request: web.Request) -> web.StreamResponse:
 async def _running(svc: Services, turn_id: str) -> dict[str, Any]:
     """A running response as a client joining its stream now would see it: the
     log and the chunks of the open window (not yet written to the log)."""
-    async with aclosing(follow(svc.store, svc.supervisor.join, turn_id)) as followed:
+    # ``follow`` is an async generator: closed here, its subscription ends at once.
+    followed = cast(AsyncGenerator[tuple[TurnFollower, list[Out]], None], follow(svc.store, svc.supervisor.join, turn_id))
+    async with aclosing(followed):
         async for follower, outs in followed:
             return response_of(follower.view, outs)
-    raise DamagedLog(turn_id, "the log cannot be followed")  # pragma: no cover - follow always yields
+    raise DamagedLog(turn_id, "the log cannot be followed")  # follow yields the catch-up first: not reached
 
 
 async def cancel_response(request: web.Request) -> web.Response:
