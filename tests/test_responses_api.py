@@ -155,7 +155,16 @@ async def test_function_tool_round_trip_and_continuation(service: Service) -> No
         Reply(text="You asked about Paris."),
     )
     sdk = aclient(service)
-    first = await sdk.responses.create(model="gpt-test", input="Weather in Paris?", tools=[tool])
+    live = [e async for e in await sdk.responses.create(model="gpt-test", input="Weather in Paris?", tools=[tool], stream=True)]
+    check_sequence(live)
+    assert [e.type for e in live if "function_call" in e.type] == [
+        "response.function_call_arguments.delta",
+        "response.function_call_arguments.done",
+    ]
+    first = live[-1].response
+    # the same events, replayed from the log
+    replayed = [e async for e in await sdk.responses.retrieve(first.id, stream=True)]
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in live]
     calls = [i for i in first.output if i.type == "function_call"]
     assert len(calls) == 1 and calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Paris"}
     assert service.upstream.requests[-1]["tools"][0]["function"]["name"] == "get_weather"
@@ -296,6 +305,15 @@ async def test_openai_agents_sdk_with_a_function_tool(service: Service) -> None:
     for response in result.raw_responses:
         assert response.response_id is not None
         await verified(service, response.response_id)
+    # streamed, too
+    service.upstream.enqueue(
+        Reply(chunks=[], tool_calls=[{"name": "get_weather", "arguments": {"city": "Rome"}, "id": "call_b"}], finish_reason="tool_calls"),
+        Reply(chunks=["Rainy ", "in Rome."]),
+    )
+    streamed = Runner.run_streamed(agent, "Weather in Rome?")
+    deltas = [e.data.delta async for e in streamed.stream_events() if e.type == "raw_response_event" and e.data.type == "response.output_text.delta"]
+    assert ran == ["Oslo", "Rome"] and deltas == ["Rainy ", "in Rome."]
+    assert streamed.final_output == "Rainy in Rome."
 
 
 async def test_delete_and_input_items(service: Service) -> None:
