@@ -400,6 +400,14 @@ async def test_reasoning_items_go_back_to_a_responses_upstream(responses_upstrea
     assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"], sent
     assert sent[-3]["id"].startswith("rs_") and sent[-1]["output"] == "value of k"
     await verified(service, third.id)
+    # The tool-round cap reached: incomplete.
+    service.upstream.enqueue(
+        Reply(chunks=["Looking. "], tool_calls=[{"name": "lookup", "arguments": {"key": "j"}, "id": "call_j"}], finish_reason="tool_calls"),
+    )
+    capped = await sdk.responses.create(model="gpt-test", input="Look up j.", extra_body={"tool_ids": ["lookup"], "params": {"max_tool_call_iterations": 0}})
+    assert capped.status == "incomplete" and capped.incomplete_details is not None
+    assert capped.incomplete_details.reason == "max_tool_calls" and capped.output_text == "Looking. "
+    await verified(service, capped.id)
 
 
 async def test_branching_from_an_earlier_response(service: Service) -> None:
