@@ -51,6 +51,7 @@ ORDER = [
     "knowledge_retrieval",
     "sandbox",
     "waiting_turns_rss",
+    "responses_cpu",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

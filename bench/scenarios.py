@@ -1255,3 +1255,55 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "web_fetch": (web_fetch, False, True),
     "waiting_turns_rss": (waiting_turns_rss, True, True),
 }
+
+
+# --------------------------------------------------------------------------- responses
+
+
+def responses_cpu(ctx: Ctx) -> dict[str, Any]:
+    """Turnlog's CPU per chunk of a long streamed answer over ``POST /v1/responses``
+    (typed Responses SSE events) against the same answer over
+    ``/v1/chat/completions``, interleaved runs of the same upstream answer.
+
+    The bench client counts chat chunks only: a Responses stream is checked by
+    its status, the absence of an error and its size (every text delta is one
+    ``response.output_text.delta`` message of more than 100 bytes)."""
+    n = 5_000 if ctx.quick else 20_000
+    runs = 2 if ctx.quick else 3
+    responses_body = {"model": "bench", "stream": True, "input": PROMPT[-1]["content"], "params": {"bench_chunks": n}}
+    phases: list[dict[str, Any]] = [
+        phase("_warmup_chat", ctx.turnlog_v1, body(1000)),
+        {"name": "_warmup_responses", "url": ctx.turnlog_v1 + "/responses", "body": {**responses_body, "params": {"bench_chunks": 1000}}},
+    ]
+    for i in range(runs):
+        phases.append(phase(f"chat{i}", ctx.turnlog_v1, body(n), announce=True))
+        phases.append({"name": f"responses{i}", "url": ctx.turnlog_v1 + "/responses", "body": responses_body, "announce": True})
+    meter = CpuMeter(ctx.turnlog_pid)
+    res = ctx.procs.run_client({"phases": phases, "timeout_s": 300}, name="c-responses", on_event=meter.on_event)
+    by = {p["name"]: p["streams"][0] for p in res["phases"]}
+    bad = {f"chat{i}": failures([by[f"chat{i}"]], n) for i in range(runs)}
+    for i in range(runs):
+        r = by[f"responses{i}"]
+        if r.get("status") != 200 or r.get("error") or r.get("bytes", 0) < 100 * n:
+            bad[f"responses{i}"] = [str(r.get("error") or f"status {r.get('status')}, {r.get('bytes')} bytes")[:200]]
+    bad = {k: v for k, v in bad.items() if v}
+    if bad or res.get("error"):
+        raise BenchError(f"responses_cpu: streams failed: {bad or res.get('error')}")
+    chat = [meter.spent.get(f"chat{i}", float("nan")) / n * 1e6 for i in range(runs)]
+    resp = [meter.spent.get(f"responses{i}", float("nan")) / n * 1e6 for i in range(runs)]
+    ratio = med(resp) / med(chat)  # type: ignore[operator]
+    return {
+        "status": "ok",
+        "checks": [check("responses_to_chat_cpu_ratio", ratio, "<=", 1.10)],
+        "figures": {
+            "chunks": n,
+            "runs": runs,
+            "chat_cpu_us_per_chunk": spread(chat, digits=2),
+            "responses_cpu_us_per_chunk": spread(resp, digits=2),
+            "chat_bytes": by["chat0"]["bytes"],
+            "responses_bytes": by["responses0"]["bytes"],
+        },
+    }
+
+
+SCENARIOS["responses_cpu"] = (responses_cpu, True, True)

@@ -25,6 +25,7 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import func, select, text
 
+from adapters.http.response_deletions import metadata as deletions_metadata
 from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
 from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
@@ -724,7 +725,7 @@ async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_back
                     sync,
                     opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
                 ),
-                [metadata, knowledge_metadata],
+                [metadata, knowledge_metadata, deletions_metadata],
             )
         )
         knowledge_diff = await conn.run_sync(
@@ -814,6 +815,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("DROP INDEX vector_items_metadata")  # 0006's
         await admin.execute("ALTER TABLE vector_collections DROP COLUMN version")
         await admin.execute("ALTER TABLE events DROP COLUMN hash")  # 0007's
+        await admin.execute("DROP TABLE response_deletions")  # 0008's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) "

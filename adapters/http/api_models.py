@@ -398,3 +398,47 @@ class UiTurnsQuery(BaseModel):
 class TimelineQuery(BaseModel):
     after: int = Field(default=0, ge=0)
     limit: int = Field(default=200, ge=1, description="Capped at 1,000.")
+
+
+# ------------------------------------------------------ the Responses API
+
+
+class ResponseObject(_Open):
+    """An OpenAI Responses API ``response``, folded from the turn's log (``resp_<turn id>``)."""
+
+    id: str
+    object: Literal["response"]
+    status: str = Field(description="`queued`, `in_progress`, `completed`, `failed`, `incomplete` or `cancelled`.")
+    output: list[dict[str, Any]]
+
+
+class ResponseStreamEvent(_Open):
+    """One typed event of a response's stream (`response.created`, `response.output_text.delta`, …)."""
+
+    type: str
+    sequence_number: int = Field(description="0, 1, 2, … derived from the log: a resumed stream continues after `starting_after`.")
+
+
+class ResponseItemList(_Open):
+    object: Literal["list"]
+    data: list[dict[str, Any]]
+    first_id: str | None = None
+    last_id: str | None = None
+    has_more: bool
+
+
+class ResponseDeleted(_Open):
+    id: str
+    object: Literal["response"]
+    deleted: bool
+
+
+class ResponseQuery(BaseModel):
+    stream: bool = Field(default=False, description="true: the response's SSE events after `starting_after`, then live.")
+    starting_after: int = Field(default=-1, ge=-1, description="The sequence number to continue after (-1: from the start).")
+
+
+class InputItemsQuery(BaseModel):
+    order: Literal["asc", "desc"] = "desc"
+    limit: int = Field(default=20, ge=1, description="At most this many (capped at 100).")
+    after: str | None = Field(default=None, description="An item id: the items after it.")

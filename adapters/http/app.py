@@ -23,7 +23,19 @@ from adapters.config import Settings
 from adapters.demo_tools import DEMO_TOOLS_DIR
 from adapters.embeddings import open_embedder
 from adapters.filters import load_filters
-from adapters.http import approval_routes, blob_routes, chat_routes, file_routes, fork_routes, memory_routes, openapi, turn_routes, ui_routes, ws_routes
+from adapters.http import (
+    approval_routes,
+    blob_routes,
+    chat_routes,
+    file_routes,
+    fork_routes,
+    memory_routes,
+    openapi,
+    responses_routes,
+    turn_routes,
+    ui_routes,
+    ws_routes,
+)
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import error_middleware
@@ -173,6 +185,7 @@ def create_app(
     ui_routes.setup(app)
     approval_routes.setup(app)
     openapi.setup(app)
+    responses_routes.setup(app)
     return app
 
 

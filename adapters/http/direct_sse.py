@@ -8,11 +8,18 @@ most of the added latency (bench ``concurrent_paced``: p50 3-4 ms -> ~1 ms).
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 
-from adapters.http.openai_format import ChunkRenderer
+
+class Renderer(Protocol):
+    """What renders a follower's output as SSE bytes (chat chunks, Responses events)."""
+
+    view: Any
+    last_sent: int
+
+    def render(self, outs: list[Any]) -> bytes: ...
 
 
 class DirectSSE:
@@ -30,7 +37,7 @@ class DirectSSE:
     def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
         self.protocol = request.protocol
         self.response = response
-        self.renderer: ChunkRenderer | None = None
+        self.renderer: Renderer | None = None
         self.pending: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
         self.burst: list[bytes] | None = None

@@ -25,6 +25,7 @@ from adapters.http.approval_routes import ApprovalRequest
 from adapters.http.file_routes import FileId, NewCollection
 from adapters.http.fork_routes import ForkRequest
 from adapters.http.memory_routes import MemoryBody, QueryBody
+from adapters.http.responses_routes import ResponsesRequest
 from adapters.http.schemas import ChatRequest
 
 OPENAPI_PATH = "/openapi.json"
@@ -48,6 +49,7 @@ def json_(model: type[BaseModel]) -> dict[str, Media]:
 
 
 SSE_CHUNKS = Media("sse", m.ChatCompletionChunk)
+SSE_RESPONSE_EVENTS = Media("sse", m.ResponseStreamEvent)
 HTML = {"text/html": Media("text")}
 TURN_HEADERS = ("X-Turn-Id", "X-Chat-Id")
 
@@ -91,6 +93,7 @@ PARAMS: dict[str, str] = {
     "knowledge_id": "A knowledge collection id.",
     "blob_id": "A blob id: 64 hex digits (the sha256 of its bytes).",
     "filename": "A file of the inspector's page.",
+    "response_id": "A response id (`resp_<turn id>`).",
 }
 
 _TURN_ERRORS = (404, 409)
@@ -162,6 +165,35 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ),
     ("GET", "/metrics"): Operation(
         "Prometheus metrics of this process", "service", {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})}
+    ),
+    ("POST", "/v1/responses"): Operation(
+        "Start a turn through the OpenAI Responses API (previous_response_id continues a conversation)",
+        "responses",
+        {
+            200: Reply(
+                "`stream: false`: the `response` (with `background: true` at once, `queued`); `stream: true`: its typed SSE events.",
+                {"application/json": Media("json", m.ResponseObject), "text/event-stream": SSE_RESPONSE_EVENTS},
+                TURN_HEADERS,
+            )
+        },
+        errors=(*_BODY, 404, 409),
+        body=json_(ResponsesRequest),
+    ),
+    ("GET", "/v1/responses/{response_id}"): Operation(
+        "A response folded from its log, or (stream=true) its events after starting_after, then live",
+        "responses",
+        {200: Reply("The response, or its SSE events.", {"application/json": Media("json", m.ResponseObject), "text/event-stream": SSE_RESPONSE_EVENTS}, TURN_HEADERS)},
+        errors=(400, 404, 409),
+        query=m.ResponseQuery,
+    ),
+    ("DELETE", "/v1/responses/{response_id}"): Operation(
+        "Delete a stored response (its turn's log stays as the audit record)", "responses", {200: Reply("Deleted.", json_(m.ResponseDeleted))}, errors=(404, 409)
+    ),
+    ("POST", "/v1/responses/{response_id}/cancel"): Operation(
+        "Cancel a response (the partial output is kept)", "responses", {200: Reply("The response as it stands.", json_(m.ResponseObject))}, errors=(404, 409)
+    ),
+    ("GET", "/v1/responses/{response_id}/input_items"): Operation(
+        "The input items of a response", "responses", {200: Reply("A page of items.", json_(m.ResponseItemList))}, errors=(400, 404, 409), query=m.InputItemsQuery
     ),
     ("GET", "/v1/chats"): Operation("The caller's chats", "chats", {200: Reply("Newest first.", json_(m.ChatList))}, errors=(400,), query=m.ChatsQuery),
     ("GET", "/v1/chats/{chat_id}"): Operation("A chat and its messages", "chats", {200: Reply("The chat.", json_(m.Chat))}, errors=(404, 409)),

@@ -28,6 +28,7 @@ EXTENSION_FIELDS = frozenset(
         "metadata",
         "session_id",
         "id",
+        "responses",  # what only the Responses API needs (adapters/http/responses_routes.py)
     }
 )
 # Fields turnlog decides itself for the upstream call.

@@ -56,6 +56,7 @@ from engine.ports import (
     UpstreamError,
     WebSearch,
 )
+from engine.protocols.history import REASONING_RESPONSES
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
 from engine.tools.builtin import wanted_builtins
@@ -115,7 +116,9 @@ class LiveAssembler:
         history, chat_turns = History(), 0
         if turn.request.get("chat_id"):  # a chat the client names may have earlier turns
             views = [w for w in await chat_turn_views(self._store, turn.chat_id, before=turn.created_at) if w.id != turn.id]
-            history, chat_turns = stored_history(views), len(views)
+            # A Responses API upstream takes its own reasoning items back (Q10).
+            reasoning = REASONING_RESPONSES if resolved is not None and resolved.api == "responses" else None
+            history, chat_turns = stored_history(views, reasoning_format=reasoning), len(views)
         draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))
         memory = Memory(self._memories, self._settings.memory_top_k)
         files = Files(self._knowledge, self._task_model, self._settings.file_wait_seconds)

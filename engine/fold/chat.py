@@ -35,14 +35,16 @@ async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | No
     return views
 
 
-def answer_of(view: TurnView) -> Answer | None:
+def answer_of(view: TurnView, reasoning_format: str | None = None) -> Answer | None:
     """What a turn's output says, as upstream messages, with what a client may keep of it.
 
     Tool rounds are replayed as assistant ``tool_calls`` and ``tool`` messages.
     Calls left to the client (the turn ended with ``finish_reason: tool_calls``)
     keep their assistant message without a result: the client's next request
     brings the ``tool`` messages that answer them. A turn with no output (failed
-    early) has no answer.
+    early) has no answer. ``reasoning_format``: as ``convert_output_to_messages``
+    takes it (``"responses"`` for a Responses API upstream, which takes its own
+    reasoning items back: Q10).
     """
     if not view.output and not view.content:
         return None
@@ -50,7 +52,9 @@ def answer_of(view: TurnView) -> Answer | None:
     placeholders = [
         {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
     ]
-    messages = convert_output_to_messages(for_model(list(view.output)) + placeholders, raw=True, flatten_tool_images=True)
+    messages = convert_output_to_messages(
+        for_model(list(view.output)) + placeholders, raw=True, flatten_tool_images=True, reasoning_format=reasoning_format
+    )
     kept = [m for m in messages if not (m.get("role") == "tool" and m.get("tool_call_id") in client_ids)]
     return Answer.of(view.id, kept, view.content) if kept else None
 
@@ -65,10 +69,10 @@ def _refs(view: TurnView) -> dict[int, str]:
     return {int(r["index"]): str(r["turn_id"]) for r in view.turn_refs if isinstance(r, dict)}
 
 
-def stored_history(views: list[TurnView]) -> History:
+def stored_history(views: list[TurnView], *, reasoning_format: str | None = None) -> History:
     """The chat's history as turns: each turn's new messages (a client's copy of
     an earlier answer standing for that answer) and its own answer."""
-    answers = {view.id: answer for view in views if (answer := answer_of(view)) is not None}
+    answers = {view.id: answer for view in views if (answer := answer_of(view, reasoning_format)) is not None}
     entries: list[Entry] = []
     for view in _since_restart(views):
         refs = _refs(view)

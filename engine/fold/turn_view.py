@@ -35,6 +35,7 @@ from engine.context.unsupported import file_warnings, warnings_of
 from engine.events import Event
 from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
 from engine.machine import STATUS_AFTER, TurnMachine
+from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
 EPOCH_SHIFT = 32
 
@@ -297,6 +298,14 @@ class TurnView:
         if item.get("type") == "function_call":
             self.calls[item["call_id"]] = item
             self.round_calls.append(item)
+        elif item.get("type") == "reasoning" and has_provider_reasoning(item):
+            # Q10: the provider's own reasoning item (its id, its encrypted
+            # content) goes with the reasoning the stream showed, so that a
+            # Responses API upstream gets it back in continuations.
+            for mine in reversed(self.acc.output):
+                if mine.get("type") == "reasoning":
+                    mine.setdefault("provider_item", responses_reasoning_item(item))
+                    break
 
     def _on_model_warning(self, data: dict[str, Any]) -> None:
         self.warnings.append(data["message"])

@@ -394,13 +394,19 @@ def has_provider_reasoning(item: Mapping[str, Any]) -> bool:
     ``encrypted_content`` or a provider id (``rs_…``)."""
     if item.get("type") != "reasoning":
         return False
+    if isinstance(item.get("provider_item"), Mapping):  # kept by the turn's fold
+        return True
     item_id = item.get("id")
     return bool(item.get("encrypted_content")) or (isinstance(item_id, str) and item_id.startswith("rs_"))
 
 
 def responses_reasoning_item(item: Mapping[str, Any]) -> Item:
     """A stored reasoning item as a Responses API input item (only the fields the
-    API takes back: ``id``, ``summary``, ``encrypted_content``)."""
+    API takes back: ``id``, ``summary``, ``encrypted_content``). A reasoning
+    item of the turn's output carries the provider's as ``provider_item``."""
+    kept = item.get("provider_item")
+    if isinstance(kept, Mapping):
+        return dict(kept)
     summary = [
         {"type": "summary_text", "text": s.get("text") or ""}
         for s in (item.get("summary") or [])

@@ -49,7 +49,7 @@ from engine.events import (
 )
 from engine.fold.turn_view import TurnView
 from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError, observe
-from engine.protocols.history import convert_output_to_messages, for_model
+from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
 from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
@@ -520,7 +520,9 @@ class Reinject:
     async def run(self, ctx: TurnContext) -> Node | End:
         view, state = ctx.view, ctx.state
         round_items = for_model(view.round_output())
-        messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True)
+        # A Responses API upstream takes its own reasoning items back (Q10).
+        reasoning = REASONING_RESPONSES if state.last_api == "responses" else None
+        messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True, reasoning_format=reasoning)
         previous: str | None = None
         items: list[dict[str, Any]] = []
         if ctx.settings.responses_stateful and state.response_ids and not state.stateful_broken and state.last_api == "responses":
