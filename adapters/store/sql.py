@@ -61,10 +61,10 @@ from adapters.store.common import (
     Head,
     after_failure,
     hash_api_key,
-    hash_bytes,
     hash_hex,
     link_rows,
     new_api_key,
+    previous_hash,
     stale_token,
 )
 from adapters.store.common import (
@@ -648,7 +648,7 @@ class SqlEventStore:
 
         def previous(turn_id: str, seq: int) -> bytes:
             value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()
-            return hash_bytes(value)
+            return previous_hash(value)
 
         return link_rows(rows, trial, previous, self._linked, self._heads)
 
