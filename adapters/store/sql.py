@@ -226,8 +226,11 @@ class SqlEventStore:
         self._poisoned: set[tuple[str, int]] = set()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
-        #: Group-commit counters: committed transactions, requests and events.
-        self.stats = {"batches": 0, "requests": 0, "events": 0}
+        #: Group-commit counters: committed transactions, requests and events;
+        #: ``chain_reads``: previous hashes read back from the database (a
+        #: turn this store had not linked lately: another process's, or after
+        #: a restart).
+        self.stats = {"batches": 0, "requests": 0, "events": 0, "chain_reads": 0}
 
     # ------------------------------------------------------------------ writes
 
@@ -647,6 +650,7 @@ class SqlEventStore:
         None and pass through)."""
 
         def previous(turn_id: str, seq: int) -> bytes:
+            self.stats["chain_reads"] += 1
             value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()
             return previous_hash(value)
 
