@@ -46,9 +46,13 @@ async def chat_turn_views(
             continue
         views.append(fold(record.id, await store.read(record.id)))
     if records and _depth < _MAX_FORK_DEPTH:
-        first = await store.read(records[0].id, limit=1)
-        if first and first[0].type == "turn.forked":
-            parent = await store.get_turn(str(first[0].data["parent_turn_id"]))
+        if views and views[0].id == records[0].id:
+            forked_from = views[0].parent_turn_id
+        else:  # the chat's first turn is after ``before``: its first event says
+            first = await store.read(records[0].id, limit=1)
+            forked_from = first[0].data["parent_turn_id"] if first and first[0].type == "turn.forked" else None
+        if forked_from is not None:
+            parent = await store.get_turn(str(forked_from))
             if parent is not None:
                 inherited = await chat_turn_views(store, parent.chat_id, before=parent.created_at, _depth=_depth + 1)
                 views = [*inherited, *views]
