@@ -13,14 +13,16 @@ from datetime import datetime
 from typing import Any
 
 from adapters import fork_cli
+from adapters.checked_log import DamagedTurn, checked_chain
+from adapters.checked_log import checked_events as _checked_events
+from adapters.checked_log import checked_fold as _checked_fold
 from adapters.config import Settings, load_settings
 from adapters.observe.logs import configure_logging
 from adapters.store import open_store
-from adapters.store.common import hash_bytes
 from adapters.store.migrate import migrate
-from engine.chain import GENESIS, ChainResult, StoredEvent, check
+from engine.chain import GENESIS, check
 from engine.events import TERMINAL_TYPES, Event
-from engine.fold.turn_view import TurnView, fold
+from engine.fold.turn_view import TurnView
 
 #: How long ``verify`` lets the re-run of a turn take before it says it did not finish.
 VERIFY_TIMEOUT = 60.0
@@ -116,24 +118,23 @@ class Damaged(Exception):
     """A turn's log does not hold: the one line the CLI prints (exit 1)."""
 
 
-async def checked_chain(store: Any, turn_id: str) -> tuple[list[StoredEvent], ChainResult]:
-    stored = await store.read_chain(turn_id)
-    return stored, check(turn_id, stored)
+def _damaged(exc: DamagedTurn) -> Damaged:
+    return Damaged(f"{exc} (turnlog verify {exc.turn_id})")
 
 
 async def checked_events(store: Any, turn_id: str) -> list[Event]:
-    """The turn's events once its hash chain is checked; ``Damaged`` if it does not hold."""
-    stored, result = await checked_chain(store, turn_id)
-    if result.damage is not None:
-        raise Damaged(f"turn {turn_id}: damaged log: {result.damage.message} (turnlog verify {turn_id})")
-    return [e.event() for e in stored]
+    """``adapters.checked_log.checked_events``, its verdict as the CLI words it."""
+    try:
+        return await _checked_events(store, turn_id)
+    except DamagedTurn as exc:
+        raise _damaged(exc) from None
 
 
 def checked_fold(turn_id: str, events: list[Event]) -> TurnView:
     try:
-        return fold(turn_id, events)
-    except (ValueError, KeyError, TypeError) as exc:
-        raise Damaged(f"turn {turn_id}: damaged log: it cannot be folded: {exc} (turnlog verify {turn_id})") from None
+        return _checked_fold(turn_id, events)
+    except DamagedTurn as exc:
+        raise _damaged(exc) from None
 
 
 async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -> int:
@@ -255,7 +256,7 @@ def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
             if result.damage is not None:
                 raise Damaged(f"turn {record.id}: damaged log: {result.damage.message} (turnlog verify {record.id})")
             if stored:
-                last, previous = stored[-1].seq, hash_bytes(result.head)
+                last, previous = stored[-1].seq, bytes.fromhex(result.head)
             for event in (e.event() for e in stored if e.seq > args.after):
                 _print_json({"seq": event.seq, "type": event.type, "at": event.at, "data": event.data})
                 if event.type in TERMINAL_TYPES and args.follow:

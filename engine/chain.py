@@ -76,6 +76,36 @@ def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
         return _json_dumps(obj).encode("utf-8")
 
 
+def encode_data(data: Any) -> bytes:
+    """``data`` as the canonical form writes it (sorted keys, compact); raises
+    ``TypeError`` for what orjson cannot encode (integers beyond 64 bits).
+
+    Stores keep this text as the event's data, so that the canonical event is
+    :func:`canonical_encoded` of it: one encoding per event, not two."""
+    return orjson.dumps(data, option=orjson.OPT_SORT_KEYS)
+
+
+def canonical_encoded(turn_id: str, seq: int, type_: str, at: float, data_text: str) -> bytes:
+    """:func:`canonical` of an event whose data is ``encode_data(data)``, from
+    that text (spliced in as it is: the data is not encoded a second time)."""
+    return orjson.dumps([turn_id, seq, type_, float(at), orjson.Fragment(data_text)])
+
+
+def parse_hash(value: bytes | bytearray | memoryview | str | None) -> bytes | None:
+    """A hash as stored (32 bytes) or shown (64 hex digits) as its 32 bytes;
+    None for anything else (no hash, or not one)."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        raw = bytes(value)
+    elif isinstance(value, str):
+        try:
+            raw = bytes.fromhex(value)
+        except ValueError:
+            return None
+    else:
+        return None
+    return raw if len(raw) == 32 else None
+
+
 def link(previous: bytes, canonical_event: bytes) -> bytes:
     """One link of the chain: the 32-byte hash of an event."""
     return hashlib.sha256(previous + canonical_event).digest()
@@ -132,16 +162,6 @@ class ChainResult:
         return self.damage is None
 
 
-def _hex(value: str | None) -> bytes | None:
-    if value is None:
-        return None
-    try:
-        raw = bytes.fromhex(value)
-    except ValueError:
-        return None
-    return raw if len(raw) == 32 else None
-
-
 def check(
     turn_id: str,
     events: Sequence[StoredEvent],
@@ -179,7 +199,7 @@ def check(
                 Damage(expected, "deleted", f"{gap} missing: deleted (the log goes from seq {expected - 1} to seq {seq})", i),
             )
         computed = link(prev, event.canonical())
-        stored = _hex(event.hash)
+        stored = parse_hash(event.hash)
         if stored != computed:
             return _result(i, prev, _classify(events, i, prev, stored))
         prev = computed
@@ -199,7 +219,7 @@ def _classify(events: Sequence[StoredEvent], i: int, prev: bytes, stored: bytes 
         # another stored hash (seqs swapped or moved, content and hash kept).
         lo, hi = max(0, i - _REORDER_WINDOW), min(len(events), i + _REORDER_WINDOW + 1)
         nearby = events[lo:hi]
-        prevs = [p for p in (_hex(e.hash) for e in nearby) if p is not None]
+        prevs = [p for p in (parse_hash(e.hash) for e in nearby) if p is not None]
         for other in nearby:
             if other.seq == seq:
                 continue
@@ -209,7 +229,7 @@ def _classify(events: Sequence[StoredEvent], i: int, prev: bytes, stored: bytes 
                 return Damage(seq, "reordered", f"seq {seq} ({event.type}) is out of order: it was written as seq {other.seq}", i)
     # An extra event: the next one is the original at this seq (chains from prev).
     after = events[i + 1] if i + 1 < len(events) else None
-    if after is not None and after.seq == seq + 1 and _hex(after.hash) == link(prev, after.canonical(seq)):
+    if after is not None and after.seq == seq + 1 and parse_hash(after.hash) == link(prev, after.canonical(seq)):
         return Damage(seq, "inserted", f"seq {seq} ({event.type}) was inserted: the events after it were written one seq lower", i)
     if stored is None:
         return Damage(seq, "inserted", f"seq {seq} ({event.type}) has no valid hash: the store did not write it (inserted)", i)

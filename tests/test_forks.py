@@ -414,3 +414,47 @@ async def test_forks_of_a_turn_that_was_resumed_after_a_crash(
         assert json.dumps((await get_json(http, f"{turns}/{parent_id}/events?limit=10000"))["events"], sort_keys=True) == parent_raw
     finally:
         second.stop()
+
+
+async def test_a_fork_s_chat_goes_on_with_the_history_the_parent_saw(service: Service) -> None:
+    up = service.upstream
+    chat = "chat-fork-history"
+    first = [{"role": "user", "content": "My name is Ada."}]
+    second = [{"role": "user", "content": "What is my name?"}]
+    up.enqueue(Reply(text="Hello Ada."), Reply(text="Your name is Ada."))
+    for messages in (first, second):
+        status, data, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": messages, "chat_id": chat})
+        assert status == 200, data
+        await service.wait_status(headers["X-Turn-Id"], "completed")
+    parent_id = headers["X-Turn-Id"]
+    parent_saw = up.requests[-1]["messages"]
+    assert [m["content"] for m in parent_saw] == ["My name is Ada.", "Hello Ada.", "What is my name?"]
+
+    at = seqs_of(await service.events(parent_id), "model.requested")[0]
+    up.enqueue(Reply(text="Ada, says the other model."))
+    fork_id = await fork(service, parent_id, at=at, model="gpt-other")
+    view = await finished(service, fork_id)
+    assert view["content"] == "Ada, says the other model."
+    assert up.requests[-1]["messages"] == parent_saw
+
+    # The fork's chat holds the conversation the parent turn saw, then the fork's answer...
+    status, shown = await service.get(f"/v1/chats/{view['chat_id']}")
+    assert status == 200, shown
+    assert [m["content"] for m in shown["messages"]] == [
+        "My name is Ada.", "Hello Ada.", "What is my name?", "Ada, says the other model.",
+    ]
+    # ...and its next turn is sent all of it, as a turn of the parent's chat would be.
+    up.enqueue(Reply(text="Still Ada."))
+    more = [{"role": "user", "content": "And now?"}]
+    status, data, headers = await service.post(
+        "/v1/chat/completions", {"model": "gpt-test", "messages": more, "chat_id": view["chat_id"]}
+    )
+    assert status == 200, data
+    await service.wait_status(headers["X-Turn-Id"], "completed")
+    assert [(m["role"], m["content"]) for m in up.requests[-1]["messages"]] == [
+        ("user", "My name is Ada."), ("assistant", "Hello Ada."), ("user", "What is my name?"),
+        ("assistant", "Ada, says the other model."), ("user", "And now?"),
+    ]
+    # The parent's chat is unchanged by all this.
+    status, theirs = await service.get(f"/v1/chats/{chat}")
+    assert [m["content"] for m in theirs["messages"]] == ["My name is Ada.", "Hello Ada.", "What is my name?", "Your name is Ada."]

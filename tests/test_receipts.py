@@ -169,12 +169,13 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
             assert body["error"]["code"] == "damaged_log" and f"seq {TAMPERED_SEQ}" in body["error"]["message"], (path, body)
             assert body["error"]["damage"]["kind"] == kind
         # a page is checked from the event before it: one past the damage is
-        # served, unless every seq after the damage moved (an insertion)
+        # served, unless every seq after the damage moved (an insertion: the
+        # page does not chain, and the log from seq 1 names where it broke)
         last = max(row[1] for row in await stored_rows(database_url, turn_id))
         assert last - 1 > TAMPERED_SEQ + 1
         status, body = await service.get(f"/v1/turns/{turn_id}/events?after={last - 1}")
         if kind == "inserted":
-            assert status == 409 and body["error"]["damage"]["seq"] == last, body
+            assert status == 409 and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body
         else:
             assert status == 200 and [e["seq"] for e in body["events"]] == [last], body
         status, body = await service.get(f"/v1/turns/{intact}")
@@ -362,3 +363,49 @@ async def test_migration_chains_the_events_stored_before_it(db_backend: str, tmp
         assert chained[-1].hash == chain_oracle.chain([*old[:3], ("old-a", 4, "test.event", 1_700_000_003.0, {"k": "after"})])[-1]
     finally:
         await store.close()
+
+
+@pytest.mark.backends(SQLITE, POSTGRES)
+async def test_a_page_after_an_event_whose_hash_was_changed_names_that_event(service: Service, database_url: str) -> None:
+    turn_id = await run_turn(service, "one two three four five six")
+    where = {"t": turn_id, "s": TAMPERED_SEQ}
+    ((intact,),) = await sql(database_url, ("SELECT hash FROM events WHERE turn_id = :t AND seq = :s", where))
+    await sql(database_url, ("UPDATE events SET hash = :h WHERE turn_id = :t AND seq = :s", {"h": b"\xcd" * 32} | where))
+    status, body = await service.get(f"/v1/turns/{turn_id}/verify")
+    assert body["damage"]["seq"] == TAMPERED_SEQ and body["damage"]["kind"] == "edited", body
+    # the page after it does not chain from the changed hash: the damage is
+    # at that event, not at the page's first one
+    status, body = await service.get(f"/v1/turns/{turn_id}/events?after={TAMPERED_SEQ}&limit=2")
+    assert status == 409 and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body
+    # a page that starts at it is checked from the intact hash before it
+    status, body = await service.get(f"/v1/turns/{turn_id}/events?after={TAMPERED_SEQ - 1}&limit=1")
+    assert status == 409 and body["error"]["damage"]["seq"] == TAMPERED_SEQ, body
+    # pages before it are served
+    status, body = await service.get(f"/v1/turns/{turn_id}/events?after=1&limit={TAMPERED_SEQ - 2}")
+    assert status == 200 and [e["seq"] for e in body["events"]] == list(range(2, TAMPERED_SEQ)), body
+    # the hash put back: the log holds again (and verifies at teardown)
+    await sql(database_url, ("UPDATE events SET hash = :h WHERE turn_id = :t AND seq = :s", {"h": bytes(intact)} | where))
+    status, body = await service.get(f"/v1/turns/{turn_id}/events?after={TAMPERED_SEQ}&limit=2")
+    assert status == 200 and [e["seq"] for e in body["events"]] == [TAMPERED_SEQ + 1, TAMPERED_SEQ + 2], body
+
+
+@pytest.mark.backends(SQLITE, POSTGRES)
+async def test_migration_back_fills_page_by_page(db_backend: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """More rows than one page of the back-fill (1,000), a turn across each page boundary."""
+    if db_backend == POSTGRES:
+        url = request.getfixturevalue("pg_empty_database")()
+    else:
+        url = f"sqlite+aiosqlite:///{tmp_path / 'old.db'}"
+    await migrate(url, "0006")
+    old = [
+        (turn, seq, "model.delta", 1_700_000_000.0 + seq / 8, {"v": 1, "kind": "text", "pos": seq, "text": f"{turn} {seq}"})
+        for turn, n in (("page-a", 1_100), ("page-b", 950), ("page-c", 10))
+        for seq in range(1, n + 1)
+    ]
+    insert = "INSERT INTO events (turn_id, seq, type, at, data) VALUES (:t, :s, :ty, :at, :d)"
+    await sql(url, (insert, [{"t": t, "s": s, "ty": ty, "at": at, "d": json.dumps(d)} for t, s, ty, at, d in old]))  # type: ignore[arg-type]
+    await migrate(url)
+    rows = await sql(url, "SELECT turn_id, seq, hash FROM events ORDER BY turn_id, seq")
+    expected = [h for turn in ("page-a", "page-b", "page-c") for h in chain_oracle.chain(e for e in old if e[0] == turn)]
+    assert [(t, s) for t, s, _ in rows] == [(t, s) for t, s, *_ in old]
+    assert [bytes(h).hex() for _, _, h in rows] == expected

@@ -13,7 +13,7 @@ from adapters.http.auth import USER
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
 from adapters.http.schemas import read_json, validate_body
-from adapters.http.turn_routes import refuse_damaged
+from adapters.http.turn_routes import checked_turn_events
 from engine.run.fork import ForkError
 from engine.run.supervisor import TurnConflict
 
@@ -44,7 +44,9 @@ async def post_fork(request: web.Request) -> web.Response:
     if parent is None or parent.user_id != request[USER]:
         raise not_found("turn")
     body = parse_fork_request(await read_json(request))
-    await refuse_damaged(svc, parent)  # a fork copies the parent's log: never a damaged one
+    # A fork copies the parent's log: never a damaged one. Read and checked
+    # once, here, for the fork to copy (a running parent is refused by the fork).
+    parent_log = None if parent.status == "running" else await checked_turn_events(svc, parent.id)
     # The model the fork calls: the one asked for, else the parent's.
     model = body.model or parent.model
     if await svc.catalog.resolve(model) is None:
@@ -52,7 +54,9 @@ async def post_fork(request: web.Request) -> web.Response:
         hint = "GET /v1/models lists the models of the configured upstreams"
         raise ApiError(404, f"model '{model}'{whose} not found: {hint}", "not_found_error", "model_not_found", "model")
     try:
-        actor = await svc.supervisor.fork(parent.id, at=body.at, model=body.model, tool_results=body.outputs())
+        actor = await svc.supervisor.fork(
+            parent, at=body.at, model=body.model, tool_results=body.outputs(), parent_log=parent_log
+        )
     except KeyError as exc:
         raise not_found("turn") from exc
     except TurnConflict as exc:

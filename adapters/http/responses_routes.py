@@ -37,7 +37,7 @@ from adapters.http.responses_format import (
     turn_id_of,
 )
 from adapters.http.schemas import parse_chat_request, read_json, validate_body
-from adapters.http.turn_routes import DamagedLog, _checked_events, refuse_damaged
+from adapters.http.turn_routes import DamagedLog, checked_turn_events, refuse_damaged
 from engine.events import Event
 from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
@@ -310,7 +310,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
         await refuse_damaged(svc, record)
         return await stream_response(request, record.id, headers=headers, starting_after=after)
     if record.status in TERMINAL_STATUSES:
-        obj, view = _folded(record.id, await _checked_events(svc, record.id))
+        obj, view = _folded(record.id, await checked_turn_events(svc, record.id))
         _stored(view, rid)
         return web.json_response(obj, headers=headers)
     _stored(await _started(svc, record.id), rid)

@@ -9,17 +9,17 @@ from typing import Any
 
 from aiohttp import web
 
+from adapters.checked_log import DamagedTurn, checked_chain, checked_events, checked_fold
 from adapters.config import Settings
 from adapters.http.auth import USER
 from adapters.http.chat_routes import stream_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, not_found
 from adapters.receipts import load_private_key, receipt
-from adapters.store.common import hash_bytes
-from engine.chain import ChainResult, Damage, StoredEvent, check
+from engine.chain import GENESIS, Damage, check, parse_hash
 from engine.events import Event
 from engine.fold.chat import chat_messages, chat_turn_views
-from engine.fold.turn_view import TurnView, fold
+from engine.fold.turn_view import TurnView
 from engine.ports import TurnRecord
 from engine.run.supervisor import TurnConflict
 
@@ -67,17 +67,18 @@ class DamagedLog(ApiError):
         )
 
 
-async def _checked(svc: Services, turn_id: str) -> tuple[list[StoredEvent], ChainResult]:
-    stored = await svc.store.read_chain(turn_id)
-    return stored, check(turn_id, stored)
+def _refused(exc: DamagedTurn) -> DamagedLog:
+    if exc.damage is None:
+        log.warning("turn %s: its log does not fold: %s", exc.turn_id, exc.what)
+    return DamagedLog(exc.turn_id, exc.what, exc.damage)
 
 
-async def _checked_events(svc: Services, turn_id: str) -> list[Event]:
+async def checked_turn_events(svc: Services, turn_id: str) -> list[Event]:
     """The turn's events, after its chain is checked (409 ``damaged_log`` if not)."""
-    stored, result = await _checked(svc, turn_id)
-    if result.damage is not None:
-        raise DamagedLog(turn_id, result.damage.message, result.damage)
-    return [e.event() for e in stored]
+    try:
+        return await checked_events(svc.store, turn_id)
+    except DamagedTurn as exc:
+        raise _refused(exc) from None
 
 
 async def refuse_damaged(svc: Services, record: TurnRecord) -> None:
@@ -87,7 +88,7 @@ async def refuse_damaged(svc: Services, record: TurnRecord) -> None:
     written, and checking it on every reconnect would read it all once more."""
     if record.status == "running":
         return
-    _stored, result = await _checked(svc, record.id)
+    _stored, result = await checked_chain(svc.store, record.id)
     if result.damage is not None:
         raise DamagedLog(record.id, result.damage.message, result.damage)
 
@@ -95,10 +96,9 @@ async def refuse_damaged(svc: Services, record: TurnRecord) -> None:
 def _fold(turn_id: str, events: list[Event], upto: int | None = None) -> TurnView:
     """The fold, a log it cannot fold (whatever its chain says) a 409."""
     try:
-        return fold(turn_id, events, upto=upto)
-    except (ValueError, KeyError, TypeError) as exc:
-        log.warning("turn %s: its log does not fold: %s", turn_id, exc)
-        raise DamagedLog(turn_id, f"the log cannot be folded: {exc}") from None
+        return checked_fold(turn_id, events, upto=upto)
+    except DamagedTurn as exc:
+        raise _refused(exc) from None
 
 
 def _public(svc: Services, record: TurnRecord, view: TurnView) -> dict[str, Any]:
@@ -113,7 +113,7 @@ def _public(svc: Services, record: TurnRecord, view: TurnView) -> dict[str, Any]
 async def get_turn(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
-    view = _fold(record.id, await _checked_events(svc, record.id))
+    view = _fold(record.id, await checked_turn_events(svc, record.id))
     return web.json_response(_public(svc, record, view))
 
 
@@ -122,19 +122,27 @@ async def get_events(request: web.Request) -> web.Response:
     record = await _own_turn(request)
     after = _int_query(request, "after", 0) or 0
     limit = min(_int_query(request, "limit", 1000, minimum=1) or 1000, 10_000)
-    # The page is checked against its chain from the event before it.
+    # The page is checked against its chain from the stored hash of the event
+    # before it.
     stored = await svc.store.read_chain(record.id, after=max(after - 1, 0), limit=limit + (after > 0))
-    previous = None
+    previous = GENESIS
     if after > 0 and stored:
         if stored[0].seq == after:
-            previous, stored = hash_bytes(stored[0].hash), stored[1:]
+            previous, stored = parse_hash(stored[0].hash) or GENESIS, stored[1:]
         else:
             damage = Damage(after, "deleted", f"seq {after} missing: deleted", 0)
             raise DamagedLog(record.id, damage.message, damage)
     if stored:
-        result = check(record.id, stored, first_seq=after + 1, **({"previous": previous} if previous is not None else {}))
+        result = check(record.id, stored, previous=previous, first_seq=after + 1)
         if result.damage is not None:
-            raise DamagedLog(record.id, result.damage.message, result.damage)
+            damage = result.damage
+            if damage.index == 0 and after > 0:
+                # The page's first event does not chain from seq ``after``'s
+                # stored hash: either may be the damaged one. The log from seq
+                # 1 up to there says which.
+                prefix = check(record.id, await svc.store.read_chain(record.id, limit=after + 1))
+                damage = prefix.damage or damage
+            raise DamagedLog(record.id, damage.message, damage)
     events = [e.event() for e in stored]
     return web.json_response(
         {"events": [e.public() for e in events], "next_after": events[-1].seq if events else after}
@@ -163,7 +171,7 @@ async def get_replay(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
     upto = _int_query(request, "upto", None, minimum=0)
-    view = _fold(record.id, await _checked_events(svc, record.id), upto=upto)
+    view = _fold(record.id, await checked_turn_events(svc, record.id), upto=upto)
     return web.json_response(view.public())
 
 
@@ -174,7 +182,7 @@ async def get_verify(request: web.Request) -> web.Response:
 
     svc = services(request)
     record = await _own_turn(request)
-    stored, result = await _checked(svc, record.id)
+    stored, result = await checked_chain(svc.store, record.id)
     out: dict[str, Any] = {"ok": False, "diff": [], "turn_id": record.id, "events": len(stored)}
     if result.damage is not None:
         out["diff"] = [result.damage.message]
@@ -201,7 +209,7 @@ async def get_verify(request: web.Request) -> web.Response:
 async def get_receipt(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
-    _, result = await _checked(svc, record.id)
+    _, result = await checked_chain(svc.store, record.id)
     if result.damage is not None:
         raise DamagedLog(record.id, result.damage.message, result.damage)
     return web.json_response(receipt(record.id, result, request.app[RECEIPT_KEY]))

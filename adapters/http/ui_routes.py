@@ -22,16 +22,17 @@ for it, under ``/v1/ui`` and so behind the same authentication:
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
-from sqlalchemy import select
+from sqlalchemy import and_, not_, or_, select
 
 from adapters.http.auth import USER
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
-from adapters.http.turn_routes import DamagedLog, _checked_events, _fold, _int_query, _own_turn, _public
+from adapters.http.turn_routes import DamagedLog, _fold, _int_query, _own_turn, _public, checked_turn_events
 from adapters.store.schema import chats, turns
 from engine.events import Event
 from engine.fold.turn_view import TurnView
@@ -103,16 +104,18 @@ async def list_turns(request: web.Request) -> web.Response:
         stmt = stmt.where(turns.c.model == model)
     if chat_id is not None:
         stmt = stmt.where(turns.c.chat_id == chat_id)
-    # "interrupted" is not stored: it is a running row without a live owner.
-    if status in ("running", "interrupted"):
-        stmt = stmt.where(turns.c.status == "running")
+    # "interrupted" is not stored: it is a running row without a live owner
+    # (``_listed_status``): neither an actor of this process nor a lease.
+    leased = and_(turns.c.lease_until.is_not(None), turns.c.lease_until >= time.time())
+    owned = or_(turns.c.id.in_(list(svc.supervisor.actors)), leased)
+    if status == "running":
+        stmt = stmt.where(turns.c.status == "running", owned)
+    elif status == "interrupted":
+        stmt = stmt.where(turns.c.status == "running", not_(owned))
     elif status is not None:
         stmt = stmt.where(turns.c.status == status)
     stmt = stmt.order_by(turns.c.created_at.desc(), turns.c.id.desc())
-    if status in ("running", "interrupted"):
-        rows = [r for r in await _fetch(svc, stmt) if _listed_status(svc, r) == status][offset : offset + limit + 1]
-    else:
-        rows = await _fetch(svc, stmt.offset(offset).limit(limit + 1))
+    rows = await _fetch(svc, stmt.offset(offset).limit(limit + 1))
     models = await _fetch(svc, select(turns.c.model).distinct().where(turns.c.user_id == user).order_by(turns.c.model))
     data = [
         {
@@ -155,7 +158,7 @@ def _problems(event: Any) -> list[dict[str, Any]]:
 async def turn_summary(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
-    events = await _checked_events(svc, record.id)
+    events = await checked_turn_events(svc, record.id)
     view = _fold(record.id, [])
     loop = LoopState()
     requests: list[dict[str, Any]] = []
@@ -224,23 +227,50 @@ async def turn_summary(request: web.Request) -> web.Response:
     )
 
 
+class TimelineFolds:
+    """The fold of a turn at the end of the timeline page last served, kept for
+    the page after it: a scroll through a turn folds each event once, instead
+    of folding from seq 1 again for every page (quadratic on a long turn). A
+    page that starts anywhere else folds its prefix, as any reader would."""
+
+    def __init__(self, size: int = 32) -> None:
+        self._size = size
+        self._views: OrderedDict[tuple[str, int], TurnView] = OrderedDict()
+
+    def take(self, turn_id: str, seq: int) -> TurnView | None:
+        """The view after ``seq``, if kept (it is the caller's now: it goes on folding it)."""
+        return self._views.pop((turn_id, seq), None)
+
+    def keep(self, turn_id: str, view: TurnView) -> None:
+        self._views[(turn_id, view.last_seq)] = view
+        while len(self._views) > self._size:
+            self._views.popitem(last=False)
+
+
+TIMELINE_FOLDS = web.AppKey("turnlog_timeline_folds", TimelineFolds)
+
+
 async def turn_timeline(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
     after = _int_query(request, "after", 0) or 0
     limit = min(_int_query(request, "limit", TIMELINE_PAGE, minimum=1) or TIMELINE_PAGE, TIMELINE_MAX)
-    # The state after each event needs the fold from the start; one more
-    # event read says whether a page follows.
-    events = await svc.store.read(record.id, limit=after + limit + 1)
-    more = len(events) > after + limit
-    events = events[: after + limit]
-    view = _fold(record.id, [e for e in events if e.seq <= after])
+    folds = request.app[TIMELINE_FOLDS]
+    # The state after each event needs the fold up to the page: the one the
+    # previous page left, else the prefix's.
+    view = folds.take(record.id, after)
+    if view is None:
+        prefix = await svc.store.read(record.id, limit=after) if after > 0 else []
+        view = _fold(record.id, [e for e in prefix if e.seq <= after])
+    # One more event read says whether a page follows.
+    events = await svc.store.read(record.id, after=after, limit=limit + 1)
+    more = len(events) > limit
     rows: list[dict[str, Any]] = []
-    for event in events:
-        if event.seq <= after:
-            continue
+    for event in events[:limit]:
         _apply(view, event)
         rows.append({"seq": event.seq, "type": event.type, "at": event.at, "state": view.state, "data": event.data})
+    if view.last_seq == (rows[-1]["seq"] if rows else after):
+        folds.keep(record.id, view)
     next_after: int = rows[-1]["seq"] if rows else after
     return web.json_response({"events": rows, "next_after": next_after, "has_more": more})
 
@@ -255,6 +285,7 @@ def _apply(view: TurnView, event: Event) -> None:
 
 
 def setup(app: web.Application) -> None:
+    app[TIMELINE_FOLDS] = TimelineFolds()
     app.router.add_get("/ui", to_page)
     app.router.add_get("/ui/", page)
     app.router.add_get("/ui/turns/{turn_id}", page)

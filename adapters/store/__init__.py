@@ -74,8 +74,9 @@ async def open_store(
     SQLite: ``synchronous`` is its PRAGMA (see ``adapters.store.sqlite``), and
     group commits run on a sync writer engine in a thread. Other dialects: a
     plain async engine (``engine_kwargs`` go to the engine factory).
-    ``chain=False`` stores events without their hashes: only to measure what
-    the chain costs (``bench.storebench chain``).
+    ``chain=False`` stores events without their hashes (and their data with
+    its keys as given, not sorted): only to measure what the chain costs
+    (``bench.storebench chain``).
     """
     if make_url(url).get_backend_name() == "sqlite":
         engine = sqlite_engine(url, synchronous=synchronous, **engine_kwargs)

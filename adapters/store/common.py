@@ -17,16 +17,21 @@ from typing import Any
 
 import orjson
 
-from engine.chain import GENESIS, canonical
+from engine.chain import GENESIS, canonical, encode_data, parse_hash
 from engine.events import Event
 from engine.ports import LeaseLost
 
 _json_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+_json_dumps_sorted = json.JSONEncoder(sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode
 
 #: ``(turn_id, seq, type, at, data, chain)``: one event as the stores keep it;
-#: ``chain`` is its canonical form (``engine.chain``) until the writer links it,
-#: then its hash (32 bytes), None with the chain off.
+#: ``chain`` is :data:`FROM_DATA` or its canonical form (``engine.chain``) until
+#: the writer links it, then its hash (32 bytes), None with the chain off.
 EventRow = tuple[str, int, str, float, str, Any]
+
+#: A row's ``chain`` before linking when its canonical form is built from its
+#: data text (``engine.chain.canonical_encoded``).
+FROM_DATA = b""
 
 #: A turn's last linked event: ``(seq, hash)``.
 Head = tuple[int, bytes]
@@ -59,15 +64,25 @@ def loads(text: str | bytes) -> Any:
 
 
 def event_rows(events: Sequence[Event], chain: bool = True) -> list[EventRow]:
-    """Rows of ``events``, data as compact JSON and (``chain``) their canonical
-    form: encoded in the caller's call, so that unencodable data fails there,
-    before anything is queued."""
+    """Rows of ``events``, encoded in the caller's call, so that unencodable data
+    fails there, before anything is queued.
+
+    With the chain, data is stored as the canonical form writes it (sorted
+    keys: ``engine.chain.encode_data``) and the row's last member is
+    :data:`FROM_DATA`: the writer builds the canonical event from that text,
+    so that an event's data is encoded once. Data orjson cannot encode
+    carries its canonical form instead."""
     if not chain:
         return [(e.turn_id, e.seq, e.type, e.at, dumps(e.data), None) for e in events]
-    return [
-        (e.turn_id, e.seq, e.type, e.at, dumps(e.data), canonical(e.turn_id, e.seq, e.type, e.at, e.data))
-        for e in events
-    ]
+    rows: list[EventRow] = []
+    append = rows.append
+    for e in events:
+        try:
+            append((e.turn_id, e.seq, e.type, e.at, encode_data(e.data).decode(), FROM_DATA))
+        except TypeError:  # integers beyond 64 bits: the stdlib, sorted like the canonical form
+            canon = canonical(e.turn_id, e.seq, e.type, e.at, e.data)
+            append((e.turn_id, e.seq, e.type, e.at, _json_dumps_sorted(e.data), canon))
+    return rows
 
 
 def link_rows(
@@ -83,7 +98,10 @@ def link_rows(
     store's read; :data:`GENESIS` at seq 1)."""
     out: list[EventRow] = []
     append = out.append
-    sha256 = hashlib.sha256  # engine.chain.link, inlined: this runs per event
+    # engine.chain.canonical_encoded and link, inlined: this runs per event.
+    sha256 = hashlib.sha256
+    encode = orjson.dumps
+    fragment = orjson.Fragment
     for turn_id, seq, type_, at, data, canon in rows:
         if canon is None:  # the chain is off
             append((turn_id, seq, type_, at, data, None))
@@ -98,22 +116,20 @@ def link_rows(
             prev = head[1]
         else:
             prev = GENESIS if seq <= 1 else previous(turn_id, seq)
-        digest = sha256(prev + canon).digest()
+        if not canon:  # FROM_DATA
+            body = prev + encode([turn_id, seq, type_, float(at), fragment(data)])
+        else:
+            body = prev + canon
+        digest = sha256(body).digest()
         heads[turn_id] = (seq, digest)
         append((turn_id, seq, type_, at, data, digest))
     return out
 
 
-def hash_bytes(value: bytes | str | None) -> bytes:
-    """A stored hash (bytes, or hex) as bytes; :data:`GENESIS` for a row without one."""
-    if isinstance(value, (bytes, bytearray, memoryview)) and len(value) == 32:
-        return bytes(value)
-    if isinstance(value, str):
-        try:
-            return bytes.fromhex(value)
-        except ValueError:
-            pass
-    return GENESIS
+def previous_hash(value: bytes | str | None) -> bytes:
+    """A stored hash as the previous link of the next event; :data:`GENESIS`
+    for a row without one (as ``engine.chain.check`` would name it)."""
+    return parse_hash(value) or GENESIS
 
 
 def hash_hex(value: bytes | None) -> str | None:

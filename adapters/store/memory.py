@@ -41,11 +41,11 @@ from adapters.store.common import (
     dumps,
     event_rows,
     hash_api_key,
-    hash_bytes,
     hash_hex,
     link_rows,
     loads,
     new_api_key,
+    previous_hash,
     stale_token,
 )
 from engine.blobs import blob_id as _blob_id
@@ -122,7 +122,7 @@ class _TurnLog:
     def previous_hash(self, seq: int) -> bytes:
         """The hash of the last event before ``seq`` (the chain's previous link)."""
         i = bisect.bisect_left(self.seqs, seq)
-        return GENESIS if i == 0 else hash_bytes(self.rows[self.seqs[i - 1]][3])
+        return GENESIS if i == 0 else previous_hash(self.rows[self.seqs[i - 1]][3])
 
 
 @dataclass(slots=True)

@@ -62,10 +62,10 @@ from adapters.store.common import (
     Head,
     after_failure,
     hash_api_key,
-    hash_bytes,
     hash_hex,
     link_rows,
     new_api_key,
+    previous_hash,
     stale_token,
 )
 from adapters.store.common import (
@@ -239,8 +239,11 @@ class SqlEventStore:
         self._poisoned: set[tuple[str, int]] = set()
         self._writer: asyncio.Task[None] | None = None
         self._closed = False
-        #: Group-commit counters: committed transactions, requests and events.
-        self.stats = {"batches": 0, "requests": 0, "events": 0}
+        #: Group-commit counters: committed transactions, requests and events;
+        #: ``chain_reads``: previous hashes read back from the database (a
+        #: turn this store had not linked lately: another process's, or after
+        #: a restart).
+        self.stats = {"batches": 0, "requests": 0, "events": 0, "chain_reads": 0}
         #: Told of every group commit (events made durable, seconds it took):
         #: metrics (``engine.ports.TurnObserver.events_committed``).
         self.observer: TurnObserver | None = None
@@ -671,8 +674,9 @@ class SqlEventStore:
         None and pass through)."""
 
         def previous(turn_id: str, seq: int) -> bytes:
+            self.stats["chain_reads"] += 1
             value = conn.execute(_SELECT_PREVIOUS_HASH, {"p_turn": turn_id, "p_seq": seq}).scalar()
-            return hash_bytes(value)
+            return previous_hash(value)
 
         return link_rows(rows, trial, previous, self._linked, self._heads)
 

@@ -23,8 +23,21 @@ def assistant_message(view: TurnView) -> dict[str, Any] | None:
     }
 
 
-async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | None = None) -> list[TurnView]:
-    """The chat's turns, oldest first, each folded from its log."""
+#: How many forks of forks a chat's inherited history is followed through.
+_MAX_FORK_DEPTH = 64
+
+
+async def chat_turn_views(
+    store: EventStore, chat_id: str, *, before: float | None = None, _depth: int = 0
+) -> list[TurnView]:
+    """The chat's turns, oldest first, each folded from its log.
+
+    A chat that a fork started (its first turn's log begins with
+    ``turn.forked``) holds first what the forked turn had as its history: the
+    turns of that turn's chat before it (and so on, for a fork of a fork).
+    The fork's copied events carry the forked turn's own messages; with the
+    turns before it, a later turn of the fork's chat sees the conversation
+    the forked turn saw."""
     records: list[TurnRecord] = await store.list_turns(chat_id=chat_id, limit=10_000)
     records.sort(key=lambda r: (r.created_at, r.id))
     views = []
@@ -32,6 +45,17 @@ async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | No
         if before is not None and record.created_at >= before:
             continue
         views.append(fold(record.id, await store.read(record.id)))
+    if records and _depth < _MAX_FORK_DEPTH:
+        if views and views[0].id == records[0].id:
+            forked_from = views[0].parent_turn_id
+        else:  # the chat's first turn is after ``before``: its first event says
+            first = await store.read(records[0].id, limit=1)
+            forked_from = first[0].data["parent_turn_id"] if first and first[0].type == "turn.forked" else None
+        if forked_from is not None:
+            parent = await store.get_turn(str(forked_from))
+            if parent is not None:
+                inherited = await chat_turn_views(store, parent.chat_id, before=parent.created_at, _depth=_depth + 1)
+                views = [*inherited, *views]
     return views
 
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from engine.events import Event, TurnForked
 from engine.fold.turn_view import TurnView
@@ -105,9 +105,14 @@ def fork_log(
     model: str | None = None,
     tool_results: Mapping[str, str] | None = None,
     now: float | None = None,
+    into: Fold | None = None,
 ) -> list[Event]:
     """The fork's first events: ``turn.forked``, then the parent's events before
-    ``at`` as this turn's. Checks ``at`` first (``check_fork_point``)."""
+    ``at`` as this turn's. Checks ``at`` first (``check_fork_point``).
+
+    Each copy is folded as it is made (it must fold: a fork's log is a valid
+    log), into ``into`` when given: the fold the fork's actor goes on with,
+    so that the copy is not folded a second time."""
     given = dict(tool_results or {})
     check_fork_point(parent, at, given)
     kept = [e for e in parent if e.seq < at]
@@ -121,15 +126,34 @@ def fork_log(
     started_at = time.time() if now is None else now
     forked = TurnForked(parent_turn_id=parent[0].turn_id, at=at, model=model, tool_results={**inherited, **given})
     first = Event(turn_id=turn_id, seq=1, type=forked.TYPE, at=started_at, data=forked.model_dump(mode="json"))
-    view = TurnView(turn_id)
-    view.apply(first)
+    fold = into if into is not None else _ViewFold(TurnView(turn_id))
+    view = fold.view
+    fold.apply(first)
     out = [first]
     for event in kept:
         data = _copied_data(event, view, chat_id=chat_id, model=model)
         copy = Event(turn_id=turn_id, seq=view.last_seq + 1, type=event.type, at=event.at, data=data)
-        view.apply(copy)  # the copy must fold: a fork's log is a valid log
+        fold.apply(copy)
         out.append(copy)
     return out
+
+
+class Fold(Protocol):
+    """Where :func:`fork_log` folds the copies: a view, and whatever else the
+    caller folds with it (a live actor's loop state)."""
+
+    @property
+    def view(self) -> TurnView: ...
+
+    def apply(self, event: Event) -> None: ...
+
+
+class _ViewFold:
+    def __init__(self, view: TurnView) -> None:
+        self.view = view
+
+    def apply(self, event: Event) -> None:
+        self.view.apply(event)
 
 
 def _copied_data(event: Event, view: TurnView, *, chat_id: str, model: str | None) -> dict[str, Any]:

@@ -320,37 +320,48 @@ class Supervisor:
         return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
 
     async def fork(
-        self, parent_id: str, *, at: int, model: str | None = None, tool_results: Mapping[str, str] | None = None
+        self,
+        parent: str | TurnRecord,
+        *,
+        at: int,
+        model: str | None = None,
+        tool_results: Mapping[str, str] | None = None,
+        parent_log: Sequence[Event] | None = None,
     ) -> TurnActor:
-        """A new turn in a new chat that continues ``parent_id``'s log from its
+        """A new turn in a new chat that continues the parent's log from its
         event ``at`` (``engine.run.fork``): its first events are written at once,
         then it runs as a resumed turn does, from where its log ends.
+
+        ``parent``: its id, or its record when the caller has read it already;
+        ``parent_log``: its events when the caller has read (and checked) them.
 
         ``KeyError``: no such turn; ``TurnConflict``: the parent has not ended
         (its log may still change); ``ForkError``: ``at`` or ``tool_results``
         do not name a point the fork can start from."""
-        parent = await self.store.get_turn(parent_id)
-        if parent is None:
-            raise KeyError(parent_id)
-        if parent_id in self.actors or parent.status not in TERMINAL_STATUSES:
-            raise TurnConflict(f"turn {parent_id} is {parent.status}: only a turn that has ended can be forked")
+        record = parent if isinstance(parent, TurnRecord) else await self.store.get_turn(parent)
+        if record is None:
+            raise KeyError(parent)
+        if record.id in self.actors or record.status not in TERMINAL_STATUSES:
+            raise TurnConflict(f"turn {record.id} is {record.status}: only a turn that has ended can be forked")
         turn_id, chat_id = new_id("turn"), new_id("chat")
+        log = parent_log if parent_log is not None else await self.store.read(record.id)
+        # The copies are folded once, into the fold the fork's actor continues.
+        folded = Folded(TurnView(turn_id, enforce=True), LoopState())
         events = fork_log(
-            await self.store.read(parent_id), at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results
+            log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded
         )
-        folded = Folded.of(turn_id, events)
         now = events[0].at
-        record = TurnRecord(
+        fork = TurnRecord(
             id=turn_id,
             chat_id=chat_id,
-            user_id=folded.view.user_id or parent.user_id,
-            model=folded.view.model or parent.model,
+            user_id=folded.view.user_id or record.user_id,
+            model=folded.view.model or record.model,
             status="running",
             created_at=now,
             updated_at=now,
             owner=self.owner,
         )
-        fencing = await self.store.start_turn(record, events, lease_seconds=self.settings.lease_seconds)
+        fencing = await self.store.start_turn(fork, events, lease_seconds=self.settings.lease_seconds)
         return self._spawn(folded, fencing, resume=False)
 
     def join(self, turn_id: str, *, runs_tools: bool = False) -> Joined:

@@ -13,8 +13,8 @@ rows give today (the chain proves nothing about what happened to them before).
 
 On both dialects the column is added nullable (the store writes NULL only
 with the chain turned off, to measure its cost) and the back-fill reads the
-log once, ordered by ``(turn_id, seq)`` (the unique index), updating rows by
-id in batches.
+log in pages of 1,000 rows, keyset-ordered by ``(turn_id, seq)`` (the unique
+index), updating each page's rows by id.
 """
 
 from __future__ import annotations
@@ -48,25 +48,30 @@ def upgrade() -> None:
     with op.batch_alter_table("events") as batch:
         batch.add_column(sa.Column("hash", sa.LargeBinary(), nullable=True))
     bind = op.get_bind()
-    rows = bind.execute(
-        sa.text("SELECT id, turn_id, seq, type, at, data FROM events ORDER BY turn_id, seq")
+    first = sa.text(
+        "SELECT id, turn_id, seq, type, at, data FROM events ORDER BY turn_id, seq LIMIT :n"
+    )
+    following = sa.text(
+        "SELECT id, turn_id, seq, type, at, data FROM events"
+        " WHERE turn_id > :t OR (turn_id = :t AND seq > :s) ORDER BY turn_id, seq LIMIT :n"
     )
     update = sa.text("UPDATE events SET hash = :h WHERE id = :i").bindparams(sa.bindparam("h", type_=sa.LargeBinary()))
     turn: str | None = None
     prev = GENESIS
-    pending: list[dict[str, object]] = []
-    # The SELECT's rows are fetched in full first: some drivers cannot run the
-    # UPDATEs on the same connection while a result is open.
-    for id_, turn_id, seq, type_, at, data in rows.fetchall():
-        if turn_id != turn:
-            turn, prev = turn_id, GENESIS
-        prev = link(prev, canonical(turn_id, seq, type_, at, _loads(data)))
-        pending.append({"h": prev, "i": id_})
-        if len(pending) >= _BATCH:
-            bind.execute(update, pending)
-            pending = []
-    if pending:
+    # Page by page, keyset on the unique (turn_id, seq): memory stays bounded
+    # whatever the log's size, and each page's UPDATEs run once its rows are
+    # fetched (some drivers cannot update on a connection with a result open).
+    rows = bind.execute(first, {"n": _BATCH}).fetchall()
+    while rows:
+        pending: list[dict[str, object]] = []
+        for id_, turn_id, seq, type_, at, data in rows:
+            if turn_id != turn:
+                turn, prev = turn_id, GENESIS
+            prev = link(prev, canonical(turn_id, seq, type_, at, _loads(data)))
+            pending.append({"h": prev, "i": id_})
         bind.execute(update, pending)
+        last = rows[-1]
+        rows = bind.execute(following, {"t": last[1], "s": last[2], "n": _BATCH}).fetchall()
 
 
 def downgrade() -> None:
