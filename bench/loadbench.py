@@ -21,11 +21,12 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from typing import Any
 
 from bench.client import percentiles
 from bench.procs import BenchError, rss_kb
-from bench.scenarios import Ctx, body, check, failures, med, phase, spread
+from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
 
 BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
 
@@ -124,7 +125,8 @@ def burst_starts(ctx: Ctx) -> dict[str, Any]:
                 ],
                 "timeout_s": 60 + BURST_CHUNKS / BURST_RATE * 3,
             }
-            got[who] = _merge([ctx.procs.run_client(spec, name=f"c-burst-{who}{i}")])
+            with Profiler(ctx, "burst_starts", ctx.turnlog_pid) if who == "turnlog" and i == 0 else nullcontext():
+                got[who] = _merge([ctx.procs.run_client(spec, name=f"c-burst-{who}{i}")])
             time.sleep(0.5)
         f, t = got["floor"], got["turnlog"]
         failed = failures(t["streams"], BURST_CHUNKS)

@@ -104,19 +104,22 @@ class TurnFollower:
         return out
 
     def on_delta(self, delta: LiveDelta) -> list[Out]:
-        v = self.view
-        if delta.pos < v.next_pos:
-            return []
-        if delta.pos > v.next_pos:
-            self._ahead[delta.pos] = delta
+        # Per streamed chunk and client: the position read once, no drain call
+        # while nothing waits ahead.
+        nxt = self.view.pos.next
+        if delta.pos != nxt:
+            if delta.pos > nxt:
+                self._ahead[delta.pos] = delta
             return []
         out: list[Out] = [self._feed(delta)]
-        out.extend(self._drain())
+        if self._ahead:
+            out.extend(self._drain())
         return out
 
     def _feed(self, delta: LiveDelta) -> ChunkOut:
-        pos = self.view.next_pos
-        pieces: tuple[Piece, ...] = self.view.feed_chunk(delta.kind, delta.text)
+        view = self.view
+        pos = view.pos.next
+        pieces: tuple[Piece, ...] = view.feed_chunk(delta.kind, delta.text)
         self._fed_live += 1
         return ChunkOut(pos, pieces)
 
