@@ -292,11 +292,13 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
     return {
         "status": "ok",
         "checks": [
-            check("chunks_per_s_ratio", ratio, ">=", 0.6),
-            # The same target against a relay that parses and re-serializes each
-            # chunk (bench/floor.py /parse): the least work of any service that
-            # must see the tokens. Informational: the issue's target is the byte relay.
-            check("chunks_per_s_ratio_vs_parsing_relay", ratio_parse, ">=", 0.6, informational=True),
+            # Against the byte relay: informational (issue 13 withdrew that
+            # target: a relay that never parses is not a service's floor).
+            check("chunks_per_s_ratio", ratio, ">=", 0.6, informational=True),
+            # Against a relay that parses and re-serializes each chunk
+            # (bench/floor.py /parse): the least work of any service that must
+            # see the tokens (issue 13: at least half of it).
+            check("chunks_per_s_ratio_vs_parsing_relay", ratio_parse, ">=", 0.5),
         ],
         "figures": {
             "chunks": n,
@@ -325,7 +327,7 @@ def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
     us = c["cpu_us_per_chunk"]
     return {
         "status": "ok",
-        "checks": [check("cpu_us_per_chunk", med(us), "<=", 30.0)],
+        "checks": [check("cpu_us_per_chunk", med(us), "<=", 4.0)],
         "figures": {
             "cpu_us_per_chunk": spread(us, digits=2),
             "chunks_per_run": c["chunks"],
