@@ -10,6 +10,7 @@ mid-stream, or reconnects: each position exactly once, in order.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -218,10 +219,27 @@ async def tail(
                 if message is None:
                     if sub.closed:
                         return
-                    sub.reset()
-                    yield await reread()
-                    continue
-                messages = [message, *sub.drain()]
+                    if not sub.lagged:
+                        # The timer may have fired only because this loop fell
+                        # behind (timers run before the publisher's pending
+                        # I/O): after one more pass, a turn that still moves
+                        # is no quiet spell. Re-reading the log for every
+                        # follower at once would deepen the lag (bench
+                        # thousands_ws: the read pool ran dry).
+                        seen = sub.received
+                        await asyncio.sleep(0)
+                        if sub.received != seen and not sub.lagged and not sub.closed:
+                            messages = sub.drain()
+                            if not messages:
+                                continue  # the sink took them
+                    if not messages:
+                        if sub.closed:
+                            return
+                        sub.reset()
+                        yield await reread()
+                        continue
+                else:
+                    messages = [message, *sub.drain()]
             out: list[Tailed] = []
             if any(item is WAKE for item in messages):
                 # Appended elsewhere: the log has it (and this process's own
