@@ -142,6 +142,7 @@ def describe(out: Out) -> dict[str, Any]:
 
 
 POLL_SECONDS = 1.0
+QUIET_READS_MAX = 4  # a quiet turn's log is re-read at least every 4 poll periods
 log = logging.getLogger("turnlog.follow")
 
 
@@ -178,8 +179,9 @@ async def tail(
     chunks of the actor's open window; then what the live subscription brings.
     The log stays the source of truth: a lagged subscription, an event past the
     next seq, a wake-up from another process or a quiet spell of
-    ``poll_seconds`` each lead to a re-read of the log after the last seq, so a
-    missed live message delays output but never loses it. An empty list is a
+    ``poll_seconds`` (the first; while re-reads find nothing, every second,
+    then every ``QUIET_READS_MAX``-th) each lead to a re-read of the log after
+    the last seq, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
@@ -205,6 +207,12 @@ async def tail(
     async def reread() -> list[Tailed]:
         return durable(await store.read(turn_id, after=last))
 
+    # Re-reads in a row that found nothing, and quiet spells since the last
+    # one: a turn that stays quiet is re-read after 1, 2, then every
+    # QUIET_READS_MAX spells (heartbeats still every spell), so thousands of
+    # quiet followers (turns waiting for a slow model) do not each read the
+    # log every second.
+    idle_reads = quiet = 0
     if sink is not None:
         sub.sink = sink
     try:
@@ -231,15 +239,24 @@ async def tail(
                         if sub.received != seen and not sub.lagged and not sub.closed:
                             messages = sub.drain()
                             if not messages:
+                                idle_reads = quiet = 0
                                 continue  # the sink took them
                     if not messages:
                         if sub.closed:
                             return
+                        quiet += 1
+                        if not sub.lagged and quiet < min(2**idle_reads, QUIET_READS_MAX):
+                            yield []  # a heartbeat
+                            continue
+                        quiet = 0
                         sub.reset()
-                        yield await reread()
+                        found = await reread()
+                        idle_reads = 0 if found else idle_reads + 1
+                        yield found
                         continue
                 else:
                     messages = [message, *sub.drain()]
+            idle_reads = quiet = 0
             out: list[Tailed] = []
             if any(item is WAKE for item in messages):
                 # Appended elsewhere: the log has it (and this process's own
