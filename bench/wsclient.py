@@ -11,8 +11,10 @@ connection is opened first; the chat messages then leave at random offsets in
 Cheap parsing, as ``bench.client``: each frame's arrival time is taken first,
 and a frame is only searched for bytes. A ``delta`` message of the bench
 upstream's stamped content (``"content":"@<monotonic> "``) gives one latency
-sample (arrival − the upstream's write time) and counts as a content chunk;
-``event`` messages are not counted (their deltas came live before them).
+sample (arrival − the upstream's write time) and counts as a content chunk
+(at its ``pos``); a ``model.delta`` event counts, and times at its arrival,
+the chunks of positions no ``delta`` message showed (a subscription that fell
+behind catches up from the log: the protocol's durable path).
 
 The result is ONE JSON line shaped like ``bench.client``'s, one phase:
 per connection ``status`` (101 once upgraded), ``n``, ``done``, ``error``,
@@ -34,6 +36,8 @@ import aiohttp
 from bench.client import cli, percentiles
 
 STAMP = re.compile(r'"content":"@([0-9]+\.[0-9]+) ')
+STAMP_TEXT = re.compile(r"@([0-9]+\.[0-9]+) ")
+POS = re.compile(r'"pos":([0-9]+)')
 DELTA = '{"type":"delta"'
 TERMINAL = ('"type":"turn.completed"', '"type":"turn.failed"', '"type":"turn.cancelled"')
 
@@ -48,6 +52,7 @@ async def _one(
     opened: list[int],
 ) -> dict[str, Any]:
     r: dict[str, Any] = {"status": None, "n": 0, "done": False, "error": None}
+    seen: set[int] = set()  # stream positions shown (delta messages) or held (model.delta events)
     t0 = time.monotonic()
     first = last = None
     try:
@@ -67,14 +72,33 @@ async def _one(
                     break
                 data: str = msg.data
                 if data.startswith(DELTA):
+                    pos = POS.search(data)
+                    if pos is not None:
+                        seen.add(int(pos.group(1)))
                     m = STAMP.search(data)
                     if m is not None:
                         lats.append(t - float(m.group(1)))
                     if first is None:
                         first = t
                     last = t
-                    r["n"] += 1
                 elif data.startswith('{"type":"event"'):
+                    if '"type":"model.delta"' in data:
+                        # Chunks that came only durably (the subscription fell
+                        # behind, or the event overtook them): counted and
+                        # timed at the event's arrival.
+                        ev = json.loads(data)["event"]["data"]
+                        text, at = ev.get("text", ""), ev["pos"]
+                        for n in ev.get("lens", []):
+                            if at not in seen:
+                                seen.add(at)
+                                m = STAMP_TEXT.match(text)
+                                if m is not None:
+                                    lats.append(t - float(m.group(1)))
+                                if first is None:
+                                    first = t
+                                last = t
+                            text, at = text[n:], at + 1
+                        continue
                     if any(k in data for k in TERMINAL):
                         r["done"] = '"type":"turn.completed"' in data
                         if not r["done"]:
@@ -88,6 +112,7 @@ async def _one(
     except Exception as exc:  # noqa: BLE001 - a failed connection is a figure, not a crash
         r["error"] = f"{type(exc).__name__}: {exc}"
     end = time.monotonic()
+    r["n"] = len(seen)
     r.update(total=end - t0, t_send=t0, t_end=end)
     if first is not None:
         r["ttfc"] = first - t0
