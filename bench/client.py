@@ -30,6 +30,13 @@ chunk's one-way delivery latency ``now - stamp`` (``stamps``), as percentiles
 in milliseconds; ``latency_ms_steady`` counts only the chunks that arrived
 once every stream of the phase had received its first content chunk (the
 steady state, after the burst of turn starts).
+
+``"preconnect": true`` opens every worker's connection first and then sends
+all the phase's first requests in one pass of the event loop (a burst of turn
+starts at the same instant; ``ramp_s`` is ignored). ``"raw": true`` adds the
+latency samples themselves (``agg.latency_ms_raw``, ms, two decimals) and each
+stream's send and end times on the host's monotonic clock (``t_send``,
+``t_end``), so the results of several client processes can be merged.
 """
 
 from __future__ import annotations
@@ -290,6 +297,7 @@ class _PhaseState:
         self.lats: list[float] | None = [] if phase.get("stamps") else None
         self.lats_steady: list[float] = []  # chunks that arrived once every stream had started
         self.progress = bool(phase.get("progress"))
+        self.raw = bool(phase.get("raw"))
         self.firsts = 0
         self.ended_without_first = 0
         self.all_started = False
@@ -325,6 +333,8 @@ async def one_stream(conn: _Conn, request: bytes, state: _PhaseState) -> dict[st
         conn.close()
     end = time.monotonic()
     r["total"] = end - r["t0"]
+    if state.raw:
+        r["t_send"], r["t_end"] = r["t0"], end
     if proto is not None and proto.first is not None:
         r["ttfc"] = proto.first - r["t0"]
         r["t_last"] = proto.last - r["t0"]  # type: ignore[operator]
@@ -353,7 +363,7 @@ async def run_workers(
     reached, and the worker tasks.
     """
     conc = max(1, min(int(phase.get("concurrency", 1)), total))
-    ramp = float(phase.get("ramp_s", 0.0))
+    ramp = 0.0 if phase.get("preconnect") else float(phase.get("ramp_s", 0.0))
     results: list[dict[str, Any] | None] = [None] * total
 
     next_index = 0
@@ -396,8 +406,15 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     host, port, request = build_request(phase["url"], phase["body"], phase.get("headers"))
     total = int(phase.get("requests", 1))
     state = _PhaseState(phase, total)
+    connect: Callable[[], Any] = lambda: _Conn(host, port)  # noqa: E731
+    if phase.get("preconnect"):
+        # Every connection open before the first request: the requests then
+        # leave in one pass of the loop (a burst), not spread by connects.
+        conns = [_Conn(host, port) for _ in range(max(1, min(int(phase.get("concurrency", 1)), total)))]
+        await asyncio.wait_for(asyncio.gather(*(c.get() for c in conns)), timeout=max(1.0, deadline - time.monotonic()))
+        connect = iter(conns).__next__
     results, wall, timed_out, _tasks = await run_workers(
-        phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), lambda: _Conn(host, port)
+        phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), connect
     )
     streams = [r if r is not None else {"error": "not run", "n": 0, "done": False} for r in results]
     for r in streams:
@@ -408,6 +425,8 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
     if state.lats is not None:
         agg["latency_ms"] = percentiles([x * 1000 for x in state.lats])
         agg["latency_ms_steady"] = percentiles([x * 1000 for x in state.lats_steady])
+        if state.raw:
+            agg["latency_ms_raw"] = [round(x * 1000, 2) for x in state.lats]
     return {"name": phase.get("name", "phase"), "streams": streams, "agg": agg}
 
 

@@ -292,11 +292,13 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
     return {
         "status": "ok",
         "checks": [
-            check("chunks_per_s_ratio", ratio, ">=", 0.6),
-            # The same target against a relay that parses and re-serializes each
-            # chunk (bench/floor.py /parse): the least work of any service that
-            # must see the tokens. Informational: the issue's target is the byte relay.
-            check("chunks_per_s_ratio_vs_parsing_relay", ratio_parse, ">=", 0.6, informational=True),
+            # Against the byte relay: informational (issue 13 withdrew that
+            # target: a relay that never parses is not a service's floor).
+            check("chunks_per_s_ratio", ratio, ">=", 0.6, informational=True),
+            # Against a relay that parses and re-serializes each chunk
+            # (bench/floor.py /parse): the least work of any service that must
+            # see the tokens (issue 13: at least half of it).
+            check("chunks_per_s_ratio_vs_parsing_relay", ratio_parse, ">=", 0.5),
         ],
         "figures": {
             "chunks": n,
@@ -325,7 +327,7 @@ def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
     us = c["cpu_us_per_chunk"]
     return {
         "status": "ok",
-        "checks": [check("cpu_us_per_chunk", med(us), "<=", 30.0)],
+        "checks": [check("cpu_us_per_chunk", med(us), "<=", 4.0)],
         "figures": {
             "cpu_us_per_chunk": spread(us, digits=2),
             "chunks_per_run": c["chunks"],
@@ -1158,6 +1160,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 
 NOT_IMPLEMENTED: dict[str, str] = {}
 
+from bench.loadbench import burst_starts, thousands_sse, thousands_ws  # noqa: E402 - likewise
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
 from bench.ragbench import rag_tool_loop, rag_ttfc  # noqa: E402 - likewise
 from bench.webfetch import web_fetch  # noqa: E402 - likewise
@@ -1255,13 +1258,12 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "openwebui": (openwebui, True, True),  # skipped unless --openwebui VENV
     "knowledge_ingest": (knowledge_ingest, False, True),
     "knowledge_retrieval": (knowledge_retrieval, False, True),
-
-
     "sandbox": (sandbox, False, True),
-
-
     "web_fetch": (web_fetch, False, True),
     "waiting_turns_rss": (waiting_turns_rss, True, True),
+    "burst_starts": (burst_starts, True, True),
+    "thousands_sse": (thousands_sse, True, True),
+    "thousands_ws": (thousands_ws, True, True),
 }
 
 

@@ -668,6 +668,8 @@ class Subscription(Protocol):
 
     lagged: bool
     closed: bool
+    # Messages put so far (queued or taken by ``sink``): whether the turn moved.
+    received: int
     # A synchronous consumer tried while the reader waits with nothing queued:
     # returning True means it took the message (see ``engine.run.follow``).
     sink: Callable[[LiveMessage], bool] | None

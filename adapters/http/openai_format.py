@@ -82,9 +82,15 @@ class ChunkRenderer:
             if out.pos <= self.last_sent or self.done:
                 continue
             if isinstance(out, ChunkOut):
-                if not out.pieces:
+                pieces = out.pieces
+                if not pieces:
                     continue
-                parts.append(self._sse(out.pos, [self._chunk(_delta(out.pieces))]))
+                if len(pieces) == 1 and pieces[0].kind == "text":
+                    # The per-token case: one text piece, no dict to build.
+                    payload = (self._prefix or self._chunk_prefix()) + b'{"content":' + _dumpb(pieces[0].text) + _TEXT_END
+                else:
+                    payload = self._chunk(_delta(pieces))
+                parts.append(b"id: %d\ndata: %s\n\n" % (out.pos, payload))
             elif out.event.type == "background.result":
                 # After [DONE]: a named event, which OpenAI clients (stopped at
                 # [DONE]) never see and a raw SSE reader can take.
@@ -190,6 +196,9 @@ class ChunkRenderer:
             payload = {"error": {"message": error.get("message", "turn failed"), "type": error.get("type", "upstream_error"), "code": error.get("status")}}
             return [*payloads, _dumps(payload).encode()]
         return payloads
+
+
+_TEXT_END = b'},"logprobs":null,"finish_reason":null}]}'
 
 
 def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:

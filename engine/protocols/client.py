@@ -60,6 +60,7 @@ class LiveModelClient:
         protocol = protocol_for(resolved.api)
         normalizer = protocol.normalizer(id_factory)
         body = protocol.body(resolved, request)
+        feed = normalizer.feed
         async with aclosing(resolved.provider.stream_batches(body)) as reads:
             async for raws in reads:
                 events: list[ModelEvent] = []
@@ -67,7 +68,7 @@ class LiveModelClient:
                     if isinstance(raw, RawWarning):
                         events.append(StreamWarning(raw.message, raw.raw))
                     else:
-                        events.extend(normalizer.feed(raw.data))
+                        events.extend(feed(raw.data))
                 if events:
                     yield events
         tail = normalizer.finish()

@@ -10,6 +10,7 @@ mid-stream, or reconnects: each position exactly once, in order.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
@@ -104,19 +105,22 @@ class TurnFollower:
         return out
 
     def on_delta(self, delta: LiveDelta) -> list[Out]:
-        v = self.view
-        if delta.pos < v.next_pos:
-            return []
-        if delta.pos > v.next_pos:
-            self._ahead[delta.pos] = delta
+        # Per streamed chunk and client: the position read once, no drain call
+        # while nothing waits ahead.
+        nxt = self.view.pos.next
+        if delta.pos != nxt:
+            if delta.pos > nxt:
+                self._ahead[delta.pos] = delta
             return []
         out: list[Out] = [self._feed(delta)]
-        out.extend(self._drain())
+        if self._ahead:
+            out.extend(self._drain())
         return out
 
     def _feed(self, delta: LiveDelta) -> ChunkOut:
-        pos = self.view.next_pos
-        pieces: tuple[Piece, ...] = self.view.feed_chunk(delta.kind, delta.text)
+        view = self.view
+        pos = view.pos.next
+        pieces: tuple[Piece, ...] = view.feed_chunk(delta.kind, delta.text)
         self._fed_live += 1
         return ChunkOut(pos, pieces)
 
@@ -138,6 +142,7 @@ def describe(out: Out) -> dict[str, Any]:
 
 
 POLL_SECONDS = 1.0
+QUIET_READS_MAX = 4  # a quiet turn's log is re-read at least every 4 poll periods
 log = logging.getLogger("turnlog.follow")
 
 
@@ -174,8 +179,9 @@ async def tail(
     chunks of the actor's open window; then what the live subscription brings.
     The log stays the source of truth: a lagged subscription, an event past the
     next seq, a wake-up from another process or a quiet spell of
-    ``poll_seconds`` each lead to a re-read of the log after the last seq, so a
-    missed live message delays output but never loses it. An empty list is a
+    ``poll_seconds`` (the first; while re-reads find nothing, every second,
+    then every ``QUIET_READS_MAX``-th) each lead to a re-read of the log after
+    the last seq, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
@@ -201,6 +207,12 @@ async def tail(
     async def reread() -> list[Tailed]:
         return durable(await store.read(turn_id, after=last))
 
+    # Re-reads in a row that found nothing, and quiet spells since the last
+    # one: a turn that stays quiet is re-read after 1, 2, then every
+    # QUIET_READS_MAX spells (heartbeats still every spell), so thousands of
+    # quiet followers (turns waiting for a slow model) do not each read the
+    # log every second.
+    idle_reads = quiet = 0
     if sink is not None:
         sub.sink = sink
     try:
@@ -215,10 +227,36 @@ async def tail(
                 if message is None:
                     if sub.closed:
                         return
-                    sub.reset()
-                    yield await reread()
-                    continue
-                messages = [message, *sub.drain()]
+                    if not sub.lagged:
+                        # The timer may have fired only because this loop fell
+                        # behind (timers run before the publisher's pending
+                        # I/O): after one more pass, a turn that still moves
+                        # is no quiet spell. Re-reading the log for every
+                        # follower at once would deepen the lag (bench
+                        # thousands_ws: the read pool ran dry).
+                        seen = sub.received
+                        await asyncio.sleep(0)
+                        if sub.received != seen and not sub.lagged and not sub.closed:
+                            messages = sub.drain()
+                            if not messages:
+                                idle_reads = quiet = 0
+                                continue  # the sink took them
+                    if not messages:
+                        if sub.closed:
+                            return
+                        quiet += 1
+                        if not sub.lagged and quiet < min(2**idle_reads, QUIET_READS_MAX):
+                            yield []  # a heartbeat
+                            continue
+                        quiet = 0
+                        sub.reset()
+                        found = await reread()
+                        idle_reads = 0 if found else idle_reads + 1
+                        yield found
+                        continue
+                else:
+                    messages = [message, *sub.drain()]
+            idle_reads = quiet = 0
             out: list[Tailed] = []
             if any(item is WAKE for item in messages):
                 # Appended elsewhere: the log has it (and this process's own

@@ -49,6 +49,7 @@ class Subscription:
             self._loop = None
         self.lagged = False
         self.closed = False
+        self.received = 0
         # Optional synchronous consumer, tried while the reader is parked in
         # ``get`` with nothing queued: returning True means it delivered the
         # message itself, so the reader is not woken for it (one event-loop
@@ -59,6 +60,7 @@ class Subscription:
     def put(self, message: LiveMessage) -> None:
         if self.lagged:
             return
+        self.received += 1
         sink = self.sink
         if sink is not None and not self._items:
             waiter = self._waiter

@@ -586,7 +586,11 @@ class Finalize:
     reason: str | None = None
 
     async def run(self, ctx: TurnContext) -> Node | End:
-        await ctx.record(TurnFinalized(finish_reason=self.reason))
+        # Committed with what follows it (every path records durably after it:
+        # the outlet, background.started or turn.completed): one commit less
+        # per turn, and nothing acts on it before then; a crash in between
+        # resumes at Decide, which finalizes again.
+        await ctx.record(TurnFinalized(finish_reason=self.reason), durable=False)
         return Outlet()
 
 

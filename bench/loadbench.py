@@ -1,0 +1,284 @@
+"""Load scenarios (issue 13): a burst of simultaneous turn starts, and thousands of streams.
+
+* ``burst_starts``: N turns' requests (connections opened beforehand) leave the
+  client in one pass of its event loop; each a paced stream (150 chunks at
+  20 ms, stamped). Per delta the added latency (client arrival − upstream
+  write), per turn the TTFC from the request's send; the same burst through the
+  floor relay, interleaved, in the same run.
+* ``thousands_sse`` / ``thousands_ws``: a fresh turnlog (SQLite) holding
+  thousands of paced streams open at once, over SSE or over one WebSocket per
+  client (``GET /v1/ws``), the clients spread over several processes so the
+  client is never what is measured; the same SSE load through the floor for the
+  added latency; turnlog's peak RSS.
+
+Every client process reports raw samples (``"raw": true``); the figures are
+computed over the union.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from typing import Any
+
+from bench.client import percentiles
+from bench.procs import BenchError, rss_kb
+from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
+
+BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
+
+
+def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One phase out of the measured (last) phase of several client processes."""
+    streams: list[dict[str, Any]] = []
+    lats: list[float] = []
+    errors = []
+    for res in results:
+        if res.get("error"):
+            errors.append(res["error"])
+        ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
+        streams.extend(ph["streams"])
+        lats.extend(ph["agg"].get("latency_ms_raw", []))
+    return {"streams": streams, "lats": lats, "errors": errors}
+
+
+def _clients(ctx: Ctx, specs: list[dict[str, Any]], name: str, argv: list[str] | None = None) -> dict[str, Any]:
+    """Run one client process per spec, all at once; their merged measured phase."""
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futures = [pool.submit(ctx.procs.run_client, spec, name=f"{name}-{i}", argv=argv) for i, spec in enumerate(specs)]
+        return _merge([f.result() for f in futures])
+
+
+def _max_open(streams: list[dict[str, Any]]) -> int:
+    """The most streams open at one instant (send → end, host monotonic clock)."""
+    marks = []
+    for r in streams:
+        if r.get("t_send") is not None and r.get("t_end") is not None:
+            marks += [(r["t_send"], 1), (r["t_end"], -1)]
+    best = cur = 0
+    for _, d in sorted(marks):
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+class RssPeak:
+    """Samples a process's VmRSS every ``every`` s in a thread; ``peak`` in kB."""
+
+    def __init__(self, pid: int, every: float = 0.25) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.samples.append(rss_kb(self.pid))
+            except (OSError, BenchError):
+                return
+            self._stop.wait(self.every)
+
+    def __enter__(self) -> RssPeak:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    @property
+    def peak(self) -> int | None:
+        return max(self.samples) if self.samples else None
+
+
+def _p(values: list[float], q: str) -> float | None:
+    return percentiles(values).get(q)
+
+
+def _lat_figures(lats: list[float]) -> dict[str, Any]:
+    pc = percentiles(lats)
+    return {k: round(v, 3) if isinstance(v, float) else v for k, v in pc.items()}
+
+
+# --------------------------------------------------------------------------- burst
+
+
+def burst_starts(ctx: Ctx) -> dict[str, Any]:
+    """N turns started at the same instant; turnlog vs the floor, interleaved rounds."""
+    turns = 50 if ctx.quick else 200
+    rounds = 1 if ctx.quick else 3
+    b = body(BURST_CHUNKS, rate=BURST_RATE, stamp=True)
+    per_round: list[dict[str, float | None]] = []
+    all_failed: list[str] = []
+    keep: dict[str, Any] = {}
+    for i in range(rounds):
+        got: dict[str, dict[str, Any]] = {}
+        for who, v1 in (("floor", ctx.floor_v1), ("turnlog", ctx.turnlog_v1)):
+            spec = {
+                "phases": [
+                    phase("_warmup", v1, body(5, rate=200.0, stamp=True), requests=20, concurrency=20),
+                    phase(who, v1, b, requests=turns, concurrency=turns, preconnect=True, stamps=True, raw=True),
+                ],
+                "timeout_s": 60 + BURST_CHUNKS / BURST_RATE * 3,
+            }
+            with Profiler(ctx, "burst_starts", ctx.turnlog_pid) if who == "turnlog" and i == 0 else nullcontext():
+                got[who] = _merge([ctx.procs.run_client(spec, name=f"c-burst-{who}{i}")])
+            time.sleep(0.5)
+        f, t = got["floor"], got["turnlog"]
+        failed = failures(t["streams"], BURST_CHUNKS)
+        all_failed += failed
+        f_ttfc = [r["ttfc"] * 1000 for r in f["streams"] if r.get("ttfc") is not None]
+        t_ttfc = [r["ttfc"] * 1000 for r in t["streams"] if r.get("ttfc") is not None]
+        fl, tl = percentiles(f["lats"]), percentiles(t["lats"])
+        per_round.append(
+            {
+                "added_p50_ms": tl.get("p50", float("nan")) - fl.get("p50", float("nan")),
+                "added_p99_ms": tl.get("p99", float("nan")) - fl.get("p99", float("nan")),
+                "turnlog_p99_ms": tl.get("p99"),
+                "floor_p99_ms": fl.get("p99"),
+                "ttfc_p50_ms": _p(t_ttfc, "p50"),
+                "floor_ttfc_p50_ms": _p(f_ttfc, "p50"),
+                "ttfc_p50_over_floor_ms": (_p(t_ttfc, "p50") or float("nan")) - (_p(f_ttfc, "p50") or float("nan")),
+                "ttfc_p99_ms": _p(t_ttfc, "p99"),
+                "floor_failed": len(failures(f["streams"], BURST_CHUNKS)),
+                "turnlog_failed": len(failed),
+            }
+        )
+        if i == 0:
+            keep = {"floor_latency_ms_round0": _lat_figures(f["lats"]), "turnlog_latency_ms_round0": _lat_figures(t["lats"])}
+    add99 = med([r["added_p99_ms"] for r in per_round])  # type: ignore[misc]
+    over = med([r["ttfc_p50_over_floor_ms"] for r in per_round])  # type: ignore[misc]
+    return {
+        "status": "ok",
+        "checks": [
+            check("added_latency_p99_ms", add99, "<=", 25.0),
+            check("ttfc_p50_over_floor_ms", over, "<=", 30.0),
+            check("failed_turns", float(len(all_failed)), "<=", 0.0),
+        ],
+        "figures": {
+            "turns": turns,
+            "rounds": rounds,
+            "chunks_per_turn": BURST_CHUNKS,
+            "interval_ms": 1000 / BURST_RATE,
+            "added_p50_ms": spread([r["added_p50_ms"] for r in per_round]),  # type: ignore[misc]
+            "added_p99_ms": spread([r["added_p99_ms"] for r in per_round]),  # type: ignore[misc]
+            "ttfc_p50_ms": spread([r["ttfc_p50_ms"] for r in per_round]),  # type: ignore[misc]
+            "floor_ttfc_p50_ms": spread([r["floor_ttfc_p50_ms"] for r in per_round]),  # type: ignore[misc]
+            "ttfc_p50_over_floor_ms": spread([r["ttfc_p50_over_floor_ms"] for r in per_round]),  # type: ignore[misc]
+            "per_round": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in per_round],
+            **keep,
+            "turnlog_failures_sample": all_failed[:5],
+            "note": "all requests sent in one pass of the client's loop over connections opened beforehand; "
+            "latency = client arrival - upstream write stamp; added = turnlog - floor of the same round",
+        },
+    }
+
+
+# --------------------------------------------------------------------------- thousands
+
+
+def _thousands_plan(ctx: Ctx) -> dict[str, Any]:
+    if ctx.quick:
+        return {"streams": 300, "procs": 2, "chunks": 20, "rate": 4.0, "ramp": 1.0}
+    # 2,000 streams at 2 chunks/s (4,000 chunks/s in all: a 2-core host runs the
+    # clients, the upstream and turnlog); starts spread over 10 s, each stream
+    # 30 s long, so all are open together for ~20 s.
+    return {"streams": 2000, "procs": 4, "chunks": 60, "rate": 2.0, "ramp": 10.0}
+
+
+def _sse_specs(v1: str, plan: dict[str, Any], who: str) -> list[dict[str, Any]]:
+    per = plan["streams"] // plan["procs"]
+    b = body(plan["chunks"], rate=plan["rate"], stamp=True)
+    duration = plan["ramp"] + plan["chunks"] / plan["rate"]
+    return [
+        {
+            "phases": [phase(who, v1, b, requests=per, concurrency=per, ramp_s=plan["ramp"], stamps=True, raw=True, seed=i + 1)],
+            "timeout_s": 60 + 3 * duration,
+        }
+        for i in range(plan["procs"])
+    ]
+
+
+def _fresh_turnlog(ctx: Ctx, name: str) -> tuple[Any, str]:
+    proc, v1 = ctx.procs.start_turnlog(name, ctx.upstream_v1, ctx.workdir / f"{name}.db")
+    warm = [phase("_warmup", v1, body(5, rate=100.0), requests=40, concurrency=20)]
+    ctx.procs.run_client({"phases": warm, "timeout_s": 60}, name=f"c-{name}-warm")
+    return proc, v1
+
+
+def _floor_round(ctx: Ctx, plan: dict[str, Any]) -> dict[str, Any]:
+    if "thousands_floor" not in ctx.cache:
+        ctx.cache["thousands_floor"] = _clients(ctx, _sse_specs(ctx.floor_v1, plan, "floor"), "c-k-floor")
+    return ctx.cache["thousands_floor"]
+
+
+def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
+    plan = _thousands_plan(ctx)
+    n = plan["streams"]
+    floor = _floor_round(ctx, plan)
+    name = "turnlog-ws" if ws else "turnlog-k"
+    proc, v1 = _fresh_turnlog(ctx, name)
+    try:
+        with RssPeak(proc.pid) as rss:
+            if ws:
+                url = v1.replace("http://", "ws://") + "/ws"
+                per = n // plan["procs"]
+                b = body(plan["chunks"], rate=plan["rate"], stamp=True)
+                duration = plan["ramp"] + plan["chunks"] / plan["rate"]
+                specs = [
+                    {"url": url, "clients": per, "body": b, "ramp_s": plan["ramp"], "seed": i + 1, "timeout_s": 60 + 3 * duration} for i in range(plan["procs"])
+                ]
+                got = _clients(ctx, specs, "c-k-ws", argv=[sys.executable, "-m", "bench.wsclient"])
+            else:
+                got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
+        rss_idle = rss_kb(proc.pid)
+    finally:
+        ctx.procs.stop(proc)
+    # A WebSocket that upgraded (101) counts as a good start, as an SSE 200 does.
+    failed = failures([{**r, "status": 200 if r.get("status") == 101 else r.get("status")} for r in got["streams"]], plan["chunks"])
+    fl, tl = percentiles(floor["lats"]), percentiles(got["lats"])
+    add99 = tl.get("p99", float("nan")) - fl.get("p99", float("nan"))
+    ttfc = [r["ttfc"] * 1000 for r in got["streams"] if r.get("ttfc") is not None]
+    peak = rss.peak
+    return {
+        "status": "ok",
+        "checks": [
+            check("failed_turns", float(len(failed) + len(got["errors"])), "<=", 0.0),
+            check("added_latency_p99_ms", add99, "<=", 50.0),
+            check("turnlog_rss_mb", peak / 1024 if peak else None, "<=", 400.0),
+        ],
+        "figures": {
+            **{k: plan[k] for k in ("streams", "chunks", "rate", "ramp")},
+            "client_processes": plan["procs"],
+            "transport": "websocket" if ws else "sse",
+            "max_open_streams": _max_open(got["streams"]),
+            "floor_max_open_streams": _max_open(floor["streams"]),
+            "added_p50_ms": round(tl.get("p50", float("nan")) - fl.get("p50", float("nan")), 3),
+            "added_p99_ms": round(add99, 3),
+            "turnlog_latency_ms": _lat_figures(got["lats"]),
+            "floor_latency_ms": _lat_figures(floor["lats"]),
+            "turnlog_ttfc_ms": _lat_figures(ttfc),
+            "rss_peak_mb": round(peak / 1024, 1) if peak else None,
+            "rss_after_mb": round(rss_idle / 1024, 1),
+            "rss_samples": len(rss.samples),
+            "failed": len(failed),
+            "failures_sample": failed[:5] + got["errors"][:2],
+            "floor_failed": len(failures(floor["streams"], plan["chunks"])),
+            "note": "a fresh turnlog on SQLite (warmed up with 40 turns); streams paced and stamped; "
+            "added = turnlog's percentile - the floor's (the same SSE load through the floor relay, same run)",
+        },
+    }
+
+
+def thousands_sse(ctx: Ctx) -> dict[str, Any]:
+    """Thousands of concurrent paced SSE streams on one turnlog process."""
+    return _thousands(ctx, ws=False)
+
+
+def thousands_ws(ctx: Ctx) -> dict[str, Any]:
+    """The same over one WebSocket per client (``GET /v1/ws``)."""
+    return _thousands(ctx, ws=True)
