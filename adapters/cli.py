@@ -174,6 +174,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from adapters.http.app import create_app
+    from adapters.http.serving import serve
 
     try:
         settings.check_startable()
@@ -201,9 +202,8 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tune_gc(settings.gc_gen0_threshold)
 
     app.on_startup.append(gc_after_startup)  # after the store and supervisor are up
-    web.run_app(
-        app, host=settings.host, port=settings.port, print=None, access_log=None, loop=loop
-    )
+    # SIGTERM drains (API.md §9): adapters.http.serving.
+    serve(app, host=settings.host, port=settings.port, loop=loop, drain_seconds=settings.drain_seconds)
     return 0
 
 

@@ -26,7 +26,7 @@ from adapters.filters import load_filters
 from adapters.http import blob_routes, chat_routes, file_routes, fork_routes, memory_routes, turn_routes, ui_routes, ws_routes
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
-from adapters.http.errors import error_middleware
+from adapters.http.errors import draining_response, error_middleware
 from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
@@ -103,7 +103,11 @@ def create_app(
                 for owner in owners:
                     owner.cancel_requested_elsewhere(turn_id, by)
 
-            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here)
+            def adopt_here() -> None:
+                for owner in owners:
+                    owner.adopt_soon()
+
+            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here, on_released=adopt_here)
             await signals.start()
             bus.on_committed = signals.appended
         supervisor = Supervisor(
@@ -171,4 +175,8 @@ def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:
 
 
 async def health(request: web.Request) -> web.Response:
+    services = request.app.get(SERVICES)
+    if services is not None and services.supervisor.draining:
+        # A load balancer stops sending new requests here (API.md §9, drain).
+        return draining_response()
     return web.json_response({"ok": True})
