@@ -74,9 +74,13 @@ def create_app(
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
             openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
-            providers["openai"] = openai_cls(settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle)
+            providers["openai"] = openai_cls(
+                settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
+            )
         if settings.ollama_base_url:
-            providers["ollama"] = OllamaProvider(settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle)
+            providers["ollama"] = OllamaProvider(
+                settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
+            )
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).

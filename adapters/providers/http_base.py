@@ -42,6 +42,7 @@ the same bytes the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -121,6 +122,8 @@ class HTTPProvider:
         connect_timeout: float = 10.0,
         idle_timeout: float = 300.0,
         session: aiohttp.ClientSession | None = None,
+        headers_timeout: float = 300.0,
+        max_event_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key or None
@@ -131,11 +134,11 @@ class HTTPProvider:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
         # connect=None on purpose: waiting for a free pooled connection (if a
         # caller-supplied session has a limit) is not a connect timeout.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout)
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
+        self.headers_timeout = headers_timeout
+        self.max_event_bytes = max_event_bytes
 
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}(base_url={self.base_url!r})"
@@ -181,9 +184,7 @@ class HTTPProvider:
         """Map an aiohttp/OS exception to an ``UpstreamError`` (kind by cause)."""
         # TimeoutError first: it is an OSError, and aiohttp's ServerTimeoutError
         # is also a ClientConnectionError.
-        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (
-            isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)
-        ):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)):
             return self._error("upstream_timeout", f"upstream connect timed out after {self.connect_timeout:g}s")
         if isinstance(exc, TimeoutError):
             return self._error("upstream_timeout", f"upstream sent nothing for {self.idle_timeout:g}s ({what})")
@@ -195,9 +196,7 @@ class HTTPProvider:
             detail = "the server closed the connection"
         else:
             detail = str(exc) or "connection error"
-        return self._error(
-            "upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})"
-        )
+        return self._error("upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})")
 
     def _http_error_kind(self, status: int, body: Any, text: str) -> str:
         """The ``UpstreamError.kind`` of an HTTP error; ``body`` is the parsed JSON or None."""
@@ -250,32 +249,54 @@ class HTTPProvider:
 
         HTTP >= 400 and transport failures raise ``UpstreamError``. Use it under
         ``contextlib.aclosing`` so an early exit releases the connection at once.
+
+        Besides aiohttp's per-read timeout, two guards against an upstream that
+        trickles bytes (one a second never trips a per-read timer): the
+        headers must be in within ``headers_timeout``, and a *complete* item
+        (an SSE event, an NDJSON line) must arrive within ``idle_timeout`` of
+        the previous one; the bytes of an item still incomplete are capped at
+        ``max_event_bytes`` (memory per turn stays bounded).
         """
         session = self._get_session()
         stage = "waiting for the response"
+        watchdog: _Progress | None = None
         try:
-            async with session.post(
-                self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout
-            ) as resp:
+            async with asyncio.timeout(self.headers_timeout):
+                resp = await session.post(self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout)
+            async with resp:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
                 stage = "reading the stream"
+                watchdog = _Progress(resp, self.idle_timeout)
                 feed = framer.feed
+                pending = 0  # bytes read since the last complete item
+                limit = self.max_event_bytes
                 async for data in resp.content.iter_any():
                     items = feed(data)
                     if items:
+                        pending = 0
+                        watchdog.progress()
                         yield items
+                    else:
+                        pending += len(data)
+                        if pending > limit:
+                            raise self._error("upstream_error", f"upstream sent {pending} bytes without completing an event (limit {limit})")
                 items = framer.close()  # clean end of body
                 if items:
                     yield items
         except UpstreamError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if watchdog is not None and watchdog.fired:
+                raise self._error("upstream_timeout", f"upstream completed no event for {self.idle_timeout:g}s ({stage})") from None
+            if stage == "waiting for the response" and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                raise self._error("upstream_timeout", f"upstream sent no response headers within {self.headers_timeout:g}s") from None
             raise self._transport_error(exc, stage) from None
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
-    def _sse_items(
-        self, events: list[SSEEvent], type_key: str | None = None
-    ) -> tuple[list[RawChunk | RawWarning], bool]:
+    def _sse_items(self, events: list[SSEEvent], type_key: str | None = None) -> tuple[list[RawChunk | RawWarning], bool]:
         """The JSON payloads of ``events`` and whether ``[DONE]`` came (the
         events after it are dropped: the stream is over).
 
@@ -311,9 +332,9 @@ class HTTPProvider:
         session = self._get_session()
         stage = "waiting for the response"
         try:
-            async with session.request(
-                method, self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout
-            ) as resp:
+            async with asyncio.timeout(self.headers_timeout):
+                resp = await session.request(method, self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout)
+            async with resp:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
                 stage = "reading the response"
@@ -321,13 +342,14 @@ class HTTPProvider:
         except UpstreamError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if stage == "waiting for the response" and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                raise self._error("upstream_timeout", f"upstream sent no response headers within {self.headers_timeout:g}s") from None
             raise self._transport_error(exc, stage) from None
         result = _parse(raw)
         if not isinstance(result, dict):
             raise self._error(
                 "upstream_error",
-                f"upstream {path} returned a body that is not a JSON object: "
-                + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
+                f"upstream {path} returned a body that is not a JSON object: " + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
             )
         if self._body_is_error(result):
             raise self._error(
@@ -390,3 +412,40 @@ def _error_text(raw: bytes, body: Any) -> str:
     if text is None:
         text = raw.decode("utf-8", "replace").strip()
     return " ".join(text.split())  # one line, however the upstream formatted it
+
+
+class _Progress:
+    """The idle timer of a stream, re-armed by complete items, not by bytes.
+
+    One ``loop.time()`` per network read that completes an item; the timer
+    re-schedules itself to the last progress plus ``idle`` when it fires
+    early, and aborts the response when it fires late (the reader then raises,
+    and ``fired`` says why)."""
+
+    __slots__ = ("_handle", "_idle", "_last", "_loop", "_resp", "fired")
+
+    def __init__(self, resp: aiohttp.ClientResponse, idle: float) -> None:
+        self._resp = resp
+        self._idle = idle
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle, self._check)
+
+    def progress(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._idle
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self.fired = True
+        self._resp.content.set_exception(TimeoutError("no complete item"))
+        self._resp.close()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
