@@ -134,7 +134,9 @@ class HTTPProvider:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
         # connect=None on purpose: waiting for a free pooled connection (if a
         # caller-supplied session has a limit) is not a connect timeout.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout)
+        self._timeout = aiohttp.ClientTimeout(
+            total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout
+        )
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
         self.headers_timeout = headers_timeout
@@ -184,7 +186,9 @@ class HTTPProvider:
         """Map an aiohttp/OS exception to an ``UpstreamError`` (kind by cause)."""
         # TimeoutError first: it is an OSError, and aiohttp's ServerTimeoutError
         # is also a ClientConnectionError.
-        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (
+            isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)
+        ):
             return self._error("upstream_timeout", f"upstream connect timed out after {self.connect_timeout:g}s")
         if isinstance(exc, TimeoutError):
             return self._error("upstream_timeout", f"upstream sent nothing for {self.idle_timeout:g}s ({what})")
@@ -196,7 +200,9 @@ class HTTPProvider:
             detail = "the server closed the connection"
         else:
             detail = str(exc) or "connection error"
-        return self._error("upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})")
+        return self._error(
+            "upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})"
+        )
 
     def _http_error_kind(self, status: int, body: Any, text: str) -> str:
         """The ``UpstreamError.kind`` of an HTTP error; ``body`` is the parsed JSON or None."""
@@ -296,7 +302,9 @@ class HTTPProvider:
             if watchdog is not None:
                 watchdog.stop()
 
-    def _sse_items(self, events: list[SSEEvent], type_key: str | None = None) -> tuple[list[RawChunk | RawWarning], bool]:
+    def _sse_items(
+        self, events: list[SSEEvent], type_key: str | None = None
+    ) -> tuple[list[RawChunk | RawWarning], bool]:
         """The JSON payloads of ``events`` and whether ``[DONE]`` came (the
         events after it are dropped: the stream is over).
 
@@ -349,7 +357,8 @@ class HTTPProvider:
         if not isinstance(result, dict):
             raise self._error(
                 "upstream_error",
-                f"upstream {path} returned a body that is not a JSON object: " + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
+                f"upstream {path} returned a body that is not a JSON object: "
+                + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
             )
         if self._body_is_error(result):
             raise self._error(
