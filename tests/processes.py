@@ -131,6 +131,7 @@ class Server:
             "TURNLOG_OPENAI_API_KEY": "sk-test",
             "TURNLOG_LEASE_SECONDS": "1",
             "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
+            "TURNLOG_DRAIN_SECONDS": "0",  # stop() releases running turns at once
             **env_extra,  # wins: e.g. a long lease for a test that must not wait for one
         }
         if upstream_url is None:
