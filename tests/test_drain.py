@@ -214,6 +214,10 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
         while len(started) < 2:
             await asyncio.sleep(0.01)
         await _all_streaming(http, first, [started[1]], 1)
+        # A non-streaming request too: released before its answer, it is told so.
+        blocking = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER}))
+        while len(upstream.requests) < 3:
+            await asyncio.sleep(0.01)
         client = _client(first)
         os.kill(first.proc.pid, signal.SIGTERM)
         await _wait_draining(http, first)
@@ -221,6 +225,10 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
         quick_id, quick_seen = await quick
         assert quick_seen == short, "the running turn finished within the drain, its client saw all of it"
         slow_id, slow_seen = await slow
+        async with await blocking as answer:
+            assert answer.status == 503 and answer.headers["Retry-After"].isdigit()
+            assert (await answer.json())["error"]["code"] == "turn_interrupted", "never a partial answer as a whole one"
+            blocking_id = answer.headers["X-Turn-Id"]
         assert await _exited(first) == 0, first.log_tail()
         stops = [time.time()]  # one instance: the turn waits for the restart, not the lease
         second = Server(db, upstream.url, auto_resume=True, **env)
@@ -231,6 +239,8 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
         assert "turn.interrupted" not in types
         await _completed(http, second, upstream, [slow_id])
         assert await _check_turn(http, second, slow_id, slow_seen, stops) == 1
+        await _completed(http, second, upstream, [blocking_id])
+        assert await _check_turn(http, second, blocking_id, "", stops) == 1
     finally:
         for server in (first, second):
             if server is not None:

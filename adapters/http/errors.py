@@ -51,9 +51,11 @@ DRAIN_RETRY_AFTER = 1
 STORE_RETRY_AFTER = 2
 
 
-def unavailable_response(message: str, code: str, retry_after: int) -> web.Response:
+def unavailable_response(message: str, code: str, retry_after: int, headers: dict[str, str] | None = None) -> web.Response:
     """503 in the OpenAI error shape, with ``Retry-After`` (API.md §9)."""
-    return error_response(503, message, "service_unavailable_error", code, headers={"Retry-After": str(retry_after)})
+    return error_response(
+        503, message, "service_unavailable_error", code, headers={**(headers or {}), "Retry-After": str(retry_after)}
+    )
 
 
 def draining_response() -> web.Response:
