@@ -176,6 +176,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from aiohttp import web
 
     from adapters.http.app import create_app
+    from adapters.http.serving import serve
 
     try:
         settings.check_startable()
@@ -209,12 +210,10 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tune_gc(settings.gc_gen0_threshold)
 
     app.on_startup.append(gc_after_startup)  # after the store and supervisor are up
-    web.run_app(
-        app, host=settings.host, port=settings.port, print=None, access_log=None, loop=loop,
-        # aiohttp's default (128) overflows under a burst of connections: the
-        # kernel then drops handshakes and resets connections (bench thousands_sse).
-        backlog=4096,
-    )
+    # SIGTERM drains (API.md §9): adapters.http.serving. The backlog: aiohttp's
+    # default (128) overflows under a burst of connections and the kernel resets
+    # them (bench thousands_sse).
+    serve(app, host=settings.host, port=settings.port, loop=loop, drain_seconds=settings.drain_seconds, backlog=4096)
     return 0
 
 

@@ -88,6 +88,11 @@ class Settings(BaseSettings):
     # Upstream timeouts: connecting, and silence between two reads of a stream.
     upstream_connect_timeout: float = 10.0
     upstream_idle_timeout: float = 300.0
+    # Seconds from sending a request until the upstream's response headers are in
+    # (a server that accepts and never answers, or dribbles its headers).
+    upstream_headers_timeout: float = Field(default=300.0, gt=0)
+    # SIGTERM: seconds the running turns get to finish before they are released.
+    drain_seconds: float = Field(default=30.0, ge=0)
     # SQLite fsync policy: NORMAL (WAL) survives a process crash (kill -9) and
     # loses at most the last commits on a power cut; FULL also survives that, at
     # about one fsync per group commit.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import asyncpg
@@ -32,10 +32,19 @@ def asyncpg_dsn(url: str) -> str:
 class PgSignals:
     """One LISTEN connection and one NOTIFY connection per process."""
 
-    def __init__(self, url: str, *, on_events: Callable[[str], None], on_cancel: Callable[[str, str], None]) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        on_events: Callable[[str], None],
+        on_cancel: Callable[[str, str], None],
+        on_released: Callable[[], None] | None = None,
+    ) -> None:
         self.dsn = asyncpg_dsn(url)
         self.on_events = on_events
         self.on_cancel = on_cancel
+        # Another process released running turns (its drain): adopt them now.
+        self.on_released = on_released
         self._listen: asyncpg.Connection | None = None
         self._notify: asyncpg.Connection | None = None
         self._pending: set[str] = set()
@@ -49,13 +58,14 @@ class PgSignals:
         self._watchdog = asyncio.create_task(self._keep_listening(), name="turnlog:pg-listen")
 
     async def _connect_listener(self) -> None:
-        conn = await asyncpg.connect(self.dsn)
+        conn = await asyncpg.connect(self.dsn, timeout=5)
         await conn.add_listener(EVENTS, self._event)
         await conn.add_listener(COMMANDS, self._command)
         self._listen = conn
 
     async def _keep_listening(self) -> None:
-        """Reconnect the listener if it drops (followers poll the log meanwhile)."""
+        """Reconnect the listener if it drops (followers poll the log meanwhile),
+        and the NOTIFY connection (a database restart ends both)."""
         while True:
             await asyncio.sleep(1.0)
             conn = self._listen
@@ -63,8 +73,16 @@ class PgSignals:
                 try:
                     await self._connect_listener()
                     log.info("LISTEN connection restored")
-                except (OSError, asyncpg.PostgresError) as exc:
+                except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
                     log.warning("LISTEN reconnect failed: %s", exc)
+            notify = self._notify
+            if notify is None or notify.is_closed():
+                try:
+                    async with self._lock:
+                        self._notify = await asyncpg.connect(self.dsn, timeout=5)
+                    log.info("NOTIFY connection restored")
+                except (OSError, TimeoutError, asyncpg.PostgresError) as exc:
+                    log.warning("NOTIFY reconnect failed: %s", exc)
 
     async def close(self) -> None:
         if self._watchdog is not None:
@@ -83,6 +101,8 @@ class PgSignals:
         if kind == "cancel":
             turn_id, _, by = rest.partition(":")
             self.on_cancel(turn_id, by)
+        elif kind == "released" and self.on_released is not None:
+            self.on_released()
 
     def appended(self, turn_id: str) -> None:
         """Tell the other processes that ``turn_id`` has new events (coalesced)."""
@@ -98,7 +118,7 @@ class PgSignals:
                 async with self._lock:
                     assert self._notify is not None
                     await self._notify.executemany("SELECT pg_notify($1, $2)", [(EVENTS, t) for t in batch])
-            except (OSError, asyncpg.PostgresError, AssertionError) as exc:
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, AssertionError) as exc:
                 log.warning("NOTIFY failed (followers will poll): %s", exc)
                 return
 
@@ -106,3 +126,10 @@ class PgSignals:
         async with self._lock:
             assert self._notify is not None
             await self._notify.execute("SELECT pg_notify($1, $2)", COMMANDS, f"cancel:{turn_id}:{by}")
+
+    async def turns_released(self, turn_ids: Sequence[str]) -> None:
+        """One notification for a whole drain: the receivers scan for orphans
+        (the ids are informative, cut to fit NOTIFY's 8000-byte payload)."""
+        async with self._lock:
+            assert self._notify is not None
+            await self._notify.execute("SELECT pg_notify($1, $2)", COMMANDS, ("released:" + ",".join(turn_ids))[:7000])

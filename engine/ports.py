@@ -704,6 +704,10 @@ class RemoteControl(Protocol):
 
     async def request_cancel(self, turn_id: str, by: str) -> None: ...
 
+    async def turns_released(self, turn_ids: Sequence[str]) -> None:
+        """Tell the other processes that these turns have no owner now (a drain)."""
+        ...
+
 
 # -- observation: metrics and traces -------------------------------------------------
 

@@ -127,11 +127,12 @@ class Server:
         log_dir = log_dir or (db.parent if isinstance(db, Path) else Path("."))
         env = {
             **os.environ,
-            **env_extra,
             "TURNLOG_DATABASE_URL": database_url,
             "TURNLOG_OPENAI_API_KEY": "sk-test",
             "TURNLOG_LEASE_SECONDS": "1",
             "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
+            "TURNLOG_DRAIN_SECONDS": "0",  # stop() releases running turns at once
+            **env_extra,  # wins: e.g. a long lease for a test that must not wait for one
         }
         if upstream_url is None:
             env.pop("TURNLOG_OPENAI_BASE_URL", None)

@@ -38,7 +38,7 @@ from adapters.http import (
 )
 from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
-from adapters.http.errors import error_middleware
+from adapters.http.errors import draining_response, error_middleware
 from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
@@ -90,9 +90,13 @@ def create_app(
         if settings.openai_base_url:
             key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
             openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
-            providers["openai"] = openai_cls(settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle)
+            providers["openai"] = openai_cls(
+                settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
+            )
         if settings.ollama_base_url:
-            providers["ollama"] = OllamaProvider(settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle)
+            providers["ollama"] = OllamaProvider(
+                settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
+            )
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).
@@ -122,7 +126,11 @@ def create_app(
                 for owner in owners:
                     owner.cancel_requested_elsewhere(turn_id, by)
 
-            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here)
+            def adopt_here() -> None:
+                for owner in owners:
+                    owner.adopt_soon()
+
+            signals = PgSignals(settings.database_url, on_events=bus.wake, on_cancel=cancel_here, on_released=adopt_here)
             await signals.start()
             bus.on_committed = signals.appended
         supervisor = Supervisor(
@@ -208,4 +216,8 @@ def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:
 
 
 async def health(request: web.Request) -> web.Response:
+    services = request.app.get(SERVICES)
+    if services is not None and services.supervisor.draining:
+        # A load balancer stops sending new requests here (API.md §9, drain).
+        return draining_response()
     return web.json_response({"ok": True})

@@ -10,7 +10,7 @@ from aiohttp import web
 from adapters.http.auth import USER
 from adapters.http.context import Services, services
 from adapters.http.direct_sse import DirectSSE
-from adapters.http.errors import ApiError, error_response
+from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, unavailable_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from engine.fold.turn_view import fold
@@ -35,6 +35,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # The actor's own view is what the log holds (no read needed); one that
     # stopped writing midway is rebuilt from the log.
     view = actor.view if not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
+    if not view.terminal and view.state != "background":
+        # The actor stopped before the answer (this instance drains, or a
+        # write failed): the turn goes on elsewhere or after a resume. Never
+        # a partial answer presented as the whole one.
+        return unavailable_response(
+            f"turn {actor.turn_id} was interrupted here and continues on another instance or after a resume; "
+            f"its answer: GET /v1/turns/{actor.turn_id}",
+            "turn_interrupted",
+            DRAIN_RETRY_AFTER,
+            headers=headers,
+        )
     if view.status == "failed":
         error = view.error or {}
         return error_response(

@@ -13,6 +13,9 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from adapters.store.faults import unavailable_reason
+from engine.run.supervisor import Draining
+
 log = logging.getLogger("turnlog.http")
 
 
@@ -41,6 +44,23 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
 
 def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
     return web.json_response(error_body(message, type_, code, param), status=status, headers=headers)
+
+
+#: Seconds a client is told to wait (``Retry-After``) during a drain, and while the store is down.
+DRAIN_RETRY_AFTER = 1
+STORE_RETRY_AFTER = 2
+
+
+def unavailable_response(message: str, code: str, retry_after: int, headers: dict[str, str] | None = None) -> web.Response:
+    """503 in the OpenAI error shape, with ``Retry-After`` (API.md §9)."""
+    return error_response(
+        503, message, "service_unavailable_error", code, headers={**(headers or {}), "Retry-After": str(retry_after)}
+    )
+
+
+def draining_response() -> web.Response:
+    """This instance is shutting down: the client retries (another instance, or this one restarted)."""
+    return unavailable_response("this instance is shutting down; retry the request", "draining", DRAIN_RETRY_AFTER)
 
 
 def not_found(what: str) -> ApiError:
@@ -99,6 +119,12 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         return error_response(400, message, "invalid_request_error", "invalid_value", param)
     except (ConnectionResetError, web.HTTPClientError):
         raise
-    except Exception:
+    except Draining:
+        return draining_response()
+    except Exception as exc:
+        reason = unavailable_reason(exc)
+        if reason is not None:
+            log.warning("%s %s: store unavailable: %s", request.method, request.path, reason)
+            return unavailable_response(f"the event store is unavailable ({reason}); retry later", "store_unavailable", STORE_RETRY_AFTER)
         log.exception("unhandled error on %s %s", request.method, request.path)
         return error_response(500, "internal server error", "api_error", "internal_error")

@@ -34,7 +34,7 @@ from engine.fold.turn_view import fold
 from engine.ports import LiveDelta
 from engine.run.follow import tail
 from engine.run.live import Joined
-from engine.run.supervisor import TurnConflict
+from engine.run.supervisor import Draining, TurnConflict
 
 log = logging.getLogger("turnlog.ws")
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -80,6 +80,8 @@ class Connection:
                 await self.error(f"unknown message type '{kind}'", "unknown_type")
         except ApiError as exc:
             await self.error(exc.message, exc.code or "invalid_request", exc.extra)
+        except Draining:
+            await self.error("this instance is shutting down; retry on another", "draining")
         except Exception:
             # A bug, as a 500 is over HTTP: logged, and the client told; the
             # connection (and its subscriptions) stays up.

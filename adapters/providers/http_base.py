@@ -42,6 +42,7 @@ the same bytes the same way.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
@@ -121,6 +122,8 @@ class HTTPProvider:
         connect_timeout: float = 10.0,
         idle_timeout: float = 300.0,
         session: aiohttp.ClientSession | None = None,
+        headers_timeout: float = 300.0,
+        max_event_bytes: int = 16 * 1024 * 1024,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self._api_key = api_key or None
@@ -136,6 +139,8 @@ class HTTPProvider:
         )
         self.idle_timeout = idle_timeout
         self.connect_timeout = connect_timeout
+        self.headers_timeout = headers_timeout
+        self.max_event_bytes = max_event_bytes
 
     def __repr__(self) -> str:  # never show the key
         return f"{type(self).__name__}(base_url={self.base_url!r})"
@@ -250,28 +255,52 @@ class HTTPProvider:
 
         HTTP >= 400 and transport failures raise ``UpstreamError``. Use it under
         ``contextlib.aclosing`` so an early exit releases the connection at once.
+
+        Besides aiohttp's per-read timeout, two guards against an upstream that
+        trickles bytes (one a second never trips a per-read timer): the
+        headers must be in within ``headers_timeout``, and a *complete* item
+        (an SSE event, an NDJSON line) must arrive within ``idle_timeout`` of
+        the previous one; the bytes of an item still incomplete are capped at
+        ``max_event_bytes`` (memory per turn stays bounded).
         """
         session = self._get_session()
         stage = "waiting for the response"
+        watchdog: _Progress | None = None
         try:
-            async with session.post(
-                self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout
-            ) as resp:
+            async with asyncio.timeout(self.headers_timeout):
+                resp = await session.post(self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout)
+            async with resp:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
                 stage = "reading the stream"
+                watchdog = _Progress(resp, self.idle_timeout)
                 feed = framer.feed
+                pending = 0  # bytes read since the last complete item
+                limit = self.max_event_bytes
                 async for data in resp.content.iter_any():
                     items = feed(data)
                     if items:
+                        pending = 0
+                        watchdog.progress()
                         yield items
+                    else:
+                        pending += len(data)
+                        if pending > limit:
+                            raise self._error("upstream_error", f"upstream sent {pending} bytes without completing an event (limit {limit})")
                 items = framer.close()  # clean end of body
                 if items:
                     yield items
         except UpstreamError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if watchdog is not None and watchdog.fired:
+                raise self._error("upstream_timeout", f"upstream completed no event for {self.idle_timeout:g}s ({stage})") from None
+            if stage == "waiting for the response" and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                raise self._error("upstream_timeout", f"upstream sent no response headers within {self.headers_timeout:g}s") from None
             raise self._transport_error(exc, stage) from None
+        finally:
+            if watchdog is not None:
+                watchdog.stop()
 
     def _sse_items(
         self, events: list[SSEEvent], type_key: str | None = None
@@ -311,9 +340,9 @@ class HTTPProvider:
         session = self._get_session()
         stage = "waiting for the response"
         try:
-            async with session.request(
-                method, self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout
-            ) as resp:
+            async with asyncio.timeout(self.headers_timeout):
+                resp = await session.request(method, self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout)
+            async with resp:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
                 stage = "reading the response"
@@ -321,6 +350,8 @@ class HTTPProvider:
         except UpstreamError:
             raise
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+            if stage == "waiting for the response" and isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                raise self._error("upstream_timeout", f"upstream sent no response headers within {self.headers_timeout:g}s") from None
             raise self._transport_error(exc, stage) from None
         result = _parse(raw)
         if not isinstance(result, dict):
@@ -390,3 +421,40 @@ def _error_text(raw: bytes, body: Any) -> str:
     if text is None:
         text = raw.decode("utf-8", "replace").strip()
     return " ".join(text.split())  # one line, however the upstream formatted it
+
+
+class _Progress:
+    """The idle timer of a stream, re-armed by complete items, not by bytes.
+
+    One ``loop.time()`` per network read that completes an item; the timer
+    re-schedules itself to the last progress plus ``idle`` when it fires
+    early, and aborts the response when it fires late (the reader then raises,
+    and ``fired`` says why)."""
+
+    __slots__ = ("_handle", "_idle", "_last", "_loop", "_resp", "fired")
+
+    def __init__(self, resp: aiohttp.ClientResponse, idle: float) -> None:
+        self._resp = resp
+        self._idle = idle
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self.fired = False
+        self._handle: asyncio.TimerHandle | None = self._loop.call_at(self._last + idle, self._check)
+
+    def progress(self) -> None:
+        self._last = self._loop.time()
+
+    def _check(self) -> None:
+        due = self._last + self._idle
+        if self._loop.time() < due:
+            self._handle = self._loop.call_at(due, self._check)
+            return
+        self._handle = None
+        self.fired = True
+        self._resp.content.set_exception(TimeoutError("no complete item"))
+        self._resp.close()
+
+    def stop(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None

@@ -44,10 +44,16 @@ class OllamaProvider(HTTPProvider):
         idle_timeout: float = 300.0,
         session: aiohttp.ClientSession | None = None,
         api_key: str | None = None,
+        headers_timeout: float = 300.0,
     ) -> None:
         """``api_key`` is optional, for an Ollama behind an authenticating proxy."""
         super().__init__(
-            base_url, api_key, connect_timeout=connect_timeout, idle_timeout=idle_timeout, session=session
+            base_url,
+            api_key,
+            connect_timeout=connect_timeout,
+            idle_timeout=idle_timeout,
+            session=session,
+            headers_timeout=headers_timeout,
         )
 
     async def __aenter__(self) -> OllamaProvider:

@@ -66,7 +66,11 @@ def postgres_engine(url: str, **kwargs: Any) -> AsyncEngine:
     """An async engine for ``postgresql+asyncpg://`` (``kwargs`` go to
     ``create_async_engine``)."""
     kwargs.setdefault("pool_pre_ping", True)
+    # Bounded waits while the database is down or unreachable: a request
+    # fails (503, adapters.store.faults) instead of hanging for minutes.
+    kwargs.setdefault("pool_timeout", 10)
     connect_args = kwargs.setdefault("connect_args", {})
+    connect_args.setdefault("timeout", 5)  # asyncpg's connect timeout (default 60 s)
     settings = connect_args.setdefault("server_settings", {})
     settings.setdefault("application_name", "turnlog")
     # A process frozen mid-transaction (SIGSTOP, a VM pause) would hold its

@@ -71,6 +71,11 @@ class TurnConflict(Exception):
     """The turn is not in a state that allows the request (e.g. resume a finished turn)."""
 
 
+class Draining(Exception):
+    """This process is shutting down (``drain``): it starts no turn; another
+    process, or this one restarted, will."""
+
+
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
 
@@ -144,6 +149,11 @@ class Supervisor:
         # MCP: each turn's connections, closed when its actor is done.
         self.tool_servers: ToolServers = tool_servers or NoToolServers()
         self._open_servers: set[TurnToolServers] = set()
+        # Set by ``drain``: no new turns, no adoption of other processes' turns.
+        self.draining = False
+        # One orphan scan at a time: two would both claim (same owner) and both run a turn.
+        self._scan_lock = asyncio.Lock()
+        self._adopting: set[asyncio.Task[None]] = set()
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -159,23 +169,73 @@ class Supervisor:
                 await task
             except asyncio.CancelledError:
                 pass
-        actors = list(self.actors.values())
-        for actor in actors:
-            if actor.task is not None:
-                actor.task.cancel()
-        for actor in actors:
-            if actor.task is not None:
-                try:
-                    await actor.task
-                except (asyncio.CancelledError, Exception):
-                    pass
-            # Hand the turn back at once: the next process resumes it without
-            # waiting for the lease to run out.
-            await self.store.release_turn(actor.turn_id, self.owner)
+        await self.release_all()
+
+    async def drain(self, seconds: float) -> list[str]:
+        """Shut down gracefully: start no turn and adopt none from now on, give
+        the running ones ``seconds`` to finish, then release the rest (as
+        :meth:`release_all`). Returns the ids of the turns released unfinished."""
+        self.draining = True
+        pending = [actor.done for actor in self.actors.values()]
+        if pending and seconds > 0:
+            await asyncio.wait(pending, timeout=seconds)
+        return await self.release_all()
+
+    async def release_all(self) -> list[str]:
+        """Stop every actor of this process and hand its turn back at once.
+
+        Each actor makes its open delta window durable and stops writing (a
+        crash the log can show: ``halt``); its lease is then given up, so that
+        another process (told through ``remote``) records the interruption and
+        resumes the turn at once instead of after the lease runs out."""
+        actors = [actor for actor in self.actors.values() if actor.task is not None and not actor.task.done()]
+        await asyncio.gather(*(self._halt(actor) for actor in actors))
+        results = await asyncio.gather(
+            *(self.store.release_turn(actor.turn_id, self.owner) for actor in actors), return_exceptions=True
+        )
+        released: list[str] = []
+        for actor, result in zip(actors, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("turn %s: could not release the lease (it expires instead): %s", actor.turn_id, result)
+            else:
+                released.append(actor.turn_id)
             self.bus.close_turn(actor.turn_id)
         self.actors.clear()
         for servers in list(self._open_servers):
             await self._close_servers(servers)
+        self._channels.clear()
+        if released and self.remote is not None:
+            try:
+                await self.remote.turns_released(released)
+            except Exception:
+                log.warning("could not announce %d released turns (others adopt them at their next scan)", len(released))
+        if released:
+            log.info("released %d running turns for another process to resume", len(released))
+        return released
+
+    async def _halt(self, actor: TurnActor) -> None:
+        try:
+            await actor.halt()
+        except Exception:
+            log.exception("turn %s: halting failed", actor.turn_id)
+
+    def _refuse_if_draining(self) -> None:
+        if self.draining:
+            raise Draining("this instance is shutting down; retry the request")
+
+    def adopt_soon(self) -> None:
+        """Another process released turns (its drain): take them over now
+        rather than at the next heartbeat."""
+        if not self.draining:
+            task = asyncio.get_running_loop().create_task(self._adopt(), name="turnlog:adopt")
+            self._adopting.add(task)
+            task.add_done_callback(self._adopting.discard)
+
+    async def _adopt(self) -> None:
+        try:
+            await self.scan_orphans()
+        except Exception:
+            log.exception("adopting released turns failed (the heartbeat retries)")
 
     async def _heartbeat(self) -> None:
         interval = max(0.05, self.settings.lease_seconds / 3)
@@ -184,7 +244,8 @@ class Supervisor:
             try:
                 if self.actors:
                     await self.store.renew_leases(self.owner, list(self.actors), lease_seconds=self.settings.lease_seconds)
-                await self.scan_orphans()
+                if not self.draining:
+                    await self.scan_orphans()
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -308,6 +369,7 @@ class Supervisor:
     async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str) -> TurnActor:
         """Record ``turn.started`` durably, then start the actor (not yet running:
         the caller can subscribe before the first chunk)."""
+        self._refuse_if_draining()
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
         now = time.time()
@@ -338,6 +400,7 @@ class Supervisor:
         ``KeyError``: no such turn; ``TurnConflict``: the parent has not ended
         (its log may still change); ``ForkError``: ``at`` or ``tool_results``
         do not name a point the fork can start from."""
+        self._refuse_if_draining()
         record = parent if isinstance(parent, TurnRecord) else await self.store.get_turn(parent)
         if record is None:
             raise KeyError(parent)
@@ -426,6 +489,7 @@ class Supervisor:
             asyncio.get_running_loop().create_task(actor.cancel(by or "remote"))
 
     async def resume(self, turn_id: str) -> TurnActor:
+        self._refuse_if_draining()
         if turn_id in self.actors:
             raise TurnConflict(f"turn {turn_id} is running")
         record = await self.store.get_turn(turn_id)
@@ -446,21 +510,19 @@ class Supervisor:
 
     async def scan_orphans(self, *, include_interrupted: bool = False) -> None:
         """Record ``turn.interrupted`` for running turns whose owner is gone."""
+        if self.draining:
+            return
+        async with self._scan_lock:
+            await self._scan_orphans(include_interrupted)
+
+    async def _scan_orphans(self, include_interrupted: bool) -> None:
         orphans = [r for r in await self.store.orphaned_turns(time.time()) if r.id not in self.actors]
-        for record in orphans:
-            fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.settings.lease_seconds)
-            if fencing is None:
-                continue
-            folded = Folded.of(record.id, await self.store.read(record.id))
-            if folded.view.terminal:
-                await self.store.release_turn(record.id, self.owner)
-                continue
-            if folded.view.status != "interrupted":
-                await self._append(folded, fencing, TurnInterrupted(last_owner=record.owner))
-            if self.settings.auto_resume:
-                self._spawn(folded, fencing, resume=True)
-            else:
-                await self.store.release_turn(record.id, self.owner)
+        # Together, not one after the other: a drained instance hands over all
+        # its turns at once, and each takes a few round trips (claim, read, record).
+        results = await asyncio.gather(*(self._adopt_orphan(record) for record in orphans), return_exceptions=True)
+        for record, result in zip(orphans, results, strict=True):
+            if isinstance(result, BaseException):
+                log.error("turn %s: could not take it over: %s", record.id, result)
         if include_interrupted:
             for record in await self.store.list_turns(status="interrupted", limit=10_000):
                 if record.id not in self.actors:
@@ -472,6 +534,22 @@ class Supervisor:
     async def append(self, folded: Folded, fencing: int, data: EventData) -> None:
         """``_append`` for the turn's other writers (``engine.run.approvals``)."""
         await self._append(folded, fencing, data)
+
+    async def _adopt_orphan(self, record: TurnRecord) -> None:
+        """Record ``turn.interrupted`` for one turn whose owner is gone, and resume it (auto-resume)."""
+        fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.settings.lease_seconds)
+        if fencing is None:
+            return
+        folded = Folded.of(record.id, await self.store.read(record.id))
+        if folded.view.terminal:
+            await self.store.release_turn(record.id, self.owner)
+            return
+        if folded.view.status != "interrupted":
+            await self._append(folded, fencing, TurnInterrupted(last_owner=record.owner))
+        if self.settings.auto_resume:
+            self._spawn(folded, fencing, resume=True)
+        else:
+            await self.store.release_turn(record.id, self.owner)
 
     async def _append(self, folded: Folded, fencing: int, data: EventData) -> None:
         """An event the supervisor records itself (no actor runs the turn)."""
