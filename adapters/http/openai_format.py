@@ -23,6 +23,10 @@ from engine.run.follow import EventOut, Out
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
 _dumpb = orjson.dumps
+# turnlog's extension objects with their keys sorted: the log stores event data
+# so (engine.chain), and a live client and a reconnecting one (rendered from the
+# log) must get the same bytes.
+_dumps_ext = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True).encode
 
 
 def completion_id(turn_id: str) -> str:
@@ -60,7 +64,7 @@ class ChunkRenderer:
             return body + b',"logprobs":null,"finish_reason":null}]}'  # every text chunk
         body += b',"logprobs":null,"finish_reason":' + _dumps(finish).encode() + b"}]"
         if extra:
-            body += b"," + _dumps(extra)[1:-1].encode()
+            body += b"," + _dumps_ext(extra)[1:-1].encode()
         return body + b"}"
 
     def _usage_chunk(self, usage: dict[str, Any]) -> bytes:
