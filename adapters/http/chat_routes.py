@@ -35,10 +35,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     # The actor's own view is what the log holds (no read needed); one that
     # stopped writing midway is rebuilt from the log.
     view = actor.view if not actor.lost else fold(actor.turn_id, await svc.store.read(actor.turn_id))
-    if not view.terminal and view.state != "background":
+    if not view.terminal and view.state not in ("background", "awaiting_approval"):
         # The actor stopped before the answer (this instance drains, or a
         # write failed): the turn goes on elsewhere or after a resume. Never
-        # a partial answer presented as the whole one.
+        # a partial answer presented as the whole one. (A turn waiting for a
+        # tool approval is answered as waiting.)
         return unavailable_response(
             f"turn {actor.turn_id} was interrupted here and continues on another instance or after a resume; "
             f"its answer: GET /v1/turns/{actor.turn_id}",
