@@ -250,7 +250,8 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
         # newest first
         assert failed_id in rows[0] and other_id in rows[1] and turn_id in rows[2], rows
         assert "failed" in rows[0] and "gpt-other" in rows[1]
-        assert len(all_css(driver, "#chats-list li")) == 3
+        # the chats list is fetched on its own: wait for it as for the turns
+        wait(driver, lambda d: len(all_css(d, "#chats-list li")) == 3, "the three chats are listed")
         screenshot(driver, request, "list", 1280)
         screenshot(driver, request, "list", 390)
         # filter by status, then by model (the filter is in the URL: a reload keeps it)
