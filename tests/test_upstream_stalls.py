@@ -63,8 +63,10 @@ async def test_an_event_that_never_ends_is_cut_at_the_limit(database_url: str, t
         view = await service.turn(headers["X-Turn-Id"])
         assert view["status"] == "failed" and view["error"]["type"] == "upstream_error"
         assert "without completing an event" in view["error"]["message"]
-        # cut at the 16 MiB limit, not after the whole 40 MiB
-        assert stall.body_bytes_sent < 24 * 1024 * 1024
+        # cut at the 16 MiB limit, not after the whole 40 MiB (what the upstream
+        # counts as sent includes what the kernel's socket buffers hold: up to
+        # about 10 MiB on loopback)
+        assert stall.body_bytes_sent < 32 * 1024 * 1024
     finally:
         await stop_service(service)
         await stall.close()
