@@ -22,6 +22,7 @@ from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
+from engine.run.catchup import is_full, read_batch
 from engine.run.live import Joined
 
 
@@ -204,8 +205,15 @@ async def tail(
             done = event.type in TERMINAL_TYPES
         return out
 
+    more = False  # the last read filled its batch: the log may hold more
+
     async def reread() -> list[Tailed]:
-        return durable(await store.read(turn_id, after=last))
+        # Shared with the turn's other followers at the same seq, one batch at
+        # a time (engine.run.catchup); the caller reads on while ``more``.
+        nonlocal more
+        batch = await read_batch(store, turn_id, last)
+        more = is_full(batch)
+        return durable(batch)
 
     # Re-reads in a row that found nothing, and quiet spells since the last
     # one: a turn that stays quiet is re-read after 1, 2, then every
@@ -217,12 +225,17 @@ async def tail(
         sub.sink = sink
     try:
         history = joined.history
-        first = durable(history if history is not None else await store.read(turn_id, after=after))
+        first = durable(history) if history is not None else await reread()
+        while more and not done:
+            yield first
+            first = await reread()
         first.extend(d for d in joined.window if d.seq > last)
         yield first
+        loop = asyncio.get_running_loop()
         while not done:
             messages = sub.drain()
             if not messages:
+                asked = loop.time()
                 message = await sub.get(poll_seconds)
                 if message is None:
                     if sub.closed:
@@ -245,7 +258,13 @@ async def tail(
                         if sub.closed:
                             return
                         quiet += 1
-                        if not sub.lagged and quiet < min(2**idle_reads, QUIET_READS_MAX):
+                        # A timer half a period late: this loop is behind, so
+                        # the spell says little about the turn; re-read only
+                        # every QUIET_READS_MAX such spells (bench
+                        # thousands_ws: every follower re-reading at once).
+                        behind = loop.time() - asked > 1.5 * poll_seconds
+                        wait = QUIET_READS_MAX if behind else min(2**idle_reads, QUIET_READS_MAX)
+                        if not sub.lagged and quiet < wait:
                             yield []  # a heartbeat
                             continue
                         quiet = 0
@@ -253,6 +272,8 @@ async def tail(
                         found = await reread()
                         idle_reads = 0 if found else idle_reads + 1
                         yield found
+                        while more and not done:
+                            yield await reread()
                         continue
                 else:
                     messages = [message, *sub.drain()]
@@ -276,6 +297,8 @@ async def tail(
                 if done:
                     break
             yield out
+            while more and not done:
+                yield await reread()
     finally:
         sub.sink = None
         sub.close()
