@@ -22,7 +22,7 @@ from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
-from engine.run.catchup import is_full, read_batch
+from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
 
@@ -271,9 +271,17 @@ async def tail(
                         if not sub.lagged and (behind or quiet < min(2**idle_reads, QUIET_READS_MAX)):
                             yield []  # a heartbeat
                             continue
+                        if sub.lagged:
+                            sub.reset()
+                            found = await reread()
+                        else:
+                            async with QuietRead() as ok:
+                                if ok:
+                                    found = await reread()
+                            if not ok:
+                                yield []  # enough safety-net reads run: next spell
+                                continue
                         quiet = 0
-                        sub.reset()
-                        found = await reread()
                         idle_reads = 0 if found else idle_reads + 1
                         yield found
                         while more and not done:
