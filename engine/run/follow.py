@@ -181,8 +181,9 @@ async def tail(
     The log stays the source of truth: a lagged subscription, an event past the
     next seq, a wake-up from another process or a quiet spell of
     ``poll_seconds`` (the first; while re-reads find nothing, every second,
-    then every ``QUIET_READS_MAX``-th) each lead to a re-read of the log after
-    the last seq, so a missed live message delays output but never loses it. An empty list is a
+    then every ``QUIET_READS_MAX``-th; not while this loop's timers run late,
+    nor beyond ``catchup.QUIET_READS_AT_ONCE`` at once) each lead to a re-read
+    of the log after the last seq, in batches, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
