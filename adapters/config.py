@@ -97,6 +97,10 @@ class Settings(BaseSettings):
     # loses at most the last commits on a power cut; FULL also survives that, at
     # about one fsync per group commit.
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    # Pooled database connections for the event store's reads (None: the
+    # driver's default, 8 on SQLite, 5 on PostgreSQL); more reads than this
+    # wait their turn, however long it takes.
+    db_pool_size: int | None = Field(default=None, ge=1)
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512

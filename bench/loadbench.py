@@ -17,6 +17,7 @@ computed over the union.
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -187,7 +188,9 @@ def _thousands_plan(ctx: Ctx) -> dict[str, Any]:
     # 2,000 streams at 2 chunks/s (4,000 chunks/s in all: a 2-core host runs the
     # clients, the upstream and turnlog); starts spread over 10 s, each stream
     # 30 s long, so all are open together for ~20 s.
-    return {"streams": 2000, "procs": 4, "chunks": 60, "rate": 2.0, "ramp": 10.0}
+    # BENCH_THOUSANDS_STREAMS overrides the count (a smaller reproduction).
+    streams = int(os.environ.get("BENCH_THOUSANDS_STREAMS", "2000"))
+    return {"streams": streams, "procs": 4, "chunks": 60, "rate": 2.0, "ramp": 10.0}
 
 
 def _sse_specs(v1: str, plan: dict[str, Any], who: str) -> list[dict[str, Any]]:

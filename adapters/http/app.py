@@ -82,7 +82,8 @@ def create_app(
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await migrate(settings.database_url)
-        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous)
+        pool: dict[str, Any] = {} if settings.db_pool_size is None else {"pool_size": settings.db_pool_size}
+        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous, **pool)
         observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
         store.observer = observers
         providers: dict[str, ChatProvider] = {}

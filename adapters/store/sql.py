@@ -34,6 +34,11 @@ waiting does not withdraw its request: it may still be committed.
 
 Reads go straight to pooled connections of the ``AsyncEngine`` (WAL lets them
 run while the writer writes) and see everything whose write call has returned.
+At most ``pool_size`` reads hold a connection at once; the others wait their
+turn on a semaphore, as long as it takes, instead of on the pool (whose
+checkout timeout would fail them: thousands of streams catching up at once,
+bench ``thousands_ws``). The pool's overflow stays free for the writer and
+the engine's other users.
 
 Events are read per turn, in ``seq`` order; ``events.id`` is only a surrogate
 key (no reader follows the log across turns by it: see
@@ -227,6 +232,7 @@ class SqlEventStore:
         # reads need no transaction. Both options are ignored by other dialects.
         self._write_engine = engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"})
         self._read_engine = engine.execution_options(**{SQLITE_BEGIN: None})
+        self._read_gate = asyncio.Semaphore(read_slots(engine))
         self._writer_engine = writer_engine
         self._executor: ThreadPoolExecutor | None = None
         self._sync_conn: Connection | None = None  # used only in the executor thread
@@ -502,7 +508,7 @@ class SqlEventStore:
         return rows[0][0] if rows else None
 
     async def _fetch(self, stmt: Any) -> list[Row[Any]]:
-        async with self._read_engine.connect() as conn:
+        async with self._read_gate, self._read_engine.connect() as conn:
             return list((await conn.execute(stmt)).all())
 
     # --------------------------------------------------------------- lifecycle
@@ -855,6 +861,13 @@ def _executing(stmt: Any) -> Op:
         conn.execute(stmt)
 
     return op
+
+
+def read_slots(engine: AsyncEngine) -> int:
+    """How many reads may hold a pooled connection at once: the pool's steady
+    size (a pool without one, e.g. ``NullPool``: a small fixed number)."""
+    size = getattr(engine.pool, "size", None)
+    return max(1, int(size())) if callable(size) else 8
 
 
 def _turn(row: Row[Any]) -> TurnRecord:

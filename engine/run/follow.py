@@ -22,6 +22,7 @@ from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
 from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
+from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
 
@@ -180,8 +181,9 @@ async def tail(
     The log stays the source of truth: a lagged subscription, an event past the
     next seq, a wake-up from another process or a quiet spell of
     ``poll_seconds`` (the first; while re-reads find nothing, every second,
-    then every ``QUIET_READS_MAX``-th) each lead to a re-read of the log after
-    the last seq, so a missed live message delays output but never loses it. An empty list is a
+    then every ``QUIET_READS_MAX``-th; not while this loop's timers run late,
+    nor beyond ``catchup.QUIET_READS_AT_ONCE`` at once) each lead to a re-read
+    of the log after the last seq, in batches, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
@@ -204,8 +206,15 @@ async def tail(
             done = event.type in TERMINAL_TYPES
         return out
 
+    more = False  # the last read filled its batch: the log may hold more
+
     async def reread() -> list[Tailed]:
-        return durable(await store.read(turn_id, after=last))
+        # Shared with the turn's other followers at the same seq, one batch at
+        # a time (engine.run.catchup); the caller reads on while ``more``.
+        nonlocal more
+        batch = await read_batch(store, turn_id, last)
+        more = is_full(batch)
+        return durable(batch)
 
     # Re-reads in a row that found nothing, and quiet spells since the last
     # one: a turn that stays quiet is re-read after 1, 2, then every
@@ -217,12 +226,17 @@ async def tail(
         sub.sink = sink
     try:
         history = joined.history
-        first = durable(history if history is not None else await store.read(turn_id, after=after))
+        first = durable(history) if history is not None else await reread()
+        while more and not done:
+            yield first
+            first = await reread()
         first.extend(d for d in joined.window if d.seq > last)
         yield first
+        loop = asyncio.get_running_loop()
         while not done:
             messages = sub.drain()
             if not messages:
+                asked = loop.time()
                 message = await sub.get(poll_seconds)
                 if message is None:
                     if sub.closed:
@@ -245,14 +259,34 @@ async def tail(
                         if sub.closed:
                             return
                         quiet += 1
-                        if not sub.lagged and quiet < min(2**idle_reads, QUIET_READS_MAX):
+                        # A timer half a period late: this loop is behind, so
+                        # the spell says nothing about the turn (its chunks
+                        # wait in the loop's queue), and a re-read now would
+                        # queue behind every other follower's for many
+                        # seconds, delivering nothing meanwhile (bench
+                        # thousands_ws: reads of 2,000 followers took up to
+                        # 32 s). Re-read once the loop keeps time again.
+                        behind = loop.time() - asked > 1.5 * poll_seconds
+                        if behind:
+                            quiet -= 1
+                        if not sub.lagged and (behind or quiet < min(2**idle_reads, QUIET_READS_MAX)):
                             yield []  # a heartbeat
                             continue
+                        if sub.lagged:
+                            sub.reset()
+                            found = await reread()
+                        else:
+                            async with QuietRead() as ok:
+                                if ok:
+                                    found = await reread()
+                            if not ok:
+                                yield []  # enough safety-net reads run: next spell
+                                continue
                         quiet = 0
-                        sub.reset()
-                        found = await reread()
                         idle_reads = 0 if found else idle_reads + 1
                         yield found
+                        while more and not done:
+                            yield await reread()
                         continue
                 else:
                     messages = [message, *sub.drain()]
@@ -276,6 +310,8 @@ async def tail(
                 if done:
                     break
             yield out
+            while more and not done:
+                yield await reread()
     finally:
         sub.sink = None
         sub.close()

@@ -136,10 +136,17 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_result(_EXPIRED)
 
 
+#: Messages a subscriber may have queued before it is marked lagged and
+#: catches up from the log instead: a client that stops reading (or a loop
+#: that falls behind) costs a bounded buffer, not the turn's whole stream per
+#: connection; the log, read in batches, serves it when it reads again.
+SUBSCRIPTION_LIMIT = 4096
+
+
 class InProcessBus:
     """Fan-out inside one process (the PostgreSQL deployment adds a cross-process one)."""
 
-    def __init__(self, limit: int = 100_000) -> None:
+    def __init__(self, limit: int = SUBSCRIPTION_LIMIT) -> None:
         self._subs: dict[str, list[Subscription]] = {}
         self._limit = limit
         # Called with the turn id after a committed event is published (the
