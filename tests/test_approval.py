@@ -104,6 +104,18 @@ async def decide(service: Service, turn_id: str, call_id: str, approve: bool, **
     return status, data
 
 
+async def retired(service: Service, turn_id: str) -> None:
+    """The client is answered as the actor stops; its lease is given up just
+    after (the supervisor's retire task): wait for that, not for time."""
+    supervisor = service.services.supervisor
+    actor = supervisor.actors.get(turn_id)
+    if actor is not None:
+        await actor.done
+    task = supervisor.retiring.get(turn_id)
+    if task is not None:
+        await task
+
+
 async def verified(service: Service, turn_id: str) -> None:
     status, body = await service.get(f"/v1/turns/{turn_id}/verify")
     assert status == 200 and body["ok"], body
@@ -118,6 +130,7 @@ async def test_approve_runs_the_call_once_and_the_turn_completes(bank: Service, 
     view = await bank.turn(turn_id)
     assert (view["status"], view["state"]) == ("waiting", "awaiting_approval")
     assert view["approvals"] == [{"call_id": "c1", "name": "transfer", "arguments": '{"amount": 700, "to": "landlord"}', "status": "pending"}]
+    await retired(bank, turn_id)
     assert turn_id not in bank.services.supervisor.actors, "a waiting turn holds no actor"
     record = await bank.services.store.get_turn(turn_id)
     assert record is not None and record.status == "waiting" and record.owner is None, "and no lease"

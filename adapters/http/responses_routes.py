@@ -37,7 +37,7 @@ from adapters.http.responses_format import (
     turn_id_of,
 )
 from adapters.http.schemas import parse_chat_request, read_json, validate_body
-from adapters.http.turn_routes import DamagedLog, checked_turn_events, refuse_damaged
+from adapters.http.turn_routes import DamagedLog, _int_query, checked_turn_events, refuse_damaged
 from engine.events import Event
 from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
@@ -262,18 +262,6 @@ def _stored(view: TurnView, rid: str) -> None:
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found")
 
 
-def _int(request: web.Request, name: str, default: int, minimum: int) -> int:
-    raw = request.query.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        value = int(raw)
-    except ValueError as exc:
-        raise ApiError(400, f"query parameter '{name}' must be an integer", code="invalid_value", param=name) from exc
-    if value < minimum:
-        raise ApiError(400, f"query parameter '{name}' must be >= {minimum}", code="invalid_value", param=name)
-    return value
-
 
 async def _started(svc: Services, turn_id: str) -> TurnView:
     """The turn as its first event says: the request it was started with."""
@@ -305,7 +293,8 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     if stream not in ("true", "false", "1", "0"):
         raise ApiError(400, "query parameter 'stream' must be true or false", code="invalid_value", param="stream")
     if stream in ("true", "1"):
-        after = _int(request, "starting_after", -1, -1)
+        after = _int_query(request, "starting_after", -1, minimum=-1)
+        after = -1 if after is None else after
         _stored(await _started(svc, record.id), rid)
         await refuse_damaged(svc, record)
         return await stream_response(request, record.id, headers=headers, starting_after=after)
@@ -351,7 +340,7 @@ async def input_items(request: web.Request) -> web.Response:
     order = request.query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise ApiError(400, "query parameter 'order' must be asc or desc", code="invalid_value", param="order")
-    limit = min(_int(request, "limit", 20, 1), 100)
+    limit = min(_int_query(request, "limit", 20, minimum=1) or 20, 100)
     items = recorded_input_items(view)
     if order == "desc":
         items.reverse()
