@@ -9,6 +9,7 @@ behaviour *and* that it differs from the recording, naming the quirk.
 from __future__ import annotations
 
 import copy
+import gc
 import itertools
 import random
 import time
@@ -419,12 +420,16 @@ def test_output_is_live_and_texts_are_joined_lazily() -> None:
 
 def _time_feed(chunks: list[str]) -> float:
     acc = Accumulator(id_factory=counter_ids())
-    start = time.perf_counter()
-    for chunk in chunks:
-        acc.feed_text(chunk)
-    acc.finish()
-    _ = acc.output
-    return time.perf_counter() - start
+    gc.disable()  # a collection of what earlier tests left would land in one run
+    try:
+        start = time.perf_counter()
+        for chunk in chunks:
+            acc.feed_text(chunk)
+        acc.finish()
+        _ = acc.output
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize(
@@ -440,11 +445,15 @@ def _time_feed(chunks: list[str]) -> float:
     ],
     ids=["prose", "in_block", "many_lt", "many_blocks", "open_attr_tags", "dense_candidates", "only_lt"],
 )
-def test_100k_one_char_chunks_are_fast(text: str) -> None:
-    chunks = list(text[:100_000])
-    assert len(chunks) == 100_000
-    elapsed = _time_feed(chunks)
-    assert elapsed < 2.0, f"{elapsed:.2f}s"
+def test_one_char_chunks_cost_linear_time(text: str) -> None:
+    """No input makes the tag parser quadratic. Judged by how the cost grows
+    (4x the chunks: about 4x the time when linear, 16x when quadratic), not by
+    a wall-clock limit, which a busy machine breaks; the speed itself is the
+    benchmark's (``python -m bench --scenarios linearity,cpu_per_chunk``)."""
+    assert len(text) >= 100_000
+    small = min(_time_feed(list(text[:25_000])) for _ in range(2))
+    large = min(_time_feed(list(text[:100_000])) for _ in range(2))
+    assert large < 8 * small, f"25k chunks {small:.3f}s, 100k chunks {large:.3f}s"
 
 
 # --------------------------------------------------------------------------
