@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from aiohttp import web
 
 from adapters.http.auth import USER
 from adapters.http.context import Services, services
-from adapters.http.direct_sse import DirectSSE
+from adapters.http.direct_sse import DirectSSE, Renderer
 from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, unavailable_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
-from engine.fold.turn_view import fold
+from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor
 from engine.run.follow import follow
 
@@ -88,6 +89,28 @@ async def stream_turn(
 
     The client going away only ends this response; the turn runs on.
     """
+    return await serve_sse(
+        request,
+        turn_id,
+        headers=headers,
+        make_renderer=lambda view: ChunkRenderer(view, after=after, include_usage=include_usage),
+        # Headers are sent: an error response is impossible now. End the stream
+        # with an error event (the turn itself runs on; a reconnect resumes).
+        error_event=b'data: {"error":{"message":"stream interrupted; reconnect with Last-Event-ID","type":"stream_error"}}\n\n',
+    )
+
+
+async def serve_sse(
+    request: web.Request,
+    turn_id: str,
+    *,
+    headers: dict[str, str],
+    make_renderer: Callable[[TurnView], Renderer],
+    error_event: bytes,
+) -> web.StreamResponse:
+    """The SSE loop every stream of a turn shares (chat chunks, Responses
+    events): follow the turn, render what comes, keep the connection alive in
+    silences, end with ``error_event`` if following fails."""
     svc = services(request)
     response = web.StreamResponse(
         headers={
@@ -98,13 +121,13 @@ async def stream_turn(
         }
     )
     await response.prepare(request)
-    renderer: ChunkRenderer | None = None
+    renderer: Renderer | None = None
     direct = DirectSSE(request, response)
     idle = 0
     try:
         async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
             if renderer is None:
-                renderer = direct.renderer = ChunkRenderer(follower.view, after=after, include_usage=include_usage)
+                renderer = direct.renderer = make_renderer(follower.view)
             await direct.settle()  # a direct write still in flight goes first
             renderer.view = follower.view
             data = renderer.render(outs)
@@ -121,11 +144,9 @@ async def stream_turn(
     except (ConnectionResetError, ConnectionError):
         return response
     except Exception:
-        # Headers are sent: an error response is impossible now. End the stream
-        # with an error event (the turn itself runs on; a reconnect resumes).
         log.exception("stream of turn %s failed", turn_id)
         try:
-            await response.write(b'data: {"error":{"message":"stream interrupted; reconnect with Last-Event-ID","type":"stream_error"}}\n\n')
+            await response.write(error_event)
         except (ConnectionResetError, ConnectionError):
             return response
     try:

@@ -18,6 +18,7 @@ class Renderer(Protocol):
 
     view: Any
     last_sent: int
+    done: bool  # the stream has sent its end
 
     def render(self, outs: list[Any]) -> bytes: ...
 

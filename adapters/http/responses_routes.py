@@ -20,9 +20,8 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.http.auth import USER
-from adapters.http.chat_routes import KEEPALIVE, start_turn
+from adapters.http.chat_routes import serve_sse, start_turn
 from adapters.http.context import Services, services
-from adapters.http.direct_sse import DirectSSE
 from adapters.http.errors import ApiError
 from adapters.http.response_deletions import ResponseDeletions
 from adapters.http.responses_format import (
@@ -202,45 +201,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 async def stream_response(request: web.Request, turn_id: str, *, headers: dict[str, str], starting_after: int = -1) -> web.StreamResponse:
     """The Responses SSE of a turn from after ``starting_after``, then live, until
     the response ends. The client going away only ends this response."""
-    svc = services(request)
-    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
-    await response.prepare(request)
-    renderer: ResponsesRenderer | None = None
-    direct = DirectSSE(request, response)
-    idle = 0
-    try:
-        async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
-            if renderer is None:
-                renderer = ResponsesRenderer(follower.view, starting_after=starting_after)
-                direct.renderer = renderer
-            await direct.settle()
-            renderer.view = follower.view
-            data = renderer.render(outs)
-            if data:
-                idle = 0
-                await response.write(data)
-            elif not outs:
-                idle += 1
-                if idle >= 15:
-                    idle = 0
-                    await response.write(KEEPALIVE)
-            if renderer.done:
-                break
-    except (ConnectionResetError, ConnectionError):
-        return response
-    except Exception:
-        log.exception("responses stream of turn %s failed", turn_id)
-        try:
-            await response.write(
-                b'event: error\ndata: {"type":"error","code":"stream_error","message":"stream interrupted; resume with GET /v1/responses/{id}?stream=true&starting_after=N","param":null}\n\n'
-            )
-        except (ConnectionResetError, ConnectionError):
-            return response
-    try:
-        await response.write_eof()
-    except (ConnectionResetError, ConnectionError):
-        pass
-    return response
+    return await serve_sse(
+        request,
+        turn_id,
+        headers=headers,
+        make_renderer=lambda view: ResponsesRenderer(view, starting_after=starting_after),
+        error_event=b'event: error\ndata: {"type":"error","code":"stream_error","message":"stream interrupted; resume with GET /v1/responses/{id}?stream=true&starting_after=N","param":null}\n\n',
+    )
 
 
 async def _own(request: web.Request) -> tuple[Services, TurnRecord, str]:
