@@ -27,9 +27,9 @@ from pathlib import Path
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
-# 8 MB in 8 KB chunks: more than the kernel's socket buffers on loopback
+# 6 MB in 8 KB chunks: more than the kernel's socket buffers on loopback
 # (tcp_wmem max 4 MB by default) and the transport's high-water mark hold.
-TEXT = "".join(f"w{i:06d} " for i in range(1_000_000))
+TEXT = "".join(f"w{i:06d} " for i in range(750_000))
 USER = [{"role": "user", "content": "go"}]
 STALL = 1.0  # client_stall_seconds of these tests
 TCP_STATES_ENDED = {7, 8}  # TCP_CLOSE (reset), TCP_CLOSE_WAIT (the server's FIN)
