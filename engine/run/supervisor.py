@@ -548,10 +548,10 @@ class Supervisor:
         """Take back a turn whose actor here stopped on a store failure: give
         its lease up and adopt it as an orphan (``turn.interrupted``, then
         resumed under a new fencing token). Raises while the store fails."""
-        await self.store.release_turn(turn_id, self.owner)
-        async with self._scan_lock:
+        async with self._scan_lock:  # not beside a scan's adoption of the same turn
             if self.draining or turn_id in self.actors:
-                return
+                return  # resumed here meanwhile (POST …/resume): its lease is that actor's
+            await self.store.release_turn(turn_id, self.owner)
             record = await self.store.get_turn(turn_id)
             if record is None or record.status != "running":
                 return
