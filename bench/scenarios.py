@@ -1317,3 +1317,7 @@ def responses_cpu(ctx: Ctx) -> dict[str, Any]:
 
 
 SCENARIOS["responses_cpu"] = (responses_cpu, True, True)
+
+from bench.stalledbench import stalled_clients  # noqa: E402 - likewise
+
+SCENARIOS["stalled_clients"] = (stalled_clients, True, True)
