@@ -43,7 +43,9 @@ from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
-from adapters.observe import Metrics, Observers, open_tracing
+from adapters.observe.metrics import Metrics
+from adapters.observe.observers import Observers
+from adapters.observe.tracing import open_tracing
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
