@@ -31,7 +31,7 @@ from adapters.http.schemas import parse_chat_request
 from adapters.http.turn_routes import refuse_damaged
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveDelta
+from engine.ports import LiveDelta, LiveDeltas
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -51,6 +51,13 @@ class Connection:
     async def send(self, payload: dict[str, Any]) -> None:
         async with self._lock:
             await self.ws.send_str(_dumps(payload))
+
+    async def send_many(self, messages: list[str]) -> None:
+        """Messages already serialized, in order (one upstream read's deltas)."""
+        if messages:
+            async with self._lock:
+                for message in messages:
+                    await self.ws.send_str(message)
 
     async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
         await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
@@ -169,9 +176,10 @@ class Connection:
                                 await self._send_resumed(turn_id, item)
                             elif item.type == "tool.approval_requested":
                                 await self.send({"type": "approval:request", "turn_id": turn_id, **approval_request(item)})
+                        elif isinstance(item, LiveDeltas):
+                            await self.send_many([m for d in item.deltas for m in _delta_messages(turn_id, d)])
                         elif isinstance(item, LiveDelta):
-                            for piece in item.pieces:
-                                await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                            await self.send_many(_delta_messages(turn_id, item))
                         else:
                             await self.send(item.payload)
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
@@ -196,6 +204,14 @@ class Connection:
     def close(self) -> None:
         for task in self.pumps.values():
             task.cancel()
+
+
+def _delta_messages(turn_id: str, delta: LiveDelta) -> list[str]:
+    """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
+    return [
+        _dumps({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text})
+        for piece in delta.pieces
+    ]
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:
