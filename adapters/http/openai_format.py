@@ -17,7 +17,7 @@ import orjson
 
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
-from engine.fold.turn_view import ChunkOut, TurnView
+from engine.fold.turn_view import TurnView
 from engine.run.follow import EventOut, Out
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -85,7 +85,7 @@ class ChunkRenderer:
         for out in outs:
             if out.pos <= self.last_sent or self.done:
                 continue
-            if isinstance(out, ChunkOut):
+            if not isinstance(out, EventOut):
                 pieces = out.pieces
                 if not pieces:
                     continue

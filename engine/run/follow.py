@@ -45,7 +45,9 @@ class EventOut:
     resume: ResumePoint | None = None
 
 
-Out = ChunkOut | EventOut
+# A live chunk is its own output (its position and the actor's pieces): no
+# copy per chunk and follower.
+Out = ChunkOut | LiveDelta | EventOut
 
 
 class Gap(Exception):
@@ -135,7 +137,7 @@ class TurnFollower:
             if delta.pos == nxt:
                 pos.next = nxt + 1
                 fed += 1
-                out.append(ChunkOut(nxt, delta.pieces))
+                out.append(delta)
             elif delta.pos > nxt:
                 self._ahead[delta.pos] = delta
         self._fed_live += fed
@@ -143,14 +145,12 @@ class TurnFollower:
             out.extend(self._drain())
         return out
 
-    def _feed(self, delta: LiveDelta) -> ChunkOut:
+    def _feed(self, delta: LiveDelta) -> LiveDelta:
         """Show a live chunk as the actor's fold made it: it takes its position
         now; its text reaches this view's accumulator with its event."""
-        pos = self.view.pos
-        at = pos.next
-        pos.next = at + 1
+        self.view.pos.next += 1
         self._fed_live += 1
-        return ChunkOut(at, delta.pieces)
+        return delta
 
     def _drain(self) -> list[Out]:
         out: list[Out] = []
@@ -164,7 +164,7 @@ class TurnFollower:
 
 def describe(out: Out) -> dict[str, Any]:
     """A debugging shape of an output element."""
-    if isinstance(out, ChunkOut):
+    if not isinstance(out, EventOut):
         return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
     return {"pos": out.pos, "event": out.event.type}
 
