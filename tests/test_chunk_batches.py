@@ -154,3 +154,22 @@ async def test_websocket_deltas_false_gets_events_only_with_the_whole_text(servi
     assert [m["seq"] for m in events] == list(range(1, len(events) + 1))
     text = "".join(m["event"]["data"]["text"] for m in events if m["event"]["type"] == "model.delta")
     assert text == "".join(CHUNKS[:40])
+
+
+async def test_a_subscribers_bound_counts_the_chunks_of_a_batch() -> None:
+    """A client that stops reading holds at most ``limit`` chunks, however
+    many reads they came in."""
+    from engine.run.live import InProcessBus
+
+    bus = InProcessBus(limit=10)
+    sub = bus.subscribe("t1")
+    batch = [LiveDelta(1, pos, "text", "x", ()) for pos in range(1, 5)]
+    bus.publish("t1", LiveDeltas(batch))
+    bus.publish("t1", LiveDeltas(batch))  # 8 chunks queued in 2 messages
+    assert not sub.lagged
+    first = await sub.get(1.0)
+    assert isinstance(first, LiveDeltas)
+    bus.publish("t1", LiveDeltas(batch))  # 8 again once 4 were taken
+    assert not sub.lagged
+    bus.publish("t1", LiveDeltas(batch))  # 12: over the bound
+    assert sub.lagged and await sub.get(1.0) is None
