@@ -12,14 +12,15 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+from pathlib import Path
 from typing import Any
 
 from engine.events import Event
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import LiveDelta, LiveDeltas
 from engine.run.follow import EventOut, TurnFollower
-from tests.harness import Service, sse_messages
-from tests.upstream import Reply
+from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
+from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "go"}]
 # Tags split across chunks, held-back prefixes ("<", "<th"), a literal "a<b":
@@ -47,6 +48,27 @@ async def test_live_sse_bytes_equal_the_logs_for_tags_split_across_batched_chunk
     assert shown == view["content"] and "w299" in shown
     status, verified = await service.get(f"/v1/turns/{turn_id}/verify")
     assert status == 200 and verified["ok"], verified
+
+
+async def test_windows_sealed_inside_a_read_keep_live_bytes_equal_to_the_logs(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    """A read of more chunks than a window holds is cut into several
+    ``model.delta`` events while its chunks go out as one message."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=7), upstream)
+    try:
+        upstream.enqueue(Reply(chunks=CHUNKS, pause_after=3))
+        resp = await svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(upstream.paused.wait(), 5)
+        upstream.release()  # the rest, written back to back
+        live = await resp.text()
+        async with svc.http.get(f"{svc.v1}/turns/{turn_id}/stream") as again:
+            assert await again.text() == live
+        windows = [e for e in await svc.events(turn_id) if e["type"] == "model.delta"]
+        assert len(windows) >= len(CHUNKS) // 7 and all(len(e["data"]["lens"]) <= 7 for e in windows)
+        status, verified = await svc.get(f"/v1/turns/{turn_id}/verify")
+        assert status == 200 and verified["ok"], verified
+    finally:
+        await stop_service(svc)
 
 
 async def test_a_burst_is_published_as_one_live_message_per_read(service: Service) -> None:
