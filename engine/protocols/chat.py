@@ -260,19 +260,28 @@ class ChatNormalizer:
                     append(StreamWarning(raw.message, raw.raw))
                     continue
             chunk = raw.data
-            if not self._finished and type(chunk) is dict:
+            # ``feed``'s fast path, its tests ordered for the text chunk:
+            # anything else (a role-only chunk too) takes ``feed``.
+            if type(chunk) is dict:
                 choices = chunk.get("choices")
-                if type(choices) is list and len(choices) == 1 and not chunk.get("usage") and not chunk.get("timings"):
+                if type(choices) is list and len(choices) == 1:
                     choice = choices[0]
-                    if type(choice) is dict and not choice.get("finish_reason"):
+                    if type(choice) is dict:
                         delta = choice.get("delta")
-                        if type(delta) is dict and delta.keys() <= plain:
+                        if type(delta) is dict:
                             content = delta.get("content")
-                            if type(content) is str or content is None:
+                            if (
+                                type(content) is str
+                                and content
+                                and (len(delta) == 1 or delta.keys() <= plain)
+                                and not choice.get("finish_reason")
+                                and not chunk.get("usage")
+                                and not chunk.get("timings")
+                                and not self._finished
+                            ):
                                 if self.response_id is None and type(chunk.get("id")) is str:
                                     self.response_id = chunk["id"]
-                                if content:
-                                    append(TextDelta(content))
+                                append(TextDelta(content))
                                 continue
             events.extend(self.feed(chunk))
         return events

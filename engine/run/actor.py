@@ -284,22 +284,22 @@ class TurnActor:
         feed = v.acc.feed_reasoning if kind == "reasoning" else v.acc.feed_text
         limit = self._settings.flush_max_chunks
         live: list[LiveDelta] = []
+        if self._batch and kind != self._batch_kind:
+            self._flush()
         batch = self._batch
+        seq = self._batch_seq
         for text in texts:
-            if batch and kind != self._batch_kind:
-                self._flush()
-                batch = self._batch
             if not batch:
                 self._batch_kind = kind
                 self._batch_pos = pos.next
-                self._batch_seq = v.last_seq + 1
+                seq = self._batch_seq = v.last_seq + 1
                 self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
                 if self._first_pending:
                     self._first_token()
             # TurnView.feed_chunk, inlined (once per streamed chunk).
             at = pos.next
             pos.next = at + 1
-            delta = LiveDelta(self._batch_seq, at, kind, text, tuple(feed(text)))
+            delta = LiveDelta(seq, at, kind, text, tuple(feed(text)))
             batch.append(delta)
             live.append(delta)
             if len(batch) >= limit:
