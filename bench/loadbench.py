@@ -235,6 +235,9 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
                 specs = [
                     {"url": url, "clients": per, "body": b, "ramp_s": plan["ramp"], "seed": i + 1, "timeout_s": 60 + 3 * duration} for i in range(plan["procs"])
                 ]
+                if os.environ.get("BENCH_WS_DELTAS") == "0":  # the opt-in events-only mode
+                    for spec in specs:
+                        spec["deltas"] = False
                 got = _clients(ctx, specs, "c-k-ws", argv=[sys.executable, "-m", "bench.wsclient"])
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
@@ -258,6 +261,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             **{k: plan[k] for k in ("streams", "chunks", "rate", "ramp")},
             "client_processes": plan["procs"],
             "transport": "websocket" if ws else "sse",
+            "ws_deltas": (os.environ.get("BENCH_WS_DELTAS") != "0") if ws else None,
             "max_open_streams": _max_open(got["streams"]),
             "floor_max_open_streams": _max_open(floor["streams"]),
             "added_p50_ms": round(tl.get("p50", float("nan")) - fl.get("p50", float("nan")), 3),

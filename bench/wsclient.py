@@ -124,7 +124,10 @@ async def run(spec: dict[str, Any]) -> dict[str, Any]:
     n = int(spec["clients"])
     ramp = float(spec.get("ramp_s", 0.0))
     timeout = float(spec.get("timeout_s", 120))
-    message = json.dumps({"type": "chat", "request": spec["body"]})
+    chat: dict[str, Any] = {"type": "chat", "request": spec["body"]}
+    if spec.get("deltas") is False:  # events only (the text per delta window)
+        chat["deltas"] = False
+    message = json.dumps(chat)
     rnd = random.Random(int(spec.get("seed", 1)))
     delays = [rnd.uniform(0, ramp) if ramp else 0.0 for _ in range(n)]
     lats: list[float] = []

@@ -638,6 +638,15 @@ class LiveDelta:
 
 
 @dataclass(slots=True)
+class LiveDeltas:
+    """The chunks of one upstream read, published as one message: a fast
+    upstream brings hundreds per read, and each message costs every subscriber
+    a mailbox put, a wake-up (or a direct delivery) and a socket write."""
+
+    deltas: list[LiveDelta]
+
+
+@dataclass(slots=True)
 class LiveEvent:
     """A committed event, published in seq order after its commit."""
 
@@ -660,7 +669,7 @@ class Wake:
 
 WAKE = Wake()
 
-LiveMessage = LiveDelta | LiveEvent | LiveRequest | Wake
+LiveMessage = LiveDelta | LiveDeltas | LiveEvent | LiveRequest | Wake
 
 
 class Subscription(Protocol):

@@ -17,7 +17,7 @@ import orjson
 
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
-from engine.fold.turn_view import ChunkOut, TurnView
+from engine.fold.turn_view import TurnView
 from engine.run.follow import EventOut, Out
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -44,6 +44,7 @@ class ChunkRenderer:
         self.answered = False  # [DONE] was sent
         self._answer_now = False
         self._prefix: bytes | None = None
+        self._text_head: bytes | None = None  # the prefix and '{"content":'
 
     def _chunk_prefix(self) -> bytes:
         if self._prefix is None:
@@ -56,6 +57,10 @@ class ChunkRenderer:
             }
             self._prefix = _dumps(head)[:-1].encode() + b',"choices":[{"index":0,"delta":'
         return self._prefix
+
+    def _make_text_head(self) -> bytes:
+        self._text_head = self._chunk_prefix() + b'{"content":'
+        return self._text_head
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None, extra: dict[str, Any] | None = None) -> bytes:
         """One ``chat.completion.chunk`` JSON (the fixed head serialized once)."""
@@ -85,16 +90,17 @@ class ChunkRenderer:
         for out in outs:
             if out.pos <= self.last_sent or self.done:
                 continue
-            if isinstance(out, ChunkOut):
+            if not isinstance(out, EventOut):
                 pieces = out.pieces
                 if not pieces:
                     continue
                 if len(pieces) == 1 and pieces[0].kind == "text":
-                    # The per-token case: one text piece, no dict to build.
-                    payload = (self._prefix or self._chunk_prefix()) + b'{"content":' + _dumpb(pieces[0].text) + _TEXT_END
+                    # The per-token case: one text piece, no dict to build,
+                    # one formatting of the whole SSE message.
+                    head = self._text_head or self._make_text_head()
+                    parts.append(_TEXT_MESSAGE % (out.pos, head, _dumpb(pieces[0].text)))
                 else:
-                    payload = self._chunk(_delta(pieces))
-                parts.append(b"id: %d\ndata: %s\n\n" % (out.pos, payload))
+                    parts.append(b"id: %d\ndata: %s\n\n" % (out.pos, self._chunk(_delta(pieces))))
             elif out.event.type == "background.result":
                 # After [DONE]: a named event, which OpenAI clients (stopped at
                 # [DONE]) never see and a raw SSE reader can take.
@@ -203,6 +209,8 @@ class ChunkRenderer:
 
 
 _TEXT_END = b'},"logprobs":null,"finish_reason":null}]}'
+# id, the chunk up to the text, the text (JSON): a per-token SSE message.
+_TEXT_MESSAGE = b"id: %d\ndata: %s%s" + _TEXT_END + b"\n\n"
 
 
 def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from engine.events import Event
-from engine.fold.turn_view import ChunkOut, TurnView
+from engine.fold.turn_view import TurnView
 from engine.run.follow import EventOut, Out, TurnFollower
 
 RESPONSE_PREFIX = "resp_"
@@ -457,7 +457,7 @@ class ResponsesRenderer:
         for out in outs:
             if out.pos <= self.last_sent or self.done:
                 continue
-            if isinstance(out, ChunkOut):
+            if not isinstance(out, EventOut):
                 self._pieces(out.pieces)
             else:
                 if out.pieces:

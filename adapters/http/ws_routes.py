@@ -32,7 +32,7 @@ from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveDelta
+from engine.ports import LiveDelta, LiveDeltas
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -52,6 +52,13 @@ class Connection:
     async def send(self, payload: dict[str, Any]) -> None:
         async with self._lock:
             await self.ws.send_str(_dumps(payload))
+
+    async def send_many(self, messages: list[str]) -> None:
+        """Messages already serialized, in order (one upstream read's deltas)."""
+        if messages:
+            async with self._lock:
+                for message in messages:
+                    await self.ws.send_str(message)
 
     async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
         await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
@@ -98,14 +105,16 @@ class Connection:
         return record.id
 
     async def on_chat(self, message: dict[str, Any]) -> None:
+        deltas = _deltas_option(message)
         actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user)
         await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": actor.view.chat_id})
-        self._start_pump(actor.turn_id, 0)
+        self._start_pump(actor.turn_id, 0, deltas=deltas)
 
     async def on_subscribe(self, message: dict[str, Any]) -> None:
         after = message.get("after", 0)
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise ApiError(400, "'after' must be a non-negative integer seq", code="invalid_value")
+        deltas = _deltas_option(message)
         if message.get("chat_id") and not message.get("turn_id"):
             if "\x00" in str(message["chat_id"]):
                 raise ApiError(400, "'chat_id' must not contain NUL characters", code="invalid_value")
@@ -114,13 +123,13 @@ class Connection:
                 raise ApiError(404, "chat not found", code="not_found")
             for status in ("running", "waiting"):
                 for record in await self.svc.store.list_turns(chat_id=chat.id, status=status):
-                    self._start_pump(record.id, 0)
+                    self._start_pump(record.id, 0, deltas=deltas)
             return
         turn_id = await self._own_turn(message.get("turn_id"))
         found = await self.svc.store.get_turn(turn_id)
         if found is not None:
             await refuse_damaged(self.svc, found)
-        self._start_pump(turn_id, after)
+        self._start_pump(turn_id, after, deltas=deltas)
 
     async def on_tool_result(self, message: dict[str, Any]) -> None:
         turn_id = await self._own_turn(message.get("turn_id"))
@@ -145,16 +154,19 @@ class Connection:
             raise ApiError(409, str(exc), code="turn_not_running") from exc
         await self.send({"type": "cancelled", "turn_id": turn_id, "status": status})
 
-    def _start_pump(self, turn_id: str, after: int) -> None:
+    def _start_pump(self, turn_id: str, after: int, *, deltas: bool = True) -> None:
         old = self.pumps.pop(turn_id, None)
         if old is not None:
             old.cancel()
-        self.pumps[turn_id] = asyncio.create_task(self.pump(turn_id, after))
+        self.pumps[turn_id] = asyncio.create_task(self.pump(turn_id, after, deltas=deltas))
 
-    async def pump(self, turn_id: str, after: int) -> None:
+    async def pump(self, turn_id: str, after: int, *, deltas: bool = True) -> None:
         """Durable events after seq ``after`` as ``event`` messages, exactly once
         and in order, and the live tail as ``delta`` messages (the pieces the
-        actor made of each chunk), until the turn ends."""
+        actor made of each chunk), until the turn ends. ``deltas=False`` (the
+        client's choice): events only, the text coming with each
+        ``model.delta`` event, one message per delta window instead of one per
+        chunk."""
         store = self.svc.store
 
         def join(turn_id: str) -> Joined:
@@ -170,9 +182,12 @@ class Connection:
                                 await self._send_resumed(turn_id, item)
                             elif item.type == "tool.approval_requested":
                                 await self.send({"type": "approval:request", "turn_id": turn_id, **approval_request(item)})
+                        elif isinstance(item, LiveDeltas):
+                            if deltas:
+                                await self.send_many([m for d in item.deltas for m in _delta_messages(turn_id, d)])
                         elif isinstance(item, LiveDelta):
-                            for piece in item.pieces:
-                                await self.send({"type": "delta", "turn_id": turn_id, "seq": item.seq, "pos": item.pos, "kind": piece.kind, "content": piece.text})
+                            if deltas:
+                                await self.send_many(_delta_messages(turn_id, item))
                         else:
                             await self.send(item.payload)
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
@@ -197,6 +212,23 @@ class Connection:
     def close(self) -> None:
         for task in self.pumps.values():
             task.cancel()
+
+
+def _deltas_option(message: dict[str, Any]) -> bool:
+    """A ``chat`` or ``subscribe`` message's ``deltas`` (default true): false
+    asks for durable events only, no live ``delta`` messages."""
+    deltas = message.get("deltas", True)
+    if not isinstance(deltas, bool):
+        raise ApiError(400, "'deltas' must be a boolean", code="invalid_value")
+    return deltas
+
+
+def _delta_messages(turn_id: str, delta: LiveDelta) -> list[str]:
+    """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
+    return [
+        _dumps({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text})
+        for piece in delta.pieces
+    ]
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:

@@ -321,6 +321,9 @@ class _StartScanner:
     def __init__(self, specs: Sequence[TagSpec]) -> None:
         self.specs: tuple[TagSpec, ...] = tuple(specs)
         self.triggers: frozenset[str] = frozenset(s.start[0] for s in self.specs)
+        # The usual case, every tag starting with "<": a substring test (C
+        # memchr) instead of a regex search, once per streamed chunk.
+        self._trigger: str | None = next(iter(self.triggers)) if len(self.triggers) == 1 else None
         alternatives: list[str] = []
         for i, spec in enumerate(self.specs):
             if spec.takes_attributes:
@@ -348,6 +351,8 @@ class _StartScanner:
 
     def may_start(self, text: str) -> bool:
         """Cheap test for the hot path: no trigger char, no tag can start."""
+        if self._trigger is not None:
+            return self._trigger in text
         if len(text) == 1:
             return text in self.triggers
         return self._trigger_re.search(text) is not None
@@ -535,19 +540,27 @@ class Accumulator:
 
     def feed_text(self, text: str) -> list[Piece]:
         """Fold one raw ``delta.content`` chunk; return what to show for it."""
-        self._check_open()
+        if self._state != "open":
+            self._check_open()
         if not text:
             return []
         self._raw.append(text)
-        out: list[Piece] = []
         if self._native_open:
             # §6.3: content after native reasoning closes it; a new message follows.
             self._close_native()
+        out: list[Piece] = []
         pending = self._pending
         if not pending:
             block = self._block
             if block is None:
                 if not self._scanner.may_start(text):
+                    buf = self._msg_buf
+                    if buf is not None:
+                        # The per-token case (``_emit_text`` into the open
+                        # message), inlined: no tag, nothing held back.
+                        buf.parts.append(text)
+                        self._dirty.add(buf)
+                        return [Piece("text", text)]
                     self._emit_text(text, out)
                     return out
             elif block.spec.end[0] not in text:

@@ -488,6 +488,14 @@ class TurnView:
         self.pos.last_event = self.pos.next - 1
         return out
 
+    def fold_shown(self, kind: str, text: str) -> None:
+        """Fold text whose positions were taken (and whose pieces were shown)
+        already: the chunks a follower showed live from the actor's fold."""
+        if kind == "reasoning":
+            self.acc.feed_reasoning(text)
+        else:
+            self.acc.feed_text(text)
+
     def feed_chunk(self, kind: str, text: str) -> tuple[Piece, ...]:
         """Take the next stream position for one raw upstream chunk."""
         self.pos.next += 1

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine.fold.accumulator import parse_chat_chunk
-from engine.ports import ModelRequest, ResolvedModel
+from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel
 from engine.protocols.common import (
     CallIds,
     IdFactory,
@@ -241,6 +241,49 @@ class ChatNormalizer:
             self.finish_reason = parts.finish_reason
         if parts.response_id and self.response_id is None:
             self.response_id = parts.response_id
+        return events
+
+    def feed_read(self, raws: list[RawChunk | RawWarning]) -> list[ModelEvent]:
+        """``feed`` for every payload of one network read, in order (a payload
+        that was not JSON becomes a ``StreamWarning`` in its place).
+
+        The per-token chunk (one choice, text only) is taken inline: a fast
+        upstream brings a thousand per read, and per chunk a call, a list and
+        an extend cost as much as the test itself.
+        """
+        events: list[ModelEvent] = []
+        append = events.append
+        plain = _PLAIN_DELTA_KEYS
+        for raw in raws:
+            if type(raw) is not RawChunk:
+                if isinstance(raw, RawWarning):
+                    append(StreamWarning(raw.message, raw.raw))
+                    continue
+            chunk = raw.data
+            # ``feed``'s fast path, its tests ordered for the text chunk:
+            # anything else (a role-only chunk too) takes ``feed``.
+            if type(chunk) is dict:
+                choices = chunk.get("choices")
+                if type(choices) is list and len(choices) == 1:
+                    choice = choices[0]
+                    if type(choice) is dict:
+                        delta = choice.get("delta")
+                        if type(delta) is dict:
+                            content = delta.get("content")
+                            if (
+                                type(content) is str
+                                and content
+                                and (len(delta) == 1 or delta.keys() <= plain)
+                                and not choice.get("finish_reason")
+                                and not chunk.get("usage")
+                                and not chunk.get("timings")
+                                and not self._finished
+                            ):
+                                if self.response_id is None and type(chunk.get("id")) is str:
+                                    self.response_id = chunk["id"]
+                                append(TextDelta(content))
+                                continue
+            events.extend(self.feed(chunk))
         return events
 
     def finish(self) -> list[ModelEvent]:

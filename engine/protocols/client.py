@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
-from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
+from engine.ports import IdFactory, ModelApi, ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols import chat, ollama, responses
 from engine.protocols.common import Normalizer
 from engine.protocols.model_events import ModelEvent, StreamWarning
@@ -61,9 +61,16 @@ class LiveModelClient:
         normalizer = protocol.normalizer(id_factory)
         body = protocol.body(resolved, request)
         feed = normalizer.feed
+        # A normalizer may take a whole read at once (ChatNormalizer.feed_read).
+        feed_read: Callable[[list[RawChunk | RawWarning]], list[ModelEvent]] | None = getattr(normalizer, "feed_read", None)
         async with aclosing(resolved.provider.stream_batches(body)) as reads:
             async for raws in reads:
-                events: list[ModelEvent] = []
+                if feed_read is not None:
+                    events = feed_read(raws)
+                    if events:
+                        yield events
+                    continue
+                events = []
                 for raw in raws:
                     if isinstance(raw, RawWarning):
                         events.append(StreamWarning(raw.message, raw.raw))

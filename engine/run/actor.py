@@ -34,7 +34,7 @@ from engine.events import (
 )
 from engine.fold.turn_view import TurnView
 from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
-from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveEvent, observe
+from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveDeltas, LiveEvent, observe
 from engine.run.context import END, End, TurnPorts
 from engine.run.log_context import current_turn
 from engine.run.loop_state import LoopState
@@ -283,6 +283,41 @@ class TurnActor:
         self.bus.publish(self.turn_id, delta)
         if len(self._batch) >= self._settings.flush_max_chunks:
             self._flush()
+
+    def deltas(self, kind: str, texts: list[str]) -> None:
+        """``delta`` for a whole read: the same windows, positions and pieces,
+        published as one ``LiveDeltas`` (one mailbox put, one delivery and one
+        socket write per subscriber for the read, not per chunk)."""
+        v = self._view
+        pos = v.pos
+        feed = v.acc.feed_reasoning if kind == "reasoning" else v.acc.feed_text
+        limit = self._settings.flush_max_chunks
+        live: list[LiveDelta] = []
+        if self._batch and kind != self._batch_kind:
+            self._flush()
+        batch = self._batch
+        seq = self._batch_seq
+        for text in texts:
+            if not batch:
+                self._batch_kind = kind
+                self._batch_pos = pos.next
+                seq = self._batch_seq = v.last_seq + 1
+                self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
+                if self._first_pending:
+                    self._first_token()
+            # TurnView.feed_chunk, inlined (once per streamed chunk).
+            at = pos.next
+            pos.next = at + 1
+            delta = LiveDelta(seq, at, kind, text, tuple(feed(text)))
+            batch.append(delta)
+            live.append(delta)
+            if len(batch) >= limit:
+                self._flush()
+                batch = self._batch
+        if len(live) == 1:
+            self.bus.publish(self.turn_id, live[0])
+        elif live:
+            self.bus.publish(self.turn_id, LiveDeltas(live))
 
     def _first_token(self) -> None:
         self._first_pending = False

@@ -91,6 +91,11 @@ class TurnContext(Protocol):
         """Show one upstream chunk live now; it is written with its window."""
         ...
 
+    def deltas(self, kind: str, texts: list[str]) -> None:
+        """``delta`` for each of one network read's chunks of one kind, shown
+        live as one message."""
+        ...
+
     def writes_behind(self) -> bool:
         """Whether the writer lags (checked per read, without a coroutine)."""
         ...

@@ -2,7 +2,10 @@
 
 A follower is what every streaming client connection runs. It folds the turn's
 durable events with its own ``TurnView`` and lets live deltas run ahead of their
-(later) durable event, but only contiguously: a delta whose position is not the
+(later) durable event, showing the pieces the actor's fold made of each chunk
+(one fold per chunk for the actor and all its followers: the follower folds the
+chunks it showed live into its own view once per window, as one text, when
+their ``model.delta`` event arrives), but only contiguously: a delta whose position is not the
 next one waits in a small buffer until the events before it arrive. The output is
 therefore the same sequence whether a client follows from the first byte, joins
 mid-stream, or reconnects: each position exactly once, in order.
@@ -21,7 +24,7 @@ from typing import Any, Protocol
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.ports import WAKE, EventStore, LiveDelta, LiveEvent, LiveMessage, LiveRequest
+from engine.ports import WAKE, EventStore, LiveDelta, LiveDeltas, LiveEvent, LiveMessage, LiveRequest
 from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
@@ -42,7 +45,9 @@ class EventOut:
     resume: ResumePoint | None = None
 
 
-Out = ChunkOut | EventOut
+# A live chunk is its own output (its position and the actor's pieces): no
+# copy per chunk and follower.
+Out = ChunkOut | LiveDelta | EventOut
 
 
 class Gap(Exception):
@@ -92,14 +97,18 @@ class TurnFollower:
         already = max(0, min(len(lens), v.next_pos - first))  # chunks fed live
         if already == 0:
             return list(v.apply(event))
-        # Some chunks were shown from live deltas: feed only the rest, then let the
-        # view record the event as applied.
+        # Some chunks were shown from live deltas (the actor's pieces, not folded
+        # here): fold their text at once (the accumulator's items and text do
+        # not depend on how a text is cut), feed the rest chunk by chunk, then
+        # let the view record the event as applied.
         out: list[Out] = []
         text: str = data["text"]
+        kind = data.get("kind", "text")
         offset = sum(lens[:already])
+        v.fold_shown(kind, text[:offset])
         for n in lens[already:]:
             pos = v.next_pos
-            out.append(ChunkOut(pos, v.feed_chunk(data.get("kind", "text"), text[offset : offset + n])))
+            out.append(ChunkOut(pos, v.feed_chunk(kind, text[offset : offset + n])))
             offset += n
         self._fed_live = max(0, self._fed_live - already)
         v.apply(event, live_applied=True)
@@ -118,12 +127,30 @@ class TurnFollower:
             out.extend(self._drain())
         return out
 
-    def _feed(self, delta: LiveDelta) -> ChunkOut:
-        view = self.view
-        pos = view.pos.next
-        pieces: tuple[Piece, ...] = view.feed_chunk(delta.kind, delta.text)
+    def on_deltas(self, deltas: list[LiveDelta]) -> list[Out]:
+        """``on_delta`` for each chunk of one upstream read."""
+        pos = self.view.pos
+        out: list[Out] = []
+        fed = 0
+        for delta in deltas:
+            nxt = pos.next
+            if delta.pos == nxt:
+                pos.next = nxt + 1
+                fed += 1
+                out.append(delta)
+            elif delta.pos > nxt:
+                self._ahead[delta.pos] = delta
+        self._fed_live += fed
+        if self._ahead:
+            out.extend(self._drain())
+        return out
+
+    def _feed(self, delta: LiveDelta) -> LiveDelta:
+        """Show a live chunk as the actor's fold made it: it takes its position
+        now; its text reaches this view's accumulator with its event."""
+        self.view.pos.next += 1
         self._fed_live += 1
-        return ChunkOut(pos, pieces)
+        return delta
 
     def _drain(self) -> list[Out]:
         out: list[Out] = []
@@ -137,7 +164,7 @@ class TurnFollower:
 
 def describe(out: Out) -> dict[str, Any]:
     """A debugging shape of an output element."""
-    if isinstance(out, ChunkOut):
+    if not isinstance(out, EventOut):
         return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
     return {"pos": out.pos, "event": out.event.type}
 
@@ -159,7 +186,7 @@ class DirectOutput(Protocol):
         ...
 
 
-Tailed = Event | LiveDelta | LiveRequest
+Tailed = Event | LiveDelta | LiveDeltas | LiveRequest
 
 
 async def tail(
@@ -302,6 +329,11 @@ async def tail(
                         out.extend(await reread())
                     else:
                         out.extend(durable([item.event]))
+                elif isinstance(item, LiveDeltas):
+                    if item.deltas[0].seq > last:
+                        out.append(item)
+                    else:  # a window's chunks whose event was yielded already
+                        out.extend(d for d in item.deltas if d.seq > last)
                 elif isinstance(item, LiveDelta):
                     if item.seq > last:
                         out.append(item)
@@ -353,7 +385,9 @@ async def follow(
                 outs.extend(rebuilt)
             try:
                 for item in items:
-                    if isinstance(item, LiveDelta):
+                    if isinstance(item, LiveDeltas):
+                        outs.extend(follower.on_deltas(item.deltas))
+                    elif isinstance(item, LiveDelta):
                         outs.extend(follower.on_delta(item))
                     elif isinstance(item, Event):
                         outs.extend(follower.on_event(item))
@@ -381,13 +415,13 @@ class _Direct:
 def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
     """``Subscription.sink`` of a follower with a direct output."""
     follower = state.follower
-    if not state.live or state.broken or state.off or follower is None or not isinstance(message, LiveDelta):
+    if not state.live or state.broken or state.off or follower is None:
         return False
-    if not direct.ready():
+    if not isinstance(message, (LiveDelta, LiveDeltas)) or not direct.ready():
         return False
     # This runs inside the actor's publish: nothing may escape into the actor.
     try:
-        outs = follower.on_delta(message)
+        outs = follower.on_delta(message) if isinstance(message, LiveDelta) else follower.on_deltas(message.deltas)
     except (Gap, ValueError):
         state.broken = True  # the generator rebuilds from the log when it wakes
         return False

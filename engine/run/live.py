@@ -1,7 +1,8 @@
 """In-process live fan-out: what a running turn tells its subscribers.
 
-The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk (sent
-at once, before it is durable) and a ``LiveEvent`` per committed event (sent in
+The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk, or a
+``LiveDeltas`` holding the chunks of one upstream read (sent at once, before
+they are durable) and a ``LiveEvent`` per committed event (sent in
 seq order after its commit). Subscribers are a convenience, never the truth: a
 subscriber that falls behind is marked ``lagged`` and catches up from the log.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
-from engine.ports import WAKE, LiveDelta, LiveEvent, LiveMessage
+from engine.ports import WAKE, LiveDelta, LiveDeltas, LiveEvent, LiveMessage
 from engine.ports import Subscription as SubscriptionPort
 
 
@@ -41,6 +42,9 @@ class Subscription:
         self._items: deque[LiveMessage] = deque()
         self._waiter: asyncio.Future[Any] | None = None
         self._limit = limit
+        # Chunks queued beyond one per message (a read's ``LiveDeltas`` holds
+        # many): the limit bounds chunks, not messages.
+        self._extra = 0
         # Kept, not looked up per wait: get_running_loop() costs a getpid()
         # system call on CPython 3.11, once per streamed chunk here.
         try:
@@ -67,12 +71,15 @@ class Subscription:
             if waiter is not None and not waiter.done() and sink(message):
                 self._sunk = True
                 return
-        if len(self._items) >= self._limit:
+        extra = len(message.deltas) - 1 if type(message) is LiveDeltas else 0
+        if len(self._items) + self._extra + extra >= self._limit:
             # A slow reader: stop buffering; it must re-read from the log.
             self.lagged = True
             self._items.clear()
+            self._extra = 0
         else:
             self._items.append(message)
+            self._extra += extra
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -104,7 +111,10 @@ class Subscription:
                         timer = None
                         continue
                     return None
-            return self._items.popleft()
+            item = self._items.popleft()
+            if type(item) is LiveDeltas:
+                self._extra -= len(item.deltas) - 1
+            return item
         finally:
             if timer is not None:
                 timer.cancel()
@@ -112,12 +122,14 @@ class Subscription:
     def drain(self) -> list[LiveMessage]:
         items = list(self._items)
         self._items.clear()
+        self._extra = 0
         return items
 
     def reset(self) -> None:
         """After a catch-up from the log, start buffering again."""
         self.lagged = False
         self._items.clear()
+        self._extra = 0
 
     def close(self) -> None:
         if not self.closed:
@@ -136,7 +148,7 @@ def _expire(waiter: asyncio.Future[Any]) -> None:
         waiter.set_result(_EXPIRED)
 
 
-#: Messages a subscriber may have queued before it is marked lagged and
+#: Live chunks and events a subscriber may have queued before it is marked lagged and
 #: catches up from the log instead: a client that stops reading (or a loop
 #: that falls behind) costs a bounded buffer, not the turn's whole stream per
 #: connection; the log, read in batches, serves it when it reads again.

@@ -162,19 +162,31 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
     async for events in ctx.ports.model_client.stream(resolved, request, ids):
+        # A read's consecutive chunks of one kind go out as one live message
+        # (ctx.deltas); anything else in the read waits for those before it.
+        run: list[str] = []
+        run_kind = "text"
         for event in events:
+            cls = type(event)
+            if streamed is None and (cls is TextDelta or cls is ReasoningDelta):
+                text = event.text  # type: ignore[union-attr]
+                if text:
+                    kind = "text" if cls is TextDelta else "reasoning"
+                    if kind != run_kind and run:
+                        ctx.deltas(run_kind, run)
+                        run = []
+                    run_kind = kind
+                    run.append(text)
+                continue
+            if run:
+                ctx.deltas(run_kind, run)
+                run = []
             if isinstance(event, TextDelta):
-                if event.text:
-                    if streamed is None:
-                        ctx.delta("text", event.text)
-                    else:
-                        await streamed.delta("text", event.text)
+                if event.text and streamed is not None:
+                    await streamed.delta("text", event.text)
             elif isinstance(event, ReasoningDelta):
-                if event.text:
-                    if streamed is None:
-                        ctx.delta("reasoning", event.text)
-                    else:
-                        await streamed.delta("reasoning", event.text)
+                if event.text and streamed is not None:
+                    await streamed.delta("reasoning", event.text)
             elif isinstance(event, ToolCall):
                 item = {
                     "type": "function_call",
@@ -211,6 +223,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                     response_id=event.response_id,
                 )
                 return True
+        if run:
+            ctx.deltas(run_kind, run)
         if ctx.writes_behind():
             await ctx.catch_up()
     _upstream_failed(ctx, "upstream_truncated")

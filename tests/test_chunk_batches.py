@@ -1,0 +1,197 @@
+"""One fold per chunk, one live message per upstream read (issue 13, CPU per chunk).
+
+The actor folds each chunk once and publishes a read's chunks as one
+``LiveDeltas``; followers show the actor's pieces and fold a window's shown
+text once, when its ``model.delta`` event arrives. The oracle everywhere is
+the log: what a live client received must be what a client reading the log
+afterwards receives, and a follower's view must be the log's fold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+from engine.events import Event
+from engine.fold.turn_view import TurnView, fold
+from engine.ports import LiveDelta, LiveDeltas
+from engine.run.follow import EventOut, TurnFollower
+from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
+from tests.upstream import Reply, ScriptedUpstream
+
+USER = [{"role": "user", "content": "go"}]
+# Tags split across chunks, held-back prefixes ("<", "<th"), a literal "a<b":
+# the pieces depend on the accumulator's state at every chunk.
+CHUNKS = [
+    "Intro ", "<", "th", "ink>", "plan ", "it", "</th", "ink>", " then a<b and ",
+    "<thi", "nk>more</think>", "done. ", *[f"w{i} " for i in range(300)], "<", "end",
+]  # fmt: skip
+
+
+async def _stream(service: Service, body: dict[str, Any]) -> tuple[str, str]:
+    async with service.http.post(service.v1 + "/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        return resp.headers["X-Turn-Id"], await resp.text()
+
+
+async def test_live_sse_bytes_equal_the_logs_for_tags_split_across_batched_chunks(service: Service) -> None:
+    service.upstream.enqueue(Reply(chunks=CHUNKS, reasoning=["let me ", "see"]))
+    turn_id, live = await _stream(service, {"model": "gpt-test", "messages": USER, "stream": True})
+    async with service.http.get(f"{service.v1}/turns/{turn_id}/stream") as again:
+        replayed = await again.text()
+    assert replayed == live
+    view = await service.turn(turn_id)
+    shown = "".join((c["choices"][0]["delta"].get("content") or "") for _i, d in sse_messages(live) if d != "[DONE]" and (c := json.loads(d)).get("choices"))
+    assert shown == view["content"] and "w299" in shown
+    status, verified = await service.get(f"/v1/turns/{turn_id}/verify")
+    assert status == 200 and verified["ok"], verified
+
+
+async def test_windows_sealed_inside_a_read_keep_live_bytes_equal_to_the_logs(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    """A read of more chunks than a window holds is cut into several
+    ``model.delta`` events while its chunks go out as one message."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=7), upstream)
+    try:
+        upstream.enqueue(Reply(chunks=CHUNKS, pause_after=3))
+        resp = await svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(upstream.paused.wait(), 5)
+        upstream.release()  # the rest, written back to back
+        live = await resp.text()
+        async with svc.http.get(f"{svc.v1}/turns/{turn_id}/stream") as again:
+            assert await again.text() == live
+        windows = [e for e in await svc.events(turn_id) if e["type"] == "model.delta"]
+        assert len(windows) >= len(CHUNKS) // 7 and all(len(e["data"]["lens"]) <= 7 for e in windows)
+        status, verified = await svc.get(f"/v1/turns/{turn_id}/verify")
+        assert status == 200 and verified["ok"], verified
+    finally:
+        await stop_service(svc)
+
+
+async def test_a_burst_is_published_as_one_live_message_per_read(service: Service) -> None:
+    """Chunks written at once by the upstream reach subscribers in batches,
+    whose pieces (and positions) are the log's."""
+    service.upstream.enqueue(Reply(chunks=CHUNKS, pause_after=2))
+    resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
+    turn_id = resp.headers["X-Turn-Id"]
+    await asyncio.wait_for(service.upstream.paused.wait(), 5)
+    sub = service.services.supervisor.join(turn_id).subscription
+    service.upstream.release()
+    got: list[LiveDelta] = []
+    batches: list[int] = []
+    try:
+        while True:
+            message = await asyncio.wait_for(sub.get(), 10)
+            if isinstance(message, LiveDeltas):
+                batches.append(len(message.deltas))
+                got.extend(message.deltas)
+            elif isinstance(message, LiveDelta):
+                batches.append(1)
+                got.append(message)
+            elif message is None or getattr(getattr(message, "event", None), "type", "") == "model.completed":
+                break
+    finally:
+        sub.close()
+    await resp.text()
+    assert max(batches) > 1, batches  # 300 chunks written back to back: some reads carry several
+    assert len(batches) < len(got)
+    # The log's fold gives every live chunk the same position and pieces.
+    reread = TurnView(turn_id)
+    by_pos = {}
+    for event in await service.services.store.read(turn_id):
+        for out in reread.apply(event):
+            by_pos[out.pos] = out.pieces
+    assert [d.pos for d in got] == sorted({d.pos for d in got})
+    assert all(by_pos.get(d.pos, ()) == d.pieces for d in got)
+
+
+async def test_followers_fed_in_any_grouping_end_at_the_logs_fold(service: Service) -> None:
+    """A follower that showed live chunks (the actor's pieces, in reads of any
+    size, joining anywhere) and then got their events ends with the view and
+    the output of a follower that read only the log."""
+    service.upstream.enqueue(Reply(chunks=CHUNKS, reasoning=["why ", "<not>"]))
+    turn_id, _ = await _stream(service, {"model": "gpt-test", "messages": USER, "stream": True})
+    log = await service.services.store.read(turn_id)
+    reader = TurnFollower(turn_id)
+    expected = [out for event in log for out in reader.on_event(event)]
+    rng = random.Random(13)
+    for _ in range(20):
+        follower, outs = TurnFollower(turn_id), []
+        for event, live in _as_published(turn_id, log):
+            while live:  # one read: a random number of the window's chunks
+                n = rng.randint(1, len(live))
+                batch, live = live[:n], live[n:]
+                outs += follower.on_deltas(batch) if n > 1 or rng.random() < 0.5 else follower.on_delta(batch[0])
+            outs.extend(follower.on_event(event))
+        assert _shown(outs) == _shown(expected)
+        assert follower.view.public() == fold(turn_id, log).public()
+
+
+def _as_published(turn_id: str, log: list[Event]) -> list[tuple[Event, list[LiveDelta]]]:
+    """Each event with the live chunks the actor published before it (its own
+    fold, one chunk at a time, as ``TurnActor.deltas`` does)."""
+    actor = TurnView(turn_id)
+    out: list[tuple[Event, list[LiveDelta]]] = []
+    for event in log:
+        live: list[LiveDelta] = []
+        if event.type == "model.delta":
+            data, offset = event.data, 0
+            for n in data["lens"]:
+                pos = actor.next_pos
+                live.append(
+                    LiveDelta(
+                        event.seq, pos, data["kind"], data["text"][offset : offset + n], actor.feed_chunk(data["kind"], data["text"][offset : offset + n])
+                    )
+                )
+                offset += n
+            actor.apply(event, live_applied=True)
+        else:
+            actor.apply(event)
+        out.append((event, live))
+    return out
+
+
+def _shown(outs: list[Any]) -> list[tuple[int, Any]]:
+    return [(o.pos, o.event.type if isinstance(o, EventOut) else [(p.kind, p.text) for p in o.pieces]) for o in outs]
+
+
+async def test_websocket_deltas_false_gets_events_only_with_the_whole_text(service: Service) -> None:
+    service.upstream.enqueue(Reply(chunks=CHUNKS[:40]))
+    got: list[dict[str, Any]] = []
+    async with service.http.ws_connect(service.v1 + "/ws") as ws:
+        await ws.send_json({"type": "chat", "deltas": False, "request": {"model": "gpt-test", "messages": USER}})
+        async for msg in ws:
+            data = json.loads(msg.data)
+            got.append(data)
+            if data["type"] == "event" and data["event"]["type"] == "turn.completed":
+                break
+        await ws.send_json({"type": "subscribe", "turn_id": got[0]["turn_id"], "deltas": "no"})
+        error = await ws.receive_json()
+    assert error["type"] == "error" and error["code"] == "invalid_value"
+    assert got[0]["type"] == "turn" and all(m["type"] == "event" for m in got[1:])
+    events = [m for m in got if m["type"] == "event"]
+    assert [m["seq"] for m in events] == list(range(1, len(events) + 1))
+    text = "".join(m["event"]["data"]["text"] for m in events if m["event"]["type"] == "model.delta")
+    assert text == "".join(CHUNKS[:40])
+
+
+async def test_a_subscribers_bound_counts_the_chunks_of_a_batch() -> None:
+    """A client that stops reading holds at most ``limit`` chunks, however
+    many reads they came in."""
+    from engine.run.live import InProcessBus
+
+    bus = InProcessBus(limit=10)
+    sub = bus.subscribe("t1")
+    batch = [LiveDelta(1, pos, "text", "x", ()) for pos in range(1, 5)]
+    bus.publish("t1", LiveDeltas(batch))
+    bus.publish("t1", LiveDeltas(batch))  # 8 chunks queued in 2 messages
+    assert not sub.lagged
+    first = await sub.get(1.0)
+    assert isinstance(first, LiveDeltas)
+    bus.publish("t1", LiveDeltas(batch))  # 8 again once 4 were taken
+    assert not sub.lagged
+    bus.publish("t1", LiveDeltas(batch))  # 12: over the bound
+    assert sub.lagged and await sub.get(1.0) is None
