@@ -22,6 +22,11 @@ class EngineSettings:
     # or chunks, whichever comes first.
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # ... or once its text reaches this many characters: a window is one
+    # event, and one WebSocket ``event`` message to a subscriber, which
+    # clients cap (aiohttp at 4 MiB, browsers lower); a fast upstream read
+    # can bring 512 large chunks before the timer has a chance to fire.
+    flush_max_chars: int = 256 * 1024
     # Sealed windows allowed in flight before the model stream waits for the writer.
     max_inflight_flushes: int = 4
     # Agent-loop cap (tool rounds); -1 = unlimited.

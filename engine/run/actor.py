@@ -89,6 +89,7 @@ class TurnActor:
         # subscriber joining mid-window gets them exactly as the others did.
         self._batch: list[LiveDelta] = []
         self._batch_kind = "text"
+        self._batch_chars = 0  # the open window's text, in characters
         self._batch_pos = 0
         self._batch_seq = 0
         self._timer: asyncio.TimerHandle | None = None
@@ -280,8 +281,9 @@ class TurnActor:
         pos = v.pos.next
         delta = LiveDelta(self._batch_seq, pos, kind, text, v.feed_chunk(kind, text))
         self._batch.append(delta)
+        self._batch_chars += len(text)
         self.bus.publish(self.turn_id, delta)
-        if len(self._batch) >= self._settings.flush_max_chunks:
+        if len(self._batch) >= self._settings.flush_max_chunks or self._batch_chars >= self._settings.flush_max_chars:
             self._flush()
 
     def deltas(self, kind: str, texts: list[str]) -> None:
@@ -292,6 +294,7 @@ class TurnActor:
         pos = v.pos
         feed = v.acc.feed_reasoning if kind == "reasoning" else v.acc.feed_text
         limit = self._settings.flush_max_chunks
+        max_chars = self._settings.flush_max_chars
         live: list[LiveDelta] = []
         if self._batch and kind != self._batch_kind:
             self._flush()
@@ -311,7 +314,8 @@ class TurnActor:
             delta = LiveDelta(seq, at, kind, text, tuple(feed(text)))
             batch.append(delta)
             live.append(delta)
-            if len(batch) >= limit:
+            self._batch_chars += len(text)
+            if len(batch) >= limit or self._batch_chars >= max_chars:
                 self._flush()
                 batch = self._batch
         if len(live) == 1:
@@ -336,6 +340,7 @@ class TurnActor:
             return
         texts = [delta.text for delta in self._batch]
         self._batch = []
+        self._batch_chars = 0
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self._view.apply(event, live_applied=True)
         events, self._staged = [*self._staged, event], []

@@ -498,6 +498,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         lease_seconds=3600,
         flush_interval=3600,
         flush_max_chunks=1 << 30,
+        flush_max_chars=1 << 62,
         max_tool_call_iterations=limit,
         responses_stateful=stateful,
         # The calls the log shows asked for approval were asked: by the request or
