@@ -1317,3 +1317,7 @@ def responses_cpu(ctx: Ctx) -> dict[str, Any]:
 
 
 SCENARIOS["responses_cpu"] = (responses_cpu, True, True)
+
+from bench.turncost import turn_cost  # noqa: E402 - its module imports this one
+
+SCENARIOS["turn_cost"] = (turn_cost, True, True)
