@@ -541,6 +541,50 @@ class TestEventStoreContract:
         assert await store.get_chat(ids("nochat")) is None
         assert await store.get_turn(ids("noturn")) is None
 
+    async def test_a_burst_of_starts_is_one_commit_and_a_conflict_fails_alone(self, store: Store, ids: Any) -> None:
+        """Starts queued together are written in one group commit (SQL: multi-row
+        statements); the outcome is that of the starts one after another: a
+        turn id already taken, or taken twice in the burst, fails only its
+        caller, whose chat is neither created nor moved; the chats end with the
+        first start's creation time and the latest start's time."""
+        chat, lone, never = ids("chat"), ids("lone"), ids("never")
+        burst = [ids(f"b{i}") for i in range(3)]
+        batches = store.stats["batches"]
+        tokens = await asyncio.gather(
+            start(store, burst[0], chat_id=chat, created_at=T0 + 2),
+            start(store, burst[1], chat_id=chat, created_at=T0 + 5),
+            start(store, burst[2], chat_id=chat, created_at=T0 + 3),
+        )
+        assert tokens == [1, 1, 1] and store.stats["batches"] == batches + 1
+        got = await store.get_chat(chat)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 2, T0 + 5)
+
+        fresh = [ids(f"f{i}") for i in range(3)]
+        batches = store.stats["batches"]
+        results = await asyncio.gather(
+            start(store, fresh[0], chat_id=chat, created_at=T0 + 9),
+            start(store, burst[1], chat_id=never, created_at=T0 + 9),  # taken before
+            start(store, fresh[1], chat_id=lone, created_at=T0 + 1),
+            start(store, fresh[1], chat_id=never, created_at=T0 + 9),  # taken in this burst
+            start(store, fresh[2], chat_id=chat, created_at=T0 + 7),
+            return_exceptions=True,
+        )
+        assert store.stats["batches"] == batches + 1, "one group commit"
+        assert [type(r) for r in results] == [int, ConcurrencyError, int, ConcurrencyError, int]
+        assert await store.get_chat(never) is None
+        got = await store.get_chat(chat)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 2, T0 + 9)
+        got = await store.get_chat(lone)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 1, T0 + 1)
+        turn = await store.get_turn(fresh[1])
+        assert turn is not None and turn.chat_id == lone
+        for t in burst + fresh:
+            stored = await store.read_chain(t)
+            assert [e.seq for e in stored] == [1] and check(t, stored).ok
+        # the new turns' heads are linked: their next appends chain on
+        await store.append([ev(fresh[0], 2)], fencing=1)
+        assert check(fresh[0], await store.read_chain(fresh[0])).ok
+
     async def test_chat_meta_and_listing(self, store: Store, ids: Any) -> None:
         user, other = ids("user"), ids("other")
         chats = [ids(f"c{i}") for i in range(4)]
