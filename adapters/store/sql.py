@@ -58,6 +58,7 @@ import functools
 import logging
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -267,7 +268,11 @@ class SqlEventStore:
         self._executor: ThreadPoolExecutor | None = None
         self._sync_conn: Connection | None = None  # used only in the executor thread
         self._async_conn: AsyncConnection | None = None
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # The writer's queue: a deque and a wake-up future rather than an
+        # asyncio.Queue, whose get() asks for the running loop every time it
+        # waits (a getpid() system call on CPython 3.11: once per commit).
+        self._pending: deque[Any] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
         # (turn_id, fencing) of appends that failed: later appends with the same
         # token are refused, so a failed write can never leave a gap in a
         # turn's seqs behind a later successful one. The owner stops (LeaseLost)
@@ -548,7 +553,7 @@ class SqlEventStore:
         if not self._closed:
             self._closed = True
             if self._writer is not None and not self._writer.done():
-                self._queue.put_nowait(_STOP)
+                self._enqueue(_STOP)
                 await asyncio.shield(self._writer)
         if self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
@@ -574,30 +579,39 @@ class SqlEventStore:
         # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
         # getpid() system call, and this runs for every delta window.
         future = writer.get_loop().create_future()
-        self._queue.put_nowait(kind(*args, future))
+        self._enqueue(kind(*args, future))
         return future
 
+    def _enqueue(self, item: Any) -> None:
+        self._pending.append(item)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
     async def _write_loop(self) -> None:
-        queue = self._queue
+        pending = self._pending
+        loop = asyncio.get_running_loop()
         stop = False
         try:
             while not stop:
+                if not pending:
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
+                self._wakeup = None
                 batch: list[Any] = []
-                item = await queue.get()
-                while True:
+                while pending and len(batch) < self._max_batch:
+                    item = pending.popleft()
                     if item is _STOP:
                         stop = True
                         break
                     batch.append(item)
-                    if len(batch) >= self._max_batch or queue.empty():
-                        break
-                    item = queue.get_nowait()
                 if batch:
-                    await self._commit(batch)
+                    await self._commit(batch, loop)
         finally:
+            self._wakeup = None
             # Not a clean stop (cancelled, crashed): fail whatever is still queued.
-            while not queue.empty():
-                item = queue.get_nowait()
+            while pending:
+                item = pending.popleft()
                 if item is not _STOP and not item.future.done():
                     item.future.set_exception(RuntimeError("event store writer stopped"))
             if self._async_conn is not None:
@@ -608,16 +622,14 @@ class SqlEventStore:
         if req.fencing is not None:
             self._poisoned.add((req.turn_id, req.fencing))
 
-    async def _commit(self, batch: list[Any]) -> None:
+    async def _commit(self, batch: list[Any], loop: asyncio.AbstractEventLoop) -> None:
         """Write one batch in one transaction and resolve its futures."""
         began = time.perf_counter()
         try:
             if self._writer_engine is not None:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix="turnlog-writer")
-                results = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._commit_in_thread, batch
-                )
+                results = await loop.run_in_executor(self._executor, self._commit_in_thread, batch)
             else:
                 results = await self._commit_async(batch)
         except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
