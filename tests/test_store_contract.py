@@ -452,6 +452,25 @@ class TestEventStoreContract:
         assert ta is not None and ta.owner is None and ta.lease_until is None
         assert await store.claim_turn(a, "w3", lease_seconds=30) == 2
 
+    async def test_an_append_releases_the_lease_with_its_index_update(self, store: Store, ids: Any) -> None:
+        """``IndexUpdate.release``: the owner's lease goes in the append's own
+        transaction (a turn's terminal event); another owner's stays, and the
+        releases of several turns in one group commit are each their own."""
+        mine, theirs, kept = ids("mine"), ids("theirs"), ids("kept")
+        for t in (mine, theirs, kept):
+            await start(store, t)
+        await asyncio.gather(
+            store.append([ev(mine, 2, "turn.completed")], fencing=1, index=IndexUpdate(status="completed", release="w1")),
+            store.append([ev(theirs, 2, "turn.completed")], fencing=1, index=IndexUpdate(status="completed", release="w2")),
+            store.append([ev(kept, 2)], fencing=1, index=IndexUpdate(status="running")),
+        )
+        got = {t: await store.get_turn(t) for t in (mine, theirs, kept)}
+        assert all(r is not None for r in got.values())
+        assert (got[mine].status, got[mine].owner, got[mine].lease_until) == ("completed", None, None)  # type: ignore[union-attr]
+        assert (got[theirs].status, got[theirs].owner) == ("completed", "w1")  # type: ignore[union-attr]
+        assert got[theirs].lease_until is not None  # type: ignore[union-attr]
+        assert (got[kept].status, got[kept].owner) == ("running", "w1")  # type: ignore[union-attr]
+
     async def test_orphaned_turns(self, store: Store, clock: Clock, ids: Any) -> None:
         user = ids("user")
         live, expired, done, released = ids("live"), ids("expired"), ids("done"), ids("released")

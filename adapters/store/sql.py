@@ -202,6 +202,9 @@ _UPDATE_INDEX = (
         status=func.coalesce(bindparam("i_status", type_=Text), turns.c.status),
         view=func.coalesce(bindparam("i_view", type_=Text), turns.c.view),
         updated_at=bindparam("i_updated_at", type_=Float),
+        # IndexUpdate.release: the lease goes with the terminal event's commit.
+        owner=case((turns.c.owner == bindparam("i_release", type_=Text), None), else_=turns.c.owner),
+        lease_until=case((turns.c.owner == bindparam("i_release", type_=Text), None), else_=turns.c.lease_until),
     )
 )
 # The hash before ``seq`` (the chain's previous link) when the writer has not
@@ -359,6 +362,7 @@ class SqlEventStore:
                 "i_status": index.status,
                 "i_view": None if index.view is None else _dumps(index.view),
                 "i_updated_at": rows[-1][3],
+                "i_release": index.release,
             }
         return self._submit(_Append, rows, turn_id, fencing, index_row)
 

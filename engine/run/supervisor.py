@@ -361,6 +361,8 @@ class Supervisor:
         if self.actors.get(turn_id) is actor:
             del self.actors[turn_id]
             self._channels.pop(turn_id, None)
+        if actor.released:  # with its terminal event
+            return
         try:
             await self.store.release_turn(turn_id, self.owner)
         except Exception:
