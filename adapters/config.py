@@ -195,6 +195,14 @@ class Settings(BaseSettings):
     images_size: str = "1024x1024"
     # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
     tools: dict[str, ToolSettings] = Field(default_factory=dict)
+    # -- faults (README "Operating turnlog") ------------------------------------
+    # Seconds a streaming client (SSE, WebSocket) may read nothing while data
+    # waits for it before it is disconnected (adapters.http.stall; 0: never).
+    client_stall_seconds: float = Field(default=60.0, ge=0)
+    # Seconds the event store waits on the database for one statement (a hung
+    # or stopped server, a lock held elsewhere), a connection and a pooled
+    # connection before the request fails 503 store_unavailable.
+    db_timeout: float = Field(default=10.0, gt=0)
 
     @field_validator("fetch_allow", "code_hide_paths", mode="before")
     @classmethod

@@ -55,6 +55,7 @@ ORDER = [
     "sandbox",
     "waiting_turns_rss",
     "responses_cpu",
+    "stalled_clients",
     "turn_cost",
 ]
 assert set(ORDER) == set(SCENARIOS)

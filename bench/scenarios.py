@@ -683,6 +683,9 @@ def hash_chain(ctx: Ctx) -> dict[str, Any]:
             "cpu_ratio": {k: round(v, 3) for k, v in r["cpu_ratio_spread"].items()},
             "chain_us_per_event": round(r["chain_us_per_event"], 2),
             "chain_cpu_share": round(r["chain_cpu_share"], 3),
+            "floor_us_per_event": round(r["floor_us_per_event"], 2),
+            "chain_over_floor": round(r["chain_over_floor"], 2) if r["chain_over_floor"] else None,
+            "ratio_at_floor": round(r["ratio_at_floor"], 3) if r["ratio_at_floor"] else None,
             "cpu_us_per_event_chained": round(r["cpu_us_per_event_chained"], 1),
             "cpu_us_per_event_unchained": round(r["cpu_us_per_event_unchained"], 1),
             "events_per_s_chained": round(r["events_per_s_chained"]),
@@ -1317,6 +1320,10 @@ def responses_cpu(ctx: Ctx) -> dict[str, Any]:
 
 
 SCENARIOS["responses_cpu"] = (responses_cpu, True, True)
+
+from bench.stalledbench import stalled_clients  # noqa: E402 - likewise
+
+SCENARIOS["stalled_clients"] = (stalled_clients, True, True)
 
 from bench.turncost import turn_cost  # noqa: E402 - its module imports this one
 

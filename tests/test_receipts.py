@@ -44,6 +44,27 @@ def turnlog(url: str, *args: str, stdin: bytes | None = None, **env_extra: str) 
     )
 
 
+async def turnlog_async(url: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
+    """:func:`turnlog` without blocking the loop, so that several run at once
+    (each is a fresh Python: ~1 s of imports, most of these tests' time when
+    they run one after another)."""
+    env = {**os.environ, "TURNLOG_DATABASE_URL": url}
+    env.pop("TURNLOG_RECEIPT_KEY", None)
+    env.update(env_extra)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "adapters.cli", *args, cwd=ROOT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return subprocess.CompletedProcess(list(args), proc.returncode, out.decode(), err.decode())
+
+
+async def turnlog_all(url: str, *commands: tuple[str, ...]) -> list[subprocess.CompletedProcess[str]]:
+    """``turnlog`` once per command, all at once."""
+    return list(await asyncio.gather(*(turnlog_async(url, *args) for args in commands)))
+
+
 async def sql(url: str, *statements: tuple[str, dict[str, Any]] | str) -> list[Any]:
     """Raw SQL on the service's database (one transaction); the last statement's rows."""
     engine = create_engine(url)
@@ -145,18 +166,20 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
         await TAMPERS[kind](database_url, turn_id, TAMPERED_SEQ)
 
         # CLI: one line naming the seq and the kind, exit 1
-        verify = turnlog(database_url, "verify", turn_id)
+        reads = [("turns", "show", turn_id), ("turns", "events", turn_id), ("replay", turn_id), ("export", turn_id)]
+        verify, as_json, intact_verify, *outs = await turnlog_all(
+            database_url, ("verify", turn_id), ("verify", turn_id, "--json"), ("verify", intact), *reads
+        )
         assert verify.returncode == 1 and verify.stdout == ""
         assert verify.stderr.startswith(f"turnlog: turn {turn_id} does not verify: {kind}: seq {TAMPERED_SEQ}"), verify.stderr
         assert len(verify.stderr.splitlines()) == 1
-        report = json.loads(turnlog(database_url, "verify", turn_id, "--json").stdout)
+        report = json.loads(as_json.stdout)
         assert report["ok"] is False and report["damage"]["seq"] == TAMPERED_SEQ and report["damage"]["kind"] == kind
-        for args in (("turns", "show", turn_id), ("turns", "events", turn_id), ("replay", turn_id), ("export", turn_id)):
-            out = turnlog(database_url, *args)
+        for args, out in zip(reads, outs):
             assert out.returncode == 1, (args, out)
             assert "Traceback" not in out.stderr and len(out.stderr.splitlines()) == 1, (args, out.stderr)
             assert "damaged log" in out.stderr and f"seq {TAMPERED_SEQ}" in out.stderr, (args, out.stderr)
-        assert turnlog(database_url, "verify", intact).returncode == 0
+        assert intact_verify.returncode == 0, intact_verify.stderr
 
         # HTTP: verify says the same; the reads answer 409 damaged_log
         status, body = await service.get(f"/v1/turns/{turn_id}/verify")
@@ -272,17 +295,20 @@ async def test_export_verifies_offline_and_fails_after_a_one_byte_change(
     assert receipt["head"] == head and receipt["events"] == len(rows)
     key.public_key().verify(base64.b64decode(receipt["signature"]), bytes.fromhex(head))  # raises if wrong
 
-    # the public key, as the CLI prints it
-    public = turnlog(database_url, "keys", "receipt-public", TURNLOG_RECEIPT_KEY=str(key_path))
+    # the public key, as the CLI prints it; the export
+    public, other, exported = await asyncio.gather(
+        turnlog_async(database_url, "keys", "receipt-public", TURNLOG_RECEIPT_KEY=str(key_path)),
+        turnlog_async(database_url, "keys", "receipt-public", TURNLOG_RECEIPT_KEY=str(other_path)),
+        turnlog_async(database_url, "export", turn_id, TURNLOG_RECEIPT_KEY=str(key_path)),
+    )
     assert public.returncode == 0 and public.stdout.startswith("-----BEGIN PUBLIC KEY-----")
     loaded = load_pem_public_key(public.stdout.encode())
     assert isinstance(loaded, Ed25519PublicKey) and loaded.public_bytes_raw() == key.public_key().public_bytes_raw()
     pub_path = tmp_path / "receipt.pub"
     pub_path.write_text(public.stdout)
     other_pub = tmp_path / "other.pub"
-    other_pub.write_text(turnlog(database_url, "keys", "receipt-public", TURNLOG_RECEIPT_KEY=str(other_path)).stdout)
+    other_pub.write_text(other.stdout)
 
-    exported = turnlog(database_url, "export", turn_id, TURNLOG_RECEIPT_KEY=str(key_path))
     assert exported.returncode == 0, exported.stderr
     lines = exported.stdout.splitlines()
     assert json.loads(lines[0]) == {"receipt": receipt}
@@ -291,36 +317,43 @@ async def test_export_verifies_offline_and_fails_after_a_one_byte_change(
     file = tmp_path / "turn.jsonl"
     file.write_text(exported.stdout, encoding="utf-8")
 
-    # offline: no database at all
+    # offline (no database at all): intact, then one byte changed anywhere (in
+    # an event's data, its hash, the receipt, the layout), then the last
+    # event dropped (the receipt names what is missing); each its own file
+    raw = file.read_bytes()
+    data_at = raw.index(b"worth")
+    changes = [
+        (data_at, f"line {next(i for i, line in enumerate(lines, 1) if 'worth' in line)}"),
+        (raw.index(rows[2][5].encode()) + 5, "line 4"),  # the hash of seq 3
+        (raw.index(b'"head":"') + 8, "line 1"),
+        (len(raw) - 1, f"line {len(lines)}"),  # the last newline
+    ]
+    changed_files = []
+    for n, (position, _) in enumerate(changes):
+        changed = bytearray(raw)
+        changed[position] = ord("0") if changed[position] != ord("0") else ord("1")
+        changed_files.append(tmp_path / f"changed-{n}.jsonl")
+        changed_files[-1].write_bytes(bytes(changed))
+    cut_file = tmp_path / "cut.jsonl"
+    cut_file.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
     nodb = f"sqlite+aiosqlite:///{tmp_path / 'absent' / 'none.db'}"
-    ok = turnlog(nodb, "verify", "--file", str(file), "--public-key", str(pub_path))
+    ok, unsigned_ok, wrong, cut, *bad = await turnlog_all(
+        nodb,
+        ("verify", "--file", str(file), "--public-key", str(pub_path)),
+        ("verify", "--file", str(file)),
+        ("verify", "--file", str(file), "--public-key", str(other_pub)),
+        ("verify", "--file", str(cut_file), "--json"),
+        *(("verify", "--file", str(f)) for f in changed_files),
+    )
     assert ok.returncode == 0, ok.stderr
     assert ok.stdout.startswith(f"ok: {file}: turn {turn_id}, {len(rows)} events, hash chain intact, head {head}")
     assert "signature verified" in ok.stdout
     assert not (tmp_path / "absent").exists()
-    assert turnlog(nodb, "verify", "--file", str(file)).returncode == 0
-    wrong = turnlog(nodb, "verify", "--file", str(file), "--public-key", str(other_pub))
+    assert unsigned_ok.returncode == 0, unsigned_ok.stderr
     assert wrong.returncode == 1 and "signature does not match" in wrong.stderr
-
-    # one byte changed anywhere fails: in an event's data, its hash, the receipt, the layout
-    raw = file.read_bytes()
-    data_at = raw.index(b"worth")
-    tail_line = len(lines)
-    for position, expect in (
-        (data_at, f"line {next(i for i, line in enumerate(lines, 1) if 'worth' in line)}"),
-        (raw.index(rows[2][5].encode()) + 5, "line 4"),  # the hash of seq 3
-        (raw.index(b'"head":"') + 8, "line 1"),
-        (len(raw) - 1, f"line {tail_line}"),  # the last newline
-    ):
-        changed = bytearray(raw)
-        changed[position] = ord("0") if changed[position] != ord("0") else ord("1")
-        file.write_bytes(bytes(changed))
-        bad = turnlog(nodb, "verify", "--file", str(file))
-        assert bad.returncode == 1, (position, bad.stdout)
-        assert expect in bad.stderr and "Traceback" not in bad.stderr, (position, bad.stderr)
-    # a dropped last event: the receipt names what is missing
-    file.write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
-    cut = turnlog(nodb, "verify", "--file", str(file), "--json")
+    for (position, expect), out in zip(changes, bad):
+        assert out.returncode == 1, (position, out.stdout)
+        assert expect in out.stderr and "Traceback" not in out.stderr, (position, out.stderr)
     assert cut.returncode == 1 and json.loads(cut.stdout)["damage"] == {
         "seq": len(rows), "kind": "deleted", "message": f"seq {len(rows)} missing: the receipt covers {len(rows)} events, the file has {len(rows) - 1}",
     }

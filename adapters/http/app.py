@@ -43,7 +43,9 @@ from adapters.images import open_images
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
-from adapters.observe import Metrics, Observers, open_tracing
+from adapters.observe.metrics import Metrics
+from adapters.observe.observers import Observers
+from adapters.observe.tracing import open_tracing
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
@@ -83,7 +85,7 @@ def create_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await migrate(settings.database_url)
         pool: dict[str, Any] = {} if settings.db_pool_size is None else {"pool_size": settings.db_pool_size}
-        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous, **pool)
+        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous, timeout=settings.db_timeout, **pool)
         observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
         store.observer = observers
         providers: dict[str, ChatProvider] = {}

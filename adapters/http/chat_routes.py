@@ -14,6 +14,7 @@ from adapters.http.direct_sse import DirectSSE, Renderer
 from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, unavailable_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
+from adapters.http.stall import StallGuard
 from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor
 from engine.run.follow import follow
@@ -124,6 +125,7 @@ async def serve_sse(
     renderer: Renderer | None = None
     direct = DirectSSE(request, response)
     idle = 0
+    guard = StallGuard(request.protocol, svc.settings.client_stall_seconds, f"stream of turn {turn_id}")
     try:
         async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
             if renderer is None:
@@ -149,6 +151,8 @@ async def serve_sse(
             await response.write(error_event)
         except (ConnectionResetError, ConnectionError):
             return response
+    finally:
+        guard.stop()
     try:
         await response.write_eof()
     except (ConnectionResetError, ConnectionError):

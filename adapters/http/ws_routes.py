@@ -28,6 +28,7 @@ from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
 from adapters.http.schemas import parse_chat_request
+from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
 from engine.events import Event
 from engine.fold.turn_view import fold
@@ -202,6 +203,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
     await ws.prepare(request)
     conn = Connection(ws, services(request), request[USER])
+    guard = StallGuard(request.protocol, services(request).settings.client_stall_seconds, "WebSocket")
     try:
         async for msg in ws:
             if msg.type == WSMsgType.TEXT:
@@ -211,6 +213,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
             elif msg.type == WSMsgType.ERROR:
                 break
     finally:
+        guard.stop()
         conn.close()
     return ws
 

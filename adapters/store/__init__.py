@@ -67,6 +67,7 @@ async def open_store(
     clock: Callable[[], float] = time.time,
     max_batch: int = 1000,
     chain: bool = True,
+    timeout: float | None = None,
     **engine_kwargs: Any,
 ) -> SqlEventStore:
     """Open the store at ``url`` (already migrated: call :func:`migrate` first).
@@ -77,7 +78,17 @@ async def open_store(
     ``chain=False`` stores events without their hashes (and their data with
     its keys as given, not sorted): only to measure what the chain costs
     (``bench.storebench chain``).
+
+    ``timeout`` (``TURNLOG_DB_TIMEOUT``): how long a statement waits on the
+    database before it fails (the store then answers 503): SQLite's busy
+    timeout (a lock held by another connection); on PostgreSQL
+    :func:`postgres_engine`'s statement, pool and connect timeouts.
     """
+    if timeout is not None:
+        if make_url(url).get_backend_name() == "sqlite":
+            engine_kwargs.setdefault("busy_timeout_ms", int(timeout * 1000))
+        elif make_url(url).get_backend_name() == "postgresql":
+            engine_kwargs.setdefault("timeout", timeout)
     if make_url(url).get_backend_name() == "sqlite":
         engine = sqlite_engine(url, synchronous=synchronous, **engine_kwargs)
         writer = sqlite_writer_engine(

@@ -114,6 +114,8 @@ class TurnActor:
         # what a non-streaming client waits for.
         self.answered: asyncio.Future[None] = self._loop.create_future()
         self._lost = False
+        # The write failure that stopped this actor (None: none did).
+        self.write_error: BaseException | None = None
         # The first chunk of a new turn is reported once (time to first token).
         self._first_pending = False
         #: The lease went with the commit of the terminal event (the supervisor
@@ -147,6 +149,13 @@ class TurnActor:
         """This actor stopped writing (its lease or a write failed): its view may
         hold events the log does not; the log decides."""
         return self._lost
+
+    @property
+    def store_fault(self) -> bool:
+        """This actor stopped because a write failed in the store (the database
+        down, its disk full), not because another owner took the turn: once
+        the store answers again, the turn is to be resumed at once."""
+        return self._lost and self.write_error is not None and not isinstance(self.write_error, (LeaseLost, ConcurrencyError))
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -318,6 +327,8 @@ class TurnActor:
         # the log): this actor stops writing; the store refuses its later
         # appends too, and the turn is resumed from what is durable.
         self._lost = True
+        if self.write_error is None:
+            self.write_error = exc
         if isinstance(exc, (LeaseLost, ConcurrencyError)):
             log.warning("turn %s: a write was refused, this actor stops: %s", self.turn_id, exc)
         else:

@@ -58,6 +58,7 @@ from engine.run.context import TurnPorts
 from engine.run.fork import fork_log
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
+from engine.run.recovery import StoreRecovery
 from engine.settings import EngineSettings
 from engine.tools.builtin import BuiltinPorts, builtin_tools
 from engine.tools.calls import LiveToolRunner, ToolHandle
@@ -154,6 +155,8 @@ class Supervisor:
         # One orphan scan at a time: two would both claim (same owner) and both run a turn.
         self._scan_lock = asyncio.Lock()
         self._adopting: set[asyncio.Task[None]] = set()
+        # Turns whose actor stopped on a store failure (engine.run.recovery).
+        self._recovery = StoreRecovery(self)
 
     # -- lifecycle ---------------------------------------------------------------
 
@@ -162,6 +165,7 @@ class Supervisor:
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="turnlog:heartbeat"))
 
     async def stop(self) -> None:
+        await self._recovery.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -363,6 +367,11 @@ class Supervisor:
             self._channels.pop(turn_id, None)
         if actor.released:  # with its terminal event
             return
+        if actor.store_fault and not self.draining:
+            # Its write failed (the database down, its disk full): resume it
+            # as soon as the store answers again, not once its lease runs out.
+            self._recovery.add(turn_id)
+            return
         try:
             await self.store.release_turn(turn_id, self.owner)
         except Exception:
@@ -536,6 +545,24 @@ class Supervisor:
     async def append(self, folded: Folded, fencing: int, data: EventData) -> None:
         """``_append`` for the turn's other writers (``engine.run.approvals``)."""
         await self._append(folded, fencing, data)
+
+    async def recover(self, turn_id: str) -> None:
+        """Take back a turn whose actor here stopped on a store failure: give
+        its lease up and adopt it as an orphan (``turn.interrupted``, then
+        resumed under a new fencing token). Raises while the store fails."""
+        async with self._scan_lock:  # not beside a scan's adoption of the same turn
+            if self.draining or turn_id in self.actors:
+                return  # resumed here meanwhile (POST …/resume): its lease is that actor's
+            await self.store.release_turn(turn_id, self.owner)
+            record = await self.store.get_turn(turn_id)
+            if record is None or record.status != "running":
+                return
+            try:
+                await self._adopt_orphan(record)
+            except BaseException:
+                if turn_id not in self.actors:  # claimed, not started: give it back for the next try
+                    await self.store.release_turn(turn_id, self.owner)
+                raise
 
     async def _adopt_orphan(self, record: TurnRecord) -> None:
         """Record ``turn.interrupted`` for one turn whose owner is gone, and resume it (auto-resume)."""
