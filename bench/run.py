@@ -56,6 +56,7 @@ ORDER = [
     "waiting_turns_rss",
     "responses_cpu",
     "stalled_clients",
+    "turn_cost",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

@@ -1324,3 +1324,7 @@ SCENARIOS["responses_cpu"] = (responses_cpu, True, True)
 from bench.stalledbench import stalled_clients  # noqa: E402 - likewise
 
 SCENARIOS["stalled_clients"] = (stalled_clients, True, True)
+
+from bench.turncost import turn_cost  # noqa: E402 - its module imports this one
+
+SCENARIOS["turn_cost"] = (turn_cost, True, True)

@@ -66,6 +66,9 @@ class IndexUpdate:
 
     status: str | None = None
     view: dict[str, Any] | None = None
+    #: This owner's lease is released in the same transaction (if the turn is
+    #: still its): a turn's terminal event and its release in one commit.
+    release: str | None = None
 
 
 class EventStore(Protocol):

@@ -452,6 +452,25 @@ class TestEventStoreContract:
         assert ta is not None and ta.owner is None and ta.lease_until is None
         assert await store.claim_turn(a, "w3", lease_seconds=30) == 2
 
+    async def test_an_append_releases_the_lease_with_its_index_update(self, store: Store, ids: Any) -> None:
+        """``IndexUpdate.release``: the owner's lease goes in the append's own
+        transaction (a turn's terminal event); another owner's stays, and the
+        releases of several turns in one group commit are each their own."""
+        mine, theirs, kept = ids("mine"), ids("theirs"), ids("kept")
+        for t in (mine, theirs, kept):
+            await start(store, t)
+        await asyncio.gather(
+            store.append([ev(mine, 2, "turn.completed")], fencing=1, index=IndexUpdate(status="completed", release="w1")),
+            store.append([ev(theirs, 2, "turn.completed")], fencing=1, index=IndexUpdate(status="completed", release="w2")),
+            store.append([ev(kept, 2)], fencing=1, index=IndexUpdate(status="running")),
+        )
+        got = {t: await store.get_turn(t) for t in (mine, theirs, kept)}
+        assert all(r is not None for r in got.values())
+        assert (got[mine].status, got[mine].owner, got[mine].lease_until) == ("completed", None, None)  # type: ignore[union-attr]
+        assert (got[theirs].status, got[theirs].owner) == ("completed", "w1")  # type: ignore[union-attr]
+        assert got[theirs].lease_until is not None  # type: ignore[union-attr]
+        assert (got[kept].status, got[kept].owner) == ("running", "w1")  # type: ignore[union-attr]
+
     async def test_orphaned_turns(self, store: Store, clock: Clock, ids: Any) -> None:
         user = ids("user")
         live, expired, done, released = ids("live"), ids("expired"), ids("done"), ids("released")
@@ -540,6 +559,50 @@ class TestEventStoreContract:
         )
         assert await store.get_chat(ids("nochat")) is None
         assert await store.get_turn(ids("noturn")) is None
+
+    async def test_a_burst_of_starts_is_one_commit_and_a_conflict_fails_alone(self, store: Store, ids: Any) -> None:
+        """Starts queued together are written in one group commit (SQL: multi-row
+        statements); the outcome is that of the starts one after another: a
+        turn id already taken, or taken twice in the burst, fails only its
+        caller, whose chat is neither created nor moved; the chats end with the
+        first start's creation time and the latest start's time."""
+        chat, lone, never = ids("chat"), ids("lone"), ids("never")
+        burst = [ids(f"b{i}") for i in range(3)]
+        batches = store.stats["batches"]
+        tokens = await asyncio.gather(
+            start(store, burst[0], chat_id=chat, created_at=T0 + 2),
+            start(store, burst[1], chat_id=chat, created_at=T0 + 5),
+            start(store, burst[2], chat_id=chat, created_at=T0 + 3),
+        )
+        assert tokens == [1, 1, 1] and store.stats["batches"] == batches + 1
+        got = await store.get_chat(chat)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 2, T0 + 5)
+
+        fresh = [ids(f"f{i}") for i in range(3)]
+        batches = store.stats["batches"]
+        results = await asyncio.gather(
+            start(store, fresh[0], chat_id=chat, created_at=T0 + 9),
+            start(store, burst[1], chat_id=never, created_at=T0 + 9),  # taken before
+            start(store, fresh[1], chat_id=lone, created_at=T0 + 1),
+            start(store, fresh[1], chat_id=never, created_at=T0 + 9),  # taken in this burst
+            start(store, fresh[2], chat_id=chat, created_at=T0 + 7),
+            return_exceptions=True,
+        )
+        assert store.stats["batches"] == batches + 1, "one group commit"
+        assert [type(r) for r in results] == [int, ConcurrencyError, int, ConcurrencyError, int]
+        assert await store.get_chat(never) is None
+        got = await store.get_chat(chat)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 2, T0 + 9)
+        got = await store.get_chat(lone)
+        assert got is not None and (got.created_at, got.updated_at) == (T0 + 1, T0 + 1)
+        turn = await store.get_turn(fresh[1])
+        assert turn is not None and turn.chat_id == lone
+        for t in burst + fresh:
+            stored = await store.read_chain(t)
+            assert [e.seq for e in stored] == [1] and check(t, stored).ok
+        # the new turns' heads are linked: their next appends chain on
+        await store.append([ev(fresh[0], 2)], fencing=1)
+        assert check(fresh[0], await store.read_chain(fresh[0])).ok
 
     async def test_chat_meta_and_listing(self, store: Store, ids: Any) -> None:
         user, other = ids("user"), ids("other")

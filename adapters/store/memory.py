@@ -182,13 +182,13 @@ class _Append:
         rows: list[EventRow],
         turn_id: str | None,
         fencing: int | None,
-        index: tuple[str | None, str | None, float] | None,
+        index: tuple[str | None, str | None, float, str | None] | None,
         future: asyncio.Future[Any],
     ) -> None:
         self.rows = rows
         self.turn_id = turn_id
         self.fencing = fencing
-        self.index = index  # (status, view JSON, updated_at)
+        self.index = index  # (status, view JSON, updated_at, releasing owner)
         self.future = future
 
 
@@ -296,7 +296,7 @@ class MemoryEventStore:
         index_row = None
         if index is not None:
             view = None if index.view is None else dumps(index.view)
-            index_row = (index.status, view, float(rows[-1][3]))
+            index_row = (index.status, view, float(rows[-1][3]), index.release)
         return self._submit(_Append, rows, turn_id, fencing, index_row)
 
     async def set_chat_meta(
@@ -582,10 +582,13 @@ class MemoryEventStore:
         if req.index is not None and req.turn_id is not None:
             turn = db.turns.get(req.turn_id)
             if turn is not None:
-                status, view, updated_at = req.index
+                status, view, updated_at, release = req.index
                 if status is not None:
                     turn.status = status
                 if view is not None:
                     turn.view = view
                 turn.updated_at = updated_at
+                if release is not None and turn.owner == release:
+                    turn.owner = None
+                    turn.lease_until = None
         return True, None

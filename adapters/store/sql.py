@@ -19,8 +19,13 @@ rows, all-or-nothing (on SQLite one multi-row INSERT statement, which is atomic
 by itself; elsewhere inside one savepoint). If that hits a unique violation (or
 the batch holds the same ``(turn_id, seq)`` twice) the run is redone request by
 request, one savepoint each, which finds the culprit(s): the outcome is exactly
-that of one savepoint per request, at a fraction of the statements. Anything
-else (start_turn, claim...) gets its own savepoint in queue order.
+that of one savepoint per request, at a fraction of the statements.
+Consecutive starts (``start_turn``) likewise: one savepoint around a multi-row
+INSERT of their turns, an upsert of their chats and one INSERT of their first
+events; any failure there redoes the run start by start, so a taken turn id
+fails only its caller. Consecutive lease releases: one executemany UPDATE in
+one savepoint. Anything else (claim, renew, chat meta...) gets its own
+savepoint in queue order.
 
 The batch itself is synchronous SQLAlchemy Core code run either
 
@@ -53,6 +58,7 @@ import functools
 import logging
 import sqlite3
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -136,13 +142,38 @@ class _Op:
 
 
 class _StartOp(_Op):
-    """A turn's creation with its first events (counted as appended events)."""
+    """A turn's creation with its first events (counted as appended events).
 
-    __slots__ = ("events",)
+    ``fn`` writes it alone (in its own savepoint); ``chat``, ``turn`` and
+    ``rows`` are its parameters for the multi-row fast path of a run of starts
+    (``SqlEventStore._start_run``)."""
 
-    def __init__(self, fn: Op, events: int, future: asyncio.Future[Any]) -> None:
+    __slots__ = ("events", "rows", "chat", "turn")
+
+    def __init__(
+        self,
+        fn: Op,
+        rows: list[tuple[Any, ...]],
+        chat: dict[str, Any],
+        turn: dict[str, Any],
+        future: asyncio.Future[Any],
+    ) -> None:
         super().__init__(fn, future)
-        self.events = events
+        self.events = len(rows)
+        self.rows = rows
+        self.chat = chat
+        self.turn = turn
+
+
+class _Release(_Op):
+    """``release_turn``: consecutive ones run as one executemany UPDATE
+    (``SqlEventStore._release_run``); ``fn`` runs it alone."""
+
+    __slots__ = ("params",)
+
+    def __init__(self, fn: Op, params: dict[str, Any], future: asyncio.Future[Any]) -> None:
+        super().__init__(fn, future)
+        self.params = params
 
 
 # executemany-able statements, compiled once and cached by SQLAlchemy.
@@ -171,6 +202,9 @@ _UPDATE_INDEX = (
         status=func.coalesce(bindparam("i_status", type_=Text), turns.c.status),
         view=func.coalesce(bindparam("i_view", type_=Text), turns.c.view),
         updated_at=bindparam("i_updated_at", type_=Float),
+        # IndexUpdate.release: the lease goes with the terminal event's commit.
+        owner=case((turns.c.owner == bindparam("i_release", type_=Text), None), else_=turns.c.owner),
+        lease_until=case((turns.c.owner == bindparam("i_release", type_=Text), None), else_=turns.c.lease_until),
     )
 )
 # The hash before ``seq`` (the chain's previous link) when the writer has not
@@ -237,7 +271,11 @@ class SqlEventStore:
         self._executor: ThreadPoolExecutor | None = None
         self._sync_conn: Connection | None = None  # used only in the executor thread
         self._async_conn: AsyncConnection | None = None
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        # The writer's queue: a deque and a wake-up future rather than an
+        # asyncio.Queue, whose get() asks for the running loop every time it
+        # waits (a getpid() system call on CPython 3.11: once per commit).
+        self._pending: deque[Any] = deque()
+        self._wakeup: asyncio.Future[None] | None = None
         # (turn_id, fencing) of appends that failed: later appends with the same
         # token are refused, so a failed write can never leave a gap in a
         # turn's seqs behind a later successful one. The owner stops (LeaseLost)
@@ -294,7 +332,7 @@ class SqlEventStore:
                 self._linked.update(trial)
             return 1
 
-        return await self._submit(_StartOp, op, len(rows))
+        return await self._submit(_StartOp, op, rows, chat, row)
 
     async def append(
         self,
@@ -324,6 +362,7 @@ class SqlEventStore:
                 "i_status": index.status,
                 "i_view": None if index.view is None else _dumps(index.view),
                 "i_updated_at": rows[-1][3],
+                "i_release": index.release,
             }
         return self._submit(_Append, rows, turn_id, fencing, index_row)
 
@@ -378,7 +417,7 @@ class SqlEventStore:
 
     async def release_turn(self, turn_id: str, owner: str) -> None:
         params = {"r_id": turn_id, "r_owner": owner}
-        await self._submit(_Op, lambda conn: conn.execute(_RELEASE_TURN, params))
+        await self._submit(_Release, lambda conn: conn.execute(_RELEASE_TURN, params), params)
 
     async def create_api_key(self, user_id: str) -> str:
         key = new_api_key()
@@ -518,7 +557,7 @@ class SqlEventStore:
         if not self._closed:
             self._closed = True
             if self._writer is not None and not self._writer.done():
-                self._queue.put_nowait(_STOP)
+                self._enqueue(_STOP)
                 await asyncio.shield(self._writer)
         if self._executor is not None:
             await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
@@ -544,30 +583,39 @@ class SqlEventStore:
         # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
         # getpid() system call, and this runs for every delta window.
         future = writer.get_loop().create_future()
-        self._queue.put_nowait(kind(*args, future))
+        self._enqueue(kind(*args, future))
         return future
 
+    def _enqueue(self, item: Any) -> None:
+        self._pending.append(item)
+        wakeup = self._wakeup
+        if wakeup is not None and not wakeup.done():
+            wakeup.set_result(None)
+
     async def _write_loop(self) -> None:
-        queue = self._queue
+        pending = self._pending
+        loop = asyncio.get_running_loop()
         stop = False
         try:
             while not stop:
+                if not pending:
+                    self._wakeup = loop.create_future()
+                    await self._wakeup
+                self._wakeup = None
                 batch: list[Any] = []
-                item = await queue.get()
-                while True:
+                while pending and len(batch) < self._max_batch:
+                    item = pending.popleft()
                     if item is _STOP:
                         stop = True
                         break
                     batch.append(item)
-                    if len(batch) >= self._max_batch or queue.empty():
-                        break
-                    item = queue.get_nowait()
                 if batch:
-                    await self._commit(batch)
+                    await self._commit(batch, loop)
         finally:
+            self._wakeup = None
             # Not a clean stop (cancelled, crashed): fail whatever is still queued.
-            while not queue.empty():
-                item = queue.get_nowait()
+            while pending:
+                item = pending.popleft()
                 if item is not _STOP and not item.future.done():
                     item.future.set_exception(RuntimeError("event store writer stopped"))
             if self._async_conn is not None:
@@ -578,16 +626,14 @@ class SqlEventStore:
         if req.fencing is not None:
             self._poisoned.add((req.turn_id, req.fencing))
 
-    async def _commit(self, batch: list[Any]) -> None:
+    async def _commit(self, batch: list[Any], loop: asyncio.AbstractEventLoop) -> None:
         """Write one batch in one transaction and resolve its futures."""
         began = time.perf_counter()
         try:
             if self._writer_engine is not None:
                 if self._executor is None:
                     self._executor = ThreadPoolExecutor(1, thread_name_prefix="turnlog-writer")
-                results = await asyncio.get_running_loop().run_in_executor(
-                    self._executor, self._commit_in_thread, batch
-                )
+                results = await loop.run_in_executor(self._executor, self._commit_in_thread, batch)
             else:
                 results = await self._commit_async(batch)
         except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
@@ -692,22 +738,91 @@ class SqlEventStore:
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
         while i < n:
-            if type(batch[i]) is _Append:
+            kind = type(batch[i])
+            if kind is _Append or kind is _StartOp or kind is _Release:
                 j = i + 1
-                while j < n and type(batch[j]) is _Append:
+                while j < n and type(batch[j]) is kind:
                     j += 1
-                self._append_run(conn, batch, i, j, results)
+                if kind is _Append:
+                    self._append_run(conn, batch, i, j, results)
+                elif kind is _StartOp:
+                    self._start_run(conn, batch, i, j, results)
+                else:
+                    self._release_run(conn, batch, i, j, results)
                 i = j
             else:
-                try:
-                    with conn.begin_nested():
-                        results[i] = (True, batch[i].fn(conn))
-                except Exception as exc:  # the savepoint is rolled back: fails alone
-                    if conn.invalidated:
-                        raise
-                    results[i] = (False, exc)
+                self._run_op(conn, batch, i, results)
                 i += 1
         return results
+
+    def _run_op(self, conn: Connection, batch: list[Any], i: int, results: Results) -> None:
+        """``batch[i]`` alone, in its own savepoint."""
+        try:
+            with conn.begin_nested():
+                results[i] = (True, batch[i].fn(conn))
+        except Exception as exc:  # the savepoint is rolled back: fails alone
+            if conn.invalidated:
+                raise
+            results[i] = (False, exc)
+
+    def _start_run(
+        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """Starts ``batch[start:end]``: all their turn rows, chats and first
+        events in multi-row statements inside ONE savepoint (a burst of starts
+        cost a savepoint and three statements each). Any failure (a turn id or
+        an event seq already taken) rolls the savepoint back and the run is
+        redone start by start, each in its own savepoint as before, so only the
+        culprit fails (``ConcurrencyError``) and the outcome is that of one
+        savepoint per start."""
+        reqs: list[_StartOp] = batch[start:end]
+        rows = [row for req in reqs for row in req.rows]
+        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
+            # One row per chat, as the starts one after another leave it: the
+            # first start creates it, the latest time is its updated_at.
+            chats: dict[str, dict[str, Any]] = {}
+            for req in reqs:
+                chat = req.chat
+                have = chats.get(chat["c_id"])
+                if have is None:
+                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
+                elif chat["c_at"] > have["c_upd"]:
+                    have["c_upd"] = chat["c_at"]
+            upsert_chats, insert_turn = self._start_run_statements
+            trial: dict[str, Head] = {}
+            try:
+                with conn.begin_nested():
+                    conn.execute(insert_turn, [req.turn for req in reqs])
+                    conn.execute(upsert_chats, list(chats.values()))
+                    if rows:
+                        self._insert_events(conn, self._link(conn, rows, trial))
+            except Exception:
+                if conn.invalidated:
+                    raise
+            else:
+                self._linked.update(trial)
+                for i in range(start, end):
+                    results[i] = (True, 1)
+                return
+        for i in range(start, end):
+            self._run_op(conn, batch, i, results)
+
+    def _release_run(
+        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """Releases ``batch[start:end]`` (turns that ended together): one
+        executemany UPDATE in one savepoint; on a failure, one by one."""
+        if end - start > 1:
+            try:
+                with conn.begin_nested():
+                    conn.execute(_RELEASE_TURN, [batch[i].params for i in range(start, end)])
+            except Exception:
+                if conn.invalidated:
+                    raise
+            else:
+                return  # results stay (True, None)
+        for i in range(start, end):
+            self._run_op(conn, batch, i, results)
 
     def _append_run(
         self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
@@ -835,6 +950,40 @@ class SqlEventStore:
             view=bindparam("t_view"),
         )
         return insert_chat, bump_chat, insert_turn
+
+    @functools.cached_property
+    def _start_run_statements(self) -> tuple[Any, Any]:
+        """A run of starts' statements (executemany): the chats' upsert (create,
+        or move ``updated_at`` forward as ``start_turn``'s bump does) and the
+        turns' INSERT."""
+        from sqlalchemy.dialects import postgresql, sqlite
+
+        dialect_insert: Any
+        if self._dialect == "sqlite":
+            dialect_insert = sqlite.insert
+        elif self._dialect == "postgresql":
+            dialect_insert = postgresql.insert
+        else:  # pragma: no cover
+            raise NotImplementedError(f"dialect {self._dialect}")
+        upd = bindparam("c_upd", type_=Float)
+        stmt = dialect_insert(chats).values(
+            id=bindparam("c_id"),
+            user_id=bindparam("c_user"),
+            title=None,
+            tags="[]",
+            created_at=bindparam("c_at", type_=Float),
+            updated_at=upd,
+        )
+        upsert_chats = stmt.on_conflict_do_update(
+            index_elements=[chats.c.id],
+            set_={
+                "updated_at": case(
+                    (or_(chats.c.updated_at.is_(None), chats.c.updated_at < stmt.excluded.updated_at), stmt.excluded.updated_at),
+                    else_=chats.c.updated_at,
+                )
+            },
+        )
+        return upsert_chats, self._start_statements[2]
 
     def _insert_ignore(self, table: Any) -> Any:
         """``INSERT … ON CONFLICT DO NOTHING`` for this dialect."""

@@ -119,6 +119,9 @@ class TurnActor:
         self.write_error: BaseException | None = None
         # The first chunk of a new turn is reported once (time to first token).
         self._first_pending = False
+        #: The lease went with the commit of the terminal event (the supervisor
+        #: need not release it in a commit of its own).
+        self.released = False
 
     # -- the TurnContext the nodes see ----------------------------------------------
 
@@ -393,6 +396,12 @@ class TurnActor:
         index = None
         for event in events:
             index = index_update(event, self._view) or index
+        release = False
+        if index is not None and index.status in TERMINAL_STATUSES:
+            # The turn ends with this commit: its lease goes with it (one
+            # commit less per turn; the supervisor releases it otherwise).
+            index = IndexUpdate(status=index.status, view=index.view, release=self.owner)
+            release = True
         # Published from the write's own callback, not after this await: a cancel
         # that lands between the commit and this task's wake-up must not leave a
         # durable event unpublished (in-order publication would then hold back
@@ -403,6 +412,8 @@ class TurnActor:
             await asyncio.shield(future)
         except (LeaseLost, ConcurrencyError) as exc:
             raise TurnLost(str(exc)) from exc
+        if release:
+            self.released = True
         for event in events:
             if event.type == "background.started" and not self.answered.done():
                 self.answered.set_result(None)

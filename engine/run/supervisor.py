@@ -365,6 +365,8 @@ class Supervisor:
         if self.actors.get(turn_id) is actor:
             del self.actors[turn_id]
             self._channels.pop(turn_id, None)
+        if actor.released:  # with its terminal event
+            return
         if actor.store_fault and not self.draining:
             # Its write failed (the database down, its disk full): resume it
             # as soon as the store answers again, not once its lease runs out.
