@@ -226,7 +226,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
     name = "turnlog-ws" if ws else "turnlog-k"
     proc, v1 = _fresh_turnlog(ctx, name)
     try:
-        with RssPeak(proc.pid) as rss:
+        with RssPeak(proc.pid) as rss, Profiler(ctx, name, proc.pid):
             if ws:
                 url = v1.replace("http://", "ws://") + "/ws"
                 per = n // plan["procs"]

@@ -38,7 +38,16 @@ from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
 
 log = logging.getLogger("turnlog.ws")
-_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+_json_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+
+
+def _encode(payload: dict[str, Any]) -> bytes:
+    """A message's UTF-8 JSON text: orjson (every chunk's message is encoded),
+    the stdlib for what orjson refuses (integers beyond 64 bits)."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:
+        return _json_encode(payload).encode("utf-8")
 
 
 class Connection:
@@ -51,14 +60,14 @@ class Connection:
 
     async def send(self, payload: dict[str, Any]) -> None:
         async with self._lock:
-            await self.ws.send_str(_dumps(payload))
+            await self.ws.send_frame(_encode(payload), WSMsgType.TEXT)
 
-    async def send_many(self, messages: list[str]) -> None:
-        """Messages already serialized, in order (one upstream read's deltas)."""
+    async def send_many(self, messages: list[bytes]) -> None:
+        """Messages already encoded, in order (one upstream read's deltas)."""
         if messages:
             async with self._lock:
                 for message in messages:
-                    await self.ws.send_str(message)
+                    await self.ws.send_frame(message, WSMsgType.TEXT)
 
     async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
         await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
@@ -223,10 +232,10 @@ def _deltas_option(message: dict[str, Any]) -> bool:
     return deltas
 
 
-def _delta_messages(turn_id: str, delta: LiveDelta) -> list[str]:
+def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
     """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
     return [
-        _dumps({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text})
+        _encode({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text})
         for piece in delta.pieces
     ]
 
