@@ -18,11 +18,11 @@ import os
 import signal
 import sqlite3
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests import test_db_outage
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.test_db_outage import OwnServer
 from tests.upstream import Reply, ScriptedUpstream
@@ -30,14 +30,7 @@ from tests.upstream import Reply, ScriptedUpstream
 USER = [{"role": "user", "content": "hi"}]
 TIMEOUT = 1.5  # TURNLOG_DB_TIMEOUT of these tests
 
-
-@pytest.fixture
-def own_pg() -> Iterator[OwnServer]:
-    server = OwnServer()
-    try:
-        yield server
-    finally:
-        server.cluster.close()
+own_pg = test_db_outage.own_pg  # the fixture: a private PostgreSQL this module may freeze
 
 
 def _server_pids(server: OwnServer) -> list[int]:
