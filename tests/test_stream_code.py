@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +13,7 @@ from typing import Any
 import pytest
 
 from engine.fold.accumulator import CODE_INTERPRETER_TAGS, Accumulator, Piece
+from tests.test_stream import assert_linear_feed
 
 START = '<code_interpreter type="code" lang="python">'
 END = "</code_interpreter>"
@@ -324,16 +324,6 @@ def test_set_code_output_targets_the_named_block_only() -> None:
     assert acc.pending_code is None
 
 
-def _time_feed(chunks: list[str]) -> float:
-    acc = new_acc()
-    start = time.perf_counter()
-    for chunk in chunks:
-        acc.feed_text(chunk)
-    acc.finish()
-    _ = acc.output
-    return time.perf_counter() - start
-
-
 @pytest.mark.parametrize(
     "text",
     [
@@ -346,8 +336,7 @@ def _time_feed(chunks: list[str]) -> float:
     ],
     ids=["prose", "in_block", "many_blocks", "open_attr_tags", "dense_candidates", "prefixes"],
 )
-def test_100k_one_char_chunks_are_fast(text: str) -> None:
-    chunks = list(text[:100_000])
-    assert len(chunks) == 100_000
-    elapsed = _time_feed(chunks)
-    assert elapsed < 2.0, f"{elapsed:.2f}s"
+def test_one_char_chunks_cost_linear_time(text: str) -> None:
+    """The code-block parser is never quadratic, judged by growth as in
+    test_stream (a wall-clock limit fails on a busy machine)."""
+    assert_linear_feed(text, new_acc)
