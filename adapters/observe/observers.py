@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from adapters.observe.metrics import Metrics
 from adapters.observe.tracing import Tracing, open_tracing
-from engine.ports import ResolvedModel, TurnObserver, observe
+from engine.ports import TurnObserver, observe
 
 __all__ = ["Metrics", "Observers", "Tracing", "open_observers"]
+
+
+def _fan_out(name: str) -> Callable[..., None]:
+    """``Observers.<name>``: the call handed to every instrument, each through
+    ``observe`` (one failing never keeps it from the others)."""
+
+    def call(self: Observers, *args: Any, **kwargs: Any) -> None:
+        for instrument in self._all:
+            observe(getattr(instrument, name), *args, **kwargs)
+
+    call.__name__ = call.__qualname__ = name
+    return call
 
 
 class Observers:
@@ -23,45 +35,15 @@ class Observers:
         self.tracing = tracing
         self._all: tuple[TurnObserver, ...] = (metrics,) if tracing is None else (metrics, tracing)
 
-    def turn_started(self, turn_id: str, *, model: str, chat_id: str | None, started_at: float | None, resumed: bool) -> None:
-        for o in self._all:
-            observe(o.turn_started, turn_id, model=model, chat_id=chat_id, started_at=started_at, resumed=resumed)
-
-    def turn_ended(self, turn_id: str, status: str) -> None:
-        for o in self._all:
-            observe(o.turn_ended, turn_id, status)
-
-    def first_token(self, turn_id: str, seconds: float) -> None:
-        for o in self._all:
-            observe(o.first_token, turn_id, seconds)
-
-    def model_call_started(self, turn_id: str, *, model: str, resolved: ResolvedModel, iteration: int) -> None:
-        for o in self._all:
-            observe(o.model_call_started, turn_id, model=model, resolved=resolved, iteration=iteration)
-
-    def model_call_ended(
-        self,
-        turn_id: str,
-        *,
-        finish_reason: str | None = None,
-        usage: dict[str, Any] | None = None,
-        response_id: str | None = None,
-        error: str | None = None,
-    ) -> None:
-        for o in self._all:
-            observe(o.model_call_ended, turn_id, finish_reason=finish_reason, usage=usage, response_id=response_id, error=error)
-
-    def tool_call_started(self, turn_id: str, *, call_id: str, name: str) -> None:
-        for o in self._all:
-            observe(o.tool_call_started, turn_id, call_id=call_id, name=name)
-
-    def tool_call_ended(self, turn_id: str, *, call_id: str, name: str, status: str, error: str | None = None) -> None:
-        for o in self._all:
-            observe(o.tool_call_ended, turn_id, call_id=call_id, name=name, status=status, error=error)
-
-    def upstream_error(self, turn_id: str, kind: str) -> None:
-        for o in self._all:
-            observe(o.upstream_error, turn_id, kind)
+    # Each call of the port goes to each instrument, whatever its arguments.
+    turn_started = _fan_out("turn_started")
+    turn_ended = _fan_out("turn_ended")
+    first_token = _fan_out("first_token")
+    model_call_started = _fan_out("model_call_started")
+    model_call_ended = _fan_out("model_call_ended")
+    tool_call_started = _fan_out("tool_call_started")
+    tool_call_ended = _fan_out("tool_call_ended")
+    upstream_error = _fan_out("upstream_error")
 
     def events_committed(self, count: int, seconds: float) -> None:
         # Metrics only: the store's writer calls this once per group commit.
