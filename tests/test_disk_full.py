@@ -1,23 +1,26 @@
 """SQLite's disk full under a running turn (API.md §9 faults).
 
-A size-limited file system needs root here, so the fault is injected at the
-store port (the edge the brief allows): a wrapper around the real store whose
-writes fail, while the disk is "full", with exactly what the real store raises
-then (SQLAlchemy's ``OperationalError`` around sqlite3's "database or disk is
-full"). Everything else is the real service on a real SQLite file.
+The real fault first: the database on a 16 MiB tmpfs of the test's own, which
+a filler file fills until the kernel answers ENOSPC (SQLite then says
+"database or disk is full"), and which space returns to when the file is
+removed. Mounting needs root; where it is not permitted that test skips and
+the same scenario runs through a wrapper around the real store whose writes
+fail with exactly what the real store raises then.
 
 Expected: new turns are refused 503 (``store_unavailable``, ``Retry-After``),
 never 500; the running turn stops writing at its last durable window and is
-interrupted and resumed as soon as space returns (not when its lease runs
-out), completing with the whole answer once; the file is intact (``PRAGMA integrity_check``) and every turn verifies.
+interrupted and resumed once space returns, completing with the whole answer
+once; the file is intact (``PRAGMA integrity_check``) and every turn verifies.
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno
 import sqlite3
+import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +30,8 @@ import sqlalchemy.exc
 import adapters.http.app
 from engine.events import Event
 from tests.fault_clients import kept_text, stream_into
-from tests.harness import make_settings, start_service, stop_service
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.test_observe import scrape
 from tests.upstream import Reply, ScriptedUpstream
 
 TEXT = "".join(f"tok{i:03d} " for i in range(80))
@@ -47,14 +51,12 @@ class FullDisk:
     def __init__(self, store: Any) -> None:
         self._store = store
         self.full = False
-        self.refused = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._store, name)
 
     async def start_turn(self, *args: Any, **kwargs: Any) -> int:
         if self.full:
-            self.refused += 1
             raise _disk_full()
         return int(await self._store.start_turn(*args, **kwargs))
 
@@ -63,27 +65,58 @@ class FullDisk:
 
     def append_nowait(self, events: Sequence[Event], **kwargs: Any) -> asyncio.Future[None]:
         if self.full:
-            self.refused += 1
             future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
             future.set_exception(_disk_full())
             return future
         return self._store.append_nowait(events, **kwargs)  # type: ignore[no-any-return]
 
 
-@pytest.mark.backends("sqlite")
-async def test_disk_full_mid_turn_then_space_returns(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    wrappers: list[FullDisk] = []
-    real_open = adapters.http.app.open_store
+class Fault:
+    """How a test fills the disk and frees it again."""
 
-    async def open_full_disk(*args: Any, **kwargs: Any) -> FullDisk:
-        wrappers.append(FullDisk(await real_open(*args, **kwargs)))
-        return wrappers[-1]
+    async def fill(self) -> None: ...
+    async def free(self) -> None: ...
 
-    monkeypatch.setattr(adapters.http.app, "open_store", open_full_disk)
-    upstream = ScriptedUpstream(models=["gpt-test"], default=Reply(text=TEXT, chunk_size=8, delay=0.01, pause_after=20))
-    await upstream.start()
-    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, lease_seconds=LEASE), upstream)
-    (disk,) = wrappers
+
+class InjectedFault(Fault):
+    def __init__(self, disk: FullDisk) -> None:
+        self.disk = disk
+
+    async def fill(self) -> None:
+        self.disk.full = True
+
+    async def free(self) -> None:
+        self.disk.full = False
+
+
+class FillerFile(Fault):
+    """A real full file system: a file grown until the kernel answers ENOSPC,
+    removed when space returns."""
+
+    def __init__(self, directory: Path) -> None:
+        self.path = directory / "filler"
+
+    async def fill(self) -> None:
+        block = b"\0" * 65536
+        with open(self.path, "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(block)
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+            try:  # the last bytes a smaller write still fits
+                while True:
+                    f.write(b"\0" * 512)
+            except OSError:
+                pass
+
+    async def free(self) -> None:
+        self.path.unlink()
+
+
+async def _disk_full_mid_turn(service: Service, upstream: ScriptedUpstream, fault: Fault, db_path: Path) -> None:
+    """A turn streams, the disk fills under it, new turns get 503, space
+    returns: the turn resumes and completes once, the file stays intact."""
     try:
         ids: list[str] = []
         seen: dict[str, bytes] = {}
@@ -93,19 +126,21 @@ async def test_disk_full_mid_turn_then_space_returns(tmp_path: Path, database_ur
             assert time.monotonic() < deadline
             await asyncio.sleep(0.02)
         turn_id = ids[0]
-        disk.full = True
+        await fault.fill()
         upstream.release()  # the turn streams on into a full disk
         status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
         assert status == 503, body
         assert body["error"]["code"] == "store_unavailable" and "disk is full" in body["error"]["message"]
         assert headers["Retry-After"].isdigit()
         deadline = time.monotonic() + 20
-        while disk.refused < 2:  # the POST, then the turn's own writes hit the full disk too
-            assert time.monotonic() < deadline, "the turn never wrote into the full disk"
+        # The turn's own writes hit the full disk too: its actor stops (the
+        # service's own gauge of the turns it runs), short of the answer.
+        while (await scrape(service))["turnlog_turns_running"] != 0:
+            assert time.monotonic() < deadline, "the turn never stopped on the full disk"
             await asyncio.sleep(0.02)
         durable = (await service.turn(turn_id))["content"]
         assert TEXT.startswith(durable) and durable != TEXT
-        disk.full = False  # space returns
+        await fault.free()  # space returns
         deadline = time.monotonic() + 15
         while (view := await service.turn(turn_id))["status"] != "completed":
             upstream.release()  # the continuation pauses too
@@ -132,8 +167,55 @@ async def test_disk_full_mid_turn_then_space_returns(tmp_path: Path, database_ur
     finally:
         await stop_service(service)  # verifies every finished turn
         await upstream.close()
-    db = sqlite3.connect(database_url.removeprefix("sqlite+aiosqlite:///"))
+    db = sqlite3.connect(db_path)
     try:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
     finally:
         db.close()
+
+
+def _paused_upstream() -> ScriptedUpstream:
+    return ScriptedUpstream(models=["gpt-test"], default=Reply(text=TEXT, chunk_size=8, delay=0.01, pause_after=20))
+
+
+@pytest.fixture
+def small_fs(tmp_path: Path) -> Iterator[Path]:
+    """A 16 MiB tmpfs of the test's own (root only: ``mount``)."""
+    where = tmp_path / "fs"
+    where.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True, text=True)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()}); test_disk_full_injected covers the behaviour")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+async def test_a_real_full_disk_mid_turn_then_space_returns(small_fs: Path, tmp_path: Path) -> None:
+    """The real fault: SQLite's file on a small tmpfs that a filler file fills
+    (ENOSPC from the kernel, "database or disk is full" from SQLite)."""
+    upstream = _paused_upstream()
+    await upstream.start()
+    db = small_fs / "turnlog.db"
+    settings = make_settings(tmp_path, upstream.url, database_url=f"sqlite+aiosqlite:///{db}", lease_seconds=LEASE)
+    service = await start_service(settings, upstream)
+    await _disk_full_mid_turn(service, upstream, FillerFile(small_fs), db)
+
+
+@pytest.mark.backends("sqlite")
+async def test_disk_full_injected(tmp_path: Path, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same through the store wrapper, where no file system can be mounted."""
+    wrappers: list[FullDisk] = []
+    real_open = adapters.http.app.open_store
+
+    async def open_full_disk(*args: Any, **kwargs: Any) -> FullDisk:
+        wrappers.append(FullDisk(await real_open(*args, **kwargs)))
+        return wrappers[-1]
+
+    monkeypatch.setattr(adapters.http.app, "open_store", open_full_disk)
+    upstream = _paused_upstream()
+    await upstream.start()
+    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, lease_seconds=LEASE), upstream)
+    (disk,) = wrappers
+    await _disk_full_mid_turn(service, upstream, InjectedFault(disk), Path(database_url.removeprefix("sqlite+aiosqlite:///")))
