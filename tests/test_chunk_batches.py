@@ -195,3 +195,18 @@ async def test_a_subscribers_bound_counts_the_chunks_of_a_batch() -> None:
     assert not sub.lagged
     bus.publish("t1", LiveDeltas(batch))  # 12: over the bound
     assert sub.lagged and await sub.get(1.0) is None
+
+
+async def test_a_window_of_large_chunks_is_sealed_at_its_character_bound(service: Service) -> None:
+    """8 KB chunks arriving faster than the 50 ms window: a window is sealed at
+    256 Ki characters, long before 512 chunks (4 MB: one WebSocket message over
+    common clients' caps)."""
+    text = "".join(f"w{i:06d} " for i in range(250_000))  # 2 MB
+    service.upstream.enqueue(Reply(text=text, chunk_size=8192))
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200, body
+    turn_id = headers["X-Turn-Id"]
+    windows = [e for e in await service.events(turn_id) if e["type"] == "model.delta"]
+    sizes = [sum(e["data"]["lens"]) for e in windows]
+    assert sum(sizes) == len(text) and (await service.turn(turn_id))["content"] == text
+    assert max(sizes) <= 256 * 1024 + 8192, sizes
