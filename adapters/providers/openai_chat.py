@@ -35,7 +35,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
-from adapters.providers.http_base import HTTPProvider, loads
+from adapters.providers.http_base import HTTPProvider
 from adapters.providers.sse import SSEParser
 from engine.ports import ModelApi, RawChunk, RawWarning
 
@@ -71,37 +71,23 @@ class OpenAIChatProvider(HTTPProvider):
         payload["stream_options"] = stream_options
 
         finished = False  # saw a non-null finish_reason
-        _loads = loads
         async with aclosing(self._post_stream("/chat/completions", payload, SSEParser())) as reads:
             async for events in reads:
-                # ``_sse_items`` and the finish / error checks in one pass: a
-                # fast upstream brings a thousand chunks per read.
-                out: list[RawChunk | RawWarning] = []
-                append = out.append
-                done = False
-                for _kind, data, raw in events:
-                    try:
-                        obj = _loads(data)
-                    except ValueError as exc:
-                        if data.strip() == b"[DONE]":
-                            done = True  # the events after it are dropped: the stream is over
-                            break
-                        append(self._warning(raw, exc))
-                        continue
-                    if type(obj) is not dict:
-                        append(self._warning(raw, None))
-                        continue
-                    if not finished:
+                out, done = self._sse_items(events)
+                if not finished:
+                    for i, item in enumerate(out):
+                        if type(item) is not RawChunk:
+                            continue
+                        obj = item.data
                         choices = obj.get("choices")
                         if choices:
-                            for choice in choices:
-                                if type(choice) is dict and choice.get("finish_reason"):
-                                    finished = True
+                            if any(type(c) is dict and c.get("finish_reason") for c in choices):
+                                finished = True
+                                break
                         elif "error" in obj:
-                            if out:
-                                yield out
+                            if i:
+                                yield out[:i]
                             raise self._stream_error(obj)
-                    append(RawChunk(obj))
                 if out:
                     yield out
                 if done:
