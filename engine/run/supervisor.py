@@ -393,7 +393,11 @@ class Supervisor:
         not two). A caller answers the client only after this returns, so
         nothing reaches a client that the log does not hold; the caller's
         subscription then starts from the actor's history. Raises what the
-        first commit raised (the store down: no turn was created)."""
+        first commit raised (the store down: no turn was created).
+
+        A request with direct tools is recorded first, on its own, as before:
+        the client may have to run one of them during the assembly, so it
+        must know the turn before the assembly runs."""
         self._refuse_if_draining()
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
@@ -403,6 +407,11 @@ class Supervisor:
         record = TurnRecord(
             id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
         )
+        if request.get("direct_tools"):
+            # The client may have to run one of its tools during the assembly
+            # (prompt-based tool selection): it must hold the turn's id before.
+            fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
+            return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
         actor = self._spawn(Folded.of(turn_id, [event]), 0, resume=False, start=(record, event))
         try:
             await asyncio.shield(actor.started)
