@@ -121,6 +121,7 @@ class TurnActor:
         # A new turn not yet in the log: its record and ``turn.started`` (folded
         # into ``view`` already) go with its first durable commit.
         self._start: TurnRecord | None = None
+        self._start_write: asyncio.Future[int] | None = None
         # In-order publication of committed events.
         self._next_publish = view.last_seq + 1
         if start is not None:
@@ -270,7 +271,9 @@ class TurnActor:
             self._cancel_timer()
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
-            if not self.started.done():  # stopped before the turn's first commit
+            # Stopped before the turn's first commit (a drain halted it): no
+            # turn. A first commit still in flight decides it instead (_started).
+            if not self.started.done() and (self._start_write is None or self._start_write.done()):
                 self.started.set_exception(self.write_error or NotStarted(f"turn {self.turn_id} was stopped before it started"))
             if not self.answered.done():
                 self.answered.set_result(None)
@@ -482,7 +485,9 @@ class TurnActor:
         first, rest = events[:cut], events[cut:]
         # A task, so the commit's outcome reaches ``started`` and the bus even
         # if this actor is cancelled while it waits (a drain): shielded below.
-        write = self._loop.create_task(self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds))
+        write = self._start_write = self._loop.create_task(
+            self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds)
+        )
         write.add_done_callback(functools.partial(self._started, first))
         try:
             self.fencing = await asyncio.shield(write)
@@ -498,7 +503,9 @@ class TurnActor:
 
     def _started(self, events: list[Event], write: asyncio.Future[int]) -> None:
         """The first commit finished: the turn exists (publish its events), or not."""
-        if write.cancelled():
+        if write.cancelled():  # shutdown
+            if not self.started.done():
+                self.started.set_exception(NotStarted(f"turn {self.turn_id} was stopped before it started"))
             return
         exc = write.exception()
         if exc is None:
