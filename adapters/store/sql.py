@@ -70,6 +70,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store import postgres as _pg
+from adapters.store import postgres_writer as _pw
 from adapters.store import sqlite_writer as _sw
 from adapters.store.common import (
     Head,
@@ -263,6 +264,7 @@ class SqlEventStore:
         self._thread: _WriterThread | None = None
         self._sync_conn: Connection | None = None  # used only in the writer thread
         self._async_conn: AsyncConnection | None = None
+        self._driver_conn: Any = None  # PostgreSQL: the asyncpg connection under _async_conn
         # The writer's queue: a deque and a wake-up future rather than an
         # asyncio.Queue, whose get() asks for the running loop every time it
         # waits (a getpid() system call on CPython 3.11: once per commit).
@@ -691,16 +693,29 @@ class SqlEventStore:
             raise
 
     async def _commit_async(self, batch: list[Any]) -> Results:
+        """A group commit on the async engine. PostgreSQL: a batch of only
+        appends, starts and releases on the asyncpg connection itself
+        (``adapters.store.postgres_writer``); any other batch through
+        SQLAlchemy (``run_sync``)."""
         if self._async_conn is None:
             self._async_conn = await self._write_engine.connect()
+            self._driver_conn = None
         conn = self._async_conn
         try:
-            async with conn.begin():
-                results = await conn.run_sync(self._write_batch, batch)
+            if self._postgres and all(type(item) in _RAW_KINDS for item in batch):
+                if self._driver_conn is None:
+                    self._driver_conn = (await conn.get_raw_connection()).driver_connection
+                raw = self._driver_conn
+                async with raw.transaction():
+                    results = await self._write_batch_pg(raw, batch)
+            else:
+                async with conn.begin():
+                    results = await conn.run_sync(self._write_batch, batch)
             self._committed_links()
             return results
         except BaseException:
             self._async_conn = None
+            self._driver_conn = None
             try:
                 await conn.invalidate()
                 await conn.close()
@@ -1068,6 +1083,192 @@ class SqlEventStore:
                     raise
                 results[i] = (False, exc)
 
+    # ------------------------------------------ PostgreSQL: the asyncpg connection
+
+    async def _write_batch_pg(self, raw: Any, batch: list[Any]) -> Results:
+        """``_write_batch`` of a batch of only appends, starts and releases, on
+        the asyncpg connection (inside its open transaction)."""
+        self._linked = {}
+        results: Results = [(True, None)] * len(batch)
+        i, n = 0, len(batch)
+        while i < n:
+            kind = type(batch[i])
+            j = i + 1
+            while j < n and type(batch[j]) is kind:
+                j += 1
+            if kind is _Append:
+                await self._append_run_pg(raw, batch, i, j, results)
+            elif kind is _StartOp:
+                await self._start_run_pg(raw, batch, i, j, results)
+            else:
+                await self._release_run_pg(raw, batch, i, j, results)
+            i = j
+        return results
+
+    async def _link_pg(self, raw: Any, rows: list[tuple[Any, ...]], trial: dict[str, Head]) -> list[tuple[Any, ...]]:
+        """``_link`` with the previous hashes it will need read first (the
+        chain's link is sync): the rows whose turn has no head at ``seq - 1``
+        in ``trial``, this batch's or the committed links, as ``link_rows``
+        decides."""
+        found: dict[tuple[str, int], bytes] = {}
+        last: dict[str, int] = {}
+        for row in rows:
+            turn_id, seq, canon = row[0], row[1], row[5]
+            if canon is None:  # the chain is off
+                continue
+            before = last.get(turn_id)
+            if before is None:
+                head = trial.get(turn_id) or self._linked.get(turn_id) or self._heads.get(turn_id)
+                before = None if head is None else head[0]
+            if seq > 1 and before != seq - 1:
+                self.stats["chain_reads"] += 1
+                found[(turn_id, seq)] = previous_hash(await raw.fetchval(_pw.SELECT_PREVIOUS_HASH, turn_id, seq))
+            last[turn_id] = seq
+        return link_rows(rows, trial, lambda turn_id, seq: found[(turn_id, seq)], self._linked, self._heads)
+
+    async def _append_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_append_run`` on the asyncpg connection: the same checks,
+        statements and fallback."""
+        live: list[int] = []
+        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        if fenced:
+            current = {row[0]: row[1] for row in await raw.fetch(_pw.SELECT_FENCING, list(fenced))}
+            for i in range(start, end):
+                req = batch[i]
+                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
+                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
+                elif (req.turn_id, req.fencing) in self._poisoned:
+                    results[i] = (False, after_failure(req.turn_id, req.fencing))
+                else:
+                    live.append(i)
+        else:
+            live = list(range(start, end))
+
+        rows = [row for i in live for row in batch[i].rows]
+        if len({(row[0], row[1]) for row in rows}) == len(rows):
+            updates = [_pw.index_args(batch[i].index) for i in live if batch[i].index is not None]
+            trial: dict[str, Head] = {}
+            rows = await self._link_pg(raw, rows, trial)
+            try:
+                # No savepoint (two round trips saved): an INSERT that inserts
+                # all or nothing, without failing the transaction.
+                if rows:
+                    await _pw.insert_events_all_or_none(raw, rows)
+                if updates:
+                    await raw.executemany(_pw.UPDATE_INDEX, updates)
+                self._linked.update(trial)
+                return
+            except _pg.Conflict:
+                pass  # nothing of the run was written; find the culprits
+
+        for i in live:
+            req = batch[i]
+            if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
+                results[i] = (False, after_failure(req.turn_id, req.fencing))
+                continue
+            trial = {}
+
+            async def one(req: _Append = req, trial: dict[str, Head] = trial) -> None:
+                if req.rows:
+                    await _pw.insert_events(raw, await self._link_pg(raw, req.rows, trial))
+                if req.index is not None:
+                    await raw.execute(_pw.UPDATE_INDEX, *_pw.index_args(req.index))
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except _UniqueViolation as exc:
+                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
+                error.__cause__ = exc
+                results[i] = (False, error)
+                self._poison(req)
+            else:
+                self._linked.update(trial)
+
+    async def _start_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_start_run`` on the asyncpg connection."""
+        reqs: list[_StartOp] = batch[start:end]
+        rows = [row for req in reqs for row in req.rows]
+        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
+            chats: dict[str, dict[str, Any]] = {}
+            for req in reqs:
+                chat = req.chat
+                have = chats.get(chat["c_id"])
+                if have is None:
+                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
+                elif chat["c_at"] > have["c_upd"]:
+                    have["c_upd"] = chat["c_at"]
+            trial: dict[str, Head] = {}
+
+            async def run() -> None:
+                await raw.executemany(_pw.INSERT_TURN, [_pw.turn_args(req.turn) for req in reqs])
+                await raw.executemany(_pw.UPSERT_CHAT, [_pw.chat_args(chat) for chat in chats.values()])
+                if rows:
+                    await _pw.insert_events(raw, await self._link_pg(raw, rows, trial))
+
+            try:
+                await _pw.in_savepoint(raw, run)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+            else:
+                self._linked.update(trial)
+                for i in range(start, end):
+                    results[i] = (True, 1)
+                return
+        for i in range(start, end):
+            req = batch[i]
+            trial = {}
+
+            async def one(req: _StartOp = req, trial: dict[str, Head] = trial) -> None:
+                await raw.execute(_pw.UPSERT_CHAT, *_pw.chat_args(req.chat))
+                try:
+                    await raw.execute(_pw.INSERT_TURN, *_pw.turn_args(req.turn))
+                except _UniqueViolation as exc:
+                    raise ConcurrencyError(f"turn {req.turn['t_id']} already exists") from exc
+                if req.rows:
+                    try:
+                        await _pw.insert_events(raw, await self._link_pg(raw, req.rows, trial))
+                    except _UniqueViolation as exc:
+                        raise ConcurrencyError(f"turn {req.turn['t_id']}: event seq already taken") from exc
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+            else:
+                self._linked.update(trial)
+                results[i] = (True, 1)
+
+    async def _release_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_release_run`` on the asyncpg connection: one executemany (one
+        round trip); on a failure, one by one."""
+        if end - start > 1:
+            params = [_pw.release_args(batch[i].params) for i in range(start, end)]
+
+            async def run() -> None:
+                await raw.executemany(_pw.RELEASE_TURN, params)
+
+            try:
+                await _pw.in_savepoint(raw, run)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+            else:
+                return  # results stay (True, None)
+        for i in range(start, end):
+
+            async def one(args: tuple[Any, ...] = _pw.release_args(batch[i].params)) -> None:
+                await raw.execute(_pw.RELEASE_TURN, *args)
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+
     def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """INSERT ``rows``; atomic if ``len(rows) <= _SQLITE_ROWS_PER_INSERT``
         (else call it inside a savepoint)."""
@@ -1170,8 +1371,18 @@ _RELEASE_TURN = (
 )
 
 
-#: Writes the SQLite writer thread does on the raw connection (exact types).
+#: Writes done at the driver level (SQLite writer thread, asyncpg), exact types.
 _RAW_KINDS = (_Append, _StartOp, _Release)
+
+#: asyncpg's unique violation (a taken turn id or ``(turn_id, seq)``), as an
+#: ``except`` clause: none without the PostgreSQL driver.
+_UniqueViolation: tuple[type[Exception], ...]
+try:
+    from asyncpg.exceptions import UniqueViolationError
+
+    _UniqueViolation = (UniqueViolationError,)
+except ImportError:  # pragma: no cover - a SQLite-only install
+    _UniqueViolation = ()
 
 
 class _WriterThread:
