@@ -65,6 +65,7 @@ def turn_cost(ctx: Ctx) -> dict[str, Any]:
     if bad:
         raise BenchError(f"turn_cost: turns failed: {bad[:3]}")
     store = _storebench(ctx, ["start", "--turns", "200", "--rounds", "3" if ctx.quick else "5"], 300, name="turncost-start", module="bench.turncost")
+    commit = _storebench(ctx, ["commit", "--turns", "100" if ctx.quick else "300", "--rounds", "3"], 300, name="turncost-commit", module="bench.turncost")
     added = {shape: [t - f for t, f in zip(spent[f"turnlog-{shape}"], spent[f"floor-{shape}"])] for shape in ("seq", "burst")}
     return {
         "status": "ok",
@@ -81,8 +82,10 @@ def turn_cost(ctx: Ctx) -> dict[str, Any]:
             "seq_added_cpu_us_per_turn": spread(added["seq"], digits=1),
             "burst_added_cpu_us_per_turn": spread(added["burst"], digits=1),
             "store_start": store,
+            "store_commit": commit,
             "note": "tiny unpaced turns through a fresh turnlog (SQLite) and the floor relay; process CPU "
-            "(utime+stime, /proc/PID/stat) over the phase / turns; added = turnlog - floor, same round",
+            "(utime+stime, /proc/PID/stat) over the phase / turns; added = turnlog - floor, same round; "
+            "store_commit: a tiny turn's 4 store calls one turn after another, process CPU per group commit",
         },
     }
 
