@@ -27,12 +27,21 @@ fails only its caller. Consecutive lease releases: one executemany UPDATE in
 one savepoint. Anything else (claim, renew, chat meta...) gets its own
 savepoint in queue order.
 
-The batch itself is synchronous SQLAlchemy Core code run either
+The batch itself runs either
 
 * on the writer engine (a sync ``Engine``, SQLite) in a dedicated thread:
-  one thread hop per group commit; or
-* through ``AsyncConnection.run_sync`` on the ``AsyncEngine`` (any async
-  driver, e.g. asyncpg) when no writer engine is given.
+  one thread hop per group commit. Appends, starts and releases are written
+  on the thread's raw ``sqlite3`` connection (``adapters.store.sqlite_writer``:
+  SQLAlchemy's execution machinery was ~75 % of the thread's CPU); other
+  writes as SQLAlchemy Core; or
+* on the ``AsyncEngine`` when no writer engine is given: on PostgreSQL a
+  batch of only appends, starts and releases on the asyncpg connection
+  itself (``adapters.store.postgres_writer``), any other batch (and any
+  other driver, e.g. aiosqlite) as synchronous SQLAlchemy Core code through
+  ``AsyncConnection.run_sync``.
+
+Both driver-level paths keep the SQLAlchemy path's statements, savepoints,
+fallbacks and chain links: what is stored is the same.
 
 A caller's future resolves only after COMMIT returned. A caller cancelled while
 waiting does not withdraw its request: it may still be committed.
