@@ -20,6 +20,7 @@ import orjson
 
 from engine.events import Event
 from engine.fold.turn_view import TurnView
+from engine.ports import LiveDeltas
 from engine.run.follow import EventOut, Out, TurnFollower
 
 RESPONSE_PREFIX = "resp_"
@@ -454,8 +455,13 @@ class ResponsesRenderer:
             self._finish("failed", "response.failed")
 
     def render(self, outs: list[Out]) -> bytes:
+        if any(type(out) is LiveDeltas for out in outs):
+            # A run of live chunks: one by one (this renderer builds events per piece).
+            outs = [d for out in outs for d in (out.deltas if isinstance(out, LiveDeltas) else (out,))]
         for out in outs:
             if out.pos <= self.last_sent or self.done:
+                continue
+            if isinstance(out, LiveDeltas):  # (expanded above)
                 continue
             if not isinstance(out, EventOut):
                 self._pieces(out.pieces)

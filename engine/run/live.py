@@ -71,7 +71,7 @@ class Subscription:
             if waiter is not None and not waiter.done() and sink(message):
                 self._sunk = True
                 return
-        extra = len(message.deltas) - 1 if type(message) is LiveDeltas else 0
+        extra = len(message) - 1 if type(message) is LiveDeltas else 0
         if len(self._items) + self._extra + extra >= self._limit:
             # A slow reader: stop buffering; it must re-read from the log.
             self.lagged = True
@@ -113,7 +113,7 @@ class Subscription:
                     return None
             item = self._items.popleft()
             if type(item) is LiveDeltas:
-                self._extra -= len(item.deltas) - 1
+                self._extra -= len(item) - 1
             return item
         finally:
             if timer is not None:
