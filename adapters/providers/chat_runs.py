@@ -3,17 +3,18 @@
 A fast upstream sends thousands of chunks that are byte for byte the same but
 for the text of ``choices[0].delta.content``. Parsing each whole (a dict, a
 list, five strings, then freeing them all) was most of turnlog's CPU per
-relayed chunk. ``TemplateRuns`` learns the bytes around the delta object from
-one chunk it parsed whole, and then, for every chunk that starts and ends with
-exactly those bytes, parses only the delta object in between.
+relayed chunk. ``TemplateRuns`` learns the bytes around the text's JSON string
+from one chunk it parsed whole (a one-choice chunk whose delta is only
+``content``), and then, for every chunk that starts and ends with exactly
+those bytes, parses only the string in between.
 
-Why this is exact: JSON is a context-free grammar, so if ``head + D + tail``
+Why this is exact: JSON is a context-free grammar, so if ``head + S + tail``
 parses (verified once, when the template is learned, against the whole
-chunk's own parse) and ``M`` is a complete JSON object, ``head + M + tail``
-parses to the template with ``M`` in the delta's place. A chunk whose middle is
-not exactly ``{"content": <non-empty string>}`` — or not JSON at all — takes the
-ordinary path (``HTTPProvider._sse_items``), which decides what it is and warns
-as before. A template that keeps failing to match (an upstream that changes
+chunk's own parse, with another string in the text's place) and ``M`` alone
+parses to a string, ``head + M + tail`` parses to the template with that
+string as the text. A chunk whose middle is not one non-empty JSON string —
+or not JSON at all — takes the ordinary path (``HTTPProvider._sse_items``),
+which decides what it is and warns as before. A template that keeps failing to match (an upstream that changes
 other bytes per chunk, such as a timestamp) stops the learning, so such a
 stream pays at most a few lookups more than before.
 """
@@ -21,6 +22,7 @@ stream pays at most a few lookups more than before.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 from typing import Any, Final
 
@@ -32,7 +34,8 @@ from engine.ports import RawChunk, RawRun, RawWarning
 __all__ = ["TemplateRuns"]
 
 _DELTA: Final = b'"delta":'
-_PROBE: Final = b'{"content":"x"}'
+_CONTENT: Final = re.compile(rb'\{\s*"content"\s*:\s*')
+_PROBE: Final = b'"x"'
 #: Attempts to learn a template since one last matched: then stop learning.
 MAX_UNUSED: Final = 4
 #: "}" tried as the end of the delta object.
@@ -67,18 +70,16 @@ class TemplateRuns:
             data = event[1]
             if template is not None and data.startswith(head) and data.endswith(tail):
                 try:
-                    middle = loads(data[start:end])
+                    text = loads(data[start:end])
                 except ValueError:
-                    middle = None
-                if type(middle) is dict and len(middle) == 1:
-                    text = middle.get("content")
-                    if type(text) is str and text:
-                        if run is None:
-                            run = []
-                            out.append(RawRun(template, run))
-                            self._unused = 0
-                        run.append(text)
-                        continue
+                    text = None
+                if type(text) is str and text:
+                    if run is None:
+                        run = []
+                        out.append(RawRun(template, run))
+                        self._unused = 0
+                    run.append(text)
+                    continue
             run = None
             got, done = self._sse_items([event])
             out.extend(got)
@@ -95,7 +96,7 @@ class TemplateRuns:
     def _learn(self, data: bytes, obj: dict[str, Any]) -> bool:
         """Take ``data`` (parsed: ``obj``) as the template if it is a
         one-choice chunk whose delta is only a text, and the bytes around that
-        delta parse back to ``obj`` with another delta in its place."""
+        text's string parse back to ``obj`` with another text in its place."""
         choices = obj.get("choices")
         if type(choices) is not list or len(choices) != 1:
             return False
@@ -126,7 +127,14 @@ class TemplateRuns:
                 continue
         else:
             return False
-        head, tail = data[:at], data[end:]
+        # Within it, the text's string: after '{"content":', before '}'.
+        key = _CONTENT.match(data, at, end)
+        if key is None:
+            return False
+        first, last = key.end(), end - 1
+        while data[last - 1 : last] in _BLANKS:
+            last -= 1
+        head, tail = data[:first], data[last:]
         expected = copy.deepcopy(obj)
         expected["choices"][0]["delta"] = {"content": "x"}
         try:
