@@ -83,25 +83,36 @@ class RecordedUpstream:
 
 
 def _blank(raw: str, turn_id: str) -> str:
-    return re.sub(r'"created":\d+', '"created":0', raw.replace(turn_id, "TURN"))
+    raw = re.sub(r'"(created|[a-z_]+_at)":\d+', r'"\1":0', raw.replace(turn_id, "TURN"))
+    return re.sub(r"chat_[0-9a-f]{24}", "CHAT", raw)
 
 
-async def client_bytes(tmp_path: Path, database_url: str, name: str) -> tuple[str, str]:
-    """What a streaming client received for the recorded stream ``name``, and
-    what a client reading the turn from the log afterwards received (blanked)."""
+async def client_bytes(tmp_path: Path, database_url: str, name: str, api: str = "chat") -> tuple[str, str]:
+    """What a streaming client received for the recorded stream ``name`` (over
+    Chat Completions, or the Responses API with ``api="responses"``), and what a
+    client reading the turn from the log afterwards received (blanked)."""
     upstream = RecordedUpstream((DATA / f"{name}.sse").read_bytes())
     await upstream.start()
     try:
         svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)  # type: ignore[arg-type]
         try:
-            body: dict[str, Any] = {"model": "gpt-test", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
-            if name == "tools":
-                body["tools"] = TOOLS
-            async with svc.http.post(svc.v1 + "/chat/completions", json=body) as resp:
-                assert resp.status == 200
-                turn_id = resp.headers["X-Turn-Id"]
-                live = await resp.text()
-            async with svc.http.get(f"{svc.v1}/turns/{turn_id}/stream?include_usage=true") as again:
+            if api == "responses":
+                async with svc.http.post(svc.v1 + "/responses", json={"model": "gpt-test", "input": "go", "stream": True}) as resp:
+                    assert resp.status == 200
+                    turn_id = resp.headers["X-Turn-Id"]
+                    live = await resp.text()
+                again_url = f"{svc.v1}/responses/resp_{turn_id}?stream=true"
+            else:
+                body: dict[str, Any] = {"model": "gpt-test", "messages": USER, "stream": True, "stream_options": {"include_usage": True}}
+                if name == "tools":
+                    body["tools"] = TOOLS
+                async with svc.http.post(svc.v1 + "/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    turn_id = resp.headers["X-Turn-Id"]
+                    live = await resp.text()
+                again_url = f"{svc.v1}/turns/{turn_id}/stream?include_usage=true"
+            async with svc.http.get(again_url) as again:
+                assert again.status == 200
                 replayed = await again.text()
         finally:
             await stop_service(svc)
@@ -115,6 +126,9 @@ async def test_recorded_streams_give_the_previous_versions_bytes(tmp_path: Path,
         live, replayed = await client_bytes(tmp_path / name, database_url, name)
         assert live == (DATA / f"{name}.expected").read_text(encoding="utf-8"), name
         assert replayed == live, name
+    live, replayed = await client_bytes(tmp_path / "responses", database_url, "text", api="responses")
+    assert live == (DATA / "text.responses.expected").read_text(encoding="utf-8")
+    assert replayed == live
 
 
 # -- the transport's runs against the ordinary parser -------------------------------------------
