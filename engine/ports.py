@@ -660,9 +660,10 @@ class LiveDelta:
 
 
 class LiveDeltas:
-    """The chunks of one upstream read, published as one message: a fast
-    upstream brings hundreds per read, and each message costs every subscriber
-    a mailbox put, a wake-up (or a direct delivery) and a socket write.
+    """The chunks of one upstream read (those of one delta window), published
+    as one message: a fast upstream brings hundreds per read, and each message
+    costs every subscriber a mailbox put, a wake-up (or a direct delivery) and
+    a socket write.
 
     Two forms. ``LiveDeltas(deltas)``: any chunks, a ``LiveDelta`` each.
     ``LiveDeltas.run(seq, pos, kind, texts)``: plain chunks of one window, as

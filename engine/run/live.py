@@ -1,8 +1,9 @@
 """In-process live fan-out: what a running turn tells its subscribers.
 
 The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk, or a
-``LiveDeltas`` holding the chunks of one upstream read (sent at once, before
-they are durable) and a ``LiveEvent`` per committed event (sent in
+``LiveDeltas`` holding the chunks of one upstream read that fall in one delta
+window (sent at once, before they are durable; plain text chunks as a run of
+strings) and a ``LiveEvent`` per committed event (sent in
 seq order after its commit). Subscribers are a convenience, never the truth: a
 subscriber that falls behind is marked ``lagged`` and catches up from the log.
 """
