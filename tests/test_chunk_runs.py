@@ -262,3 +262,26 @@ async def test_a_run_reaches_the_normalizer_as_one_text_run() -> None:
     n = ChatNormalizer(lambda kind: f"{kind}_1")
     events = n.feed_read([RawRun(with_usage, ["x", "y"])], runs=True)
     assert events == [TextDelta("x"), UsageReport({"total_tokens": 3}), TextDelta("y"), UsageReport({"total_tokens": 3})]
+
+
+def test_folding_a_run_in_one_step_is_folding_its_chunks_one_by_one() -> None:
+    """``Accumulator.feed_plain`` either refuses (nothing folded) or leaves the
+    accumulator as ``feed_text`` per chunk would, each chunk shown as itself."""
+    from engine.fold.accumulator import Accumulator, Piece
+
+    def ids() -> Any:
+        n = iter(range(10**6))
+        return lambda kind: f"{kind}_{next(n)}"
+
+    rng = random.Random(5)
+    words = ["a", "b c", " ", "\n", "<", "think>", "</think>", "x<y", "```", "py\n", "é", ""]
+    for _ in range(300):
+        one, batched = Accumulator(id_factory=ids(), code_interpreter=True), Accumulator(id_factory=ids(), code_interpreter=True)
+        for _ in range(rng.randint(1, 8)):
+            texts = [rng.choice(words) for _ in range(rng.randint(1, 6))]
+            expected = [tuple(one.feed_text(t)) for t in texts]
+            if batched.feed_plain(texts):
+                assert expected == [(Piece("text", t),) for t in texts]
+            else:
+                assert [tuple(batched.feed_text(t)) for t in texts] == expected
+            assert batched.text == one.text and batched.output == one.output

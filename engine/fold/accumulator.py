@@ -578,7 +578,7 @@ class Accumulator:
         return out
 
     def feed_plain(self, texts: list[str]) -> bool:
-        """Fold non-empty ``texts`` in one step if each would take
+        """Fold ``texts`` (all non-empty) in one step if each would take
         ``feed_text``'s per-token case (an open message, no tag possible,
         nothing held back): then every chunk's piece is ``Piece("text",
         text)``. False, with nothing folded, if any might not (feed them one
@@ -592,6 +592,7 @@ class Accumulator:
             or self._native_open
             or self._pending
             or self._block is not None
+            or "" in texts  # (an empty chunk shows nothing: the per-chunk path)
             or self._scanner.may_start("".join(texts))
         ):
             return False
