@@ -393,12 +393,18 @@ TERMINAL_TYPES = frozenset({"turn.completed", "turn.cancelled", "turn.failed"})
 
 
 def make_event(turn_id: str, seq: int, data: EventData, at: float | None = None) -> Event:
-    """Validate ``data`` against its type and wrap it in an envelope."""
-    return Event(
+    """Wrap ``data`` (validated against its type when it was built) in an envelope.
+
+    The envelope is constructed without a second validation: its fields are
+    ours (an id, a seq, the payload's dump), and several are made at the start
+    of every turn. ``turn_id`` and ``seq`` are checked here instead."""
+    if type(turn_id) is not str or type(seq) is not int:
+        raise TypeError(f"make_event: turn_id must be a str and seq an int, got {turn_id!r}, {seq!r}")
+    return Event.model_construct(
         turn_id=turn_id,
         seq=seq,
         type=data.TYPE,
-        at=time.time() if at is None else at,
+        at=time.time() if at is None else float(at),
         data=data.model_dump(mode="json", exclude_none=False),
     )
 

@@ -132,11 +132,19 @@ async def start(engine: Engine, body: dict[str, Any]) -> Watched:
     """Start a turn and subscribe before it runs."""
     request = parse_chat_request({"model": "gpt-test", "messages": USER, **body}).recorded()
     actor = await engine.supervisor.start_turn(request=request, user_id="u1", model="gpt-test")
-    # No await from here to the reader's first wait: the actor's task has not
-    # run yet, and its first commit completes only after the reader is parked.
+    # start_turn returns once the turn's first commit (turn.started with its
+    # assembly and model.requested) is durable and published: a follower
+    # takes those from the actor's history with its subscription, as every
+    # client does (Supervisor.join). The actor waits for the upstream now and
+    # has folded nothing since, so its view is the one it published them with.
+    # No await from here to the reader's first wait.
     snaps = Snapshots(actor)
-    snaps.events.append((Event(turn_id=actor.turn_id, seq=1, type="<start>", at=0.0, data={}), _json(actor.view.public())))
-    sub = engine.bus.subscribe(actor.turn_id)
+    view = _json(actor.view.public())
+    snaps.events.append((Event(turn_id=actor.turn_id, seq=1, type="<start>", at=0.0, data={}), view))
+    joined = engine.supervisor.join(actor.turn_id)
+    assert joined.history is not None and joined.history[-1].type == "model.requested"
+    snaps.events += [(event, view) for event in joined.history[1:]]
+    sub = joined.subscription
     sub.sink = snaps.take
 
     async def read() -> None:

@@ -132,6 +132,10 @@ class HTTPProvider:
         self._headers: dict[str, str] = {"Accept": "application/json"}
         if self._api_key:
             self._headers["Authorization"] = f"Bearer {self._api_key}"
+        # The model request's body is serialized here (orjson: several times
+        # cheaper than aiohttp's ``json=``, which uses the json module: a
+        # measurable part of a turn's start in a burst).
+        self._json_headers = {**self._headers, "Content-Type": "application/json"}
         # connect=None on purpose: waiting for a free pooled connection (if a
         # caller-supplied session has a limit) is not a connect timeout.
         self._timeout = aiohttp.ClientTimeout(
@@ -268,7 +272,7 @@ class HTTPProvider:
         watchdog: _Progress | None = None
         try:
             async with asyncio.timeout(self.headers_timeout):
-                resp = await session.post(self.base_url + path, json=payload, headers=self._headers, timeout=self._timeout)
+                resp = await session.post(self.base_url + path, data=_body(payload), headers=self._json_headers, timeout=self._timeout)
             async with resp:
                 if resp.status >= 400:
                     raise await self._http_error(resp)
@@ -369,6 +373,15 @@ class HTTPProvider:
 
 
 # -- helpers -------------------------------------------------------------------
+
+
+def _body(payload: dict[str, Any]) -> bytes:
+    """The JSON body of a request: orjson, or the json module for what orjson
+    refuses (an integer beyond 64 bits, a key that is not a string)."""
+    try:
+        return orjson.dumps(payload)
+    except TypeError:
+        return json.dumps(payload).encode()
 
 
 async def _read_capped(resp: aiohttp.ClientResponse, limit: int) -> bytes:

@@ -309,6 +309,19 @@ def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple
 
 
 @functools.lru_cache(maxsize=64)
+def _scanners(reasoning: tuple[tuple[str, str], ...], code_interpreter: bool) -> tuple[_StartScanner, _StartScanner]:
+    """An accumulator's two scanners, built once per tag set (every view of
+    every turn makes an accumulator: its specs and their hashes are not
+    rebuilt each time). Once native reasoning exists, reasoning tags are
+    literal text (§6.7); solution and code-interpreter tags are still detected."""
+    reasoning_specs = [TagSpec("reasoning", s, e) for s, e in reasoning]
+    other_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
+    if code_interpreter:
+        other_specs += [TagSpec("code_interpreter", s, e) for s, e in CODE_INTERPRETER_TAGS]
+    return _scanner_for(tuple(reasoning_specs + other_specs)), _scanner_for(tuple(other_specs))
+
+
+@functools.lru_cache(maxsize=64)
 def _scanner_for(specs: tuple[TagSpec, ...]) -> _StartScanner:
     """Scanners are immutable: every accumulator with the same tags shares one."""
     return _StartScanner(specs)
@@ -507,14 +520,7 @@ class Accumulator:
         code_interpreter: bool = False,
     ) -> None:
         self._id_factory = id_factory
-        reasoning_specs = [TagSpec("reasoning", s, e) for s, e in _reasoning_pairs(reasoning_tags)]
-        other_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
-        if code_interpreter:
-            other_specs += [TagSpec("code_interpreter", s, e) for s, e in CODE_INTERPRETER_TAGS]
-        self._full_scanner = _scanner_for(tuple(reasoning_specs + other_specs))
-        # Once native reasoning exists, reasoning tags are literal text (§6.7);
-        # solution and code-interpreter tags are still detected.
-        self._after_native_scanner = _scanner_for(tuple(other_specs))
+        self._full_scanner, self._after_native_scanner = _scanners(_reasoning_pairs(reasoning_tags), code_interpreter)
         self._scanner = self._full_scanner
 
         self._items: list[dict[str, Any]] = []

@@ -7,6 +7,11 @@ and the loop state, and publishes it to live subscribers.
 Durability rules:
 * state events are durable before the engine acts on them (``record`` awaits the
   commit: ``model.requested`` is committed before the request goes out);
+* a new turn's first commit creates it (``EventStore.start_turn``): ``turn.started``
+  is staged, not written on its own, and goes with the first events recorded
+  durably (normally the assembly and ``model.requested``: one commit, not two,
+  before the model request). Nothing reaches a client before it (``started``);
+  a turn that ends before it never existed in the log;
 * token deltas are published at once and written in batches (group commit):
   every ``flush_interval`` seconds, every ``flush_max_chunks`` chunks, or before
   the next non-delta event;
@@ -36,7 +41,18 @@ from engine.events import (
 )
 from engine.fold.turn_view import TurnView
 from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
-from engine.ports import ConcurrencyError, EventStore, IndexUpdate, LeaseLost, LiveBus, LiveDelta, LiveDeltas, LiveEvent, observe
+from engine.ports import (
+    ConcurrencyError,
+    EventStore,
+    IndexUpdate,
+    LeaseLost,
+    LiveBus,
+    LiveDelta,
+    LiveDeltas,
+    LiveEvent,
+    TurnRecord,
+    observe,
+)
 from engine.run.context import END, End, TurnPorts
 from engine.run.log_context import current_turn
 from engine.run.loop_state import LoopState
@@ -51,6 +67,11 @@ HISTORY_LIMIT = 16
 
 class TurnLost(Exception):
     """This actor may no longer write the turn (lease lost, or a log conflict)."""
+
+
+class NotStarted(Exception):
+    """The actor of a new turn stopped before the turn's first commit (this
+    process halts it): the turn never existed in the log."""
 
 
 def index_update(event: Event, view: TurnView) -> IndexUpdate | None:
@@ -76,6 +97,7 @@ class TurnActor:
         settings: EngineSettings,
         owner: str,
         history: list[Event] | None = None,
+        start: tuple[TurnRecord, Event] | None = None,
     ) -> None:
         self._view = view
         self._state = state
@@ -100,21 +122,37 @@ class TurnActor:
         self._inflight: deque[asyncio.Future[None]] = deque()
         # Recorded with durable=False: committed with the next commit.
         self._staged: list[Event] = []
+        # A new turn not yet in the log: its record and ``turn.started`` (folded
+        # into ``view`` already) go with its first durable commit.
+        self._start: TurnRecord | None = None
+        self._start_write: asyncio.Future[int] | None = None
         # In-order publication of committed events.
         self._next_publish = view.last_seq + 1
+        if start is not None:
+            self._start, started = start
+            self._staged.append(started)
+            self._next_publish = started.seq
+            history = []
         self._committed: dict[int, Event] = {}
         # Every committed event of the turn while there are few (``history``: the
         # events ``view`` was folded from), so that a follower joining early —
         # the client that started the turn — starts without reading the log.
         self._history: list[Event] | None = list(history) if history is not None else None
         if self._history is not None and (
-            len(self._history) != view.last_seq or any(e.seq != i for i, e in enumerate(self._history, 1))
+            len(self._history) != self._next_publish - 1 or any(e.seq != i for i, e in enumerate(self._history, 1))
         ):
             self._history = None
         self._cancel_by: str | None = None
         self._halting = False
         self._cancel_done: asyncio.Future[None] = self._loop.create_future()
         self.done: asyncio.Future[None] = self._loop.create_future()
+        # The turn is in the log (its first commit is durable): what the caller
+        # that started it waits for before it answers the client.
+        self.started: asyncio.Future[None] = self._loop.create_future()
+        if self._start is None:
+            self.started.set_result(None)
+        else:  # its caller may be gone (a client that hung up): not an unretrieved error
+            self.started.add_done_callback(lambda f: f.cancelled() or f.exception())
         # The answer is final (outlet applied; background tasks may still run):
         # what a non-streaming client waits for.
         self.answered: asyncio.Future[None] = self._loop.create_future()
@@ -154,6 +192,12 @@ class TurnActor:
         """This actor stopped writing (its lease or a write failed): its view may
         hold events the log does not; the log decides."""
         return self._lost
+
+    @property
+    def never_started(self) -> bool:
+        """This new turn's first commit was not made (it failed, or the actor
+        stopped before it): there is no turn in the log to release or resume."""
+        return self._start is not None
 
     @property
     def store_fault(self) -> bool:
@@ -231,6 +275,10 @@ class TurnActor:
             self._cancel_timer()
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
+            # Stopped before the turn's first commit (a drain halted it): no
+            # turn. A first commit still in flight decides it instead (_started).
+            if not self.started.done() and (self._start_write is None or self._start_write.done()):
+                self.started.set_exception(self.write_error or NotStarted(f"turn {self.turn_id} was stopped before it started"))
             if not self.answered.done():
                 self.answered.set_result(None)
             if not self.done.done():
@@ -416,23 +464,71 @@ class TurnActor:
             # commit less per turn; the supervisor releases it otherwise).
             index = IndexUpdate(status=index.status, view=index.view, release=self.owner)
             release = True
+        recorded = events
+        if self._start is not None:
+            events = await self._first_commit(events)
         # Published from the write's own callback, not after this await: a cancel
         # that lands between the commit and this task's wake-up must not leave a
         # durable event unpublished (in-order publication would then hold back
         # everything after it). Shielded: a cancel does not withdraw the write.
-        future = self.store.append_nowait(events, fencing=self.fencing, index=index)
-        future.add_done_callback(functools.partial(self._written, events))
-        try:
-            await asyncio.shield(future)
-        except (LeaseLost, ConcurrencyError) as exc:
-            raise TurnLost(str(exc)) from exc
-        if release:
-            self.released = True
-        for event in events:
+        if events:
+            future = self.store.append_nowait(events, fencing=self.fencing, index=index)
+            future.add_done_callback(functools.partial(self._written, events))
+            try:
+                await asyncio.shield(future)
+            except (LeaseLost, ConcurrencyError) as exc:
+                raise TurnLost(str(exc)) from exc
+            if release:
+                self.released = True
+        for event in recorded:
             if event.type == "background.started" and not self.answered.done():
                 self.answered.set_result(None)
             elif event.type == "background.result":
                 await self._chat_meta(event)
+
+    async def _first_commit(self, events: list[Event]) -> list[Event]:
+        """Create the turn with its first durable events (``turn.started`` first).
+
+        The turn's row is created as running, so events that change its index
+        (a failure or a cancel before the model request) are left out: the
+        caller appends them with their index update, as any later event.
+        Returns those left out."""
+        record, self._start = self._start, None
+        assert record is not None
+        cut = next((i for i, e in enumerate(events) if index_update(e, self._view) is not None), len(events))
+        first, rest = events[:cut], events[cut:]
+        # A task, so the commit's outcome reaches ``started`` and the bus even
+        # if this actor is cancelled while it waits (a drain): shielded below.
+        write = self._start_write = self._loop.create_task(
+            self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds)
+        )
+        write.add_done_callback(functools.partial(self._started, first))
+        try:
+            self.fencing = await asyncio.shield(write)
+        except Exception as exc:
+            # The turn was not created: this actor stops; the caller that
+            # started it answers with the error (e.g. the store is down).
+            self._lost = True
+            if self.write_error is None:
+                self.write_error = exc
+            self._start = record  # nothing in the log to release or resume
+            raise TurnLost(f"the turn could not be started: {exc}") from exc
+        return rest
+
+    def _started(self, events: list[Event], write: asyncio.Future[int]) -> None:
+        """The first commit finished: the turn exists (publish its events), or not."""
+        if write.cancelled():  # shutdown
+            if not self.started.done():
+                self.started.set_exception(NotStarted(f"turn {self.turn_id} was stopped before it started"))
+            return
+        exc = write.exception()
+        if exc is None:
+            self.fencing = write.result()
+            self._published(events)
+            if not self.started.done():
+                self.started.set_result(None)
+        elif not self.started.done():
+            self.started.set_exception(exc)
 
     async def _chat_meta(self, event: Event) -> None:
         """A title or tags for the chat listing (the log has them already)."""

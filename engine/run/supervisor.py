@@ -51,7 +51,7 @@ from engine.ports import (
     WebSearch,
 )
 from engine.protocols.client import LiveModelClient
-from engine.run.actor import TurnActor, index_update
+from engine.run.actor import NotStarted, TurnActor, index_update
 from engine.run.approvals import decide, settle
 from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
@@ -258,7 +258,13 @@ class Supervisor:
     # -- turns -----------------------------------------------------------------
 
     def _spawn(
-        self, folded: Folded, fencing: int, *, resume: bool, history: list[Event] | None = None
+        self,
+        folded: Folded,
+        fencing: int,
+        *,
+        resume: bool,
+        history: list[Event] | None = None,
+        start: tuple[TurnRecord, Event] | None = None,
     ) -> TurnActor:
         turn_id = folded.view.id
         channel = ClientRequests(self.bus, turn_id)
@@ -274,6 +280,7 @@ class Supervisor:
             settings=self.settings,
             owner=self.owner,
             history=history,
+            start=start,
         )
         self.actors[turn_id] = actor
         self._channels[turn_id] = channel
@@ -365,7 +372,7 @@ class Supervisor:
         if self.actors.get(turn_id) is actor:
             del self.actors[turn_id]
             self._channels.pop(turn_id, None)
-        if actor.released:  # with its terminal event
+        if actor.released or actor.never_started:  # with its terminal event; or not in the log
             return
         if actor.store_fault and not self.draining:
             # Its write failed (the database down, its disk full): resume it
@@ -378,8 +385,19 @@ class Supervisor:
             log.exception("turn %s: could not release the lease", turn_id)
 
     async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str) -> TurnActor:
-        """Record ``turn.started`` durably, then start the actor (not yet running:
-        the caller can subscribe before the first chunk)."""
+        """Start a new turn; return its actor once the turn is durable.
+
+        The actor runs at once: ``turn.started`` goes into the log with the
+        turn's first events recorded durably (its assembly and the
+        ``model.requested`` that sends it: one commit before the model request,
+        not two). A caller answers the client only after this returns, so
+        nothing reaches a client that the log does not hold; the caller's
+        subscription then starts from the actor's history. Raises what the
+        first commit raised (the store down: no turn was created).
+
+        A request with direct tools is recorded first, on its own, as before:
+        the client may have to run one of them during the assembly, so it
+        must know the turn before the assembly runs."""
         self._refuse_if_draining()
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
@@ -389,8 +407,17 @@ class Supervisor:
         record = TurnRecord(
             id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
         )
-        fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
-        return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
+        if request.get("direct_tools"):
+            # The client may have to run one of its tools during the assembly
+            # (prompt-based tool selection): it must hold the turn's id before.
+            fencing = await self.store.start_turn(record, [event], lease_seconds=self.settings.lease_seconds)
+            return self._spawn(Folded.of(turn_id, [event]), fencing, resume=False, history=[event])
+        actor = self._spawn(Folded.of(turn_id, [event]), 0, resume=False, start=(record, event))
+        try:
+            await asyncio.shield(actor.started)
+        except NotStarted:
+            raise Draining("this instance is shutting down; retry the request") from None
+        return actor
 
     async def fork(
         self,

@@ -8,7 +8,7 @@ highest (a builtin never shadows a tool the request chose).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import ItemsView, Iterator, Mapping
 
 from engine.ports import TurnToolServers
 from engine.tools.calls import ToolHandle
@@ -33,6 +33,11 @@ class TurnTools(Mapping[str, ToolHandle]):
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._merged())
+
+    def items(self) -> ItemsView[str, ToolHandle]:
+        """One merge, not a lookup per name (the assembly filters every tool
+        of every turn through this)."""
+        return self._merged().items()
 
     def __len__(self) -> int:
         return len(self._merged())
