@@ -228,14 +228,11 @@ class Connection:
         try:
             async with aclosing(tail(store, join, turn_id, after=after, sink=sink if self.outbox is not None else None)) as tailed:
                 async for items in tailed:
-                    if not items:  # a quiet spell: what was held goes out
-                        self.flush()
-                        continue
                     out: list[bytes] = []
                     # Only ``model.delta`` events, whose text this client was
-                    # already sent as ``delta`` messages: held until its next
-                    # message (one write for both) or this turn's next quiet
-                    # spell (tail's heartbeat, POLL_SECONDS).
+                    # already sent as ``delta`` messages, may wait for the next
+                    # message (the next chunk's delta: one write for both), at
+                    # most ws_frames.HOLD_SECONDS.
                     hold = deltas
                     for item in items:
                         if isinstance(item, Event):
