@@ -1,4 +1,4 @@
-"""Outgoing WebSocket frames of one connection, coalesced into one write per loop pass.
+"""Outgoing WebSocket frames of one connection, written together.
 
 aiohttp's ``send_frame`` writes each frame to the transport on its own, and
 uvloop's ``transport.write`` sends at once when the socket buffer is empty:
@@ -8,18 +8,19 @@ fast read's chunks make a ``delta`` each; with thousands of connections those
 system calls were a fifth of the process's samples (bench ``thousands_ws``).
 
 ``FrameOutbox`` frames the messages itself (RFC 6455: FIN, a text opcode, the
-length; a server never masks) and keeps them until the end of the loop's
-pass, when a callback writes everything the connection produced in that pass
-with ONE ``transport.write``. The frames are the ones aiohttp would write;
-order is the order of ``add``. Nothing changes for flow control: the bytes go
-to the same transport, whose high-water mark pauses writing; ``drain`` waits
-for it as aiohttp's ``send_frame`` does, and ``adapters.http.stall`` watches
-the same buffer. A connection that negotiated permessage-deflate is not
-handled here (``usable`` is False): its frames need aiohttp's compressor
-state, so they take aiohttp's own path.
+length; a server never masks) and writes all the frames of one ``add`` (what
+the pump renders from one batch of the turn's tail, or the ``delta``
+messages of one published read) with ONE ``transport.write``, at once, so no
+message waits for the end of the loop's pass. The frames are the ones
+aiohttp would write; order is the order of ``add``. Flow control is
+aiohttp's: the bytes go to the same transport, whose high-water mark pauses
+writing; ``drain`` waits for it as aiohttp's ``send_frame`` does, and
+``adapters.http.stall`` watches the same buffer. A connection that
+negotiated permessage-deflate is not handled here (``usable`` is False): its
+frames need aiohttp's compressor state, so they take aiohttp's own path.
 
-A paced chunk's ``delta`` and its ``event`` never share a pass (the event
-comes a delta window later), so one write per pass alone still made two per
+A paced chunk's ``delta`` and its ``event`` never come together (the event
+follows a delta window later), so that alone still made two writes per
 chunk. A frame added with ``hold`` (the pump's ``model.delta`` events, whose
 text the client already has from the ``delta`` messages) waits for the
 connection's next message, the next chunk's ``delta``, and goes out with it,
@@ -61,7 +62,6 @@ class FrameOutbox:
         self._protocol = protocol
         self._loop = asyncio.get_running_loop()
         self._pending: list[bytes] = []
-        self._scheduled = False  # a flush is due at the end of this pass
         self._hold_timer: asyncio.TimerHandle | None = None  # the flush of held frames
         self._lock = asyncio.Lock()  # one drain waiter at a time (aiohttp shares one future)
         # Frames aiohttp's compressor must make (its deflate context spans frames).
@@ -80,28 +80,24 @@ class FrameOutbox:
         return self._transport() is not None and not self._protocol.writing_paused
 
     def add(self, payloads: list[bytes], *, hold: bool = False) -> None:
-        """Queue messages (encoded JSON) for the end of this pass, in order.
+        """Write messages (encoded JSON), with any frames held before them, in
+        one ``transport.write``.
 
-        ``hold``: they may wait for the next messages added without it (one
-        write for both), at most ``HOLD_SECONDS``. Raises ``ConnectionResetError`` once
-        the connection is gone, as aiohttp's ``send_frame`` does, so a pump
-        stops."""
+        ``hold``: instead, keep them for the next messages added without it
+        (one write for both), at most ``HOLD_SECONDS``. Raises
+        ``ConnectionResetError`` once the connection is gone, as aiohttp's
+        ``send_frame`` does, so a pump stops."""
         if self._transport() is None:
             raise ConnectionResetError("Cannot write to closing transport")
         self._pending.extend(text_frame(p) for p in payloads)
-        if self._scheduled:
-            return
         if not hold:
-            self._scheduled = True
-            self._loop.call_soon(self.flush)
+            self.flush()
         elif self._hold_timer is None:
             self._hold_timer = self._loop.call_later(HOLD_SECONDS, self.flush)
 
     def flush(self) -> None:
-        """Write what this pass produced with one ``transport.write``. After a
-        close frame nothing may follow: then the frames are dropped, as the
-        client asked to stop."""
-        self._scheduled = False
+        """Write the held frames now. After a close frame nothing may follow:
+        then they are dropped, as the client asked to stop."""
         if self._hold_timer is not None:
             self._hold_timer.cancel()
             self._hold_timer = None

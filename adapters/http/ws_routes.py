@@ -58,7 +58,7 @@ class Connection:
         self.user = user
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
-        # Frames written once per loop pass (adapters.http.ws_frames); None:
+        # Frames written together (adapters.http.ws_frames); None:
         # aiohttp's own path (permessage-deflate negotiated).
         outbox = FrameOutbox(ws, protocol) if protocol is not None else None
         self.outbox = outbox if outbox is not None and outbox.usable else None
