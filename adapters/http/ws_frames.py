@@ -55,7 +55,7 @@ def text_frame(payload: bytes) -> bytes:
 
 
 class FrameOutbox:
-    """The frames one connection has produced in this loop pass, not yet written."""
+    """One connection's frames: written together, held ones kept until the next write."""
 
     def __init__(self, ws: web.WebSocketResponse, protocol: Any) -> None:
         self._ws = ws
