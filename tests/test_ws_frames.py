@@ -11,6 +11,7 @@ seq, and the ``delta`` messages' text the answer the log folds to.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import struct
@@ -110,5 +111,32 @@ async def test_permessage_deflate_clients_get_every_message_in_order(tmp_path: P
         upstream.enqueue(Reply(chunks=CHUNKS[:8], delay=0.05))
         got, _ = await _chat(svc, {"model": "gpt-test", "messages": USER}, compress=15)
         await _check_against_the_log(svc, got, "".join(CHUNKS[:8]))
+    finally:
+        await stop_service(svc)
+
+
+async def test_a_held_event_goes_out_when_no_message_follows(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    """The upstream stops after 3 chunks: the last window's ``model.delta``
+    event has no next ``delta`` to go out with, and still arrives (after at
+    most ``HOLD_SECONDS``) while the stream is stalled."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_interval=0.02), upstream)
+    try:
+        upstream.enqueue(Reply(chunks=CHUNKS[:6], delay=0.05, pause_after=3))
+        async with svc.http.ws_connect(svc.v1 + "/ws") as ws:
+            await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
+            shown = durable = ""
+            while durable != "".join(CHUNKS[:3]):
+                data = json.loads((await asyncio.wait_for(ws.receive(), 10)).data)
+                if data["type"] == "delta":
+                    shown += data["content"]
+                elif data["type"] == "event" and data["event"]["type"] == "model.delta":
+                    durable += data["event"]["data"]["text"]
+            assert upstream.paused.is_set() and shown == durable  # nothing after the pause came
+            upstream.release()
+            while not (data["type"] == "event" and data["event"]["type"] == "turn.completed"):
+                data = json.loads((await asyncio.wait_for(ws.receive(), 10)).data)
+                if data["type"] == "event" and data["event"]["type"] == "model.delta":
+                    durable += data["event"]["data"]["text"]
+        assert durable == "".join(CHUNKS[:6])
     finally:
         await stop_service(svc)
