@@ -410,7 +410,7 @@ def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str]) -
     fields are produced here, by the actor, never by a client. A test holds it
     equal to ``make_event(..., ModelDelta(...))``.
     """
-    data = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": [len(t) for t in texts]}
+    data = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
     return Event.model_construct(turn_id=turn_id, seq=seq, type=ModelDelta.TYPE, at=time.time(), data=data)
 
 

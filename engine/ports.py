@@ -204,6 +204,22 @@ class RawChunk:
     data: dict[str, Any]
 
 
+@dataclass(slots=True)
+class RawRun:
+    """Consecutive ``data:`` payloads of one read that are ``template`` but for
+    ``choices[0]["delta"]``, which is ``{"content": text}`` (a non-empty
+    string) for each of ``texts``, in order.
+
+    A transport may give these instead of a ``RawChunk`` each (``stream_runs``):
+    the per-token chunk of a fast stream is the same bytes every time but its
+    text, and parsing only the part that differs saves most of what a chunk
+    costs. What the chunks *mean* is still for the normalizer to say.
+    """
+
+    template: dict[str, Any]
+    texts: list[str]
+
+
 @dataclass(frozen=True)
 class RawWarning:
     """A ``data:`` line that was not JSON: skipped, but recorded."""
@@ -279,10 +295,13 @@ IdFactory = Callable[[str], str]
 class ModelClient(Protocol):
     """Calls a model: the live one goes to the upstream, ``verify``'s replays the log."""
 
-    def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+    def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory, *, runs: bool = False
+    ) -> AsyncGenerator[list[ModelEvent], None]:
         """The response's events, in order, a list per network read (never empty):
         a fast stream's reads carry hundreds of chunks, and the consumer then
-        pays one async step per read instead of one per chunk."""
+        pays one async step per read instead of one per chunk. With ``runs``,
+        consecutive text chunks may come as one ``TextRun`` (no object per chunk)."""
         ...
 
 
@@ -640,13 +659,53 @@ class LiveDelta:
     pieces: tuple[Piece, ...]
 
 
-@dataclass(slots=True)
 class LiveDeltas:
-    """The chunks of one upstream read, published as one message: a fast
-    upstream brings hundreds per read, and each message costs every subscriber
-    a mailbox put, a wake-up (or a direct delivery) and a socket write."""
+    """The chunks of one upstream read (those of one delta window), published
+    as one message: a fast upstream brings hundreds per read, and each message
+    costs every subscriber a mailbox put, a wake-up (or a direct delivery) and
+    a socket write.
 
-    deltas: list[LiveDelta]
+    Two forms. ``LiveDeltas(deltas)``: any chunks, a ``LiveDelta`` each.
+    ``LiveDeltas.run(seq, pos, kind, texts)``: plain chunks of one window, as
+    columns — positions ``pos, pos + 1, …``, each shown as one piece of its own
+    text (``Piece(kind, text)``: the accumulator's per-token case). A run holds
+    no object per chunk; ``deltas`` makes them when a consumer asks (once,
+    shared by every subscriber), so a consumer that knows runs (the SSE
+    renderer) renders the texts directly.
+    """
+
+    __slots__ = ("seq", "pos", "kind", "texts", "_deltas")
+
+    def __init__(self, deltas: list[LiveDelta]) -> None:
+        self._deltas: list[LiveDelta] | None = deltas
+        #: The first chunk's seq and position.
+        self.seq = deltas[0].seq if deltas else 0
+        self.pos = deltas[0].pos if deltas else 0
+        self.kind = deltas[0].kind if deltas else "text"
+        #: A run's texts (None: not a run).
+        self.texts: list[str] | None = None
+
+    @classmethod
+    def run(cls, seq: int, pos: int, kind: str, texts: list[str]) -> LiveDeltas:
+        msg = cls.__new__(cls)
+        msg.seq, msg.pos, msg.kind, msg.texts, msg._deltas = seq, pos, kind, texts, None
+        return msg
+
+    @property
+    def deltas(self) -> list[LiveDelta]:
+        deltas = self._deltas
+        if deltas is None:
+            texts = self.texts or []
+            seq, pos, kind = self.seq, self.pos, self.kind
+            deltas = self._deltas = [LiveDelta(seq, pos + i, kind, t, (Piece(kind, t),)) for i, t in enumerate(texts)]  # type: ignore[arg-type]
+        return deltas
+
+    def __len__(self) -> int:
+        texts = self.texts
+        return len(texts) if texts is not None else len(self._deltas or ())
+
+    def __repr__(self) -> str:
+        return f"LiveDeltas(seq={self.seq}, pos={self.pos}, n={len(self)}, run={self.texts is not None})"
 
 
 @dataclass(slots=True)

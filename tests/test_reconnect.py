@@ -206,16 +206,20 @@ async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the
 ) -> None:
     from engine.run import follow as follow_mod
 
-    real = follow_mod.TurnFollower.on_delta
     calls = {"n": 0}
 
-    def flaky(self: Any, delta: Any) -> Any:
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise ValueError("injected: live text out of step")
-        return real(self, delta)
+    def flaky(real: Any) -> Any:
+        def call(self: Any, delta: Any) -> Any:
+            calls["n"] += 1
+            if calls["n"] == 4:
+                raise ValueError("injected: live text out of step")
+            return real(self, delta)
 
-    monkeypatch.setattr(follow_mod.TurnFollower, "on_delta", flaky)
+        return call
+
+    # A paced chunk arrives as a one-chunk run (on_run), a chunk with tags as a LiveDelta.
+    for name in ("on_delta", "on_run"):
+        monkeypatch.setattr(follow_mod.TurnFollower, name, flaky(getattr(follow_mod.TurnFollower, name)))
     await stream_paced(service, [f"e{i} " for i in range(30)])
     assert calls["n"] > 4
 

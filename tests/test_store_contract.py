@@ -604,6 +604,46 @@ class TestEventStoreContract:
         await store.append([ev(fresh[0], 2)], fencing=1)
         assert check(fresh[0], await store.read_chain(fresh[0])).ok
 
+    async def test_a_batch_of_every_kind_of_write_fails_only_its_culprits(
+        self, store: Store, clock: Clock, ids: Any
+    ) -> None:
+        """Writes of every kind queued together are one group commit (SQLite:
+        the appends, starts and releases at the driver level, inside the
+        transaction the claim and the chat's metadata share), and each has
+        the outcome it has alone: a taken seq or turn id fails only its caller."""
+        a, b, c, d, new = ids("a"), ids("b"), ids("c"), ids("d"), ids("new")
+        token_a = await start(store, a)
+        await start(store, b)
+        await start(store, c, owner="w2", lease=10)
+        await start(store, d)
+        await store.append([ev(b, 2)])
+        clock.advance(60)  # every lease has run out
+        batches = store.stats["batches"]
+        results = await asyncio.gather(
+            store.append([ev(a, 2, x=1)], fencing=token_a, index=IndexUpdate(status="completed", release="w1")),
+            store.set_chat_meta(f"chat-of-{a}", title="mixed"),
+            store.append([ev(b, 3), ev(b, 2)]),  # seq 2 is taken
+            store.claim_turn(c, "w3", lease_seconds=30),
+            start(store, new),
+            start(store, a),  # taken
+            store.release_turn(d, "w1"),
+            return_exceptions=True,
+        )
+        assert store.stats["batches"] == batches + 1, "one group commit"
+        assert results[:2] == [None, None] and results[3:5] == [2, 1] and results[6] is None
+        assert isinstance(results[2], ConcurrencyError) and isinstance(results[5], ConcurrencyError)
+        turn_a, turn_c, turn_d = await store.get_turn(a), await store.get_turn(c), await store.get_turn(d)
+        assert turn_a is not None and (turn_a.status, turn_a.owner) == ("completed", None)
+        assert turn_c is not None and (turn_c.owner, turn_c.fencing) == ("w3", 2)
+        assert turn_d is not None and turn_d.owner is None
+        chat = await store.get_chat(f"chat-of-{a}")
+        assert chat is not None and chat.title == "mixed"
+        for t, seqs in ((a, [1, 2]), (b, [1, 2]), (new, [1])):
+            stored = await store.read_chain(t)
+            assert [e.seq for e in stored] == seqs and check(t, stored).ok
+        await store.append([ev(b, 3)])  # the failed request left nothing behind
+        assert check(b, await store.read_chain(b)).ok
+
     async def test_chat_meta_and_listing(self, store: Store, ids: Any) -> None:
         user, other = ids("user"), ids("other")
         chats = [ids(f"c{i}") for i in range(4)]

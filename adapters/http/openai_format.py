@@ -18,6 +18,7 @@ import orjson
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
 from engine.fold.turn_view import TurnView
+from engine.ports import LiveDeltas
 from engine.run.follow import EventOut, Out
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
@@ -88,6 +89,10 @@ class ChunkRenderer:
     def render(self, outs: list[Out]) -> bytes:
         parts: list[bytes] = []
         for out in outs:
+            if isinstance(out, LiveDeltas):
+                if not self.done:
+                    self._run(out, parts)
+                continue
             if out.pos <= self.last_sent or self.done:
                 continue
             if not isinstance(out, EventOut):
@@ -123,6 +128,25 @@ class ChunkRenderer:
                     continue
             self.last_sent = out.pos
         return b"".join(parts)
+
+    def _run(self, run: LiveDeltas, parts: list[bytes]) -> None:
+        """The chunks of a live message: for a run (plain text chunks), per
+        chunk one ``orjson.dumps`` of its text and one formatting of the whole
+        SSE message, the same bytes as the per-token case of ``render``."""
+        texts = run.texts
+        if texts is None or run.kind != "text":
+            parts.append(self.render(list(run.deltas)))
+            return
+        first = run.pos
+        skip = self.last_sent - first + 1  # chunks a reconnect already had
+        if skip >= len(texts):
+            return
+        if skip > 0:
+            texts, first = texts[skip:], first + skip
+        head = self._text_head or self._make_text_head()
+        message, dumpb = _TEXT_MESSAGE, _dumpb
+        parts.append(b"".join([message % (pos, head, dumpb(text)) for pos, text in zip(range(first, first + len(texts)), texts)]))
+        self.last_sent = first + len(texts) - 1
 
     def _approval_request(self, out: EventOut) -> bytes:
         """A call waits for approval: a named ``turnlog`` event (a raw SSE reader

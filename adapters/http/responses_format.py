@@ -20,6 +20,7 @@ import orjson
 
 from engine.events import Event
 from engine.fold.turn_view import TurnView
+from engine.ports import LiveDeltas
 from engine.run.follow import EventOut, Out, TurnFollower
 
 RESPONSE_PREFIX = "resp_"
@@ -365,6 +366,19 @@ class ResponsesRenderer:
                     tail = b',"sequence_number":%d}' % n
                     self._parts.append(b"event: response.reasoning_text.delta\ndata: " + opened.delta_prefix + _dumpb(piece.text) + tail + b"\n\n")
 
+    def _text_run(self, texts: list[str]) -> None:
+        """``_pieces`` for a run of plain text chunks (one text piece each):
+        one formatting per chunk, the same bytes."""
+        opened = self._open_item("text")
+        opened.text.extend(texts)
+        first = self.seq + 1
+        self.seq += len(texts)
+        if not self.emit:
+            return
+        head = b"event: response.output_text.delta\ndata: " + opened.delta_prefix
+        after, dumpb, message = self.starting_after, _dumpb, _TEXT_DELTA
+        self._parts += [message % (head, dumpb(text), n) for n, text in zip(range(first, first + len(texts)), texts) if n > after]
+
     def _function_calls(self, calls: list[dict[str, Any]]) -> None:
         self._close_item("completed")
         for call in calls:
@@ -454,7 +468,21 @@ class ResponsesRenderer:
             self._finish("failed", "response.failed")
 
     def render(self, outs: list[Out]) -> bytes:
+        if any(type(out) is LiveDeltas and (out.texts is None or out.kind != "text") for out in outs):
+            # Live chunks other than a text run: one by one.
+            outs = [
+                d
+                for out in outs
+                for d in (out.deltas if isinstance(out, LiveDeltas) and (out.texts is None or out.kind != "text") else (out,))
+            ]
         for out in outs:
+            if isinstance(out, LiveDeltas):
+                if not self.done and out.texts is not None:
+                    texts, skip = out.texts, self.last_sent - out.pos + 1  # chunks a reconnect already had
+                    if skip < len(texts):
+                        self._text_run(texts[skip:] if skip > 0 else texts)
+                        self.last_sent = out.pos + len(texts) - 1
+                continue
             if out.pos <= self.last_sent or self.done:
                 continue
             if not isinstance(out, EventOut):
@@ -469,6 +497,9 @@ class ResponsesRenderer:
         data = b"".join(self._parts)
         self._parts = []
         return data
+
+
+_TEXT_DELTA = b'%s%s,"logprobs":[],"sequence_number":%d}\n\n'
 
 
 def fold_response(turn_id: str, events: list[Event]) -> tuple[dict[str, Any], TurnView]:

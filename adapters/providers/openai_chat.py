@@ -35,9 +35,10 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Any
 
+from adapters.providers.chat_runs import TemplateRuns
 from adapters.providers.http_base import HTTPProvider
 from adapters.providers.sse import SSEParser
-from engine.ports import ModelApi, RawChunk, RawWarning
+from engine.ports import ModelApi, RawChunk, RawRun, RawWarning
 
 __all__ = ["OpenAIChatProvider"]
 
@@ -56,7 +57,7 @@ class OpenAIChatProvider(HTTPProvider):
     async def __aenter__(self) -> OpenAIChatProvider:
         return self
 
-    async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
+    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """POST a streaming request and yield the ``data:`` payloads of each
         network read as one list (never empty).
 
@@ -64,6 +65,14 @@ class OpenAIChatProvider(HTTPProvider):
         with a non-null ``finish_reason``; raises ``UpstreamError`` otherwise
         (after yielding what came before the error).
         """
+        return self._stream(body, None)  # type: ignore[return-value]
+
+    def stream_runs(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning | RawRun], None]:
+        """``stream_batches``, with the chunks that differ from a template
+        only in their text as ``RawRun``s (``adapters.providers.chat_runs``)."""
+        return self._stream(body, TemplateRuns(self._sse_items))
+
+    async def _stream(self, body: dict[str, Any], runs: TemplateRuns | None) -> AsyncGenerator[list[RawChunk | RawWarning | RawRun], None]:
         payload = dict(body)
         payload["stream"] = True
         stream_options = dict(payload.get("stream_options") or {})
@@ -73,16 +82,27 @@ class OpenAIChatProvider(HTTPProvider):
         finished = False  # saw a non-null finish_reason
         async with aclosing(self._post_stream("/chat/completions", payload, SSEParser())) as reads:
             async for events in reads:
-                out, done = self._sse_items(events)
+                out: list[RawChunk | RawWarning | RawRun]
+                if runs is not None:
+                    out, done = runs.items(events)
+                else:
+                    out, done = self._sse_items(events)  # type: ignore[assignment]
                 if not finished:
-                    for i, item in enumerate(out):
+                    # Per chunk: no generator, no enumerate (a thousand a read).
+                    # A run's chunks have a template that does not finish.
+                    i = -1
+                    for item in out:
+                        i += 1
                         if type(item) is not RawChunk:
                             continue
                         obj = item.data
                         choices = obj.get("choices")
                         if choices:
-                            if any(type(c) is dict and c.get("finish_reason") for c in choices):
-                                finished = True
+                            for c in choices:
+                                if type(c) is dict and c.get("finish_reason"):
+                                    finished = True
+                                    break
+                            if finished:
                                 break
                         elif "error" in obj:
                             if i:

@@ -2,7 +2,9 @@
 
 Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
 (SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine and event
-INSERTs), ``migrate`` (programmatic Alembic upgrade), ``memory``
+INSERTs), ``sqlite_writer`` and ``postgres_writer`` (a group commit's appends,
+starts and releases at the driver level), ``migrate`` (programmatic Alembic
+upgrade), ``memory``
 (``MemoryEventStore``: the same contract without a database, for engine
 tests; not behind :func:`open_store`, whose callers migrate the URL first),
 ``common`` (what every backend shares).

@@ -27,12 +27,21 @@ fails only its caller. Consecutive lease releases: one executemany UPDATE in
 one savepoint. Anything else (claim, renew, chat meta...) gets its own
 savepoint in queue order.
 
-The batch itself is synchronous SQLAlchemy Core code run either
+The batch itself runs either
 
 * on the writer engine (a sync ``Engine``, SQLite) in a dedicated thread:
-  one thread hop per group commit; or
-* through ``AsyncConnection.run_sync`` on the ``AsyncEngine`` (any async
-  driver, e.g. asyncpg) when no writer engine is given.
+  one thread hop per group commit. Appends, starts and releases are written
+  on the thread's raw ``sqlite3`` connection (``adapters.store.sqlite_writer``:
+  SQLAlchemy's execution machinery was ~75 % of the thread's CPU); other
+  writes as SQLAlchemy Core; or
+* on the ``AsyncEngine`` when no writer engine is given: on PostgreSQL a
+  batch of only appends, starts and releases on the asyncpg connection
+  itself (``adapters.store.postgres_writer``), any other batch (and any
+  other driver, e.g. aiosqlite) as synchronous SQLAlchemy Core code through
+  ``AsyncConnection.run_sync``.
+
+Both driver-level paths keep the SQLAlchemy path's statements, savepoints,
+fallbacks and chain links: what is stored is the same.
 
 A caller's future resolves only after COMMIT returned. A caller cancelled while
 waiting does not withdraw its request: it may still be committed.
@@ -56,11 +65,12 @@ import asyncio
 import contextvars
 import functools
 import logging
+import queue
 import sqlite3
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from sqlalchemy import Float, Text, bindparam, case, func, or_, select, update
@@ -69,6 +79,8 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from adapters.store import postgres as _pg
+from adapters.store import postgres_writer as _pw
+from adapters.store import sqlite_writer as _sw
 from adapters.store.common import (
     Head,
     after_failure,
@@ -179,20 +191,10 @@ class _Release(_Op):
 # executemany-able statements, compiled once and cached by SQLAlchemy.
 _EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
 _INSERT_EVENTS = events.insert()
-# SQLite: the INSERT at the driver level, many rows per statement. One
-# statement is atomic (a unique violation backs out all its rows, the
-# transaction goes on), so the fast path needs no savepoint; and it costs about
-# half of SQLAlchemy's executemany with its per-row parameter processing.
-# Parameters per statement: at most 32766 since SQLite 3.32, 999 before.
-_SQLITE_ROWS_PER_INSERT = 1000 if sqlite3.sqlite_version_info >= (3, 32, 0) else 199
-
-
-@functools.lru_cache(maxsize=128)
-def _sqlite_insert_events(n_rows: int) -> str:
-    one = f"({', '.join('?' * len(_EVENT_COLUMNS))})"
-    return f"INSERT INTO {events.name} ({', '.join(_EVENT_COLUMNS)}) VALUES " + ", ".join(
-        [one] * n_rows
-    )
+# SQLite: the INSERT at the driver level, many rows per statement (atomic:
+# see ``adapters.store.sqlite_writer``).
+_SQLITE_ROWS_PER_INSERT = _sw.ROWS_PER_INSERT
+_sqlite_insert_events = _sw.insert_events_sql
 
 
 _UPDATE_INDEX = (
@@ -268,9 +270,10 @@ class SqlEventStore:
         self._read_engine = engine.execution_options(**{SQLITE_BEGIN: None})
         self._read_gate = asyncio.Semaphore(read_slots(engine))
         self._writer_engine = writer_engine
-        self._executor: ThreadPoolExecutor | None = None
-        self._sync_conn: Connection | None = None  # used only in the executor thread
+        self._thread: _WriterThread | None = None
+        self._sync_conn: Connection | None = None  # used only in the writer thread
         self._async_conn: AsyncConnection | None = None
+        self._driver_conn: Any = None  # PostgreSQL: the asyncpg connection under _async_conn
         # The writer's queue: a deque and a wake-up future rather than an
         # asyncio.Queue, whose get() asks for the running loop every time it
         # waits (a getpid() system call on CPython 3.11: once per commit).
@@ -559,10 +562,10 @@ class SqlEventStore:
             if self._writer is not None and not self._writer.done():
                 self._enqueue(_STOP)
                 await asyncio.shield(self._writer)
-        if self._executor is not None:
-            await asyncio.get_running_loop().run_in_executor(self._executor, self._close_sync)
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        if self._thread is not None:
+            await self._thread.run(asyncio.get_running_loop(), self._close_sync, None)
+            self._thread.stop()
+            self._thread = None
         if self._writer_engine is not None:
             self._writer_engine.dispose()
         await self.engine.dispose()
@@ -631,9 +634,9 @@ class SqlEventStore:
         began = time.perf_counter()
         try:
             if self._writer_engine is not None:
-                if self._executor is None:
-                    self._executor = ThreadPoolExecutor(1, thread_name_prefix="turnlog-writer")
-                results = await loop.run_in_executor(self._executor, self._commit_in_thread, batch)
+                if self._thread is None:
+                    self._thread = _WriterThread("turnlog-writer")
+                results = await self._thread.run(loop, self._commit_in_thread, batch)
             else:
                 results = await self._commit_async(batch)
         except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
@@ -670,13 +673,23 @@ class SqlEventStore:
             observe(self.observer.events_committed, n_events + n_started, took)
 
     def _commit_in_thread(self, batch: list[Any]) -> Results:
+        """A group commit in the writer thread (SQLite): appends, starts and
+        releases on the raw sqlite3 connection (``adapters.store.sqlite_writer``);
+        a batch of only those is framed there too, one with any other write
+        in a SQLAlchemy transaction on the same connection."""
         assert self._writer_engine is not None
         if self._sync_conn is None:
             self._sync_conn = self._writer_engine.connect()
         conn = self._sync_conn
         try:
-            with conn.begin():
-                results = self._write_batch(conn, batch)
+            raw: sqlite3.Connection = conn.connection.dbapi_connection  # type: ignore[assignment]
+            if all(type(item) in _RAW_KINDS for item in batch):
+                raw.execute("BEGIN IMMEDIATE")
+                results = self._write_batch(conn, batch, raw)
+                raw.execute("COMMIT")
+            else:
+                with conn.begin():
+                    results = self._write_batch(conn, batch, raw)
             self._committed_links()
             return results
         except BaseException:
@@ -689,16 +702,29 @@ class SqlEventStore:
             raise
 
     async def _commit_async(self, batch: list[Any]) -> Results:
+        """A group commit on the async engine. PostgreSQL: a batch of only
+        appends, starts and releases on the asyncpg connection itself
+        (``adapters.store.postgres_writer``); any other batch through
+        SQLAlchemy (``run_sync``)."""
         if self._async_conn is None:
             self._async_conn = await self._write_engine.connect()
+            self._driver_conn = None
         conn = self._async_conn
         try:
-            async with conn.begin():
-                results = await conn.run_sync(self._write_batch, batch)
+            if self._postgres and all(type(item) in _RAW_KINDS for item in batch):
+                if self._driver_conn is None:
+                    self._driver_conn = (await conn.get_raw_connection()).driver_connection
+                raw = self._driver_conn
+                async with raw.transaction():
+                    results = await self._write_batch_pg(raw, batch)
+            else:
+                async with conn.begin():
+                    results = await conn.run_sync(self._write_batch, batch)
             self._committed_links()
             return results
         except BaseException:
             self._async_conn = None
+            self._driver_conn = None
             try:
                 await conn.invalidate()
                 await conn.close()
@@ -706,7 +732,7 @@ class SqlEventStore:
                 pass
             raise
 
-    def _close_sync(self) -> None:
+    def _close_sync(self, _: object = None) -> None:
         if self._sync_conn is not None:
             self._sync_conn.close()
             self._sync_conn = None
@@ -732,8 +758,10 @@ class SqlEventStore:
 
         return link_rows(rows, trial, previous, self._linked, self._heads)
 
-    def _write_batch(self, conn: Connection, batch: list[Any]) -> Results:
-        """The body of a group commit (sync; runs inside the open transaction)."""
+    def _write_batch(self, conn: Connection, batch: list[Any], raw: sqlite3.Connection | None = None) -> Results:
+        """The body of a group commit (sync; runs inside the open transaction).
+        ``raw``: the SQLite writer thread's driver connection (under ``conn``),
+        which appends, starts and releases use directly."""
         self._linked = {}
         results: Results = [(True, None)] * len(batch)
         i, n = 0, len(batch)
@@ -743,7 +771,14 @@ class SqlEventStore:
                 j = i + 1
                 while j < n and type(batch[j]) is kind:
                     j += 1
-                if kind is _Append:
+                if raw is not None:
+                    if kind is _Append:
+                        self._append_run_raw(raw, batch, i, j, results)
+                    elif kind is _StartOp:
+                        self._start_run_raw(raw, batch, i, j, results)
+                    else:
+                        self._release_run_raw(raw, batch, i, j, results)
+                elif kind is _Append:
                     self._append_run(conn, batch, i, j, results)
                 elif kind is _StartOp:
                     self._start_run(conn, batch, i, j, results)
@@ -903,6 +938,346 @@ class SqlEventStore:
                 results[i] = (False, error)
                 self._poison(req)
 
+    # ----------------------------------------- SQLite writer thread: the driver level
+
+    def _link_raw(self, raw: sqlite3.Connection, rows: list[tuple[Any, ...]], trial: dict[str, Head]) -> list[tuple[Any, ...]]:
+        """``_link`` with the previous hash read on the raw connection."""
+
+        def previous(turn_id: str, seq: int) -> bytes:
+            self.stats["chain_reads"] += 1
+            found = raw.execute(_sw.SELECT_PREVIOUS_HASH, (turn_id, seq)).fetchone()
+            return previous_hash(None if found is None else found[0])
+
+        return link_rows(rows, trial, previous, self._linked, self._heads)
+
+    def _append_run_raw(
+        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """``_append_run`` on the raw connection: the same checks, statements
+        and fallback, without SQLAlchemy."""
+        live: list[int] = []
+        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        if fenced:
+            current = dict(raw.execute(_sw.SELECT_FENCING, (_dumps(list(fenced)),)).fetchall())
+            for i in range(start, end):
+                req = batch[i]
+                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
+                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
+                elif (req.turn_id, req.fencing) in self._poisoned:
+                    results[i] = (False, after_failure(req.turn_id, req.fencing))
+                else:
+                    live.append(i)
+        else:
+            live = list(range(start, end))
+
+        # Fast path: all the run's events at once, unless the batch itself
+        # repeats a (turn_id, seq) (then some request must fail: go one by one).
+        rows = [row for i in live for row in batch[i].rows]
+        if len({(row[0], row[1]) for row in rows}) == len(rows):
+            updates = [batch[i].index for i in live if batch[i].index is not None]
+            trial: dict[str, Head] = {}
+            rows = self._link_raw(raw, rows, trial)
+            try:
+                if len(rows) <= _sw.ROWS_PER_INSERT:
+                    # One statement: atomic by itself, no savepoint needed.
+                    if rows:
+                        _sw.insert_events(raw, rows)
+                    if updates:
+                        raw.executemany(_sw.UPDATE_INDEX, updates)
+                else:
+                    with _sw.savepoint(raw):
+                        _sw.insert_events(raw, rows)
+                        if updates:
+                            raw.executemany(_sw.UPDATE_INDEX, updates)
+                self._linked.update(trial)
+                return
+            except sqlite3.IntegrityError as exc:
+                if _sw.fails_batch(raw, exc):
+                    raise
+                # nothing of the run was written; find the culprits
+
+        for i in live:
+            req = batch[i]
+            if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
+                results[i] = (False, after_failure(req.turn_id, req.fencing))
+                continue
+            trial = {}
+            try:
+                with _sw.savepoint(raw):
+                    if req.rows:
+                        _sw.insert_events(raw, self._link_raw(raw, req.rows, trial))
+                    if req.index is not None:
+                        raw.execute(_sw.UPDATE_INDEX, req.index)
+            except sqlite3.IntegrityError as exc:
+                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
+                error.__cause__ = exc
+                results[i] = (False, error)
+                self._poison(req)
+            else:
+                self._linked.update(trial)
+
+    def _start_run_raw(
+        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """``_start_run`` on the raw connection: all the run's turns, chats and
+        first events in one savepoint; on any failure, start by start."""
+        reqs: list[_StartOp] = batch[start:end]
+        rows = [row for req in reqs for row in req.rows]
+        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
+            chats: dict[str, dict[str, Any]] = {}
+            for req in reqs:
+                chat = req.chat
+                have = chats.get(chat["c_id"])
+                if have is None:
+                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
+                elif chat["c_at"] > have["c_upd"]:
+                    have["c_upd"] = chat["c_at"]
+            trial: dict[str, Head] = {}
+            try:
+                with _sw.savepoint(raw):
+                    raw.executemany(_sw.INSERT_TURN, [req.turn for req in reqs])
+                    raw.executemany(_sw.UPSERT_CHAT, list(chats.values()))
+                    if rows:
+                        _sw.insert_events(raw, self._link_raw(raw, rows, trial))
+            except Exception as exc:
+                if _sw.fails_batch(raw, exc):
+                    raise
+            else:
+                self._linked.update(trial)
+                for i in range(start, end):
+                    results[i] = (True, 1)
+                return
+        for i in range(start, end):
+            req = batch[i]
+            trial = {}
+            try:
+                with _sw.savepoint(raw):
+                    raw.execute(_sw.UPSERT_CHAT, {**req.chat, "c_upd": req.chat["c_at"]})
+                    try:
+                        raw.execute(_sw.INSERT_TURN, req.turn)
+                    except sqlite3.IntegrityError as exc:
+                        raise ConcurrencyError(f"turn {req.turn['t_id']} already exists") from exc
+                    if req.rows:
+                        try:
+                            _sw.insert_events(raw, self._link_raw(raw, req.rows, trial))
+                        except sqlite3.IntegrityError as exc:
+                            raise ConcurrencyError(f"turn {req.turn['t_id']}: event seq already taken") from exc
+            except Exception as exc:
+                if _sw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+            else:
+                self._linked.update(trial)
+                results[i] = (True, 1)
+
+    def _release_run_raw(
+        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
+    ) -> None:
+        """``_release_run`` on the raw connection."""
+        if end - start > 1:
+            try:
+                with _sw.savepoint(raw):
+                    raw.executemany(_sw.RELEASE_TURN, [batch[i].params for i in range(start, end)])
+            except Exception as exc:
+                if _sw.fails_batch(raw, exc):
+                    raise
+            else:
+                return  # results stay (True, None)
+        for i in range(start, end):
+            try:
+                with _sw.savepoint(raw):
+                    raw.execute(_sw.RELEASE_TURN, batch[i].params)
+            except Exception as exc:
+                if _sw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+
+    # ------------------------------------------ PostgreSQL: the asyncpg connection
+
+    async def _write_batch_pg(self, raw: Any, batch: list[Any]) -> Results:
+        """``_write_batch`` of a batch of only appends, starts and releases, on
+        the asyncpg connection (inside its open transaction)."""
+        self._linked = {}
+        results: Results = [(True, None)] * len(batch)
+        i, n = 0, len(batch)
+        while i < n:
+            kind = type(batch[i])
+            j = i + 1
+            while j < n and type(batch[j]) is kind:
+                j += 1
+            if kind is _Append:
+                await self._append_run_pg(raw, batch, i, j, results)
+            elif kind is _StartOp:
+                await self._start_run_pg(raw, batch, i, j, results)
+            else:
+                await self._release_run_pg(raw, batch, i, j, results)
+            i = j
+        return results
+
+    async def _link_pg(self, raw: Any, rows: list[tuple[Any, ...]], trial: dict[str, Head]) -> list[tuple[Any, ...]]:
+        """``_link`` with the previous hashes it will need read first (the
+        chain's link is sync): the rows whose turn has no head at ``seq - 1``
+        in ``trial``, this batch's or the committed links, as ``link_rows``
+        decides."""
+        found: dict[tuple[str, int], bytes] = {}
+        last: dict[str, int] = {}
+        for row in rows:
+            turn_id, seq, canon = row[0], row[1], row[5]
+            if canon is None:  # the chain is off
+                continue
+            before = last.get(turn_id)
+            if before is None:
+                head = trial.get(turn_id) or self._linked.get(turn_id) or self._heads.get(turn_id)
+                before = None if head is None else head[0]
+            if seq > 1 and before != seq - 1:
+                self.stats["chain_reads"] += 1
+                found[(turn_id, seq)] = previous_hash(await raw.fetchval(_pw.SELECT_PREVIOUS_HASH, turn_id, seq))
+            last[turn_id] = seq
+        return link_rows(rows, trial, lambda turn_id, seq: found[(turn_id, seq)], self._linked, self._heads)
+
+    async def _append_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_append_run`` on the asyncpg connection: the same checks,
+        statements and fallback."""
+        live: list[int] = []
+        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        if fenced:
+            current = {row[0]: row[1] for row in await raw.fetch(_pw.SELECT_FENCING, list(fenced))}
+            for i in range(start, end):
+                req = batch[i]
+                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
+                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
+                elif (req.turn_id, req.fencing) in self._poisoned:
+                    results[i] = (False, after_failure(req.turn_id, req.fencing))
+                else:
+                    live.append(i)
+        else:
+            live = list(range(start, end))
+
+        rows = [row for i in live for row in batch[i].rows]
+        if len({(row[0], row[1]) for row in rows}) == len(rows):
+            updates = [_pw.index_args(batch[i].index) for i in live if batch[i].index is not None]
+            trial: dict[str, Head] = {}
+            rows = await self._link_pg(raw, rows, trial)
+            try:
+                # No savepoint (two round trips saved): an INSERT that inserts
+                # all or nothing, without failing the transaction.
+                if rows:
+                    await _pw.insert_events_all_or_none(raw, rows)
+                if updates:
+                    await raw.executemany(_pw.UPDATE_INDEX, updates)
+                self._linked.update(trial)
+                return
+            except _pg.Conflict:
+                pass  # nothing of the run was written; find the culprits
+
+        for i in live:
+            req = batch[i]
+            if (req.turn_id, req.fencing) in self._poisoned:  # an earlier request of this run failed
+                results[i] = (False, after_failure(req.turn_id, req.fencing))
+                continue
+            trial = {}
+
+            async def one(req: _Append = req, trial: dict[str, Head] = trial) -> None:
+                if req.rows:
+                    await _pw.insert_events(raw, await self._link_pg(raw, req.rows, trial))
+                if req.index is not None:
+                    await raw.execute(_pw.UPDATE_INDEX, *_pw.index_args(req.index))
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except _UniqueViolation as exc:
+                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
+                error.__cause__ = exc
+                results[i] = (False, error)
+                self._poison(req)
+            else:
+                self._linked.update(trial)
+
+    async def _start_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_start_run`` on the asyncpg connection."""
+        reqs: list[_StartOp] = batch[start:end]
+        rows = [row for req in reqs for row in req.rows]
+        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
+            chats: dict[str, dict[str, Any]] = {}
+            for req in reqs:
+                chat = req.chat
+                have = chats.get(chat["c_id"])
+                if have is None:
+                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
+                elif chat["c_at"] > have["c_upd"]:
+                    have["c_upd"] = chat["c_at"]
+            trial: dict[str, Head] = {}
+
+            async def run() -> None:
+                await raw.executemany(_pw.INSERT_TURN, [_pw.turn_args(req.turn) for req in reqs])
+                await raw.executemany(_pw.UPSERT_CHAT, [_pw.chat_args(chat) for chat in chats.values()])
+                if rows:
+                    await _pw.insert_events(raw, await self._link_pg(raw, rows, trial))
+
+            try:
+                await _pw.in_savepoint(raw, run)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+            else:
+                self._linked.update(trial)
+                for i in range(start, end):
+                    results[i] = (True, 1)
+                return
+        for i in range(start, end):
+            req = batch[i]
+            trial = {}
+
+            async def one(req: _StartOp = req, trial: dict[str, Head] = trial) -> None:
+                await raw.execute(_pw.UPSERT_CHAT, *_pw.chat_args(req.chat))
+                try:
+                    await raw.execute(_pw.INSERT_TURN, *_pw.turn_args(req.turn))
+                except _UniqueViolation as exc:
+                    raise ConcurrencyError(f"turn {req.turn['t_id']} already exists") from exc
+                if req.rows:
+                    try:
+                        await _pw.insert_events(raw, await self._link_pg(raw, req.rows, trial))
+                    except _UniqueViolation as exc:
+                        raise ConcurrencyError(f"turn {req.turn['t_id']}: event seq already taken") from exc
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+            else:
+                self._linked.update(trial)
+                results[i] = (True, 1)
+
+    async def _release_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """``_release_run`` on the asyncpg connection: one executemany (one
+        round trip); on a failure, one by one."""
+        if end - start > 1:
+            params = [_pw.release_args(batch[i].params) for i in range(start, end)]
+
+            async def run() -> None:
+                await raw.executemany(_pw.RELEASE_TURN, params)
+
+            try:
+                await _pw.in_savepoint(raw, run)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+            else:
+                return  # results stay (True, None)
+        for i in range(start, end):
+
+            async def one(args: tuple[Any, ...] = _pw.release_args(batch[i].params)) -> None:
+                await raw.execute(_pw.RELEASE_TURN, *args)
+
+            try:
+                await _pw.in_savepoint(raw, one)
+            except Exception as exc:
+                if _pw.fails_batch(raw, exc):
+                    raise
+                results[i] = (False, exc)
+
     def _insert_events(self, conn: Connection, rows: list[tuple[Any, ...]]) -> None:
         """INSERT ``rows``; atomic if ``len(rows) <= _SQLITE_ROWS_PER_INSERT``
         (else call it inside a savepoint)."""
@@ -1003,6 +1378,66 @@ _RELEASE_TURN = (
     .where(turns.c.id == bindparam("r_id"), turns.c.owner == bindparam("r_owner"))
     .values(owner=None, lease_until=None)
 )
+
+
+#: Writes done at the driver level (SQLite writer thread, asyncpg), exact types.
+_RAW_KINDS = (_Append, _StartOp, _Release)
+
+#: asyncpg's unique violation (a taken turn id or ``(turn_id, seq)``), as an
+#: ``except`` clause: none without the PostgreSQL driver.
+_UniqueViolation: tuple[type[Exception], ...]
+try:
+    from asyncpg.exceptions import UniqueViolationError
+
+    _UniqueViolation = (UniqueViolationError,)
+except ImportError:  # pragma: no cover - a SQLite-only install
+    _UniqueViolation = ()
+
+
+class _WriterThread:
+    """The SQLite writer's thread: runs one group commit at a time and hands
+    its outcome back to the event loop with one ``call_soon_threadsafe``.
+
+    Cheaper per commit than ``loop.run_in_executor`` (its
+    ``concurrent.futures.Future``, the ``wrap_future`` chain and their
+    locks and callbacks), and a commit is the writer's every hop."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
+        self._thread.start()
+
+    def run(self, loop: asyncio.AbstractEventLoop, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
+        """``fn(arg)`` in the thread; the future (of ``loop``) gets its result."""
+        future = loop.create_future()
+        self._jobs.put((loop, future, fn, arg))
+        return future
+
+    def stop(self) -> None:
+        """Let the thread end once the jobs already given are done, and wait."""
+        self._jobs.put(None)
+        self._thread.join()
+
+    def _serve(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            loop, future, fn, arg = job
+            try:
+                outcome = (True, fn(arg))
+            except BaseException as exc:  # handed to the loop, raised there
+                outcome = (False, exc)
+            try:
+                loop.call_soon_threadsafe(_settle, future, outcome)
+            except RuntimeError:  # pragma: no cover - the loop is closed: nobody waits
+                pass
+
+
+def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
+    if not future.done():  # not cancelled
+        ok, value = outcome
+        if ok:
+            future.set_result(value)
+        else:
+            future.set_exception(value)
 
 
 def _executing(stmt: Any) -> Op:

@@ -577,6 +577,30 @@ class Accumulator:
         self._scan(pending + text, out)
         return out
 
+    def feed_plain(self, texts: list[str]) -> bool:
+        """Fold ``texts`` (all non-empty) in one step if each would take
+        ``feed_text``'s per-token case (an open message, no tag possible,
+        nothing held back): then every chunk's piece is ``Piece("text",
+        text)``. False, with nothing folded, if any might not (feed them one
+        by one then). One test of the joined text for a tag start stands for
+        one per chunk: a character that could start a tag is in the whole
+        iff it is in a part."""
+        buf = self._msg_buf
+        if (
+            buf is None
+            or self._state != "open"
+            or self._native_open
+            or self._pending
+            or self._block is not None
+            or "" in texts  # (an empty chunk shows nothing: the per-chunk path)
+            or self._scanner.may_start("".join(texts))
+        ):
+            return False
+        self._raw.extend(texts)
+        buf.parts.extend(texts)
+        self._dirty.add(buf)
+        return True
+
     def feed_reasoning(self, text: str) -> list[Piece]:
         """Fold native reasoning text (``reasoning_content`` & co., §6.3).
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from engine.fold.accumulator import parse_chat_chunk
-from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel
+from engine.ports import ModelRequest, RawChunk, RawRun, RawWarning, ResolvedModel
 from engine.protocols.common import (
     CallIds,
     IdFactory,
@@ -57,6 +57,7 @@ from engine.protocols.model_events import (
     ReasoningDelta,
     StreamWarning,
     TextDelta,
+    TextRun,
     ToolCall,
     ToolCallStarted,
     UsageReport,
@@ -243,23 +244,51 @@ class ChatNormalizer:
             self.response_id = parts.response_id
         return events
 
-    def feed_read(self, raws: list[RawChunk | RawWarning]) -> list[ModelEvent]:
+    def feed_read(self, raws: list[RawChunk | RawWarning | RawRun], *, runs: bool = False) -> list[ModelEvent]:
         """``feed`` for every payload of one network read, in order (a payload
         that was not JSON becomes a ``StreamWarning`` in its place).
 
         The per-token chunk (one choice, text only) is taken inline: a fast
         upstream brings a thousand per read, and per chunk a call, a list and
-        an extend cost as much as the test itself.
+        an extend cost as much as the test itself. With ``runs``, consecutive
+        ones come as one ``TextRun`` (a list of their texts), not a
+        ``TextDelta`` each.
         """
         events: list[ModelEvent] = []
         append = events.append
         plain = _PLAIN_DELTA_KEYS
+        run: list[str] = []
+        add = run.append
+        if self._finished:
+            raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
+        response_id = self.response_id
         for raw in raws:
             if type(raw) is not RawChunk:
+                if type(raw) is RawRun:
+                    if self._run_is_plain(raw.template):
+                        if response_id is None and type(raw.template.get("id")) is str:
+                            response_id = self.response_id = raw.template["id"]
+                        if runs:
+                            run.extend(raw.texts)
+                        else:
+                            events.extend([TextDelta(text) for text in raw.texts])
+                        continue
+                    if run:
+                        append(TextRun(run))
+                        run = []
+                        add = run.append
+                    for chunk in _expand(raw):
+                        events.extend(self.feed(chunk))
+                    response_id = self.response_id
+                    continue
                 if isinstance(raw, RawWarning):
+                    if run:
+                        append(TextRun(run))
+                        run = []
+                        add = run.append
                     append(StreamWarning(raw.message, raw.raw))
                     continue
-            chunk = raw.data
+            chunk = raw.data  # type: ignore[union-attr]
             # ``feed``'s fast path, its tests ordered for the text chunk:
             # anything else (a role-only chunk too) takes ``feed``.
             if type(chunk) is dict:
@@ -277,14 +306,33 @@ class ChatNormalizer:
                                 and not choice.get("finish_reason")
                                 and not chunk.get("usage")
                                 and not chunk.get("timings")
-                                and not self._finished
                             ):
-                                if self.response_id is None and type(chunk.get("id")) is str:
-                                    self.response_id = chunk["id"]
-                                append(TextDelta(content))
+                                if response_id is None and type(chunk.get("id")) is str:
+                                    response_id = self.response_id = chunk["id"]
+                                if runs:
+                                    add(content)
+                                else:
+                                    append(TextDelta(content))
                                 continue
+            if run:
+                append(TextRun(run))
+                run = []
+                add = run.append
             events.extend(self.feed(chunk))
+            response_id = self.response_id
+        if run:
+            append(TextRun(run))
         return events
+
+    @staticmethod
+    def _run_is_plain(template: dict[str, Any]) -> bool:
+        """Whether each chunk of a run (``template`` with a text-only delta)
+        takes ``feed``'s per-token path: tested once per run, not per chunk."""
+        choices = template.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return False
+        choice = choices[0]
+        return type(choice) is dict and not choice.get("finish_reason") and not template.get("usage") and not template.get("timings")
 
     def finish(self) -> list[ModelEvent]:
         if self._finished:
@@ -293,3 +341,13 @@ class ChatNormalizer:
         events: list[ModelEvent] = list(self._calls.finish())
         events.append(Finished(reason=self.finish_reason, response_id=self.response_id, usage=self.usage))
         return events
+
+
+def _expand(run: RawRun) -> list[dict[str, Any]]:
+    """A run's chunks, each its own dict (a template ``feed`` does not take as plain)."""
+    out: list[dict[str, Any]] = []
+    for text in run.texts:
+        chunk = copy.deepcopy(run.template)
+        chunk["choices"][0]["delta"] = {"content": text}
+        out.append(chunk)
+    return out

@@ -16,7 +16,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Final
 
-from engine.ports import IdFactory, ModelApi, ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
+from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols import chat, ollama, responses
 from engine.protocols.common import Normalizer
 from engine.protocols.model_events import ModelEvent, StreamWarning
@@ -54,19 +54,26 @@ def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]
 class LiveModelClient:
     """Calls the real upstream through the resolved provider's transport."""
 
-    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+    async def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory, *, runs: bool = False
+    ) -> AsyncGenerator[list[ModelEvent], None]:
         if resolved.provider is None:
             raise UpstreamError(f"model {resolved.upstream_model!r} has no upstream", "model_not_found")
         protocol = protocol_for(resolved.api)
         normalizer = protocol.normalizer(id_factory)
         body = protocol.body(resolved, request)
         feed = normalizer.feed
-        # A normalizer may take a whole read at once (ChatNormalizer.feed_read).
-        feed_read: Callable[[list[RawChunk | RawWarning]], list[ModelEvent]] | None = getattr(normalizer, "feed_read", None)
-        async with aclosing(resolved.provider.stream_batches(body)) as reads:
+        # A normalizer may take a whole read at once (ChatNormalizer.feed_read),
+        # and then give its text chunks as runs (``TextRun``) if asked to.
+        feed_read: Callable[..., list[ModelEvent]] | None = getattr(normalizer, "feed_read", None)
+        # A transport may give runs of chunks that differ only in their text
+        # (``RawRun``: no parse of the rest), for a normalizer that takes them.
+        stream_runs = getattr(resolved.provider, "stream_runs", None) if feed_read is not None else None
+        batches = stream_runs(body) if stream_runs is not None else resolved.provider.stream_batches(body)
+        async with aclosing(batches) as reads:
             async for raws in reads:
                 if feed_read is not None:
-                    events = feed_read(raws)
+                    events = feed_read(raws, runs=True) if runs else feed_read(raws)
                     if events:
                         yield events
                     continue

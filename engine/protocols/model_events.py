@@ -23,6 +23,17 @@ class ReasoningDelta:
     text: str
 
 
+@dataclass(slots=True)
+class TextRun:
+    """Consecutive non-empty text chunks of one network read, as one event: the
+    same as a ``TextDelta`` each, in order. Only a consumer that asks for runs
+    (``ModelClient.stream(..., runs=True)``) gets them; a fast upstream brings
+    a thousand chunks per read, and an object per chunk is most of what a
+    chunk costs beyond its parse."""
+
+    texts: list[str]
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCallStarted:
     """A call became visible (name known, arguments still streaming): for live progress."""
@@ -94,6 +105,7 @@ class StreamFailed:
 
 ModelEvent = (
     TextDelta
+    | TextRun
     | ReasoningDelta
     | ToolCallStarted
     | ToolCall

@@ -20,7 +20,9 @@ import asyncio
 import functools
 import logging
 import time
+from bisect import bisect_left
 from collections import deque
+from itertools import accumulate
 
 from engine.events import (
     Event,
@@ -87,7 +89,9 @@ class TurnActor:
         self._loop = asyncio.get_running_loop()
         # Delta batch (group commit window): the chunks as published, so that a
         # subscriber joining mid-window gets them exactly as the others did.
-        self._batch: list[LiveDelta] = []
+        self._batch: list[str] = []  # the open window's chunk texts
+        # What was published of it (a run, a read's LiveDeltas or a LiveDelta).
+        self._batch_live: list[LiveDelta | LiveDeltas] = []
         self._batch_kind = "text"
         self._batch_chars = 0  # the open window's text, in characters
         self._batch_pos = 0
@@ -196,7 +200,7 @@ class TurnActor:
 
         A subscriber that joins mid-window takes these together with its
         subscription (no await in between), so it misses nothing."""
-        return list(self._batch)
+        return [d for m in self._batch_live for d in (m.deltas if isinstance(m, LiveDeltas) else (m,))]
 
     async def _main(self, resume: bool) -> None:
         current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
@@ -270,61 +274,70 @@ class TurnActor:
     # -- deltas and group commit ---------------------------------------------------
 
     def delta(self, kind: str, text: str) -> None:
-        """The per-token hot path: show the chunk now, write it with its window."""
-        if self._batch and kind != self._batch_kind:
-            self._flush()
-        v = self._view
-        if not self._batch:
-            self._batch_kind = kind
-            self._batch_pos = v.pos.next
-            self._batch_seq = v.last_seq + 1
-            self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
-            if self._first_pending:  # once per window, not per chunk
-                self._first_token()
-        pos = v.pos.next
-        delta = LiveDelta(self._batch_seq, pos, kind, text, v.feed_chunk(kind, text))
-        self._batch.append(delta)
-        self._batch_chars += len(text)
-        self.bus.publish(self.turn_id, delta)
-        if len(self._batch) >= self._settings.flush_max_chunks or self._batch_chars >= self._settings.flush_max_chars:
-            self._flush()
+        """One chunk: show it now, write it with its window."""
+        self.deltas(kind, [text])
 
     def deltas(self, kind: str, texts: list[str]) -> None:
-        """``delta`` for a whole read: the same windows, positions and pieces,
-        published as one ``LiveDeltas`` (one mailbox put, one delivery and one
-        socket write per subscriber for the read, not per chunk)."""
+        """The non-empty chunks of one read: shown now (published), written
+        with their window (group commit).
+
+        Per window the read's chunks are one message. Plain text chunks (the
+        per-token case: no tag can start, nothing held back) are folded in one
+        step and published as a run (``LiveDeltas.run``: their texts, no
+        object per chunk); anything else is folded chunk by chunk into a
+        ``LiveDelta`` each. Either way the windows, positions and pieces are
+        those of folding one chunk at a time.
+        """
         v = self._view
         pos = v.pos
-        feed = v.acc.feed_reasoning if kind == "reasoning" else v.acc.feed_text
+        acc = v.acc
         limit = self._settings.flush_max_chunks
         max_chars = self._settings.flush_max_chars
-        live: list[LiveDelta] = []
+        publish, turn_id = self.bus.publish, self.turn_id
         if self._batch and kind != self._batch_kind:
             self._flush()
-        batch = self._batch
-        seq = self._batch_seq
-        for text in texts:
+        while texts:
+            batch = self._batch
             if not batch:
                 self._batch_kind = kind
                 self._batch_pos = pos.next
-                seq = self._batch_seq = v.last_seq + 1
+                self._batch_seq = v.last_seq + 1
                 self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
-                if self._first_pending:
+                if self._first_pending:  # once per window, not per chunk
                     self._first_token()
-            # TurnView.feed_chunk, inlined (once per streamed chunk).
+            seq = self._batch_seq
+            # This window's share of the read: up to its chunk bound, and up to
+            # the chunk that reaches its character bound.
+            room = max(1, limit - len(batch))  # (a lost actor's window only grows)
+            seg = texts if len(texts) <= room else texts[:room]
+            ends = list(accumulate(map(len, seg)))
+            cut = bisect_left(ends, max_chars - self._batch_chars) + 1
+            if cut < len(seg):
+                seg = seg[:cut]
+            n = len(seg)
             at = pos.next
-            pos.next = at + 1
-            delta = LiveDelta(seq, at, kind, text, tuple(feed(text)))
-            batch.append(delta)
-            live.append(delta)
-            self._batch_chars += len(text)
+            message: LiveDelta | LiveDeltas
+            if kind == "text" and acc.feed_plain(seg):
+                pos.next = at + n
+                message = LiveDeltas.run(seq, at, kind, seg)
+            else:
+                feed = acc.feed_reasoning if kind == "reasoning" else acc.feed_text
+                live: list[LiveDelta] = []
+                for text in seg:
+                    # TurnView.feed_chunk, inlined.
+                    at = pos.next
+                    pos.next = at + 1
+                    live.append(LiveDelta(seq, at, kind, text, tuple(feed(text))))
+                message = live[0] if n == 1 else LiveDeltas(live)
+            batch.extend(seg)
+            self._batch_live.append(message)
+            self._batch_chars += ends[n - 1]
+            publish(turn_id, message)
             if len(batch) >= limit or self._batch_chars >= max_chars:
                 self._flush()
-                batch = self._batch
-        if len(live) == 1:
-            self.bus.publish(self.turn_id, live[0])
-        elif live:
-            self.bus.publish(self.turn_id, LiveDeltas(live))
+            if n == len(texts):
+                break
+            texts = texts[n:]
 
     def _first_token(self) -> None:
         self._first_pending = False
@@ -341,8 +354,9 @@ class TurnActor:
         self._cancel_timer()
         if not self._batch or self._lost:
             return
-        texts = [delta.text for delta in self._batch]
+        texts = self._batch
         self._batch = []
+        self._batch_live = []
         self._batch_chars = 0
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
         self._view.apply(event, live_applied=True)

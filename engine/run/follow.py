@@ -46,8 +46,9 @@ class EventOut:
 
 
 # A live chunk is its own output (its position and the actor's pieces): no
-# copy per chunk and follower.
-Out = ChunkOut | LiveDelta | EventOut
+# copy per chunk and follower; so is a run of plain chunks (``LiveDeltas.run``:
+# positions ``pos, pos + 1, …``, each chunk shown as one piece of its text).
+Out = ChunkOut | LiveDelta | LiveDeltas | EventOut
 
 
 class Gap(Exception):
@@ -145,6 +146,20 @@ class TurnFollower:
             out.extend(self._drain())
         return out
 
+    def on_run(self, message: LiveDeltas) -> list[Out]:
+        """A published read: a run that starts at the next position (nothing
+        waiting ahead) is taken whole and is its own output; anything else
+        goes chunk by chunk (``on_deltas``)."""
+        texts = message.texts
+        if texts is not None and not self._ahead:
+            pos = self.view.pos
+            if message.pos == pos.next:
+                n = len(texts)
+                pos.next += n
+                self._fed_live += n
+                return [message]
+        return self.on_deltas(message.deltas)
+
     def _feed(self, delta: LiveDelta) -> LiveDelta:
         """Show a live chunk as the actor's fold made it: it takes its position
         now; its text reaches this view's accumulator with its event."""
@@ -164,6 +179,8 @@ class TurnFollower:
 
 def describe(out: Out) -> dict[str, Any]:
     """A debugging shape of an output element."""
+    if isinstance(out, LiveDeltas):
+        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in d.pieces] for d in out.deltas]}
     if not isinstance(out, EventOut):
         return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
     return {"pos": out.pos, "event": out.event.type}
@@ -330,9 +347,9 @@ async def tail(
                     else:
                         out.extend(durable([item.event]))
                 elif isinstance(item, LiveDeltas):
-                    if item.deltas[0].seq > last:
+                    if item.seq > last:
                         out.append(item)
-                    else:  # a window's chunks whose event was yielded already
+                    elif item.texts is None:  # a window's chunks whose event was yielded already
                         out.extend(d for d in item.deltas if d.seq > last)
                 elif isinstance(item, LiveDelta):
                     if item.seq > last:
@@ -386,7 +403,7 @@ async def follow(
             try:
                 for item in items:
                     if isinstance(item, LiveDeltas):
-                        outs.extend(follower.on_deltas(item.deltas))
+                        outs.extend(follower.on_run(item))
                     elif isinstance(item, LiveDelta):
                         outs.extend(follower.on_delta(item))
                     elif isinstance(item, Event):
@@ -421,7 +438,7 @@ def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
         return False
     # This runs inside the actor's publish: nothing may escape into the actor.
     try:
-        outs = follower.on_delta(message) if isinstance(message, LiveDelta) else follower.on_deltas(message.deltas)
+        outs = follower.on_delta(message) if isinstance(message, LiveDelta) else follower.on_run(message)
     except (Gap, ValueError):
         state.broken = True  # the generator rebuilds from the log when it wakes
         return False

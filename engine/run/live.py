@@ -1,8 +1,9 @@
 """In-process live fan-out: what a running turn tells its subscribers.
 
 The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk, or a
-``LiveDeltas`` holding the chunks of one upstream read (sent at once, before
-they are durable) and a ``LiveEvent`` per committed event (sent in
+``LiveDeltas`` holding the chunks of one upstream read that fall in one delta
+window (sent at once, before they are durable; plain text chunks as a run of
+strings) and a ``LiveEvent`` per committed event (sent in
 seq order after its commit). Subscribers are a convenience, never the truth: a
 subscriber that falls behind is marked ``lagged`` and catches up from the log.
 """
@@ -71,7 +72,7 @@ class Subscription:
             if waiter is not None and not waiter.done() and sink(message):
                 self._sunk = True
                 return
-        extra = len(message.deltas) - 1 if type(message) is LiveDeltas else 0
+        extra = len(message) - 1 if type(message) is LiveDeltas else 0
         if len(self._items) + self._extra + extra >= self._limit:
             # A slow reader: stop buffering; it must re-read from the log.
             self.lagged = True
@@ -113,7 +114,7 @@ class Subscription:
                     return None
             item = self._items.popleft()
             if type(item) is LiveDeltas:
-                self._extra -= len(item.deltas) - 1
+                self._extra -= len(item) - 1
             return item
         finally:
             if timer is not None:

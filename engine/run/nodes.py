@@ -50,7 +50,17 @@ from engine.events import (
 from engine.fold.turn_view import TurnView
 from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError, observe
 from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
-from engine.protocols.model_events import Finished, ProviderItem, ReasoningDelta, StreamFailed, StreamWarning, TextDelta, ToolCall, UsageReport
+from engine.protocols.model_events import (
+    Finished,
+    ProviderItem,
+    ReasoningDelta,
+    StreamFailed,
+    StreamWarning,
+    TextDelta,
+    TextRun,
+    ToolCall,
+    UsageReport,
+)
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
@@ -161,13 +171,25 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     usage: dict[str, Any] | None = None
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
-    async for events in ctx.ports.model_client.stream(resolved, request, ids):
+    # Without stream filters, a read's text chunks come as runs (TextRun: a
+    # list of their texts, no object per chunk).
+    async for events in ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None):
         # A read's consecutive chunks of one kind go out as one live message
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []
         run_kind = "text"
         for event in events:
             cls = type(event)
+            if cls is TextRun:
+                texts = event.texts  # type: ignore[union-attr]
+                if run_kind == "text" and run:
+                    run.extend(texts)
+                elif run:
+                    ctx.deltas(run_kind, run)
+                    run, run_kind = texts, "text"
+                else:
+                    run, run_kind = texts, "text"
+                continue
             if streamed is None and (cls is TextDelta or cls is ReasoningDelta):
                 text = event.text  # type: ignore[union-attr]
                 if text:

@@ -164,7 +164,9 @@ class RecordedModelClient:
     def __init__(self, script: _Script) -> None:
         self.script = script
 
-    async def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory) -> AsyncGenerator[list[ModelEvent], None]:
+    async def stream(
+        self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory, *, runs: bool = False
+    ) -> AsyncGenerator[list[ModelEvent], None]:
         """One recorded event's worth of model events per batch (a ``model.delta``
         window's chunks together, as a read would have carried them)."""
         script = self.script
