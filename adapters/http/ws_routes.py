@@ -205,19 +205,17 @@ class Connection:
             # it sent, so the order stays; while the client is behind, the
             # chunk is queued and the pump takes it (and waits in ``drain``).
             outbox = self.outbox
-            chunks: list[LiveDelta]
-            if isinstance(message, LiveDeltas):
-                chunks = message.deltas
-            elif isinstance(message, LiveDelta):
-                chunks = [message]
-            else:
+            if not isinstance(message, (LiveDeltas, LiveDelta)):
                 return False
             if outbox is None or not outbox.ready:
                 return False
             if not deltas:
                 return True  # events only: the chunk comes with its event
             try:
-                messages = [m for d in chunks if d.seq > last for m in _delta_messages(turn_id, d)]
+                if isinstance(message, LiveDeltas):
+                    messages = _batch_messages(turn_id, message, last)
+                else:
+                    messages = _delta_messages(turn_id, message) if message.seq > last else []
                 if messages:
                     outbox.add(messages)
             except Exception:  # never into the actor: the pump takes it instead
@@ -248,7 +246,7 @@ class Connection:
                         elif isinstance(item, LiveDeltas):
                             hold = False
                             if deltas:
-                                out.extend(m for d in item.deltas for m in _delta_messages(turn_id, d))
+                                out.extend(_batch_messages(turn_id, item, 0))
                         elif isinstance(item, LiveDelta):
                             hold = False
                             if deltas:
@@ -288,6 +286,19 @@ def _deltas_option(message: dict[str, Any]) -> bool:
     if not isinstance(deltas, bool):
         raise ApiError(400, "'deltas' must be a boolean", code="invalid_value")
     return deltas
+
+
+def _batch_messages(turn_id: str, batch: LiveDeltas, after: int) -> list[bytes]:
+    """The ``delta`` messages of one published read, those of seq > ``after``:
+    a run's texts rendered directly, without a ``LiveDelta`` per chunk (each
+    chunk of a run is one piece of its own text)."""
+    texts = batch.texts
+    if texts is None:
+        return [m for d in batch.deltas if d.seq > after for m in _delta_messages(turn_id, d)]
+    if batch.seq <= after:
+        return []
+    seq, pos, kind = batch.seq, batch.pos, batch.kind
+    return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
 
 
 def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
