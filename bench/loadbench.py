@@ -26,7 +26,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from bench.client import percentiles
-from bench.procs import BenchError, rss_kb
+from bench.procs import BenchError, cpu_seconds, rss_kb
 from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
 
 BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
@@ -226,6 +226,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
     name = "turnlog-ws" if ws else "turnlog-k"
     proc, v1 = _fresh_turnlog(ctx, name)
     try:
+        cpu0 = cpu_seconds(proc.pid)
         with RssPeak(proc.pid) as rss, Profiler(ctx, name, proc.pid):
             if ws:
                 url = v1.replace("http://", "ws://") + "/ws"
@@ -241,6 +242,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
                 got = _clients(ctx, specs, "c-k-ws", argv=[sys.executable, "-m", "bench.wsclient"])
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
+        cpu = cpu_seconds(proc.pid) - cpu0
         rss_idle = rss_kb(proc.pid)
     finally:
         ctx.procs.stop(proc)
@@ -272,6 +274,10 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             "rss_peak_mb": round(peak / 1024, 1) if peak else None,
             "rss_after_mb": round(rss_idle / 1024, 1),
             "rss_samples": len(rss.samples),
+            # turnlog's process CPU over the whole load (all threads), and per
+            # streamed chunk: what the transport costs, less noisy than p99.
+            "turnlog_cpu_s": round(cpu, 2),
+            "turnlog_cpu_us_per_chunk": round(cpu / (n * plan["chunks"]) * 1e6, 1),
             "failed": len(failed),
             "failures_sample": failed[:5] + got["errors"][:2],
             "floor_failed": len(failures(floor["streams"], plan["chunks"])),

@@ -30,9 +30,10 @@ from adapters.http.errors import ApiError
 from adapters.http.schemas import parse_chat_request
 from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
+from adapters.http.ws_frames import FrameOutbox
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveDelta, LiveDeltas
+from engine.ports import LiveDelta, LiveDeltas, LiveMessage
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -51,23 +52,37 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str) -> None:
+    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str, protocol: Any = None) -> None:
         self.ws = ws
         self.svc = svc
         self.user = user
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
+        # Frames written together (adapters.http.ws_frames); None:
+        # aiohttp's own path (permessage-deflate negotiated).
+        outbox = FrameOutbox(ws, protocol) if protocol is not None else None
+        self.outbox = outbox if outbox is not None and outbox.usable else None
 
     async def send(self, payload: dict[str, Any]) -> None:
-        async with self._lock:
-            await self.ws.send_frame(_encode(payload), WSMsgType.TEXT)
+        await self.send_many([_encode(payload)])
 
-    async def send_many(self, messages: list[bytes]) -> None:
-        """Messages already encoded, in order (one upstream read's deltas)."""
-        if messages:
-            async with self._lock:
-                for message in messages:
-                    await self.ws.send_frame(message, WSMsgType.TEXT)
+    async def send_many(self, messages: list[bytes], *, hold: bool = False) -> None:
+        """Messages already encoded, in order (one upstream read's deltas);
+        ``hold``: see ``FrameOutbox.add``."""
+        if not messages:
+            return
+        outbox = self.outbox
+        if outbox is not None:
+            outbox.add(messages, hold=hold)
+            await outbox.drain()
+            return
+        async with self._lock:
+            for message in messages:
+                await self.ws.send_frame(message, WSMsgType.TEXT)
+
+    def flush(self) -> None:
+        if self.outbox is not None:
+            self.outbox.flush()
 
     async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
         await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
@@ -177,28 +192,69 @@ class Connection:
         ``model.delta`` event, one message per delta window instead of one per
         chunk."""
         store = self.svc.store
+        last = after  # the seq of the last ``event`` message sent
 
         def join(turn_id: str) -> Joined:
             return self.svc.supervisor.join(turn_id, runs_tools=True)
 
+        def sink(message: LiveMessage) -> bool:
+            # ``Subscription.sink``: a live chunk rendered into the outbox inside
+            # the actor's publish, without waking this task (one task switch
+            # per chunk and connection less). The subscription tries it only
+            # while this pump waits for the next item with everything before
+            # it sent, so the order stays; while the client is behind, the
+            # chunk is queued and the pump takes it (and waits in ``drain``).
+            outbox = self.outbox
+            if not isinstance(message, (LiveDeltas, LiveDelta)):
+                return False
+            if outbox is None or not outbox.ready:
+                return False
+            if not deltas:
+                return True  # events only: the chunk comes with its event
+            try:
+                if isinstance(message, LiveDeltas):
+                    messages = _batch_messages(turn_id, message, last)
+                else:
+                    messages = _delta_messages(turn_id, message) if message.seq > last else []
+                if messages:
+                    outbox.add(messages)
+            except Exception:  # never into the actor: the pump takes it instead
+                log.exception("ws live delta for %s", turn_id)
+                return False
+            return True
+
         try:
-            async with aclosing(tail(store, join, turn_id, after=after)) as tailed:
+            async with aclosing(tail(store, join, turn_id, after=after, sink=sink if self.outbox is not None else None)) as tailed:
                 async for items in tailed:
+                    out: list[bytes] = []
+                    # Only ``model.delta`` events, whose text this client was
+                    # already sent as ``delta`` messages, may wait for the next
+                    # message (the next chunk's delta: one write for both), at
+                    # most ws_frames.HOLD_SECONDS.
+                    hold = deltas
                     for item in items:
                         if isinstance(item, Event):
-                            await self.send({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": item.data}})
+                            out.append(_encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": item.data}}))
+                            last = item.seq
+                            hold = hold and item.type == "model.delta"
                             if item.type == "turn.resumed":
+                                await self.send_many(out)
+                                out = []
                                 await self._send_resumed(turn_id, item)
                             elif item.type == "tool.approval_requested":
-                                await self.send({"type": "approval:request", "turn_id": turn_id, **approval_request(item)})
+                                out.append(_encode({"type": "approval:request", "turn_id": turn_id, **approval_request(item)}))
                         elif isinstance(item, LiveDeltas):
+                            hold = False
                             if deltas:
-                                await self.send_many([m for d in item.deltas for m in _delta_messages(turn_id, d)])
+                                out.extend(_batch_messages(turn_id, item, 0))
                         elif isinstance(item, LiveDelta):
+                            hold = False
                             if deltas:
-                                await self.send_many(_delta_messages(turn_id, item))
+                                out.extend(_delta_messages(turn_id, item))
                         else:
-                            await self.send(item.payload)
+                            hold = False
+                            out.append(_encode(item.payload))
+                    await self.send_many(out, hold=hold)
         except (ConnectionResetError, ConnectionError, asyncio.CancelledError):
             pass
         except Exception as exc:
@@ -232,6 +288,19 @@ def _deltas_option(message: dict[str, Any]) -> bool:
     return deltas
 
 
+def _batch_messages(turn_id: str, batch: LiveDeltas, after: int) -> list[bytes]:
+    """The ``delta`` messages of one published read, those of seq > ``after``:
+    a run's texts rendered directly, without a ``LiveDelta`` per chunk (each
+    chunk of a run is one piece of its own text)."""
+    texts = batch.texts
+    if texts is None:
+        return [m for d in batch.deltas if d.seq > after for m in _delta_messages(turn_id, d)]
+    if batch.seq <= after:
+        return []
+    seq, pos, kind = batch.seq, batch.pos, batch.kind
+    return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
+
+
 def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
     """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
     return [
@@ -243,7 +312,7 @@ def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
     await ws.prepare(request)
-    conn = Connection(ws, services(request), request[USER])
+    conn = Connection(ws, services(request), request[USER], request.protocol)
     guard = StallGuard(request.protocol, services(request).settings.client_stall_seconds, "WebSocket")
     try:
         async for msg in ws:
@@ -256,6 +325,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     finally:
         guard.stop()
         conn.close()
+        conn.flush()  # what this pass produced goes before aiohttp's close frame
     return ws
 
 
