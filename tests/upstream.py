@@ -332,6 +332,7 @@ class ScriptedUpstream:
         self.requests: list[dict[str, Any]] = []
         self.request_headers: list[dict[str, str]] = []
         self.request_paths: list[str] = []
+        self.request_bodies: list[bytes] = []  # the raw bytes of those requests (same order)
         self.task_requests: list[dict[str, Any]] = []
         self.task_replies: list[tuple[str, Reply]] = []
         self.response_ids: set[str] = set()
@@ -578,6 +579,7 @@ class ScriptedUpstream:
                 task_reply = Reply(text=TASK_DEFAULTS[kind])
         else:
             self.requests.append(body)
+            self.request_bodies.append(await request.read())
             self.request_headers.append(dict(request.headers))
             self.request_paths.append(request.path)
 

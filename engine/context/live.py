@@ -9,12 +9,14 @@ or a ``verify`` never assembles again.
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
+from contextlib import aclosing
 from typing import Any
 
 from engine.context.assemble import ModelProfile
 from engine.context.history import History
 from engine.context.media import ImageGeneration, ImageStarted, WebQueries, WebResults
+from engine.context.plain import plain_request
 from engine.context.steps import (
     AttachedFiles,
     ChatHistory,
@@ -120,12 +122,40 @@ class LiveAssembler:
             reasoning = REASONING_RESPONSES if resolved is not None and resolved.api == "responses" else None
             history, chat_turns = stored_history(views, reasoning_format=reasoning), len(views)
         draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))
+        for step in (Params(), ChatHistory(history, chat_turns)):
+            detail = await step.run(draft)
+            if detail is not None:
+                yield AssemblyStep(step=step.name, detail=detail)
+        if plain_request(draft, self._filters, self._tool_servers):
+            # engine.context.plain: every step between would find nothing to do.
+            detail = await SystemMessages().run(draft)
+            if detail is not None:
+                yield AssemblyStep(step=SystemMessages.name, detail=detail)
+        else:
+            async with aclosing(self._features(draft, resolved)) as events:  # its searches end with it
+                async for event in events:
+                    yield event
+        yield (
+            AssemblyCompleted(
+                messages=draft.messages,
+                params=draft.params,
+                history_len=draft.history_len,
+                new_messages=draft.new_messages,
+                history_reset=draft.history_reset,
+                turn_refs=draft.turn_refs,
+                chat_turns=draft.chat_turns,
+                sources=draft.numbered,
+                rag=draft.rag,
+                code_interpreter=draft.code_interpreter,
+            )
+        )
+
+    async def _features(self, draft: Draft, resolved: ResolvedModel | None) -> AsyncGenerator[EventData, None]:
+        """The steps after the history: filters, features, tools, files, sources, system messages."""
         memory = Memory(self._memories, self._settings.memory_top_k)
         files = Files(self._knowledge, self._task_model, self._settings.file_wait_seconds)
         inlet = InletFilters(self._filters)
         pipeline: list[Step] = [
-            Params(),
-            ChatHistory(history, chat_turns),
             UserImages(self._payloads),
             inlet,
             memory,
@@ -160,20 +190,6 @@ class LiveAssembler:
         finally:
             memory.abandon()
             files.abandon()
-        yield (
-            AssemblyCompleted(
-                messages=draft.messages,
-                params=draft.params,
-                history_len=draft.history_len,
-                new_messages=draft.new_messages,
-                history_reset=draft.history_reset,
-                turn_refs=draft.turn_refs,
-                chat_turns=draft.chat_turns,
-                sources=draft.numbered,
-                rag=draft.rag,
-                code_interpreter=draft.code_interpreter,
-            )
-        )
 
     async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> dict[str, Any]:
         """Legacy (prompt-based) tools: the task model picks tools before the main

@@ -60,9 +60,10 @@ from engine.run.live import Joined
 from engine.run.loop_state import LoopState
 from engine.run.recovery import StoreRecovery
 from engine.settings import EngineSettings
-from engine.tools.builtin import BuiltinPorts, builtin_tools
+from engine.tools.builtin import BuiltinPorts
 from engine.tools.calls import LiveToolRunner, ToolHandle
 from engine.tools.direct import DirectToolHandle, direct_tool_specs
+from engine.tools.lazy import LazyBuiltins
 from engine.tools.servers import TurnTools
 
 log = logging.getLogger("turnlog.supervisor")
@@ -314,7 +315,7 @@ class Supervisor:
             search_count=self.settings.web_search_count,
         )
         # The turn's own tools win: a builtin never shadows them (nor a tool server's).
-        tools = TurnTools(builtin_tools(builtin), servers or NoTurnToolServers(), self.tool_handles(view.request, channel))
+        tools = TurnTools(LazyBuiltins(builtin), servers or NoTurnToolServers(), self.tool_handles(view.request, channel))
         runner = LiveToolRunner()
         task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
         return TurnPorts(
