@@ -78,6 +78,7 @@ from sqlalchemy.engine import Connection, Engine, Row
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from adapters.store import batch_plan as _plan
 from adapters.store import postgres as _pg
 from adapters.store import postgres_writer as _pw
 from adapters.store import sqlite_writer as _sw
@@ -89,7 +90,6 @@ from adapters.store.common import (
     link_rows,
     new_api_key,
     previous_hash,
-    stale_token,
 )
 from adapters.store.common import (
     dumps as _dumps,
@@ -812,23 +812,14 @@ class SqlEventStore:
         savepoint per start."""
         reqs: list[_StartOp] = batch[start:end]
         rows = [row for req in reqs for row in req.rows]
-        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
-            # One row per chat, as the starts one after another leave it: the
-            # first start creates it, the latest time is its updated_at.
-            chats: dict[str, dict[str, Any]] = {}
-            for req in reqs:
-                chat = req.chat
-                have = chats.get(chat["c_id"])
-                if have is None:
-                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
-                elif chat["c_at"] > have["c_upd"]:
-                    have["c_upd"] = chat["c_at"]
+        if _plan.startable_together(reqs, rows):
+            chats = _plan.merged_chats(reqs)
             upsert_chats, insert_turn = self._start_run_statements
             trial: dict[str, Head] = {}
             try:
                 with conn.begin_nested():
                     conn.execute(insert_turn, [req.turn for req in reqs])
-                    conn.execute(upsert_chats, list(chats.values()))
+                    conn.execute(upsert_chats, chats)
                     if rows:
                         self._insert_events(conn, self._link(conn, rows, trial))
             except Exception:
@@ -863,8 +854,8 @@ class SqlEventStore:
         self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
     ) -> None:
         """Appends ``batch[start:end]``: fencing check, then fast or careful path."""
-        live: list[int] = []
-        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        live = list(range(start, end))
+        fenced = _plan.fenced_turns(batch, start, end)
         if fenced:
             if self._sqlite:  # BEGIN IMMEDIATE: we hold the write lock already
                 current = dict(
@@ -876,21 +867,12 @@ class SqlEventStore:
                 current = dict(
                     conn.execute(_SELECT_FENCING.with_for_update(), {"ids": list(fenced)}).all()
                 )
-            for i in range(start, end):
-                req = batch[i]
-                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
-                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
-                elif (req.turn_id, req.fencing) in self._poisoned:
-                    results[i] = (False, after_failure(req.turn_id, req.fencing))
-                else:
-                    live.append(i)
-        else:
-            live = list(range(start, end))
+            live = _plan.live_appends(batch, start, end, current, self._poisoned, results)
 
         # Fast path: all the run's events at once, unless the batch itself
         # repeats a (turn_id, seq) (then some request must fail: go one by one).
         rows = [row for i in live for row in batch[i].rows]
-        if len({(row[0], row[1]) for row in rows}) == len(rows):
+        if _plan.distinct_seqs(rows):
             updates = [batch[i].index for i in live if batch[i].index is not None]
             trial: dict[str, Head] = {}
             rows = self._link(conn, rows, trial)
@@ -933,9 +915,7 @@ class SqlEventStore:
                         conn.execute(_UPDATE_INDEX, [req.index])
                 self._linked.update(trial)
             except IntegrityError as exc:
-                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
-                error.__cause__ = exc
-                results[i] = (False, error)
+                results[i] = (False, _plan.seq_taken(req.turn_id, exc))
                 self._poison(req)
 
     # ----------------------------------------- SQLite writer thread: the driver level
@@ -955,25 +935,16 @@ class SqlEventStore:
     ) -> None:
         """``_append_run`` on the raw connection: the same checks, statements
         and fallback, without SQLAlchemy."""
-        live: list[int] = []
-        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        live = list(range(start, end))
+        fenced = _plan.fenced_turns(batch, start, end)
         if fenced:
             current = dict(raw.execute(_sw.SELECT_FENCING, (_dumps(list(fenced)),)).fetchall())
-            for i in range(start, end):
-                req = batch[i]
-                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
-                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
-                elif (req.turn_id, req.fencing) in self._poisoned:
-                    results[i] = (False, after_failure(req.turn_id, req.fencing))
-                else:
-                    live.append(i)
-        else:
-            live = list(range(start, end))
+            live = _plan.live_appends(batch, start, end, current, self._poisoned, results)
 
         # Fast path: all the run's events at once, unless the batch itself
         # repeats a (turn_id, seq) (then some request must fail: go one by one).
         rows = [row for i in live for row in batch[i].rows]
-        if len({(row[0], row[1]) for row in rows}) == len(rows):
+        if _plan.distinct_seqs(rows):
             updates = [batch[i].index for i in live if batch[i].index is not None]
             trial: dict[str, Head] = {}
             rows = self._link_raw(raw, rows, trial)
@@ -1009,9 +980,7 @@ class SqlEventStore:
                     if req.index is not None:
                         raw.execute(_sw.UPDATE_INDEX, req.index)
             except sqlite3.IntegrityError as exc:
-                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
-                error.__cause__ = exc
-                results[i] = (False, error)
+                results[i] = (False, _plan.seq_taken(req.turn_id, exc))
                 self._poison(req)
             else:
                 self._linked.update(trial)
@@ -1023,20 +992,13 @@ class SqlEventStore:
         first events in one savepoint; on any failure, start by start."""
         reqs: list[_StartOp] = batch[start:end]
         rows = [row for req in reqs for row in req.rows]
-        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
-            chats: dict[str, dict[str, Any]] = {}
-            for req in reqs:
-                chat = req.chat
-                have = chats.get(chat["c_id"])
-                if have is None:
-                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
-                elif chat["c_at"] > have["c_upd"]:
-                    have["c_upd"] = chat["c_at"]
+        if _plan.startable_together(reqs, rows):
+            chats = _plan.merged_chats(reqs)
             trial: dict[str, Head] = {}
             try:
                 with _sw.savepoint(raw):
                     raw.executemany(_sw.INSERT_TURN, [req.turn for req in reqs])
-                    raw.executemany(_sw.UPSERT_CHAT, list(chats.values()))
+                    raw.executemany(_sw.UPSERT_CHAT, chats)
                     if rows:
                         _sw.insert_events(raw, self._link_raw(raw, rows, trial))
             except Exception as exc:
@@ -1138,23 +1100,14 @@ class SqlEventStore:
     async def _append_run_pg(self, raw: Any, batch: list[Any], start: int, end: int, results: Results) -> None:
         """``_append_run`` on the asyncpg connection: the same checks,
         statements and fallback."""
-        live: list[int] = []
-        fenced = {batch[i].turn_id for i in range(start, end) if batch[i].fencing is not None}
+        live = list(range(start, end))
+        fenced = _plan.fenced_turns(batch, start, end)
         if fenced:
             current = {row[0]: row[1] for row in await raw.fetch(_pw.SELECT_FENCING, list(fenced))}
-            for i in range(start, end):
-                req = batch[i]
-                if req.fencing is not None and current.get(req.turn_id) != req.fencing:
-                    results[i] = (False, stale_token(req.turn_id, req.fencing, current.get(req.turn_id)))
-                elif (req.turn_id, req.fencing) in self._poisoned:
-                    results[i] = (False, after_failure(req.turn_id, req.fencing))
-                else:
-                    live.append(i)
-        else:
-            live = list(range(start, end))
+            live = _plan.live_appends(batch, start, end, current, self._poisoned, results)
 
         rows = [row for i in live for row in batch[i].rows]
-        if len({(row[0], row[1]) for row in rows}) == len(rows):
+        if _plan.distinct_seqs(rows):
             updates = [_pw.index_args(batch[i].index) for i in live if batch[i].index is not None]
             trial: dict[str, Head] = {}
             rows = await self._link_pg(raw, rows, trial)
@@ -1186,9 +1139,7 @@ class SqlEventStore:
             try:
                 await _pw.in_savepoint(raw, one)
             except _UniqueViolation as exc:
-                error = ConcurrencyError(f"turn {req.turn_id}: an event's seq is already taken")
-                error.__cause__ = exc
-                results[i] = (False, error)
+                results[i] = (False, _plan.seq_taken(req.turn_id, exc))
                 self._poison(req)
             else:
                 self._linked.update(trial)
@@ -1197,20 +1148,13 @@ class SqlEventStore:
         """``_start_run`` on the asyncpg connection."""
         reqs: list[_StartOp] = batch[start:end]
         rows = [row for req in reqs for row in req.rows]
-        if len({req.turn["t_id"] for req in reqs}) == len(reqs) and len({(row[0], row[1]) for row in rows}) == len(rows):
-            chats: dict[str, dict[str, Any]] = {}
-            for req in reqs:
-                chat = req.chat
-                have = chats.get(chat["c_id"])
-                if have is None:
-                    chats[chat["c_id"]] = {**chat, "c_upd": chat["c_at"]}
-                elif chat["c_at"] > have["c_upd"]:
-                    have["c_upd"] = chat["c_at"]
+        if _plan.startable_together(reqs, rows):
+            chats = _plan.merged_chats(reqs)
             trial: dict[str, Head] = {}
 
             async def run() -> None:
                 await raw.executemany(_pw.INSERT_TURN, [_pw.turn_args(req.turn) for req in reqs])
-                await raw.executemany(_pw.UPSERT_CHAT, [_pw.chat_args(chat) for chat in chats.values()])
+                await raw.executemany(_pw.UPSERT_CHAT, [_pw.chat_args(chat) for chat in chats])
                 if rows:
                     await _pw.insert_events(raw, await self._link_pg(raw, rows, trial))
 
