@@ -215,7 +215,12 @@ def _fresh_turnlog(ctx: Ctx, name: str) -> tuple[Any, str]:
 
 def _floor_round(ctx: Ctx, plan: dict[str, Any]) -> dict[str, Any]:
     if "thousands_floor" not in ctx.cache:
-        ctx.cache["thousands_floor"] = _clients(ctx, _sse_specs(ctx.floor_v1, plan, "floor"), "c-k-floor")
+        # The floor process's CPU over its round (all threads, /proc/PID/stat),
+        # as turnlog's is measured: the gap per chunk is then known.
+        cpu0 = cpu_seconds(ctx.floor_pid) if ctx.floor_pid else None
+        got = _clients(ctx, _sse_specs(ctx.floor_v1, plan, "floor"), "c-k-floor")
+        got["cpu_s"] = cpu_seconds(ctx.floor_pid) - cpu0 if cpu0 is not None else None
+        ctx.cache["thousands_floor"] = got
     return ctx.cache["thousands_floor"]
 
 
@@ -278,6 +283,8 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             # streamed chunk: what the transport costs, less noisy than p99.
             "turnlog_cpu_s": round(cpu, 2),
             "turnlog_cpu_us_per_chunk": round(cpu / (n * plan["chunks"]) * 1e6, 1),
+            "floor_cpu_s": round(floor["cpu_s"], 2) if floor.get("cpu_s") is not None else None,
+            "floor_cpu_us_per_chunk": round(floor["cpu_s"] / (n * plan["chunks"]) * 1e6, 1) if floor.get("cpu_s") is not None else None,
             "failed": len(failed),
             "failures_sample": failed[:5] + got["errors"][:2],
             "floor_failed": len(failures(floor["streams"], plan["chunks"])),

@@ -214,6 +214,7 @@ async def tail(
     after: int = 0,
     poll_seconds: float = POLL_SECONDS,
     sink: Callable[[LiveMessage], bool] | None = None,
+    event_sink: Callable[[Event], bool] | None = None,
 ) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
     order — and its live messages, until a terminal event (or shutdown).
@@ -232,7 +233,11 @@ async def tail(
     event was already yielded is dropped.
 
     ``sink``: a synchronous consumer for live messages (``Subscription.sink``),
-    tried while this generator waits with nothing queued.
+    tried while this generator waits with nothing queued. ``event_sink``: the
+    same for the next durable ``model.delta`` event (a paced stream's window
+    is sealed per chunk: waking this generator and its consumer for an event
+    that renders nothing cost more than the chunk itself); taken by it, the
+    event counts as yielded.
     """
     joined = join(turn_id)
     sub = joined.subscription
@@ -268,6 +273,19 @@ async def tail(
     idle_reads = quiet = 0
     if sink is not None:
         sub.sink = sink
+        if event_sink is not None:
+
+            def take(message: LiveMessage) -> bool:
+                nonlocal last
+                if type(message) is not LiveEvent:
+                    return sink(message)
+                event = message.event
+                if event.seq != last + 1 or done or event.type != "model.delta" or not event_sink(event):
+                    return False
+                last = event.seq
+                return True
+
+            sub.sink = take
     try:
         history = joined.history
         first = durable(history) if history is not None else await reread()
@@ -391,7 +409,8 @@ async def follow(
     state = _Direct()
     follower = state.follower = TurnFollower(turn_id)
     sink = functools.partial(_sink, direct, state) if direct is not None else None
-    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink)) as tailed:
+    event_sink = functools.partial(_event_sink, state) if direct is not None else None
+    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink, event_sink=event_sink)) as tailed:
         async for items in tailed:
             outs, state.undelivered = state.undelivered, []
             if state.broken:
@@ -455,6 +474,29 @@ def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
         state.off = True
         return False
     return True
+
+
+def _event_sink(state: _Direct, event: Event) -> bool:
+    """``tail``'s ``event_sink`` of a follower with a direct output: a
+    ``model.delta`` whose chunks this follower already showed live (nothing
+    waiting ahead) renders nothing, so it is folded here, inside the actor's
+    publish, instead of waking the generator and the handler for it."""
+    follower = state.follower
+    if not state.live or state.broken or state.off or follower is None or follower._ahead:
+        return False
+    v = follower.view
+    data = event.data
+    if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
+        return False
+    try:
+        outs = follower.on_event(event)
+    except (Gap, ValueError):
+        state.broken = True  # the generator rebuilds from the log when it wakes
+        return False
+    # Nothing to show by the checks above; should the fold say otherwise, the
+    # generator yields it.
+    state.undelivered.extend(outs)
+    return not outs
 
 
 def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
