@@ -31,6 +31,7 @@ import adapters.http.app
 from engine.events import Event
 from tests.fault_clients import kept_text, stream_into
 from tests.harness import Service, make_settings, start_service, stop_service
+from tests.pg import unavailable
 from tests.test_observe import scrape
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -185,7 +186,7 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
     where.mkdir()
     done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(where)], capture_output=True, text=True)
     if done.returncode != 0:
-        pytest.skip(f"cannot mount a small file system here ({done.stderr.strip()}); test_disk_full_injected covers the behaviour")
+        unavailable(f"cannot mount a small file system here ({done.stderr.strip()}); test_disk_full_injected covers the behaviour")
     try:
         yield where
     finally:

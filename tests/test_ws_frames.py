@@ -19,9 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from tests.harness import make_settings, start_service, stop_service
+from tests.pg import unavailable
 from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "go"}]
@@ -33,7 +32,7 @@ DATA_SEGS_IN = 152
 def data_segments_in(sock: socket.socket) -> int:
     info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 256)
     if len(info) < DATA_SEGS_IN + 4:
-        pytest.skip("this kernel's tcp_info has no tcpi_data_segs_in")
+        unavailable("this kernel's tcp_info has no tcpi_data_segs_in (Linux >= 4.6)")
     return int(struct.unpack_from("I", info, DATA_SEGS_IN)[0])
 
 
@@ -82,7 +81,7 @@ async def test_a_paced_stream_arrives_in_fewer_writes_than_frames(tmp_path: Path
         assert sum(m["type"] == "delta" for m in got) == len(CHUNKS)
         assert sum(m["type"] == "event" and m["event"]["type"] == "model.delta" for m in got) >= len(CHUNKS) - 2  # a window per paced chunk
         if segments is None:
-            pytest.skip("TCP_INFO is Linux-only; the order and completeness were checked")
+            unavailable("TCP_INFO is Linux-only; the order and completeness were checked")
         assert segments <= 0.7 * frames, f"{segments} data segments for {frames} messages: frames written one by one"
     finally:
         await stop_service(svc)
