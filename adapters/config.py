@@ -104,6 +104,11 @@ class Settings(BaseSettings):
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # Seconds between the starts of two group commits holding only delta
+    # windows: many streams' windows then share a transaction (most of a
+    # commit's cost is per transaction). Starts, tool results, terminal
+    # events and every other awaited write never wait for it. 0: off.
+    commit_gather: float = Field(default=0.005, ge=0, le=10)
     # The asyncio event loop of `turnlog serve`: uvloop (libuv) halves the
     # per-socket-event cost that dominates many concurrent streams; "auto" uses it
     # when it is installed (the default install has it on Linux and macOS).

@@ -18,6 +18,7 @@ computed over the union.
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import threading
 import time
@@ -213,6 +214,14 @@ def _fresh_turnlog(ctx: Ctx, name: str) -> tuple[Any, str]:
     return proc, v1
 
 
+def _harness_cpu(ctx: Ctx) -> float:
+    """CPU seconds so far of the benchmark's clients (reaped children) and the
+    upstream: what competes with the server under test for the host."""
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    upstream = cpu_seconds(ctx.upstream_pid) if ctx.upstream_pid else 0.0
+    return ru.ru_utime + ru.ru_stime + upstream
+
+
 def _floor_round(ctx: Ctx, plan: dict[str, Any]) -> dict[str, Any]:
     if "thousands_floor" not in ctx.cache:
         # The floor process's CPU over its round (all threads, /proc/PID/stat),
@@ -232,6 +241,8 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
     proc, v1 = _fresh_turnlog(ctx, name)
     try:
         cpu0 = cpu_seconds(proc.pid)
+        harness0 = _harness_cpu(ctx)
+        t0 = time.monotonic()
         with RssPeak(proc.pid) as rss, Profiler(ctx, name, proc.pid):
             if ws:
                 url = v1.replace("http://", "ws://") + "/ws"
@@ -248,6 +259,8 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
         cpu = cpu_seconds(proc.pid) - cpu0
+        harness = _harness_cpu(ctx) - harness0
+        wall = time.monotonic() - t0
         rss_idle = rss_kb(proc.pid)
     finally:
         ctx.procs.stop(proc)
@@ -283,6 +296,12 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             # streamed chunk: what the transport costs, less noisy than p99.
             "turnlog_cpu_s": round(cpu, 2),
             "turnlog_cpu_us_per_chunk": round(cpu / (n * plan["chunks"]) * 1e6, 1),
+            # What shared the host with turnlog over its round: the client
+            # processes (reaped, RUSAGE_CHILDREN) and the upstream, in cores
+            # (CPU seconds / the round's wall time), beside turnlog's own.
+            "round_s": round(wall, 1),
+            "turnlog_cores": round(cpu / wall, 2) if wall > 0 else None,
+            "harness_cores": round(harness / wall, 2) if wall > 0 else None,
             "floor_cpu_s": round(floor["cpu_s"], 2) if floor.get("cpu_s") is not None else None,
             "floor_cpu_us_per_chunk": round(floor["cpu_s"] / (n * plan["chunks"]) * 1e6, 1) if floor.get("cpu_s") is not None else None,
             "failed": len(failed),

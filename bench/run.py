@@ -124,7 +124,8 @@ class Servers:
         ctx = self.ctx
         py = sys.executable
         if not ctx.upstream_v1:
-            _, ctx.upstream_v1 = ctx.procs.start_url_server("upstream", [py, "-m", "bench.upstream", "--port", "0"])
+            upstream_proc, ctx.upstream_v1 = ctx.procs.start_url_server("upstream", [py, "-m", "bench.upstream", "--port", "0"])
+            ctx.upstream_pid = upstream_proc.pid
         if not ctx.floor_v1:
             floor_proc, ctx.floor_v1 = ctx.procs.start_url_server(
                 "floor", [py, "-m", "bench.floor", "--upstream", ctx.upstream_v1, "--port", "0"]

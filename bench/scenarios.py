@@ -40,6 +40,7 @@ class Ctx:
     floor_v1: str = ""
     turnlog_v1: str = ""
     turnlog_pid: int = 0
+    upstream_pid: int = 0
     floor_pid: int = 0
     db_path: Path | None = None
     profile_dir: Path | None = None

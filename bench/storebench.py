@@ -3,6 +3,7 @@
     python -m bench.storebench append --dir DIR [--turns 200] [--events 100] [--repeat 3] [--url DB_URL]
     python -m bench.storebench replay --dir DIR [--events 10000] [--chunks-per-event 1] [--repeat 5]
     python -m bench.storebench chain --dir DIR [--turns 200] [--events 100] [--rounds 5] [--url DB_URL]
+    python -m bench.storebench gather --dir DIR [--turns 2000] [--sizes 1,2,4,8,16,32,128] [--url DB_URL]
 
 Each prints ONE JSON line.
 
@@ -18,6 +19,12 @@ rounds, each round one run on a store without the chain (``open_store(...,
 chain=False)``: no canonical form, no sha256, NULL hashes) and one with it,
 the order alternating from round to round, on the same database. The figure
 is the median of the rounds' ratios (chained events/s ÷ unchained events/s).
+
+``gather``: what a group commit costs per event against how many it holds
+(why ``TURNLOG_COMMIT_GATHER`` exists): N turns open, then for each size K
+every turn appends one ``model.delta`` window, K turns' appends queued
+together (one commit); the process CPU per event, for each K, twice.
+``synchronous=NORMAL``, the service's default.
 
 ``replay``: a turn of exactly E events (``turn.started``, ``assembly.completed``,
 ``model.requested``, E-6 ``model.delta`` of C chunks each, ``model.completed``,
@@ -109,6 +116,34 @@ async def _append_run(store: Any, tokens: dict[str, int], per_turn: int) -> dict
         "cpu_us_per_event": cpu * 1e6 / total,
         "commits": batches, "appends_per_commit": total / max(1, batches), "chain_reads": chain_reads,
     }
+
+
+async def bench_gather(url: str, turns: int, sizes: list[int]) -> dict[str, Any]:
+    await migrate(url)
+    store = await open_store(url, synchronous="NORMAL")
+    out: dict[str, Any] = {"turns": turns, "synchronous": "NORMAL", "cpu_us_per_event": {}, "commits": {}}
+    try:
+        tokens = await _open_turns(store, turns)
+        seqs = dict.fromkeys(tokens, 1)
+        ids = list(tokens)
+
+        def window(tid: str) -> Event:
+            seqs[tid] += 1
+            data = {"v": 1, "kind": "text", "pos": seqs[tid], "text": " the quick", "lens": [4, 6]}
+            return Event(turn_id=tid, seq=seqs[tid], type="model.delta", at=time.time(), data=data)
+
+        for k in sizes:
+            cpu = []
+            for _ in range(2):
+                before, c0 = store.stats["batches"], time.process_time()
+                for i in range(0, turns, k):
+                    await asyncio.gather(*(store.append_nowait([window(t)], fencing=tokens[t]) for t in ids[i : i + k]))
+                cpu.append((time.process_time() - c0) * 1e6 / turns)
+                out["commits"][str(k)] = store.stats["batches"] - before
+            out["cpu_us_per_event"][str(k)] = _spread(cpu)
+    finally:
+        await store.close()
+    return out
 
 
 async def bench_append(url: str, turns: int, per_turn: int, repeat: int, chain: bool = True) -> dict[str, Any]:
@@ -344,6 +379,11 @@ def main(argv: list[str] | None = None) -> None:
     c.add_argument("--events", type=int, default=25)
     c.add_argument("--rounds", type=int, default=40)
     c.add_argument("--url", help="database URL (default: a fresh SQLite file in --dir)")
+    g = sub.add_parser("gather")
+    g.add_argument("--dir", required=True)
+    g.add_argument("--turns", type=int, default=2000)
+    g.add_argument("--sizes", default="1,2,4,8,16,32,128")
+    g.add_argument("--url", help="database URL (default: a fresh SQLite file in --dir)")
     r = sub.add_parser("replay")
     r.add_argument("--dir", required=True)
     r.add_argument("--events", type=int, default=10_000)
@@ -358,6 +398,10 @@ def main(argv: list[str] | None = None) -> None:
             out["synchronous"] = "n/a (" + url.split(":", 1)[0] + ": the server's own durability settings)"
     elif args.cmd == "chain":
         out = asyncio.run(bench_chain(url, args.turns, args.events, args.rounds))
+    elif args.cmd == "gather":
+        out = asyncio.run(bench_gather(url, args.turns, [int(k) for k in args.sizes.split(",")]))
+        if not url.startswith("sqlite"):
+            out["synchronous"] = "n/a (" + url.split(":", 1)[0] + ": the server's own durability settings)"
     else:
         out = asyncio.run(bench_replay(url, args.events, args.chunks_per_event, args.repeat))
     sys.stdout.write(json.dumps(out) + "\n")

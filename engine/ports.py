@@ -102,10 +102,15 @@ class EventStore(Protocol):
         *,
         fencing: int | None = None,
         index: IndexUpdate | None = None,
+        lazy: bool = False,
     ) -> asyncio.Future[None]:
         """``append`` without a coroutine: queue the write now and return a future
         that resolves (or fails the same way) once it is durable. For the
-        per-window delta path, where a task per write is measurable."""
+        per-window delta path, where a task per write is measurable.
+
+        ``lazy``: no caller waits on this write, so the store may hold it
+        briefly (its gather) to commit it with others; order is kept, and a
+        later write that is not lazy takes it along at once."""
         ...
 
     async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]: ...

@@ -85,7 +85,13 @@ def create_app(
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
         await migrate(settings.database_url)
         pool: dict[str, Any] = {} if settings.db_pool_size is None else {"pool_size": settings.db_pool_size}
-        store = await open_store(settings.database_url, synchronous=settings.sqlite_synchronous, timeout=settings.db_timeout, **pool)
+        store = await open_store(
+            settings.database_url,
+            synchronous=settings.sqlite_synchronous,
+            timeout=settings.db_timeout,
+            gather=settings.commit_gather,
+            **pool,
+        )
         observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
         store.observer = observers
         providers: dict[str, ChatProvider] = {}

@@ -70,6 +70,7 @@ async def open_store(
     max_batch: int = 1000,
     chain: bool = True,
     timeout: float | None = None,
+    gather: float = 0.0,
     **engine_kwargs: Any,
 ) -> SqlEventStore:
     """Open the store at ``url`` (already migrated: call :func:`migrate` first).
@@ -85,6 +86,10 @@ async def open_store(
     database before it fails (the store then answers 503): SQLite's busy
     timeout (a lock held by another connection); on PostgreSQL
     :func:`postgres_engine`'s statement, pool and connect timeouts.
+
+    ``gather`` (``TURNLOG_COMMIT_GATHER``): the shortest time between the
+    starts of two group commits that hold only delta windows (lazy appends),
+    so that many streams' windows share one transaction.
     """
     if timeout is not None:
         if make_url(url).get_backend_name() == "sqlite":
@@ -98,5 +103,7 @@ async def open_store(
             synchronous=synchronous,
             busy_timeout_ms=engine_kwargs.get("busy_timeout_ms", 5000),
         )
-        return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch, chain=chain)
-    return SqlEventStore(create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch, chain=chain)
+        return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch, chain=chain, gather=gather)
+    return SqlEventStore(
+        create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch, chain=chain, gather=gather
+    )

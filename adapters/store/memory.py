@@ -287,6 +287,7 @@ class MemoryEventStore:
         *,
         fencing: int | None = None,
         index: IndexUpdate | None = None,
+        lazy: bool = False,
     ) -> asyncio.Future[None]:
         rows = event_rows(events)
         turn_ids = {row[0] for row in rows}

@@ -411,7 +411,11 @@ class TurnActor:
         events, self._staged = [*self._staged, event], []
         # No task per window: the store's future, and the bookkeeping in its
         # callback (a window is sealed ~20 times a second per streaming turn).
-        future = self.store.append_nowait(events, fencing=self.fencing)
+        # Lazy (the store may let it wait to share a commit with other turns'
+        # windows) unless staged events ride along, or this actor is about to
+        # wait for its writes (``catch_up``): nobody awaits a window otherwise.
+        lazy = len(events) == 1 and len(self._inflight) < self._settings.max_inflight_flushes
+        future = self.store.append_nowait(events, fencing=self.fencing, lazy=lazy)
         self._inflight.append(future)
         future.add_done_callback(functools.partial(self._written, events))
 
