@@ -293,8 +293,8 @@ class SqlEventStore:
         # windows, which no caller awaits) is not begun sooner than that after
         # the previous commit began, so that it takes the windows sealed
         # meanwhile along. A commit's cost is mostly per transaction (a
-        # one-event commit ~400 µs of CPU, ~60 µs per event in a commit of
-        # 30: ``python -m bench.storebench gather --dir D``), and thousands of
+        # one-event commit ~400 µs of CPU, ~50 µs per event in a commit of
+        # 32: ``python -m bench.storebench gather --dir D``), and thousands of
         # slow streams each seal about one window per chunk. Any other
         # request (a start, a durable record, a release) ends the wait.
         self._gather = gather
