@@ -72,14 +72,22 @@ async def _run(service: Service, label: str) -> list[tuple[bytes, str, str]]:
     return out
 
 
-async def test_plain_requests_record_and_send_the_same_by_either_path(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
-    taken: list[bool] = []
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """What ``plain_request`` answered for each request, in order (it still decides)."""
+    answers: list[bool] = []
 
     def watched(*args: Any) -> bool:
-        taken.append(plain_request(*args))
-        return taken[-1]
+        answers.append(plain_request(*args))
+        return answers[-1]
 
     monkeypatch.setattr(live, "plain_request", watched)
+    return answers
+
+
+async def test_plain_requests_record_and_send_the_same_by_either_path(
+    service: Service, taken: list[bool], monkeypatch: pytest.MonkeyPatch
+) -> None:
     short = await _run(service, "short")
     assert taken == [True] * len(PLAIN)  # every one of them took the short path
 
@@ -94,14 +102,7 @@ async def test_plain_requests_record_and_send_the_same_by_either_path(service: S
     assert '"merged_system_messages": 2' in short[2][1] and '"chat_turns": 1' in short[5][1]
 
 
-async def test_a_request_with_files_features_or_tools_takes_the_full_path(service: Service, monkeypatch: pytest.MonkeyPatch) -> None:
-    taken: list[bool] = []
-
-    def watched(*args: Any) -> bool:
-        taken.append(plain_request(*args))
-        return taken[-1]
-
-    monkeypatch.setattr(live, "plain_request", watched)
+async def test_a_request_with_files_features_or_tools_takes_the_full_path(service: Service, taken: list[bool]) -> None:
     not_plain: list[dict[str, Any]] = [
         {"features": {"web_search": True}},
         {"files": [{"type": "file", "id": "nope"}]},
