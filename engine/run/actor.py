@@ -13,8 +13,9 @@ Durability rules:
   before the model request). Nothing reaches a client before it (``started``);
   a turn that ends before it never existed in the log;
 * token deltas are published at once and written in batches (group commit):
-  every ``flush_interval`` seconds, every ``flush_max_chunks`` chunks, or before
-  the next non-delta event;
+  a window is sealed at most ``flush_interval`` after its first chunk (on the
+  loop's shared ``FlushClock``), at ``flush_max_chunks`` chunks, or before the
+  next non-delta event;
 * cancellation is shielded: the partial output is committed as ``cancelled``
   before the cancel is acknowledged.
 """
@@ -54,6 +55,7 @@ from engine.ports import (
     observe,
 )
 from engine.run.context import END, End, TurnPorts
+from engine.run.flush_clock import FlushClock
 from engine.run.log_context import current_turn
 from engine.run.loop_state import LoopState
 from engine.run.nodes import entry_node
@@ -118,7 +120,9 @@ class TurnActor:
         self._batch_chars = 0  # the open window's text, in characters
         self._batch_pos = 0
         self._batch_seq = 0
-        self._timer: asyncio.TimerHandle | None = None
+        # The open window's number: the clock's call for an older one is stale.
+        self._window = 0
+        self._clock = FlushClock.of(self._loop)
         self._inflight: deque[asyncio.Future[None]] = deque()
         # Recorded with durable=False: committed with the next commit.
         self._staged: list[Event] = []
@@ -272,7 +276,7 @@ class TurnActor:
             except Exception:
                 log.exception("turn %s: could not record the failure", self.turn_id)
         finally:
-            self._cancel_timer()
+            self._drop_deadline()
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
             # Stopped before the turn's first commit (a drain halted it): no
@@ -350,7 +354,8 @@ class TurnActor:
                 self._batch_kind = kind
                 self._batch_pos = pos.next
                 self._batch_seq = v.last_seq + 1
-                self._timer = self._loop.call_later(self._settings.flush_interval, self._flush)
+                self._window += 1
+                self._clock.call_within(self._settings.flush_interval, self._flush_window, self._window)
                 if self._first_pending:  # once per window, not per chunk
                     self._first_token()
             seq = self._batch_seq
@@ -392,14 +397,18 @@ class TurnActor:
         if self._view.created_at is not None:
             observe(self._ports.observer.first_token, self.turn_id, max(0.0, time.time() - self._view.created_at))
 
-    def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+    def _drop_deadline(self) -> None:
+        """The open window's call from the clock (if any) is void from now on."""
+        self._window += 1
+
+    def _flush_window(self, window: int) -> None:
+        """The clock's call: seal the window it was asked for, if still open."""
+        if window == self._window:
+            self._flush()
 
     def _flush(self) -> None:
         """Seal the open batch as one ``model.delta`` event and start writing it."""
-        self._cancel_timer()
+        self._drop_deadline()
         if not self._batch or self._lost:
             return
         texts = self._batch

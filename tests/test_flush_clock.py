@@ -1,0 +1,134 @@
+"""The flush clock: every window sealed within its interval, never later;
+windows due close together share one loop timer.
+
+A loop whose clock the test sets (``ManualLoop``) shows the deadlines and the
+timers exactly; one test runs on the real event loop and checks the bound
+against ``loop.time()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+from typing import Any
+
+import pytest
+
+from engine.run.flush_clock import MAX_TICK, FlushClock
+
+
+class ManualLoop:
+    """The part of an event loop the clock uses, with a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.timers: list[tuple[float, int, Any, tuple[Any, ...]]] = []
+        self.timers_made = 0
+        self.errors: list[dict[str, Any]] = []
+        self._order = itertools.count()
+
+    def time(self) -> float:
+        return self.now
+
+    def call_at(self, when: float, callback: Any, *args: Any) -> None:
+        self.timers_made += 1
+        heapq.heappush(self.timers, (when, next(self._order), callback, args))
+
+    def call_soon(self, callback: Any, *args: Any) -> None:
+        self.call_at(self.now, callback, *args)
+
+    def call_exception_handler(self, context: dict[str, Any]) -> None:
+        self.errors.append(context)
+
+    def run_until(self, t: float) -> None:
+        while self.timers and self.timers[0][0] <= t:
+            when, _, callback, args = heapq.heappop(self.timers)
+            self.now = max(self.now, when)
+            callback(*args)
+        self.now = max(self.now, t)
+
+
+def test_each_window_is_sealed_within_its_interval_and_close_ones_share_a_timer() -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    delay = 0.05
+    fired: dict[int, float] = {}
+    opened: dict[int, float] = {}
+    # 200 windows opened 0.3 ms apart (60 ms in all), as many paced streams would
+    for token in range(200):
+        opened[token] = loop.now
+        clock.call_within(delay, lambda t: fired.__setitem__(t, loop.now), token)
+        loop.run_until(loop.now + 0.0003)
+    loop.run_until(loop.now + 1.0)
+
+    assert sorted(fired) == list(range(200))
+    tick = min(delay / 10, MAX_TICK)
+    for token, at in fired.items():
+        waited = at - opened[token]
+        assert delay - tick - 1e-9 <= waited <= delay + 1e-9, (token, waited)
+    # one timer per grid point: 60 ms of openings on a 5 ms grid, not 200 timers
+    assert loop.timers_made <= 60 / (tick * 1000) + 2, loop.timers_made
+    assert len({round(at, 9) for at in fired.values()}) == loop.timers_made
+
+
+def test_a_short_interval_keeps_its_windows_apart() -> None:
+    """The grid is at most a tenth of the interval: 1 ms windows are not held
+    5 ms, nor sealed early by more than 0.1 ms."""
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    fired: list[float] = []
+    clock.call_within(0.001, lambda _: fired.append(loop.now), 0)
+    loop.run_until(loop.now + 0.01)
+    assert len(fired) == 1 and 0.0009 - 1e-9 <= fired[0] - 1000.0 <= 0.001 + 1e-9
+
+
+def test_a_failing_callback_does_not_stop_the_others_due_with_it() -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    fired: list[int] = []
+
+    def seal(token: int) -> None:
+        if token == 1:
+            raise RuntimeError("this window's store is gone")
+        fired.append(token)
+
+    for token in range(3):
+        clock.call_within(0.05, seal, token)
+    loop.run_until(loop.now + 1.0)
+    assert fired == [0, 2]
+    assert len(loop.errors) == 1 and isinstance(loop.errors[0]["exception"], RuntimeError)
+
+
+async def test_on_the_real_loop_no_window_waits_longer_than_its_interval() -> None:
+    loop = asyncio.get_running_loop()
+    clock = FlushClock.of(loop)
+    assert FlushClock.of(loop) is clock  # one per loop
+    delay = 0.03
+    done = loop.create_future()
+    opened: dict[int, float] = {}
+    waited: dict[int, float] = {}
+
+    def seal(token: int) -> None:
+        waited[token] = loop.time() - opened[token]
+        if len(waited) == 20 and not done.done():
+            done.set_result(None)
+
+    for token in range(20):
+        opened[token] = loop.time()
+        clock.call_within(delay, seal, token)
+        await asyncio.sleep(0.001)  # windows opening over ~20 ms (not a synchronization)
+    await asyncio.wait_for(done, 5)
+    tick = min(delay / 10, MAX_TICK)
+    # never sealed before its grid point; the loop's own lateness is all above that
+    assert min(waited.values()) >= delay - tick - 0.002, waited
+
+
+@pytest.mark.parametrize("delay", [0.0, -1.0])
+def test_no_interval_seals_at_once(delay: float) -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    fired: list[int] = []
+    clock.call_within(delay, fired.append, 7)
+    loop.run_until(loop.now)
+    assert fired == [7]
