@@ -3,7 +3,8 @@ windows due close together share one loop timer.
 
 A loop whose clock the test sets (``ManualLoop``) shows the deadlines and the
 timers exactly; one test runs on the real event loop and checks the bound
-against ``loop.time()``.
+against ``loop.time()``; one runs the service on both backends and checks it
+against the time an SSE client received each chunk.
 """
 
 from __future__ import annotations
@@ -11,11 +12,16 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import json
+import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.run.flush_clock import MAX_TICK, FlushClock
+from tests.harness import make_settings, start_service, stop_service
+from tests.upstream import Reply, ScriptedUpstream
 
 
 class ManualLoop:
@@ -132,3 +138,39 @@ def test_no_interval_seals_at_once(delay: float) -> None:
     clock.call_within(delay, fired.append, 7)
     loop.run_until(loop.now)
     assert fired == [7]
+
+
+async def test_a_paced_streams_windows_are_sealed_by_time_on_the_service(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
+) -> None:
+    """Chunks 1.5 s apart with a 0.3 s interval: each chunk is a window of its
+    own, sealed (its ``model.delta``'s ``at``) about 0.3 s after the client got
+    the chunk: not at once, and not only when the next chunk comes; the last
+    one with the answer's end."""
+    interval = 0.3
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_interval=interval), upstream)
+    try:
+        chunks = ["one ", "two ", "three"]
+        upstream.enqueue(Reply(chunks=chunks, delay=1.5))
+        received: list[tuple[float, str]] = []
+        async with svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}) as resp:
+            assert resp.status == 200
+            turn_id = resp.headers["X-Turn-Id"]
+            async for line in resp.content:
+                if not line.startswith(b"data: {"):
+                    continue
+                content = json.loads(line[6:])["choices"][0]["delta"].get("content")
+                if content:
+                    received.append((time.time(), content))
+        await svc.wait_status(turn_id, "completed")
+        windows = [e for e in await svc.events(turn_id) if e["type"] == "model.delta"]
+        assert [w["data"]["text"] for w in windows] == chunks == [c for _, c in received]
+        sealed_after = [w["at"] - got_at for w, (got_at, _) in zip(windows, received)]
+        # the service had a chunk before the client did: a little earlier than the
+        # interval minus the grid is possible, sealing at once is not
+        for text, after in zip(chunks[:-1], sealed_after[:-1]):
+            assert interval - 0.1 <= after <= interval + 1.0, (text, after)
+        # the last window goes with the end of the answer, before its interval is up
+        assert sealed_after[-1] < interval - 0.1, sealed_after
+    finally:
+        await stop_service(svc)
