@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from bench.client import percentiles
-from bench.procs import BenchError, cpu_seconds, rss_kb
+from bench.procs import BenchError, cpu_seconds, rss_kb, thread_cpu_seconds
 from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
 
 BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
@@ -222,6 +222,15 @@ def _harness_cpu(ctx: Ctx) -> float:
     return ru.ru_utime + ru.ru_stime + upstream
 
 
+def _thread_split(before: dict[int, float], after: dict[int, float], pid: int) -> dict[str, float]:
+    """The CPU each thread took between two samples: the event loop's (main
+    thread), the busiest other thread's, and all other threads' together (a
+    thread that exited before ``after`` is not counted)."""
+    took = {tid: cpu - before.get(tid, 0.0) for tid, cpu in after.items()}
+    others = [cpu for tid, cpu in took.items() if tid != pid]
+    return {"loop": took.get(pid, 0.0), "other_max": max(others, default=0.0), "others": sum(others)}
+
+
 def _floor_round(ctx: Ctx, plan: dict[str, Any]) -> dict[str, Any]:
     if "thousands_floor" not in ctx.cache:
         # The floor process's CPU over its round (all threads, /proc/PID/stat),
@@ -241,6 +250,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
     proc, v1 = _fresh_turnlog(ctx, name)
     try:
         cpu0 = cpu_seconds(proc.pid)
+        threads0 = thread_cpu_seconds(proc.pid)
         harness0 = _harness_cpu(ctx)
         t0 = time.monotonic()
         with RssPeak(proc.pid) as rss, Profiler(ctx, name, proc.pid):
@@ -259,6 +269,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
         cpu = cpu_seconds(proc.pid) - cpu0
+        threads = _thread_split(threads0, thread_cpu_seconds(proc.pid), proc.pid)
         harness = _harness_cpu(ctx) - harness0
         wall = time.monotonic() - t0
         rss_idle = rss_kb(proc.pid)
@@ -302,6 +313,14 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             "round_s": round(wall, 1),
             "turnlog_cores": round(cpu / wall, 2) if wall > 0 else None,
             "harness_cores": round(harness / wall, 2) if wall > 0 else None,
+            # The same CPU split by thread: the event loop's (the main thread)
+            # against its budget per chunk (one core ÷ the chunks per second
+            # the load streams), and the busiest other thread (the store's writer).
+            "loop_thread_cpu_s": round(threads["loop"], 2),
+            "loop_thread_cpu_us_per_chunk": round(threads["loop"] / (n * plan["chunks"]) * 1e6, 1),
+            "loop_thread_budget_us_per_chunk": round(1e6 / (n * plan["rate"]), 1),
+            "busiest_other_thread_cpu_s": round(threads["other_max"], 2),
+            "other_threads_cpu_s": round(threads["others"], 2),
             "floor_cpu_s": round(floor["cpu_s"], 2) if floor.get("cpu_s") is not None else None,
             "floor_cpu_us_per_chunk": round(floor["cpu_s"] / (n * plan["chunks"]) * 1e6, 1) if floor.get("cpu_s") is not None else None,
             "failed": len(failed),

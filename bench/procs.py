@@ -300,6 +300,28 @@ def cpu_seconds(pid: int) -> float:
     return precise
 
 
+def thread_cpu_seconds(pid: int) -> dict[int, float]:
+    """CPU time (user + system) of each live thread of ``pid``, by thread id.
+
+    From the per-thread ``schedstat`` (nanoseconds). The event loop of
+    ``turnlog serve`` runs on the main thread (tid == pid): its share is what
+    one core's budget per chunk is set against, since the store's writer
+    thread runs on another core.
+    """
+    out: dict[int, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[int(tid)] = int(f.read().split()[0]) / 1e9
+        except (OSError, ValueError, IndexError):
+            continue  # the thread exited between the listing and the read
+    return out
+
+
 def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})

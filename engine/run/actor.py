@@ -76,6 +76,11 @@ class NotStarted(Exception):
     process halts it): the turn never existed in the log."""
 
 
+def _wake(waiter: asyncio.Future[None], _done: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 def index_update(event: Event, view: TurnView) -> IndexUpdate | None:
     """What an event changes in the turn's index row (status, and the final view)."""
     if event.type not in STATUS_AFTER:
@@ -315,7 +320,14 @@ class TurnActor:
     async def catch_up(self) -> None:
         if self.writes_behind():
             oldest = self._inflight[0]
-            await asyncio.wait((oldest,))
+            # Wait for the write without taking it over: a cancel of this task
+            # must not cancel the store's future. A bare waiter woken by the
+            # write's callback, not ``asyncio.wait``: this runs once per window
+            # of every turn while the store is behind (its set, closures and
+            # callback removal were ~5 % of the event loop's time then).
+            waiter = self._loop.create_future()
+            oldest.add_done_callback(functools.partial(_wake, waiter))
+            await waiter
             if self._lost:
                 raise TurnLost("this actor lost the turn")
             if not oldest.cancelled():
