@@ -417,7 +417,18 @@ def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str]) -
     equal to ``make_event(..., ModelDelta(...))``.
     """
     data = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
-    return Event.model_construct(turn_id=turn_id, seq=seq, type=ModelDelta.TYPE, at=time.time(), data=data)
+    # What ``Event.model_construct`` does for these five fields, without its
+    # generic loop over the model's fields (6.5 -> 2.6 µs, once per window).
+    event = _new_event(Event)
+    _set(event, "__dict__", {"turn_id": turn_id, "seq": seq, "type": ModelDelta.TYPE, "at": time.time(), "data": data})
+    _set(event, "__pydantic_fields_set__", {"turn_id", "seq", "type", "at", "data"})
+    _set(event, "__pydantic_extra__", None)
+    _set(event, "__pydantic_private__", None)
+    return event
+
+
+_new_event = object.__new__
+_set = object.__setattr__
 
 
 def _model_requested_v1(data: dict[str, Any]) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from engine.events import ModelDelta, TurnStarted, delta_event, make_event
 from engine.fold.turn_view import TurnView, fold
@@ -237,6 +238,12 @@ def test_delta_event_equals_the_validated_model_delta() -> None:
     slow = make_event("t1", 7, ModelDelta(kind="reasoning", pos=3, text="aé✓xyz", lens=[1, 2, 0, 3]), at=fast.at)
     assert fast == slow
     assert fast.model_dump() == slow.model_dump()
+    # Built as pydantic builds a model: the same set fields, copies, frozen.
+    assert fast.model_fields_set == slow.model_fields_set == set(type(slow).model_fields)
+    assert fast.model_copy(update={"seq": 8}).seq == 8 and fast.seq == 7
+    assert fast.model_dump_json() == slow.model_dump_json()
+    with pytest.raises(ValidationError):
+        fast.seq = 9  # type: ignore[misc]
 
 
 def test_unknown_event_type_raises() -> None:

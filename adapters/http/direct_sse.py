@@ -8,6 +8,7 @@ most of the added latency (bench ``concurrent_paced``: p50 3-4 ms -> ~1 ms).
 from __future__ import annotations
 
 import asyncio
+import weakref
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -43,6 +44,7 @@ class DirectSSE:
         self.failed: BaseException | None = None
         self.burst: list[bytes] | None = None
         self._loop = asyncio.get_running_loop()
+        self._ends = _burst_ends(self._loop)
 
     def ready(self) -> bool:
         return (
@@ -69,7 +71,7 @@ class DirectSSE:
             self.burst.append(data)
             return
         self.burst = []
-        self._loop.call_soon(self._end_burst)
+        self._ends.add(self)
         self._write(data)
 
     def _end_burst(self) -> None:
@@ -104,6 +106,41 @@ class DirectSSE:
         if self.failed is not None:
             failed, self.failed = self.failed, None
             raise failed
+
+
+class _BurstEnds:
+    """Ends the open bursts of one loop's direct streams at the end of the
+    loop's pass: one callback per pass for all of them, not one per stream
+    and chunk (with 2,000 paced streams, 4,000 callbacks a second less)."""
+
+    __slots__ = ("_loop", "_open", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._open: list[DirectSSE] = []
+        self._scheduled = False
+
+    def add(self, sse: DirectSSE) -> None:
+        self._open.append(sse)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon(self._end)
+
+    def _end(self) -> None:
+        self._scheduled = False
+        opened, self._open = self._open, []
+        for sse in opened:
+            sse._end_burst()  # (its write keeps its own failure: nothing raises)
+
+
+_ENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BurstEnds] = weakref.WeakKeyDictionary()
+
+
+def _burst_ends(loop: asyncio.AbstractEventLoop) -> _BurstEnds:
+    ends = _ENDS.get(loop)
+    if ends is None:
+        ends = _ENDS[loop] = _BurstEnds(loop)
+    return ends
 
 
 async def _finish_write(coro: Any, yielded: Any) -> None:

@@ -98,6 +98,9 @@ class TurnFollower:
         already = max(0, min(len(lens), v.next_pos - first))  # chunks fed live
         if already == 0:
             return list(v.apply(event))
+        if already == len(lens):
+            self.fold_shown_event(event)
+            return []
         # Some chunks were shown from live deltas (the actor's pieces, not folded
         # here): fold their text at once (the accumulator's items and text do
         # not depend on how a text is cut), feed the rest chunk by chunk, then
@@ -114,6 +117,17 @@ class TurnFollower:
         self._fed_live = max(0, self._fed_live - already)
         v.apply(event, live_applied=True)
         return out
+
+    def fold_shown_event(self, event: Event) -> None:
+        """The next ``model.delta``, all of whose chunks were shown live: it
+        renders nothing; its text goes to the view's accumulator at once (its
+        items and text do not depend on how a text is cut)."""
+        v = self.view
+        data = event.data
+        n = len(data["lens"])
+        v.fold_shown(data.get("kind", "text"), data["text"])
+        self._fed_live = max(0, self._fed_live - n)
+        v.apply(event, live_applied=True)
 
     def on_delta(self, delta: LiveDelta) -> list[Out]:
         # Per streamed chunk and client: the position read once, no drain call
@@ -489,14 +503,11 @@ def _event_sink(state: _Direct, event: Event) -> bool:
     if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
         return False
     try:
-        outs = follower.on_event(event)
+        follower.fold_shown_event(event)  # what ``on_event`` does for it, without the dispatch
     except (Gap, ValueError):
         state.broken = True  # the generator rebuilds from the log when it wakes
         return False
-    # Nothing to show by the checks above; should the fold say otherwise, the
-    # generator yields it.
-    state.undelivered.extend(outs)
-    return not outs
+    return True
 
 
 def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
