@@ -237,10 +237,13 @@ class _Stream(asyncio.Protocol):
                 gaps.extend([0.0] * (k - 1))
             if self.lats is not None:
                 steady = self.state.lats_steady if self.state.all_started else None
+                at = self.state.lat_at
                 for m in STAMP.findall(part):
                     self.lats.append(t - float(m))
                     if steady is not None:
                         steady.append(t - float(m))
+                    if at is not None:
+                        at.append(t)
             self.last = t
             r["n"] += k
         if DONE in part:
@@ -298,6 +301,9 @@ class _PhaseState:
         self.lats_steady: list[float] = []  # chunks that arrived once every stream had started
         self.progress = bool(phase.get("progress"))
         self.raw = bool(phase.get("raw"))
+        # With raw samples, each latency's arrival time too (the same clock as
+        # the stamps): the benchmark shows the latency over the round.
+        self.lat_at: list[float] | None = [] if self.lats is not None and self.raw else None
         self.firsts = 0
         self.ended_without_first = 0
         self.all_started = False
@@ -427,6 +433,7 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
         agg["latency_ms_steady"] = percentiles([x * 1000 for x in state.lats_steady])
         if state.raw:
             agg["latency_ms_raw"] = [round(x * 1000, 2) for x in state.lats]
+            agg["latency_at_raw"] = [round(x, 3) for x in state.lat_at or []]
     return {"name": phase.get("name", "phase"), "streams": streams, "agg": agg}
 
 

@@ -37,14 +37,39 @@ def _merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     """One phase out of the measured (last) phase of several client processes."""
     streams: list[dict[str, Any]] = []
     lats: list[float] = []
+    lat_at: list[float] | None = []
     errors = []
     for res in results:
         if res.get("error"):
             errors.append(res["error"])
         ph = res["phases"][-1] if res["phases"] else {"streams": [], "agg": {}}
         streams.extend(ph["streams"])
-        lats.extend(ph["agg"].get("latency_ms_raw", []))
-    return {"streams": streams, "lats": lats, "errors": errors}
+        raw = ph["agg"].get("latency_ms_raw", [])
+        at = ph["agg"].get("latency_at_raw")
+        lats.extend(raw)
+        # Arrival times only where every sample of every process has one.
+        if lat_at is not None and at is not None and len(at) == len(raw):
+            lat_at.extend(at)
+        else:
+            lat_at = None
+    return {"streams": streams, "lats": lats, "lat_at": lat_at, "errors": errors}
+
+
+def _timeline(lats: list[float], ats: list[float] | None, step: float = 5.0) -> list[dict[str, Any]] | None:
+    """The per-delta latency over the round, ``step`` seconds at a time from
+    the first arrival: how a backlog builds (the ramp's starts on top of the
+    streams) and drains."""
+    if not ats or len(ats) != len(lats):
+        return None
+    t0 = min(ats)
+    buckets: dict[int, list[float]] = {}
+    for lat, at in zip(lats, ats):
+        buckets.setdefault(int((at - t0) // step), []).append(lat)
+    out = []
+    for k in sorted(buckets):
+        p = percentiles(buckets[k])
+        out.append({"from_s": k * step, "n": len(buckets[k]), "p50_ms": round(p["p50"], 1), "p99_ms": round(p["p99"], 1)})
+    return out
 
 
 def _clients(ctx: Ctx, specs: list[dict[str, Any]], name: str, argv: list[str] | None = None) -> dict[str, Any]:
@@ -300,6 +325,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             "turnlog_latency_ms": _lat_figures(got["lats"]),
             "floor_latency_ms": _lat_figures(floor["lats"]),
             "turnlog_ttfc_ms": _lat_figures(ttfc),
+            "turnlog_latency_by_5s": _timeline(got["lats"], got.get("lat_at")),
             "rss_peak_mb": round(peak / 1024, 1) if peak else None,
             "rss_after_mb": round(rss_idle / 1024, 1),
             "rss_samples": len(rss.samples),

@@ -9,6 +9,7 @@ the log lines of a turn must name the turn the client was told about.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import sys
@@ -506,3 +507,25 @@ def test_json_lines_of_records_about_a_turn_outside_its_task() -> None:
         assert line("working")["turn_id"] == "turn_aaaaaaaaaaaaaaaaaaaaaaaa"
     finally:
         current_turn.reset(token)
+
+
+async def test_gc_pauses_are_timed_per_generation_and_unhooked_at_stop(
+    database_url: str, tmp_path: Path, upstream: ScriptedUpstream
+) -> None:
+    hooks_before = list(gc.callbacks)
+    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        samples = await scrape(service)
+        count0, sum0 = samples['turnlog_gc_pause_seconds_count{generation="2"}'], samples['turnlog_gc_pause_seconds_sum{generation="2"}']
+        began = time.perf_counter()
+        gc.collect()  # one full collection, timed here too
+        took = time.perf_counter() - began
+        samples = await scrape(service)
+        count = samples['turnlog_gc_pause_seconds_count{generation="2"}'] - count0
+        paused = samples['turnlog_gc_pause_seconds_sum{generation="2"}'] - sum0
+        assert count >= 1 and paused > 0
+        if count == 1:  # only this test's collection: its pause lies inside what the test timed
+            assert paused <= took
+    finally:
+        await stop_service(service)
+    assert gc.callbacks == hooks_before  # the stopped app's hook is gone

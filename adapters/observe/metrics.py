@@ -9,6 +9,8 @@ scrape every instance, as with any other service.
 
 from __future__ import annotations
 
+import gc
+import time
 from typing import Any
 
 from aiohttp import web
@@ -30,6 +32,9 @@ from engine.ports import ResolvedModel
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 # One group commit of the event store (many turns' events in one transaction).
 COMMIT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+# One collection of Python's cyclic garbage collector: it stops the event loop,
+# so every stream of the process waits that long.
+GC_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 FINISHED = ("completed", "failed", "cancelled")
 TOOL_STATUSES = ("completed", "failed")
@@ -60,6 +65,21 @@ class Metrics:
         self.events_appended = Counter("turnlog_events_appended_total", "Events made durable in the log.", registry=r)
         self.commit_seconds = Histogram("turnlog_store_commit_seconds", "One group commit of the event store.", buckets=COMMIT_BUCKETS, registry=r)
         self.upstream_errors = Counter("turnlog_upstream_errors_total", "Model calls that failed at the upstream, by kind.", ["kind"], registry=r)
+        self.gc_pause = Histogram(
+            "turnlog_gc_pause_seconds",
+            "One collection of the cyclic garbage collector (the event loop waits), by generation.",
+            ["generation"],
+            buckets=GC_BUCKETS,
+            registry=r,
+        )
+        for generation in ("0", "1", "2"):
+            self.gc_pause.labels(generation)
+        # Timed from gc.callbacks, process-wide: only the app that owns the
+        # process's figures (``process``) hooks in, and ``close`` unhooks it.
+        self._gc_began = 0.0
+        self._gc_hooked = process
+        if process:
+            gc.callbacks.append(self._on_gc)
         # Present at 0 from the start, so that rates and alerts have a series.
         for status in FINISHED:
             self.turns_finished.labels(status)
@@ -110,6 +130,22 @@ class Metrics:
         if count:
             self.events_appended.inc(count)
         self.commit_seconds.observe(seconds)
+
+    def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._gc_began = time.perf_counter()
+        elif self._gc_began:
+            self.gc_pause.labels(str(info.get("generation", 2))).observe(time.perf_counter() - self._gc_began)
+            self._gc_began = 0.0
+
+    def close(self) -> None:
+        """Stop timing collections (an app that stops leaves no hook behind)."""
+        if self._gc_hooked:
+            self._gc_hooked = False
+            try:
+                gc.callbacks.remove(self._on_gc)
+            except ValueError:
+                pass
 
     # -- GET /metrics -------------------------------------------------------------------
 

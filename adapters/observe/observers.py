@@ -50,7 +50,9 @@ class Observers:
         observe(self.metrics.events_committed, count, seconds)
 
     async def close(self) -> None:
-        """Flush the traces still queued (the exporter blocks: in a thread)."""
+        """Unhook the metrics from the process; flush the traces still queued
+        (the exporter blocks: in a thread)."""
+        self.metrics.close()
         if self.tracing is not None:
             await asyncio.get_running_loop().run_in_executor(None, self.tracing.close)
 
