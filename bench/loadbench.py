@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from bench.client import percentiles
-from bench.procs import BenchError, cpu_seconds, rss_kb, thread_cpu_seconds
+from bench.procs import BenchError, cpu_seconds, gc_pauses, rss_kb, thread_cpu_seconds
 from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
 
 BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
@@ -294,6 +294,7 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
         cpu = cpu_seconds(proc.pid) - cpu0
+        gc_seen = gc_pauses(v1)  # warm-up included: its few collections are short
         threads = _thread_split(threads0, thread_cpu_seconds(proc.pid), proc.pid)
         harness = _harness_cpu(ctx) - harness0
         wall = time.monotonic() - t0
@@ -326,6 +327,9 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             "floor_latency_ms": _lat_figures(floor["lats"]),
             "turnlog_ttfc_ms": _lat_figures(ttfc),
             "turnlog_latency_by_5s": _timeline(got["lats"], got.get("lat_at")),
+            # The garbage collector's pauses (each stops the event loop): count,
+            # total and the histogram bound of the longest (GET /metrics).
+            "turnlog_gc_pauses": gc_seen,
             "rss_peak_mb": round(peak / 1024, 1) if peak else None,
             "rss_after_mb": round(rss_idle / 1024, 1),
             "rss_samples": len(rss.samples),

@@ -27,6 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from prometheus_client.parser import text_string_to_metric_families
+
 ROOT = Path(__file__).resolve().parent.parent  # the repository (holds engine/, adapters/, bench/)
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -320,6 +322,35 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
         except (OSError, ValueError, IndexError):
             continue  # the thread exited between the listing and the read
     return out
+
+
+def gc_pauses(base_v1: str, timeout: float = 10.0) -> dict[str, Any] | None:
+    """turnlog's garbage-collector pauses so far (``turnlog_gc_pause_seconds``
+    in its ``GET /metrics``), per generation: how many, their total, and the
+    smallest histogram bound that covers the longest. None if not served."""
+    url = base_v1.rstrip("/").removesuffix("/v1") + "/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    out: dict[str, Any] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name != "turnlog_gc_pause_seconds":
+            continue
+        for sample in family.samples:
+            gen = out.setdefault(sample.labels["generation"], {"count": 0, "total_ms": 0.0, "buckets": {}})
+            if sample.name.endswith("_count"):
+                gen["count"] = int(sample.value)
+            elif sample.name.endswith("_sum"):
+                gen["total_ms"] = round(sample.value * 1000, 1)
+            elif sample.name.endswith("_bucket"):
+                gen["buckets"][float(sample.labels["le"])] = sample.value
+    for gen in out.values():
+        buckets = gen.pop("buckets")
+        covering = [bound for bound, n in buckets.items() if n >= gen["count"]]
+        gen["longest_le_ms"] = min(covering) * 1000 if gen["count"] and covering else None
+    return out or None
 
 
 def http_json(method: str, url: str, body: Any = None, timeout: float = 10.0) -> Any:

@@ -23,6 +23,7 @@ Durability rules:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import logging
 import time
@@ -129,6 +130,16 @@ class TurnActor:
         self._window = 0
         self._clock = FlushClock.of(self._loop)
         self._inflight: deque[asyncio.Future[None]] = deque()
+        # Per window in flight: its events, found by its future in one bound
+        # method's callback (cached: an attribute read makes a new method
+        # object), run in one context per actor. No partial and no context
+        # copy per window: a window waits seconds for its commit when the
+        # store is behind, and every object it holds is walked by each young
+        # collection of the garbage collector meanwhile (~0.7 µs each; 12k
+        # windows were in flight at 2,000 streams).
+        self._window_events: dict[asyncio.Future[None], list[Event]] = {}
+        self._on_window_written = self._window_written
+        self._callback_context: contextvars.Context | None = None
         # Recorded with durable=False: committed with the next commit.
         self._staged: list[Event] = []
         # A new turn not yet in the log: its record and ``turn.started`` (folded
@@ -257,6 +268,7 @@ class TurnActor:
 
     async def _main(self, resume: bool) -> None:
         current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
+        self._callback_context = contextvars.copy_context()  # ... and its windows' callbacks' lines
         observer, view = self._ports.observer, self._view
         observe(observer.turn_started, self.turn_id, model=view.model or "", chat_id=view.chat_id, started_at=view.created_at, resumed=resume)
         try:
@@ -438,7 +450,11 @@ class TurnActor:
         lazy = len(events) == 1 and len(self._inflight) < self._settings.max_inflight_flushes
         future = self.store.append_nowait(events, fencing=self.fencing, lazy=lazy)
         self._inflight.append(future)
-        future.add_done_callback(functools.partial(self._written, events))
+        self._window_events[future] = events
+        future.add_done_callback(self._on_window_written, context=self._callback_context)
+
+    def _window_written(self, future: asyncio.Future[None]) -> None:
+        self._written(self._window_events.pop(future), future)
 
     def _written(self, events: list[Event], future: asyncio.Future[None]) -> None:
         """A write finished: publish what it made durable, or stop writing."""
