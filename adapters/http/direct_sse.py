@@ -113,10 +113,10 @@ class _BurstEnds:
     loop's pass: one callback per pass for all of them, not one per stream
     and chunk (with 2,000 paced streams, 4,000 callbacks a second less)."""
 
-    __slots__ = ("_loop", "_open", "_scheduled")
+    __slots__ = ("_open", "_scheduled")
 
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+    def __init__(self) -> None:
+        # No reference to the loop: it is this object's key in ``_ENDS``.
         self._open: list[DirectSSE] = []
         self._scheduled = False
 
@@ -124,7 +124,7 @@ class _BurstEnds:
         self._open.append(sse)
         if not self._scheduled:
             self._scheduled = True
-            self._loop.call_soon(self._end)
+            sse._loop.call_soon(self._end)
 
     def _end(self) -> None:
         self._scheduled = False
@@ -139,7 +139,7 @@ _ENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BurstEnds] = weakre
 def _burst_ends(loop: asyncio.AbstractEventLoop) -> _BurstEnds:
     ends = _ENDS.get(loop)
     if ends is None:
-        ends = _ENDS[loop] = _BurstEnds(loop)
+        ends = _ENDS[loop] = _BurstEnds()
     return ends
 
 
