@@ -8,10 +8,13 @@ most of the added latency (bench ``concurrent_paced``: p50 3-4 ms -> ~1 ms).
 from __future__ import annotations
 
 import asyncio
+import logging
 import weakref
 from typing import Any, Protocol
 
 from aiohttp import web
+
+log = logging.getLogger("turnlog.http")
 
 
 class Renderer(Protocol):
@@ -130,7 +133,12 @@ class _BurstEnds:
         self._scheduled = False
         opened, self._open = self._open, []
         for sse in opened:
-            sse._end_burst()  # (its write keeps its own failure: nothing raises)
+            try:
+                sse._end_burst()  # (its write keeps its own failure)
+            except Exception as exc:  # never leave the others' bursts open
+                sse.burst = None
+                sse.failed = exc  # this stream's handler raises it (settle)
+                log.exception("direct SSE: a burst could not be written")
 
 
 _ENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BurstEnds] = weakref.WeakKeyDictionary()
