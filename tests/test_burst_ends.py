@@ -28,8 +28,8 @@ class Stream:
 
 async def test_one_callback_ends_every_open_burst_and_a_failure_stops_only_its_stream() -> None:
     loop = asyncio.get_running_loop()
-    ends = direct_sse._burst_ends(loop)
-    assert direct_sse._burst_ends(loop) is ends  # one per loop
+    ends = direct_sse._ENDS.get(loop)
+    assert direct_sse._ENDS.get(loop) is ends  # one per loop
     streams = [Stream(loop), Stream(loop, fails=True), Stream(loop)]
     scheduled = []
     real_call_soon = loop.call_soon
@@ -55,7 +55,7 @@ async def test_one_callback_ends_every_open_burst_and_a_failure_stops_only_its_s
 
 def test_a_closed_loop_is_not_kept_alive() -> None:
     loop = asyncio.new_event_loop()
-    direct_sse._burst_ends(loop)
+    direct_sse._ENDS.get(loop)
     gone = weakref.ref(loop)
     loop.close()
     del loop

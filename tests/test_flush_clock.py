@@ -10,10 +10,12 @@ against the time an SSE client received each chunk.
 from __future__ import annotations
 
 import asyncio
+import gc
 import heapq
 import itertools
 import json
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -174,3 +176,14 @@ async def test_a_paced_streams_windows_are_sealed_by_time_on_the_service(
         assert sealed_after[-1] < interval - 0.1, sealed_after
     finally:
         await stop_service(svc)
+
+
+def test_a_closed_loop_is_not_kept_alive_by_its_clock() -> None:
+    loop = asyncio.new_event_loop()
+    clock = FlushClock.of(loop)
+    clock.call_within(0.3, lambda token: None, 1)  # a pending grid point too
+    gone = weakref.ref(loop)
+    loop.close()
+    del loop, clock
+    gc.collect()
+    assert gone() is None

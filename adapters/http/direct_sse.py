@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import weakref
 from typing import Any, Protocol
 
 from aiohttp import web
+
+from engine.run.per_loop import PerLoop
 
 log = logging.getLogger("turnlog.http")
 
@@ -47,7 +48,7 @@ class DirectSSE:
         self.failed: BaseException | None = None
         self.burst: list[bytes] | None = None
         self._loop = asyncio.get_running_loop()
-        self._ends = _burst_ends(self._loop)
+        self._ends = _ENDS.get(self._loop)
 
     def ready(self) -> bool:
         return (
@@ -119,7 +120,7 @@ class _BurstEnds:
     __slots__ = ("_open", "_scheduled")
 
     def __init__(self) -> None:
-        # No reference to the loop: it is this object's key in ``_ENDS``.
+        # No reference to the loop: it is this object's key (engine.run.per_loop).
         self._open: list[DirectSSE] = []
         self._scheduled = False
 
@@ -141,14 +142,7 @@ class _BurstEnds:
                 log.exception("direct SSE: a burst could not be written")
 
 
-_ENDS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _BurstEnds] = weakref.WeakKeyDictionary()
-
-
-def _burst_ends(loop: asyncio.AbstractEventLoop) -> _BurstEnds:
-    ends = _ENDS.get(loop)
-    if ends is None:
-        ends = _ENDS[loop] = _BurstEnds()
-    return ends
+_ENDS: PerLoop[_BurstEnds] = PerLoop(lambda _loop: _BurstEnds())
 
 
 async def _finish_write(coro: Any, yielded: Any) -> None:

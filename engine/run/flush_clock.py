@@ -23,6 +23,8 @@ import weakref
 from collections.abc import Callable
 from typing import Final
 
+from engine.run.per_loop import PerLoop
+
 #: The grid of deadlines: at most this much earlier than ``flush_interval``,
 #: and at most a tenth of it (so a short interval keeps its windows apart).
 MAX_TICK: Final = 0.005
@@ -31,20 +33,18 @@ MAX_TICK: Final = 0.005
 class FlushClock:
     """Deadlines on a grid; one loop timer per grid point that has any."""
 
-    __slots__ = ("_due", "_loop", "__weakref__")
+    __slots__ = ("_due", "_loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
+        # Weakly: the clock is its loop's value in ``_CLOCKS`` (see per_loop).
+        self._loop = weakref.proxy(loop)
         # grid point (loop time) -> the callbacks due then, with their arguments
         self._due: dict[float, list[tuple[Callable[[int], None], int]]] = {}
 
     @classmethod
     def of(cls, loop: asyncio.AbstractEventLoop) -> FlushClock:
         """The clock of ``loop`` (one per loop, made on first use)."""
-        clock = _CLOCKS.get(loop)
-        if clock is None:
-            clock = _CLOCKS[loop] = cls(loop)
-        return clock
+        return _CLOCKS.get(loop)
 
     def call_within(self, delay: float, callback: Callable[[int], None], token: int) -> None:
         """``callback(token)`` at most ``delay`` seconds from now, at least
@@ -71,4 +71,4 @@ class FlushClock:
                 )
 
 
-_CLOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, FlushClock] = weakref.WeakKeyDictionary()
+_CLOCKS: PerLoop[FlushClock] = PerLoop(FlushClock)
