@@ -16,6 +16,7 @@ import json
 import socket
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,12 @@ def data_segments_in(sock: socket.socket) -> int:
     return int(struct.unpack_from("I", info, DATA_SEGS_IN)[0])
 
 
-async def _chat(svc: Any, request: dict[str, Any], **connect: Any) -> tuple[list[dict[str, Any]], int | None]:
+async def _chat(
+    svc: Any, request: dict[str, Any], on_message: Callable[[dict[str, Any]], None] | None = None, **connect: Any
+) -> tuple[list[dict[str, Any]], int | None]:
     """Every message of one ``chat`` until its terminal event, and the data
-    segments the client's socket received meanwhile (None if not measurable)."""
+    segments the client's socket received meanwhile (None if not measurable).
+    ``on_message`` sees each message as it arrives."""
     got: list[dict[str, Any]] = []
     async with svc.http.ws_connect(svc.v1 + "/ws", **connect) as ws:
         sock = ws.get_extra_info("socket")
@@ -47,6 +51,8 @@ async def _chat(svc: Any, request: dict[str, Any], **connect: Any) -> tuple[list
         async for msg in ws:
             data = json.loads(msg.data)
             got.append(data)
+            if on_message is not None:
+                on_message(data)
             if data["type"] == "event" and data["event"]["type"] in ("turn.completed", "turn.failed", "turn.cancelled"):
                 break
         segments = data_segments_in(sock) - before if before is not None else None
@@ -54,16 +60,32 @@ async def _chat(svc: Any, request: dict[str, Any], **connect: Any) -> tuple[list
 
 
 async def _check_against_the_log(svc: Any, got: list[dict[str, Any]], text: str) -> None:
-    """The client received every event of the log once, in seq order, and
-    the deltas' text is the answer, each delta once, in position order."""
+    """The client received every event of the log once, in seq order; each
+    ``delta`` is the chunk the log holds at its position, in position order,
+    and came before the event of its seq (a preview whose event went out
+    first is dropped: docs/api.md); the answer is ``text``."""
     assert got[0]["type"] == "turn"
     turn_id = got[0]["turn_id"]
     logged = await svc.events(turn_id)
     events = [m for m in got if m["type"] == "event"]
     assert [(m["seq"], m["event"]["type"]) for m in events] == [(e["seq"], e["type"]) for e in logged]
-    deltas = [m for m in got if m["type"] == "delta"]
-    assert [m["pos"] for m in deltas] == sorted({m["pos"] for m in deltas})
-    assert "".join(m["content"] for m in deltas) == text
+    chunks: dict[int, str] = {}  # the log's chunks by position (data.pos, data.pos + 1, … per entry of data.lens)
+    for event in logged:
+        if event["type"] == "model.delta":
+            at, data = 0, event["data"]
+            for i, n in enumerate(data["lens"]):
+                chunks[data["pos"] + i] = data["text"][at : at + n]
+                at += n
+    sent: set[int] = set()
+    for m in got:
+        if m["type"] == "event":
+            sent.add(m["seq"])
+        elif m["type"] == "delta":
+            assert m["seq"] not in sent, f"delta {m} after its event"
+            assert m["content"] == chunks[m["pos"]]
+    deltas = [m["pos"] for m in got if m["type"] == "delta"]
+    assert deltas == sorted(set(deltas))
+    assert "".join(chunks[p] for p in sorted(chunks)) == text
     view = await svc.turn(turn_id)
     assert view["content"] == text
 
@@ -78,7 +100,7 @@ async def test_a_paced_stream_arrives_in_fewer_writes_than_frames(tmp_path: Path
         got, segments = await _chat(svc, {"model": "gpt-test", "messages": USER})
         await _check_against_the_log(svc, got, "".join(CHUNKS))
         frames = len(got)
-        assert sum(m["type"] == "delta" for m in got) == len(CHUNKS)
+        assert sum(m["type"] == "delta" for m in got) >= len(CHUNKS) * 3 // 4  # (a pump behind its event drops a delta)
         assert sum(m["type"] == "event" and m["event"]["type"] == "model.delta" for m in got) >= len(CHUNKS) - 2  # a window per paced chunk
         if segments is None:
             unavailable("TCP_INFO is Linux-only; the order and completeness were checked")
@@ -94,10 +116,29 @@ async def test_a_burst_of_chunks_is_written_whole_and_in_order(tmp_path: Path, u
     of one burst anyway.)"""
     words = [f"b{i} " for i in range(400)]
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+
+    releasing: list[asyncio.Task[None]] = []
+
+    async def release() -> None:
+        await upstream.paused.wait()
+        upstream.release()
+
+    def release_once_live(message: dict[str, Any]) -> None:
+        # The first chunk reached the client (as a delta, or in its window's
+        # event): the subscription is live, so the burst comes as deltas.
+        # Unheld, a fast answer can be durable before the pump joins, and is
+        # then (rightly) sent as events only.
+        live = message["type"] == "delta" or (message["type"] == "event" and message["event"]["type"] == "model.delta")
+        if live and not releasing:
+            releasing.append(asyncio.ensure_future(release()))
+
     try:
-        upstream.enqueue(Reply(chunks=words))
-        got, _ = await _chat(svc, {"model": "gpt-test", "messages": USER})
+        upstream.enqueue(Reply(chunks=words, pause_after=1))
+        got, _ = await _chat(svc, {"model": "gpt-test", "messages": USER}, on_message=release_once_live)
         await _check_against_the_log(svc, got, "".join(words))
+        # Live deltas came (all of the burst, unless the pump fell behind its
+        # events: on an overloaded machine, once, only the first chunk did).
+        assert sum(m["type"] == "delta" for m in got) >= 1
     finally:
         await stop_service(svc)
 
@@ -123,14 +164,15 @@ async def test_a_held_event_goes_out_when_no_message_follows(tmp_path: Path, ups
         upstream.enqueue(Reply(chunks=CHUNKS[:6], delay=0.05, pause_after=3))
         async with svc.http.ws_connect(svc.v1 + "/ws") as ws:
             await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
-            shown = durable = ""
+            shown: list[str] = []
+            durable = ""
             while durable != "".join(CHUNKS[:3]):
                 data = json.loads((await asyncio.wait_for(ws.receive(), 10)).data)
                 if data["type"] == "delta":
-                    shown += data["content"]
+                    shown.append(data["content"])
                 elif data["type"] == "event" and data["event"]["type"] == "model.delta":
                     durable += data["event"]["data"]["text"]
-            assert upstream.paused.is_set() and shown == durable  # nothing after the pause came
+            assert upstream.paused.is_set() and set(shown) <= set(CHUNKS[:3])  # nothing after the pause came
             upstream.release()
             while not (data["type"] == "event" and data["event"]["type"] == "turn.completed"):
                 data = json.loads((await asyncio.wait_for(ws.receive(), 10)).data)

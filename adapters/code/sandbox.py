@@ -38,7 +38,10 @@ BOOT = (
     f"import sys; sys.path.insert(0, {str(CHILD.parent)!r}); import sandbox_child; "
     "del sys.path[0]; sandbox_child.main()"
 )
-MARKER = "turnlog-sandbox"  # in every sandbox process's command line
+#: In every sandbox process's command line, followed by the pid of the service
+#: that started it: ``ps``/``pgrep -f`` tell which service a run belongs to
+#: (and tests on parallel workers tell their runs from another worker's).
+MARKER = "turnlog-sandbox"
 PYTHON_LANGS = frozenset({"", "python", "python3", "py"})
 # Folders where data and secrets usually live, hidden behind an empty tmpfs in
 # the sandbox (the interpreter's own folders are shown again through them).
@@ -140,6 +143,7 @@ class SandboxExecutor:
             "-c",
             BOOT,
             MARKER,
+            str(os.getpid()),
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
