@@ -27,7 +27,7 @@ from contextlib import nullcontext
 from typing import Any
 
 from bench.client import percentiles
-from bench.procs import BenchError, cpu_seconds, gc_pauses, rss_kb, thread_cpu_seconds
+from bench.procs import BenchError, cpu_seconds, histograms, rss_kb, thread_cpu_seconds
 from bench.scenarios import Ctx, Profiler, body, check, failures, med, phase, spread
 
 BURST_CHUNKS, BURST_RATE = 150, 50.0  # 150 chunks at 20 ms
@@ -294,7 +294,8 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             else:
                 got = _clients(ctx, _sse_specs(v1, plan, "turnlog"), "c-k-sse")
         cpu = cpu_seconds(proc.pid) - cpu0
-        gc_seen = gc_pauses(v1)  # warm-up included: its few collections are short
+        # Warm-up included: its few collections and commits are short.
+        seen = histograms(v1, ("turnlog_gc_pause_seconds", "turnlog_store_commit_seconds", "turnlog_store_wait_seconds")) or {}
         threads = _thread_split(threads0, thread_cpu_seconds(proc.pid), proc.pid)
         harness = _harness_cpu(ctx) - harness0
         wall = time.monotonic() - t0
@@ -329,7 +330,12 @@ def _thousands(ctx: Ctx, ws: bool) -> dict[str, Any]:
             "turnlog_latency_by_5s": _timeline(got["lats"], got.get("lat_at")),
             # The garbage collector's pauses (each stops the event loop): count,
             # total and the histogram bound of the longest (GET /metrics).
-            "turnlog_gc_pauses": gc_seen,
+            "turnlog_gc_pauses": seen.get("turnlog_gc_pause_seconds"),
+            # The store's group commits, and the waits of turns held back
+            # until one of their windows was durable (backpressure: a turn
+            # stops reading the upstream meanwhile, so its deltas come late).
+            "turnlog_store_commits": seen.get("turnlog_store_commit_seconds", {}).get(""),
+            "turnlog_store_waits": seen.get("turnlog_store_wait_seconds", {}).get(""),
             "rss_peak_mb": round(peak / 1024, 1) if peak else None,
             "rss_after_mb": round(rss_idle / 1024, 1),
             "rss_samples": len(rss.samples),

@@ -324,32 +324,37 @@ def thread_cpu_seconds(pid: int) -> dict[int, float]:
     return out
 
 
-def gc_pauses(base_v1: str, timeout: float = 10.0) -> dict[str, Any] | None:
-    """turnlog's garbage-collector pauses so far (``turnlog_gc_pause_seconds``
-    in its ``GET /metrics``), per generation: how many, their total, and the
-    smallest histogram bound that covers the longest. None if not served."""
+def histograms(base_v1: str, names: tuple[str, ...], timeout: float = 10.0) -> dict[str, dict[str, Any]] | None:
+    """Histograms of turnlog's ``GET /metrics`` so far: per name, per value of
+    its one label (``""`` without a label), how many observations, their
+    total, and the smallest bucket bounds covering half, 99 % and all of them
+    (an upper bound of each: the histogram has nothing finer). None if not served."""
     url = base_v1.rstrip("/").removesuffix("/v1") + "/metrics"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as r:
             text = r.read().decode()
     except OSError:
         return None
-    out: dict[str, Any] = {}
+    out: dict[str, dict[str, Any]] = {}
     for family in text_string_to_metric_families(text):
-        if family.name != "turnlog_gc_pause_seconds":
+        if family.name not in names:
             continue
+        series = out.setdefault(family.name, {})
         for sample in family.samples:
-            gen = out.setdefault(sample.labels["generation"], {"count": 0, "total_ms": 0.0, "buckets": {}})
+            labels = {k: v for k, v in sample.labels.items() if k != "le"}
+            one = series.setdefault(",".join(labels.values()), {"count": 0, "total_ms": 0.0, "buckets": {}})
             if sample.name.endswith("_count"):
-                gen["count"] = int(sample.value)
+                one["count"] = int(sample.value)
             elif sample.name.endswith("_sum"):
-                gen["total_ms"] = round(sample.value * 1000, 1)
+                one["total_ms"] = round(sample.value * 1000, 1)
             elif sample.name.endswith("_bucket"):
-                gen["buckets"][float(sample.labels["le"])] = sample.value
-    for gen in out.values():
-        buckets = gen.pop("buckets")
-        covering = [bound for bound, n in buckets.items() if n >= gen["count"]]
-        gen["longest_le_ms"] = min(covering) * 1000 if gen["count"] and covering else None
+                one["buckets"][float(sample.labels["le"])] = sample.value
+    for series in out.values():
+        for one in series.values():
+            buckets = one.pop("buckets")
+            for key, share in (("p50_le_ms", 0.5), ("p99_le_ms", 0.99), ("longest_le_ms", 1.0)):
+                covering = [bound for bound, n in buckets.items() if n >= share * one["count"]]
+                one[key] = min(covering) * 1000 if one["count"] and covering else None
     return out or None
 
 

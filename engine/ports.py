@@ -840,6 +840,12 @@ class TurnObserver(Protocol):
         """One group commit of the event store made ``count`` events durable in ``seconds``."""
         ...
 
+    def store_waited(self, turn_id: str, seconds: float) -> None:
+        """The turn had too many delta windows waiting for the store and stopped
+        reading the upstream for ``seconds`` (backpressure: its stream's
+        latency grows by that). Once per such wait, only while the store is behind."""
+        ...
+
 
 class NoObserver:
     """Observes nothing: the default, and what ``verify`` runs with."""
@@ -877,6 +883,9 @@ class NoObserver:
         pass
 
     def events_committed(self, count: int, seconds: float) -> None:
+        pass
+
+    def store_waited(self, turn_id: str, seconds: float) -> None:
         pass
 
 

@@ -14,8 +14,10 @@ import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from tests.harness import make_settings, start_service, stop_service
+from tests.test_observe import scrape
 from tests.upstream import Reply, ScriptedUpstream
 
 CHUNKS = [f"c{i} " for i in range(200)]  # 10 s at 20 chunks/s: far more than the test lets through
@@ -40,19 +42,7 @@ async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_
         received: list[str] = []
         turn: dict[str, str] = {}
 
-        async def client() -> None:
-            body = {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}
-            async with svc.http.post(svc.v1 + "/chat/completions", json=body) as resp:
-                assert resp.status == 200
-                turn["id"] = resp.headers["X-Turn-Id"]
-                async for line in resp.content:
-                    if line.startswith(b"data: {"):
-                        choices = json.loads(line[6:]).get("choices") or [{}]
-                        content = choices[0].get("delta", {}).get("content")
-                        if content:
-                            received.append(content)
-
-        reading = asyncio.create_task(client())
+        reading = asyncio.create_task(_read_stream(svc, turn, received))
         await _until(lambda: len(received) >= 5)
         lock = sqlite3.connect(tmp_path / "turnlog.db", timeout=10)
         lock.execute("BEGIN IMMEDIATE")  # the store's commits wait from here on
@@ -80,6 +70,61 @@ async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_
         if lock is not None:
             lock.close()
         await stop_service(svc)
+
+
+async def test_the_time_a_turn_waits_for_the_store_is_measured(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """``turnlog_store_wait_seconds``: the turn held back from the moment the
+    test saw it fall behind until at least the lock's release (its oldest
+    window cannot commit before); the turn then completes whole."""
+    settings = make_settings(tmp_path, upstream.url, flush_interval=0.01, db_timeout=30.0, lease_seconds=60.0)
+    svc = await start_service(settings, upstream)
+    lock: sqlite3.Connection | None = None
+    loop = asyncio.get_running_loop()
+    try:
+        before = await scrape(svc)
+        assert before["turnlog_store_wait_seconds_count"] == 0
+        chunks = CHUNKS[:30]
+        upstream.enqueue(Reply(chunks=chunks, delay=0.02))
+        received: list[str] = []
+        turn: dict[str, str] = {}
+        reading = asyncio.create_task(_read_stream(svc, turn, received))
+        await _until(lambda: len(received) >= 3)
+        actor = svc.services.supervisor.actors[turn["id"]]
+        lock = sqlite3.connect(tmp_path / "turnlog.db", timeout=10)
+        lock.execute("BEGIN IMMEDIATE")
+        await _until(actor.writes_behind)
+        behind_at = loop.time()
+        await asyncio.sleep(0.3)  # a span to measure, not a synchronization
+        released_at = loop.time()
+        lock.rollback()
+        lock.close()
+        lock = None
+        await asyncio.wait_for(reading, 30)
+        await svc.wait_status(turn["id"], "completed")
+        assert "".join(received) == (await svc.turn(turn["id"]))["content"] == "".join(chunks)
+        after = await scrape(svc)
+        waits = after["turnlog_store_wait_seconds_count"]
+        waited = after["turnlog_store_wait_seconds_sum"]
+        assert waits >= 1
+        assert released_at - behind_at <= waited < loop.time() - behind_at + 1.0
+    finally:
+        if lock is not None:
+            lock.close()
+        await stop_service(svc)
+
+
+async def _read_stream(svc: Any, turn: dict[str, str], received: list[str]) -> None:
+    """A streamed chat completion: its turn id into ``turn``, each content delta into ``received``."""
+    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}
+    async with svc.http.post(svc.v1 + "/chat/completions", json=body) as resp:
+        assert resp.status == 200
+        turn["id"] = resp.headers["X-Turn-Id"]
+        async for line in resp.content:
+            if line.startswith(b"data: {"):
+                choices = json.loads(line[6:]).get("choices") or [{}]
+                content = choices[0].get("delta", {}).get("content")
+                if content:
+                    received.append(content)
 
 
 def _texts(data: dict[str, object]) -> list[str]:

@@ -64,6 +64,12 @@ class Metrics:
         self.tool_calls = Counter("turnlog_tool_calls_total", "Tool calls with a recorded result, by status.", ["status"], registry=r)
         self.events_appended = Counter("turnlog_events_appended_total", "Events made durable in the log.", registry=r)
         self.commit_seconds = Histogram("turnlog_store_commit_seconds", "One group commit of the event store.", buckets=COMMIT_BUCKETS, registry=r)
+        self.store_wait = Histogram(
+            "turnlog_store_wait_seconds",
+            "A turn held back (it stops reading the upstream) until the oldest of its delta windows is durable: the store is behind.",
+            buckets=COMMIT_BUCKETS,
+            registry=r,
+        )
         self.upstream_errors = Counter("turnlog_upstream_errors_total", "Model calls that failed at the upstream, by kind.", ["kind"], registry=r)
         self.gc_pause = Histogram(
             "turnlog_gc_pause_seconds",
@@ -130,6 +136,9 @@ class Metrics:
         if count:
             self.events_appended.inc(count)
         self.commit_seconds.observe(seconds)
+
+    def store_waited(self, turn_id: str, seconds: float) -> None:
+        self.store_wait.observe(seconds)
 
     def _on_gc(self, phase: str, info: dict[str, Any]) -> None:
         if phase == "start":

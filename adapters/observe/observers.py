@@ -49,6 +49,10 @@ class Observers:
         # Metrics only: the store's writer calls this once per group commit.
         observe(self.metrics.events_committed, count, seconds)
 
+    def store_waited(self, turn_id: str, seconds: float) -> None:
+        # Metrics only: how long turns were held back, not a step of the turn.
+        observe(self.metrics.store_waited, turn_id, seconds)
+
     async def close(self) -> None:
         """Unhook the metrics from the process; flush the traces still queued
         (the exporter blocks: in a thread)."""

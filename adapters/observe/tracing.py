@@ -235,6 +235,9 @@ class Tracing:
     def events_committed(self, count: int, seconds: float) -> None:
         pass  # a metric, not a span: a commit serves many turns
 
+    def store_waited(self, turn_id: str, seconds: float) -> None:
+        pass  # a metric: many short waits per turn while the store is behind
+
     def close(self) -> None:
         """End what is open and export everything still queued (blocking: run it in a thread)."""
         for turn_id in list(self._turns):

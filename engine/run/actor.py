@@ -339,7 +339,11 @@ class TurnActor:
             # callback removal were ~5 % of the event loop's time then).
             waiter = self._loop.create_future()
             oldest.add_done_callback(functools.partial(_wake, waiter))
-            await waiter
+            began = self._loop.time()
+            try:
+                await waiter
+            finally:  # a cancelled wait was a wait too
+                observe(self._ports.observer.store_waited, self.turn_id, self._loop.time() - began)
             if self._lost:
                 raise TurnLost("this actor lost the turn")
             if not oldest.cancelled():
