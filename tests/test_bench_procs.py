@@ -1,16 +1,21 @@
-"""The benchmark's per-thread CPU reading (bench/procs.py), against what a
-thread measures of itself."""
+"""The benchmark's readings (bench/procs.py): per-thread CPU against what a
+thread measures of itself; the histograms of a ``/metrics`` page against the
+observations the test made."""
 
 from __future__ import annotations
 
 import os
+import socket
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bench.procs import thread_cpu_seconds
+from bench.procs import histograms, thread_cpu_seconds
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -49,3 +54,56 @@ def test_a_gone_process_reads_as_no_threads() -> None:
     with open("/proc/sys/kernel/pid_max") as f:
         beyond = int(f.read()) + 1
     assert thread_cpu_seconds(beyond) == {}
+
+
+@pytest.fixture
+def metrics_page() -> Iterator[tuple[str, CollectorRegistry]]:
+    """A loopback server answering ``GET /metrics`` from a registry the test fills."""
+    registry = CollectorRegistry()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry) if self.path == "/metrics" else b""
+            self.send_response(200 if body else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/v1", registry
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_histograms_of_a_metrics_page(metrics_page: tuple[str, CollectorRegistry]) -> None:
+    v1, registry = metrics_page
+    buckets = (0.001, 0.01, 0.1, 1.0)
+    waits = Histogram("turnlog_store_wait_seconds", "w", buckets=buckets, registry=registry)
+    pauses = Histogram("turnlog_gc_pause_seconds", "g", ["generation"], buckets=buckets, registry=registry)
+    Histogram("other_seconds", "o", registry=registry).observe(1.0)
+    for seconds in [0.0005] * 60 + [0.05] * 39 + [0.5]:  # 100: half in the first bucket, 99 within 0.1, one up to 1
+        waits.observe(seconds)
+    pauses.labels("0").observe(0.005)
+    pauses.labels("0").observe(0.005)
+    pauses.labels("2").observe(0.2)
+    seen = histograms(v1, ("turnlog_store_wait_seconds", "turnlog_gc_pause_seconds", "turnlog_absent_seconds"))
+    assert seen is not None and set(seen) == {"turnlog_store_wait_seconds", "turnlog_gc_pause_seconds"}
+    assert seen["turnlog_store_wait_seconds"] == {
+        "": {"count": 100, "total_ms": pytest.approx(60 * 0.5 + 39 * 50 + 500, abs=0.1), "p50_le_ms": 1.0, "p99_le_ms": 100.0, "longest_le_ms": 1000.0}
+    }
+    gc = seen["turnlog_gc_pause_seconds"]
+    assert (gc["0"]["count"], gc["0"]["longest_le_ms"], gc["2"]["count"], gc["2"]["longest_le_ms"]) == (2, 10.0, 1, 1000.0)
+
+
+def test_histograms_of_no_page_is_none() -> None:
+    with socket.socket() as s:  # a loopback port nobody listens on once closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert histograms(f"http://127.0.0.1:{port}/v1", ("turnlog_gc_pause_seconds",), timeout=2.0) is None
