@@ -104,6 +104,10 @@ class Settings(BaseSettings):
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # Sealed delta windows a turn may have waiting for the store before it
+    # stops reading its upstream (backpressure): slack for a store's peak,
+    # against how much a crash may take of what clients were already shown.
+    max_inflight_flushes: int = Field(default=16, ge=1, le=1024)
     # Seconds between the starts of two group commits holding only delta
     # windows: many streams' windows then share a transaction (most of a
     # commit's cost is per transaction). Starts, tool results, terminal
@@ -248,6 +252,7 @@ class Settings(BaseSettings):
             auto_resume=self.auto_resume,
             flush_interval=self.flush_interval,
             flush_max_chunks=self.flush_max_chunks,
+            max_inflight_flushes=self.max_inflight_flushes,
             max_tool_call_iterations=self.max_tool_call_iterations,
             tool_timeout=self.tool_timeout,
             direct_tool_timeout=self.direct_tool_timeout,

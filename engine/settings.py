@@ -27,8 +27,11 @@ class EngineSettings:
     # clients cap (aiohttp at 4 MiB, browsers lower); a fast upstream read
     # can bring 512 large chunks before the timer has a chance to fire.
     flush_max_chars: int = 256 * 1024
-    # Sealed windows allowed in flight before the model stream waits for the writer.
-    max_inflight_flushes: int = 4
+    # Sealed windows allowed in flight before the model stream waits for the
+    # writer (backpressure). 16, not 4: at 2,000 paced streams the store's
+    # peak left 4 windows (2 s of a slow stream) too little slack, and every
+    # turn then stopped reading its upstream, which is what made the tail.
+    max_inflight_flushes: int = 16
     # Agent-loop cap (tool rounds); -1 = unlimited.
     max_tool_call_iterations: int = 256
     tool_timeout: float = 60.0

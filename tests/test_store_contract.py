@@ -452,6 +452,19 @@ class TestEventStoreContract:
         assert ta is not None and ta.owner is None and ta.lease_until is None
         assert await store.claim_turn(a, "w3", lease_seconds=30) == 2
 
+    async def test_releases_queued_together_release_only_their_owners_turns(self, store: Store, ids: Any) -> None:
+        """Releases written in one group commit (SQLite: one statement for the
+        run): each releases its turn only if its owner still holds it."""
+        a, b, c = ids("a"), ids("b"), ids("c")
+        await start(store, a, owner="w1", lease=30)
+        await start(store, b, owner="w2", lease=30)
+        await start(store, c, owner="w1", lease=30)
+        batches = store.stats["batches"]
+        await asyncio.gather(store.release_turn(a, "w1"), store.release_turn(b, "w1"), store.release_turn(c, "w1"))
+        assert store.stats["batches"] == batches + 1, "one group commit"
+        got = [await store.get_turn(t) for t in (a, b, c)]
+        assert [(t.owner, t.lease_until is None) for t in got if t is not None] == [(None, True), ("w2", False), (None, True)]
+
     async def test_an_append_releases_the_lease_with_its_index_update(self, store: Store, ids: Any) -> None:
         """``IndexUpdate.release``: the owner's lease goes in the append's own
         transaction (a turn's terminal event); another owner's stays, and the

@@ -1,5 +1,5 @@
 """A turn whose delta windows wait for the store stops reading the upstream
-(at most ``max_inflight_flushes`` windows in flight), and a cancel while it
+(at most ``TURNLOG_MAX_INFLIGHT_FLUSHES`` windows in flight), and a cancel while it
 waits keeps every window the client was shown.
 
 SQLite: another connection holds the write lock, so the store's commits wait
@@ -34,7 +34,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
 async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_the_client_saw(
     tmp_path: Path, upstream: ScriptedUpstream
 ) -> None:
-    settings = make_settings(tmp_path, upstream.url, flush_interval=0.01, db_timeout=30.0, lease_seconds=60.0)
+    settings = make_settings(tmp_path, upstream.url, flush_interval=0.01, db_timeout=30.0, lease_seconds=60.0, max_inflight_flushes=3)
     svc = await start_service(settings, upstream)
     lock: sqlite3.Connection | None = None
     try:
@@ -46,9 +46,14 @@ async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_
         await _until(lambda: len(received) >= 5)
         lock = sqlite3.connect(tmp_path / "turnlog.db", timeout=10)
         lock.execute("BEGIN IMMEDIATE")  # the store's commits wait from here on
+        locked_at = len(received)
         actor = svc.services.supervisor.actors[turn["id"]]
         await _until(actor.writes_behind)  # the reads are held back (catch_up)
         held_at = len(received)
+        # TURNLOG_MAX_INFLIGHT_FLUSHES=3: a window per paced chunk, so the
+        # turn fell behind within 3 + 1 chunks (+1 for a window the lock
+        # caught mid-commit), not the default's 16.
+        assert held_at - locked_at <= 5
 
         cancel = asyncio.create_task(svc.post(f"/v1/turns/{turn['id']}/cancel"))
         await _until(lambda: actor.task is not None and actor.task.cancelling() > 0)

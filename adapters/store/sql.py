@@ -989,7 +989,7 @@ class SqlEventStore:
         live = list(range(start, end))
         fenced = _plan.fenced_turns(batch, start, end)
         if fenced:
-            current = dict(raw.execute(_sw.SELECT_FENCING, (_dumps(list(fenced)),)).fetchall())
+            current = _loads(raw.execute(_sw.SELECT_FENCING, (_dumps(list(fenced)),)).fetchone()[0])
             live = _plan.live_appends(batch, start, end, current, self._poisoned, results)
 
         # Fast path: all the run's events at once, unless the batch itself
@@ -1048,8 +1048,8 @@ class SqlEventStore:
             trial: dict[str, Head] = {}
             try:
                 with _sw.savepoint(raw):
-                    raw.executemany(_sw.INSERT_TURN, [req.turn for req in reqs])
-                    raw.executemany(_sw.UPSERT_CHAT, chats)
+                    _sw.write_rows(raw, _sw.INSERT_TURNS, _sw.TURN_ROW, _sw.TURN_PARAMS, [req.turn for req in reqs])
+                    _sw.write_rows(raw, _sw.UPSERT_CHATS, _sw.CHAT_ROW, _sw.CHAT_PARAMS, chats, _sw.UPSERT_CHATS_TAIL)
                     if rows:
                         _sw.insert_events(raw, self._link_raw(raw, rows, trial))
             except Exception as exc:
@@ -1090,7 +1090,7 @@ class SqlEventStore:
         if end - start > 1:
             try:
                 with _sw.savepoint(raw):
-                    raw.executemany(_sw.RELEASE_TURN, [batch[i].params for i in range(start, end)])
+                    raw.execute(_sw.RELEASE_TURNS, (_dumps([[batch[i].params["r_id"], batch[i].params["r_owner"]] for i in range(start, end)]),))
             except Exception as exc:
                 if _sw.fails_batch(raw, exc):
                     raise

@@ -40,9 +40,14 @@ EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
 ROWS_PER_INSERT = 1000 if sqlite3.sqlite_version_info >= (3, 32, 0) else 199
 
 #: The fencing tokens of some turns, their ids one JSON array parameter (one
-#: statement text whatever their count). No lock needed: the writer holds the
-#: write lock from BEGIN IMMEDIATE on.
-SELECT_FENCING = "SELECT id, fencing FROM turns WHERE id IN (SELECT value FROM json_each(?))"
+#: statement text whatever their count), as ONE row: a JSON object id ->
+#: token. Not a row per turn: the sqlite3 module releases the GIL around the
+#: step of each row it fetches, and taking it back from a busy event loop
+#: thread costs up to the switch interval (5 ms). At 2,000 streams a full
+#: batch's ~1,000 rows kept the writer thread waiting for the GIL ~80 % of
+#: its commit. No lock needed: the writer holds the write lock from BEGIN
+#: IMMEDIATE on.
+SELECT_FENCING = "SELECT json_group_object(id, fencing) FROM turns WHERE id IN (SELECT value FROM json_each(?))"
 
 #: The hash before ``seq`` (the chain's previous link) when the writer has not
 #: linked that turn's last event itself.
@@ -76,6 +81,51 @@ UPSERT_CHAT = (
 
 #: ``release_turn`` (``r_*`` parameters): only if that owner still holds it.
 RELEASE_TURN = "UPDATE turns SET owner = NULL, lease_until = NULL WHERE id = :r_id AND owner = :r_owner"
+
+# A run of starts or releases in one statement each, not an ``executemany``:
+# the sqlite3 module releases the GIL around every step, one per row of an
+# executemany, and each time the writer thread must take it back from the
+# event loop's thread (up to the 5 ms switch interval when the loop is busy).
+# A statement is one step however many rows it writes.
+
+#: Turn rows (``INSERT_TURN``'s columns, positional, in ``TURN_PARAMS`` order).
+INSERT_TURNS = (
+    "INSERT INTO turns (id, chat_id, user_id, model, status, created_at, updated_at, owner, lease_until, "
+    'fencing, "view") VALUES '
+)
+TURN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)"
+TURN_PARAMS = ("t_id", "t_chat", "t_user", "t_model", "t_status", "t_created", "t_updated", "t_owner", "t_lease", "t_view")
+
+#: Chats (``UPSERT_CHAT``'s, positional, in ``CHAT_PARAMS`` order); at most one row per chat id.
+UPSERT_CHATS = "INSERT INTO chats (id, user_id, title, tags, created_at, updated_at) VALUES "
+CHAT_ROW = "(?, ?, NULL, '[]', ?, ?)"
+CHAT_PARAMS = ("c_id", "c_user", "c_at", "c_upd")
+UPSERT_CHATS_TAIL = UPSERT_CHAT[UPSERT_CHAT.index(" ON CONFLICT") :]
+
+#: ``RELEASE_TURN`` for many turns: one JSON array of ``[id, owner]`` pairs.
+RELEASE_TURNS = (
+    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE (id, owner) IN "
+    "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
+)
+
+#: Parameters per statement: at most 32766 since SQLite 3.32, 999 before.
+MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
+
+
+@functools.lru_cache(maxsize=256)
+def rows_sql(head: str, row: str, n_rows: int, tail: str = "") -> str:
+    """``head`` + ``n_rows`` times ``row`` + ``tail``: one multi-row statement."""
+    return head + ", ".join([row] * n_rows) + tail
+
+
+def write_rows(raw: sqlite3.Connection, head: str, row: str, names: tuple[str, ...], rows: list[dict[str, Any]], tail: str = "") -> None:
+    """``rows`` (dicts of named parameters) as few multi-row statements, each
+    at most ``MAX_PARAMS`` parameters (atomic per statement only: call it
+    inside a savepoint)."""
+    per = max(1, MAX_PARAMS // row.count("?"))
+    for k in range(0, len(rows), per):
+        chunk = rows[k : k + per]
+        raw.execute(rows_sql(head, row, len(chunk), tail), tuple(r[name] for r in chunk for name in names))
 
 
 @functools.lru_cache(maxsize=128)
