@@ -51,9 +51,10 @@ async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_
         await _until(actor.writes_behind)  # the reads are held back (catch_up)
         held_at = len(received)
         # TURNLOG_MAX_INFLIGHT_FLUSHES=3: a window per paced chunk, so the
-        # turn fell behind within 3 + 1 chunks (+1 for a window the lock
-        # caught mid-commit), not the default's 16.
-        assert held_at - locked_at <= 5
+        # turn fell behind within 3 + 1 chunks, not the default's 16 (a few
+        # more may reach the client in between: chunks it was sent before
+        # the lock but had not read yet on a loaded machine).
+        assert held_at - locked_at <= 8
 
         cancel = asyncio.create_task(svc.post(f"/v1/turns/{turn['id']}/cancel"))
         await _until(lambda: actor.task is not None and actor.task.cancelling() > 0)
