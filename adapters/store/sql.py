@@ -1065,9 +1065,9 @@ class SqlEventStore:
             trial = {}
             try:
                 with _sw.savepoint(raw):
-                    raw.execute(_sw.UPSERT_CHAT, {**req.chat, "c_upd": req.chat["c_at"]})
+                    _sw.write_rows(raw, _sw.UPSERT_CHATS, _sw.CHAT_ROW, _sw.CHAT_PARAMS, [{**req.chat, "c_upd": req.chat["c_at"]}], _sw.UPSERT_CHATS_TAIL)
                     try:
-                        raw.execute(_sw.INSERT_TURN, req.turn)
+                        _sw.write_rows(raw, _sw.INSERT_TURNS, _sw.TURN_ROW, _sw.TURN_PARAMS, [req.turn])
                     except sqlite3.IntegrityError as exc:
                         raise ConcurrencyError(f"turn {req.turn['t_id']} already exists") from exc
                     if req.rows:
@@ -1090,7 +1090,7 @@ class SqlEventStore:
         if end - start > 1:
             try:
                 with _sw.savepoint(raw):
-                    raw.execute(_sw.RELEASE_TURNS, (_dumps([[batch[i].params["r_id"], batch[i].params["r_owner"]] for i in range(start, end)]),))
+                    raw.execute(_sw.RELEASE_TURNS, _sw.release_pairs([batch[i].params for i in range(start, end)]))
             except Exception as exc:
                 if _sw.fails_batch(raw, exc):
                     raise
@@ -1099,7 +1099,7 @@ class SqlEventStore:
         for i in range(start, end):
             try:
                 with _sw.savepoint(raw):
-                    raw.execute(_sw.RELEASE_TURN, batch[i].params)
+                    raw.execute(_sw.RELEASE_TURNS, _sw.release_pairs([batch[i].params]))
             except Exception as exc:
                 if _sw.fails_batch(raw, exc):
                     raise

@@ -11,8 +11,8 @@ module keeps each statement prepared (its statement cache), so an
 ``execute`` here is a bind and a step.
 
 The statements are those SQLAlchemy compiled for ``adapters.store.sql`` (same
-columns, same conditions), with named parameters, so what is stored is the
-same. A batch holding only such writes is framed here too (``BEGIN
+columns, same conditions; the starts' and releases' as multi-row forms), so
+what is stored is the same. A batch holding only such writes is framed here too (``BEGIN
 IMMEDIATE`` ... ``COMMIT``); any other write (claim, renew, chat meta, blobs,
 API keys) keeps its SQLAlchemy code and the batch its SQLAlchemy transaction,
 inside which these statements run on the same connection.
@@ -25,6 +25,7 @@ error): then the whole batch fails, as a lost connection does.
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -62,32 +63,14 @@ UPDATE_INDEX = (
     '"view" = coalesce(:i_view, "view") WHERE id = :i_id'
 )
 
-#: A start's turn row (``t_*`` parameters), fencing token 1.
-INSERT_TURN = (
-    "INSERT INTO turns (id, chat_id, user_id, model, status, created_at, updated_at, owner, lease_until, "
-    'fencing, "view") VALUES (:t_id, :t_chat, :t_user, :t_model, :t_status, :t_created, :t_updated, '
-    ":t_owner, :t_lease, 1, :t_view)"
-)
+# Starts and releases: a run of them is one statement each, not an
+# ``executemany`` (the sqlite3 module releases the GIL around every step, one
+# per row of an executemany, and each time the writer thread must take it
+# back from the event loop's thread: up to the 5 ms switch interval when the
+# loop is busy). A lone start or release is the same statement with one row.
 
-#: A start's chat (``c_*`` parameters): created, or its ``updated_at`` moved
-#: forward to ``c_upd``.
-UPSERT_CHAT = (
-    "INSERT INTO chats (id, user_id, title, tags, created_at, updated_at) "
-    "VALUES (:c_id, :c_user, NULL, '[]', :c_at, :c_upd) "
-    "ON CONFLICT (id) DO UPDATE SET updated_at = CASE WHEN (chats.updated_at IS NULL "
-    "OR chats.updated_at < excluded.updated_at) THEN excluded.updated_at ELSE chats.updated_at END"
-)
-
-#: ``release_turn`` (``r_*`` parameters): only if that owner still holds it.
-RELEASE_TURN = "UPDATE turns SET owner = NULL, lease_until = NULL WHERE id = :r_id AND owner = :r_owner"
-
-# A run of starts or releases in one statement each, not an ``executemany``:
-# the sqlite3 module releases the GIL around every step, one per row of an
-# executemany, and each time the writer thread must take it back from the
-# event loop's thread (up to the 5 ms switch interval when the loop is busy).
-# A statement is one step however many rows it writes.
-
-#: Turn rows (``INSERT_TURN``'s columns, positional, in ``TURN_PARAMS`` order).
+#: A start's turn rows (``t_*`` parameters, positional in ``TURN_PARAMS``
+#: order), fencing token 1.
 INSERT_TURNS = (
     "INSERT INTO turns (id, chat_id, user_id, model, status, created_at, updated_at, owner, lease_until, "
     'fencing, "view") VALUES '
@@ -95,13 +78,19 @@ INSERT_TURNS = (
 TURN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)"
 TURN_PARAMS = ("t_id", "t_chat", "t_user", "t_model", "t_status", "t_created", "t_updated", "t_owner", "t_lease", "t_view")
 
-#: Chats (``UPSERT_CHAT``'s, positional, in ``CHAT_PARAMS`` order); at most one row per chat id.
+#: A start's chats (``c_*`` parameters, positional in ``CHAT_PARAMS``
+#: order), at most one row per chat id: created, or its ``updated_at`` moved
+#: forward to ``c_upd``.
 UPSERT_CHATS = "INSERT INTO chats (id, user_id, title, tags, created_at, updated_at) VALUES "
 CHAT_ROW = "(?, ?, NULL, '[]', ?, ?)"
 CHAT_PARAMS = ("c_id", "c_user", "c_at", "c_upd")
-UPSERT_CHATS_TAIL = UPSERT_CHAT[UPSERT_CHAT.index(" ON CONFLICT") :]
+UPSERT_CHATS_TAIL = (
+    " ON CONFLICT (id) DO UPDATE SET updated_at = CASE WHEN (chats.updated_at IS NULL "
+    "OR chats.updated_at < excluded.updated_at) THEN excluded.updated_at ELSE chats.updated_at END"
+)
 
-#: ``RELEASE_TURN`` for many turns: one JSON array of ``[id, owner]`` pairs.
+#: ``release_turn``: each turn only if its owner still holds it; one JSON
+#: array of ``[id, owner]`` pairs.
 RELEASE_TURNS = (
     "UPDATE turns SET owner = NULL, lease_until = NULL WHERE (id, owner) IN "
     "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
@@ -115,6 +104,11 @@ MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 def rows_sql(head: str, row: str, n_rows: int, tail: str = "") -> str:
     """``head`` + ``n_rows`` times ``row`` + ``tail``: one multi-row statement."""
     return head + ", ".join([row] * n_rows) + tail
+
+
+def release_pairs(params: list[dict[str, Any]]) -> tuple[str]:
+    """``RELEASE_TURNS``'s one parameter from releases' ``r_*`` parameters."""
+    return (json.dumps([[p["r_id"], p["r_owner"]] for p in params]),)
 
 
 def write_rows(raw: sqlite3.Connection, head: str, row: str, names: tuple[str, ...], rows: list[dict[str, Any]], tail: str = "") -> None:
