@@ -104,6 +104,9 @@ class Settings(BaseSettings):
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # How long a window may stay open while the event loop is saturated (its
+    # timers run late): fewer windows, less work for the loop. <= flush_interval: never longer.
+    flush_max_interval: float = Field(default=1.0, ge=0)
     # Sealed delta windows a turn may have waiting for the store before it
     # stops reading its upstream (backpressure): slack for a store's peak,
     # against how much a crash may take of what clients were already shown.
@@ -252,6 +255,7 @@ class Settings(BaseSettings):
             auto_resume=self.auto_resume,
             flush_interval=self.flush_interval,
             flush_max_chunks=self.flush_max_chunks,
+            flush_max_interval=self.flush_max_interval,
             max_inflight_flushes=self.max_inflight_flushes,
             max_tool_call_iterations=self.max_tool_call_iterations,
             tool_timeout=self.tool_timeout,

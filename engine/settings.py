@@ -22,6 +22,10 @@ class EngineSettings:
     # or chunks, whichever comes first.
     flush_interval: float = 0.05
     flush_max_chunks: int = 512
+    # While the event loop runs its timers late (saturated), a window may stay
+    # open up to this long instead (``engine.run.flush_clock``): fewer windows
+    # give the loop time back. A value at or below flush_interval: never.
+    flush_max_interval: float = 1.0
     # ... or once its text reaches this many characters: a window is one
     # event, and one WebSocket ``event`` message to a subscriber, which
     # clients cap (aiohttp at 4 MiB, browsers lower); a fast upstream read

@@ -144,6 +144,11 @@ def test_serve_refuses_an_unknown_event_loop(tmp_path: Path) -> None:
     assert out.returncode != 0 and "event_loop" in (out.stderr + out.stdout)
 
 
+def test_serve_refuses_a_negative_window_bound(tmp_path: Path) -> None:
+    out = turnlog(tmp_path / "x.db", "serve", "--port", "1", TURNLOG_FLUSH_MAX_INTERVAL="-1")
+    assert out.returncode != 0 and "flush_max_interval" in (out.stderr + out.stdout)
+
+
 @pytest.mark.sqlite_only
 async def test_verify_reproduces_a_turn_and_catches_a_forged_log(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(chunks=["<think>", "plan", "</think>", "Verified ", "answer"]))

@@ -1,8 +1,9 @@
 """The flush clock: every window sealed within its interval, never later;
 windows due close together share one loop timer.
 
-A loop whose clock the test sets (``ManualLoop``) shows the deadlines and the
-timers exactly; one test runs on the real event loop and checks the bound
+A loop whose clock the test sets (``ManualLoop``, which can also run its
+timers late, as a saturated loop does) shows the deadlines and the timers
+exactly; one test runs on the real event loop and checks the bound
 against ``loop.time()``; one runs the service on both backends and checks it
 against the time an SSE client received each chunk.
 """
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from engine.run.flush_clock import MAX_TICK, FlushClock
+from engine.run.flush_clock import MAX_TICK, STALE_AFTER, FlushClock
 from tests.harness import make_settings, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -35,6 +36,8 @@ class ManualLoop:
         self.timers_made = 0
         self.errors: list[dict[str, Any]] = []
         self._order = itertools.count()
+        # How late each timer runs: a saturated loop's callbacks queue behind others.
+        self.lateness = 0.0
 
     def time(self) -> float:
         return self.now
@@ -50,9 +53,9 @@ class ManualLoop:
         self.errors.append(context)
 
     def run_until(self, t: float) -> None:
-        while self.timers and self.timers[0][0] <= t:
+        while self.timers and self.timers[0][0] + self.lateness <= t:
             when, _, callback, args = heapq.heappop(self.timers)
-            self.now = max(self.now, when)
+            self.now = max(self.now, when + self.lateness)
             callback(*args)
         self.now = max(self.now, t)
 
@@ -187,3 +190,131 @@ def test_a_closed_loop_is_not_kept_alive_by_its_clock() -> None:
     del loop, clock
     gc.collect()
     assert gone() is None
+
+
+def _sealed_after(loop: ManualLoop, clock: FlushClock, delay: float, stretch_to: float) -> float:
+    """How long one window opened now stays open (the loop's own lateness, which
+    only delays the timer's run, taken out)."""
+    fired: list[float] = []
+    opened = loop.now
+    clock.call_within(delay, lambda _: fired.append(loop.now), 0, stretch_to)
+    loop.run_until(loop.now + stretch_to + loop.lateness + 1.0)
+    assert len(fired) == 1
+    return fired[0] - loop.lateness - opened
+
+
+def _run_late(loop: ManualLoop, clock: FlushClock, lateness: float, windows: int = 60) -> None:
+    """``windows`` windows of 50 ms, each timer run ``lateness`` late."""
+    loop.lateness = lateness
+    for token in range(windows):
+        clock.call_within(0.05, lambda _: None, token)
+        loop.run_until(loop.now + 0.05 + lateness + 0.001)
+
+
+@pytest.mark.parametrize(
+    ("lateness", "expected"),
+    [
+        (0.0, 0.05),  # on time: the interval as it is
+        (0.004, 0.05),  # the loop's jitter (below 5 ms) does not stretch
+        (0.01, 0.05 + 40 * 0.005),  # 40 s of window per second late beyond 5 ms
+        (0.02, 0.05 + 40 * 0.015),
+        (0.3, 1.0),  # never beyond the bound the caller gave
+    ],
+)
+def test_a_late_loop_stretches_the_windows_that_allow_it(lateness: float, expected: float) -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    _run_late(loop, clock, lateness)
+    tick = MAX_TICK
+    got = _sealed_after(loop, clock, 0.05, 1.0)
+    # 60 timers in, the clock's lateness is within 0.2 % of the loop's
+    assert expected - tick - 0.01 * expected <= got <= expected + 1e-9, (lateness, got)
+    # a window that allows no stretch keeps its interval, however late the loop
+    assert 0.05 - tick - 1e-9 <= _sealed_after(loop, clock, 0.05, 0.05) <= 0.05 + 1e-9
+
+
+def test_the_stretch_goes_when_the_loop_catches_up() -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    _run_late(loop, clock, 0.1)
+    assert _sealed_after(loop, clock, 0.05, 1.0) > 0.9
+    # back on time: within a few dozen timers the windows are back to 50 ms
+    _run_late(loop, clock, 0.0)
+    assert _sealed_after(loop, clock, 0.05, 1.0) <= 0.05 + 1e-9
+
+
+def test_an_old_lateness_does_not_stretch_a_window_after_an_idle_spell() -> None:
+    loop = ManualLoop()
+    clock = FlushClock(loop)  # type: ignore[arg-type]
+    _run_late(loop, clock, 0.1)
+    loop.lateness = 0.0
+    loop.run_until(loop.now + STALE_AFTER + 0.5)  # nothing to seal meanwhile: no timer measured the loop
+    assert _sealed_after(loop, clock, 0.05, 1.0) <= 0.05 + 1e-9
+
+
+async def _window_gauge(svc: Any) -> float:
+    async with svc.http.get(svc.url + "/metrics") as resp:
+        assert resp.status == 200
+        text = await resp.text()
+    (line,) = [line for line in text.splitlines() if line.startswith("turnlog_delta_window_seconds ")]
+    return float(line.split()[1])
+
+
+async def _stream_with_a_busy_loop(
+    tmp_path: Path, upstream: ScriptedUpstream, max_interval: float
+) -> tuple[list[str], list[dict[str, Any]], tuple[float, float]]:
+    """A paced answer (24 chunks, 50 ms apart) while something else holds the
+    event loop 40 ms of every 50 (the service, its store's callbacks and the
+    upstream share it): what the client received, the turn's windows, and the
+    window the service's ``/metrics`` reported before and at the end of the load."""
+    tmp_path.mkdir()
+    settings = make_settings(tmp_path, upstream.url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0)
+    svc = await start_service(settings, upstream)
+    loop = asyncio.get_running_loop()
+    hogging = True
+
+    def hog() -> None:
+        if hogging:
+            time.sleep(0.04)  # the load: the loop runs nothing else meanwhile
+            loop.call_later(0.01, hog)
+
+    try:
+        idle = await _window_gauge(svc)
+        upstream.enqueue(Reply(chunks=[f"c{i} " for i in range(24)], delay=0.05))
+        loop.call_soon(hog)
+        received: list[str] = []
+        async with svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}) as resp:
+            assert resp.status == 200
+            turn_id = resp.headers["X-Turn-Id"]
+            async for line in resp.content:
+                if line.startswith(b"data: {"):
+                    content = json.loads(line[6:])["choices"][0]["delta"].get("content")
+                    if content:
+                        received.append(content)
+        busy = await _window_gauge(svc)
+        hogging = False
+        await svc.wait_status(turn_id, "completed")
+        return received, [e for e in await svc.events(turn_id) if e["type"] == "model.delta"], (idle, busy)
+    finally:
+        hogging = False
+        await stop_service(svc)
+
+
+async def test_on_a_busy_service_windows_stretch_and_keep_every_chunk(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    """The same stream on a loop kept busy: with windows allowed up to 1 s, its
+    24 chunks go in at most half as many windows; with the stretch off
+    (``flush_max_interval`` at the interval), about one window per chunk. Either
+    way the log holds exactly what the client was shown, in order, and
+    ``turnlog_delta_window_seconds`` shows the window in force."""
+    chunks = [f"c{i} " for i in range(24)]
+    got, stretched, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "a", upstream, 1.0)
+    assert got == chunks
+    assert "".join(w["data"]["text"] for w in stretched) == "".join(chunks)
+    # what /metrics says: the interval on the idle service, more under the load, never beyond the bound
+    assert idle == pytest.approx(0.02) and 0.1 < busy <= 1.0, (idle, busy)
+    got, fixed, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "b", upstream, 0.0)
+    assert got == chunks
+    assert "".join(w["data"]["text"] for w in fixed) == "".join(chunks)
+    assert idle == pytest.approx(0.02) and busy == pytest.approx(0.02), (idle, busy)
+    assert len(fixed) >= 21, [w["data"]["text"] for w in fixed]
+    assert len(stretched) <= 12, [w["data"]["text"] for w in stretched]

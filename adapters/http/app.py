@@ -10,6 +10,7 @@ them) — and torn down in reverse.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from typing import Any
@@ -56,6 +57,7 @@ from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
 from adapters.web import open_fetcher, open_search
 from engine.ports import ChatProvider, CodeExecutor, Embedder, NoTools, ToolCatalog
+from engine.run.flush_clock import FlushClock
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Supervisor
 
@@ -72,6 +74,13 @@ def create_app(
     configure, if any (else retrieval is lexical only)."""
     holder: dict[str, Services] = {}
     metrics = Metrics()  # this app's own registry (GET /metrics)
+
+    def delta_window() -> float:
+        """Scraped on the event loop whose clock seals the windows."""
+        loop = asyncio.get_running_loop()
+        return FlushClock.of(loop).stretched(settings.flush_interval, settings.flush_max_interval, loop.time())
+
+    metrics.watch_delta_windows(delta_window)
     code = code_executor if code_executor is not None else build_code_executor(settings)
 
     async def lookup(token: str) -> str | None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gc
 import time
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -94,6 +95,14 @@ class Metrics:
         for outcome in ("completed", "failed"):
             self.model_calls.labels(outcome)
         self.upstream_errors.labels("upstream_error")
+
+    def watch_delta_windows(self, window: Callable[[], float]) -> None:
+        """``turnlog_delta_window_seconds``: read at each scrape, nothing per chunk."""
+        Gauge(
+            "turnlog_delta_window_seconds",
+            "How long a delta window opened now may stay open: the flush interval, stretched up to its bound while the event loop runs late.",
+            registry=self.registry,
+        ).set_function(window)
 
     # -- engine.ports.TurnObserver ----------------------------------------------------
 

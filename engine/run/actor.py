@@ -14,8 +14,9 @@ Durability rules:
   a turn that ends before it never existed in the log;
 * token deltas are published at once and written in batches (group commit):
   a window is sealed at most ``flush_interval`` after its first chunk (on the
-  loop's shared ``FlushClock``), at ``flush_max_chunks`` chunks, or before the
-  next non-delta event;
+  loop's shared ``FlushClock``; up to ``flush_max_interval`` while the loop
+  runs late), at ``flush_max_chunks`` chunks, or before the next non-delta
+  event;
 * cancellation is shielded: the partial output is committed as ``cancelled``
   before the cancel is acknowledged.
 """
@@ -383,7 +384,9 @@ class TurnActor:
                 self._batch_pos = pos.next
                 self._batch_seq = v.last_seq + 1
                 self._window += 1
-                self._clock.call_within(self._settings.flush_interval, self._flush_window, self._window)
+                self._clock.call_within(
+                    self._settings.flush_interval, self._flush_window, self._window, self._settings.flush_max_interval
+                )
                 if self._first_pending:  # once per window, not per chunk
                     self._first_token()
             seq = self._batch_seq
