@@ -25,11 +25,12 @@ error): then the whole batch fails, as a lost connection does.
 from __future__ import annotations
 
 import functools
-import json
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+
+from adapters.store.common import dumps
 
 #: An event row's columns, in the order of ``adapters.store.common.EventRow``.
 EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
@@ -108,7 +109,7 @@ def rows_sql(head: str, row: str, n_rows: int, tail: str = "") -> str:
 
 def release_pairs(params: list[dict[str, Any]]) -> tuple[str]:
     """``RELEASE_TURNS``'s one parameter from releases' ``r_*`` parameters."""
-    return (json.dumps([[p["r_id"], p["r_owner"]] for p in params]),)
+    return (dumps([[p["r_id"], p["r_owner"]] for p in params]),)
 
 
 def write_rows(raw: sqlite3.Connection, head: str, row: str, names: tuple[str, ...], rows: list[dict[str, Any]], tail: str = "") -> None:

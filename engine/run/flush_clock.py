@@ -96,16 +96,15 @@ class FlushClock:
         """The delay a window opened ``now`` gets: ``delay`` plus ``STRETCH``
         times the lateness beyond ``SLACK``, at most ``stretch_to`` (``delay``
         if that is not above it)."""
-        if stretch_to <= delay:
-            return delay
-        if now - self._lag_at > STALE_AFTER:
-            self._lag = 0.0
+        if stretch_to <= delay or now - self._lag_at > STALE_AFTER:
             return delay
         return min(stretch_to, delay + STRETCH * max(0.0, self._lag - SLACK))
 
     def _fire(self, at: float) -> None:
         now = self._loop.time()
-        self._lag += (max(0.0, now - at) - self._lag) * WEIGHT
+        # After an idle spell the mean starts again from this timer alone.
+        lag = self._lag if now - self._lag_at <= STALE_AFTER else 0.0
+        self._lag = lag + (max(0.0, now - at) - lag) * WEIGHT
         self._lag_at = now
         for callback, token in self._due.pop(at, ()):
             try:
