@@ -261,14 +261,16 @@ async def _window_gauge(svc: Any) -> float:
 
 
 async def _stream_with_a_busy_loop(
-    tmp_path: Path, upstream: ScriptedUpstream, max_interval: float
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, max_interval: float
 ) -> tuple[list[str], list[dict[str, Any]], tuple[float, float]]:
     """A paced answer (24 chunks, 50 ms apart) while something else holds the
     event loop 40 ms of every 50 (the service, its store's callbacks and the
     upstream share it): what the client received, the turn's windows, and the
     window the service's ``/metrics`` reported before and at the end of the load."""
     tmp_path.mkdir()
-    settings = make_settings(tmp_path, upstream.url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0)
+    settings = make_settings(
+        tmp_path, upstream.url, database_url=database_url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0
+    )
     svc = await start_service(settings, upstream)
     loop = asyncio.get_running_loop()
     hogging = True
@@ -300,19 +302,21 @@ async def _stream_with_a_busy_loop(
         await stop_service(svc)
 
 
-async def test_on_a_busy_service_windows_stretch_and_keep_every_chunk(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+async def test_on_a_busy_service_windows_stretch_and_keep_every_chunk(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
+) -> None:
     """The same stream on a loop kept busy: with windows allowed up to 1 s, its
     24 chunks go in at most half as many windows; with the stretch off
     (``flush_max_interval`` at the interval), about one window per chunk. Either
     way the log holds exactly what the client was shown, in order, and
     ``turnlog_delta_window_seconds`` shows the window in force."""
     chunks = [f"c{i} " for i in range(24)]
-    got, stretched, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "a", upstream, 1.0)
+    got, stretched, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "a", upstream, database_url, 1.0)
     assert got == chunks
     assert "".join(w["data"]["text"] for w in stretched) == "".join(chunks)
     # what /metrics says: the interval on the idle service, more under the load, never beyond the bound
     assert idle == pytest.approx(0.02) and 0.1 < busy <= 1.0, (idle, busy)
-    got, fixed, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "b", upstream, 0.0)
+    got, fixed, (idle, busy) = await _stream_with_a_busy_loop(tmp_path / "b", upstream, database_url, 0.0)
     assert got == chunks
     assert "".join(w["data"]["text"] for w in fixed) == "".join(chunks)
     assert idle == pytest.approx(0.02) and busy == pytest.approx(0.02), (idle, busy)
