@@ -3,10 +3,10 @@
 Writes: group commit
 --------------------
 Every write (append, start_turn, leases, chat meta, API keys) is a request on
-one asyncio queue, consumed by one writer task per store. The writer takes all
-queued requests (up to ``max_batch``) and writes them in ONE transaction, each
-request isolated in its own SAVEPOINT, then commits once and resolves the
-callers' futures. So:
+one queue, consumed by one writer per store: on SQLite its own thread, else a
+task on the event loop. The writer takes all queued requests (up to
+``max_batch``) and writes them in ONE transaction, each request isolated in its
+own SAVEPOINT, then commits once and resolves the callers' futures. So:
 
 * one fsync serves a whole batch (appends are on the per-token path);
 * writes are serialized: no "database is locked" between our own writers;
@@ -29,8 +29,10 @@ savepoint in queue order.
 
 The batch itself runs either
 
-* on the writer engine (a sync ``Engine``, SQLite) in a dedicated thread:
-  one thread hop per group commit. Appends, starts and releases are written
+* on the writer engine (a sync ``Engine``, SQLite) by the writer thread,
+  which pops the queue itself and hands each commit's outcome to the event
+  loop (one ``call_soon_threadsafe``), never waiting for the loop to pick its
+  next batch (``_serve_writes``). Appends, starts and releases are written
   on the thread's raw ``sqlite3`` connection (``adapters.store.sqlite_writer``:
   SQLAlchemy's execution machinery was ~75 % of the thread's CPU); other
   writes as SQLAlchemy Core; or
@@ -66,7 +68,6 @@ import contextvars
 import functools
 import logging
 import math
-import queue
 import sqlite3
 import threading
 import time
@@ -280,7 +281,6 @@ class SqlEventStore:
         self._read_engine = engine.execution_options(**{SQLITE_BEGIN: None})
         self._read_gate = asyncio.Semaphore(read_slots(engine))
         self._writer_engine = writer_engine
-        self._thread: _WriterThread | None = None
         self._sync_conn: Connection | None = None  # used only in the writer thread
         self._async_conn: AsyncConnection | None = None
         self._driver_conn: Any = None  # PostgreSQL: the asyncpg connection under _async_conn
@@ -301,6 +301,19 @@ class SqlEventStore:
         self._gathering = False
         self._urgent = False
         self._last_commit = -math.inf
+        # SQLite: the writer thread is the writer (``_serve_writes``). It
+        # knows an urgent request is queued while more were queued
+        # (``_urgent_in``, the loop's count) than it took (``_urgent_out``,
+        # its own): each count has one writer, so no lock.
+        self._urgent_in = 0
+        self._urgent_out = 0
+        self._signal = threading.Event()
+        self._thread_waits = False
+        # Commits the thread handed to the loop, and those the loop took.
+        self._posted = 0
+        self._settled = 0
+        self._writer_thread: threading.Thread | None = None
+        self._writer_done: asyncio.Future[None] | None = None
         # (turn_id, fencing) of appends that failed: later appends with the same
         # token are refused, so a failed write can never leave a gap in a
         # turn's seqs behind a later successful one. The owner stops (LeaseLost)
@@ -585,10 +598,12 @@ class SqlEventStore:
             if self._writer is not None and not self._writer.done():
                 self._enqueue(_STOP)
                 await asyncio.shield(self._writer)
-        if self._thread is not None:
-            await self._thread.run(asyncio.get_running_loop(), self._close_sync, None)
-            self._thread.stop()
-            self._thread = None
+            if self._writer_done is not None and not self._writer_done.done():
+                self._enqueue(_STOP)
+                await asyncio.shield(self._writer_done)
+        if self._writer_thread is not None:
+            self._writer_thread.join()
+            self._writer_thread = None
         if self._writer_engine is not None:
             self._writer_engine.dispose()
         await self.engine.dispose()
@@ -599,16 +614,24 @@ class SqlEventStore:
         """Queue a request for the writer; the future resolves once committed."""
         if self._closed:
             raise RuntimeError("event store is closed")
-        writer = self._writer
-        if writer is None or writer.done():
-            # A context of its own: it serves every turn, so its log lines name none
-            # (it may be started from a turn's task, whose context names that turn).
-            writer = self._writer = asyncio.get_running_loop().create_task(
-                self._write_loop(), name="turnlog-store-writer", context=contextvars.Context()
-            )
+        loop: asyncio.AbstractEventLoop
+        if self._writer_engine is not None:
+            if self._writer_done is None or self._writer_done.done():
+                self._start_writer_thread()
+            assert self._writer_done is not None
+            loop = self._writer_done.get_loop()
+        else:
+            writer = self._writer
+            if writer is None or writer.done():
+                # A context of its own: it serves every turn, so its log lines name none
+                # (it may be started from a turn's task, whose context names that turn).
+                writer = self._writer = asyncio.get_running_loop().create_task(
+                    self._write_loop(), name="turnlog-store-writer", context=contextvars.Context()
+                )
+            loop = writer.get_loop()
         # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
         # getpid() system call, and this runs for every delta window.
-        future = writer.get_loop().create_future()
+        future = loop.create_future()
         item = kind(*args, future)
         if lazy:
             item.lazy = True
@@ -617,6 +640,12 @@ class SqlEventStore:
 
     def _enqueue(self, item: Any, lazy: bool = False) -> None:
         self._pending.append(item)
+        if self._writer_done is not None:  # the writer thread's queue
+            if not lazy:
+                self._urgent_in += 1
+            if self._thread_waits and (not lazy or not self._gathering or len(self._pending) >= self._max_batch):
+                self._signal.set()
+            return
         if not lazy:
             self._urgent = True
         wakeup = self._wakeup
@@ -664,6 +693,102 @@ class SqlEventStore:
                 await self._async_conn.close()
                 self._async_conn = None
 
+    def _start_writer_thread(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._writer_done = loop.create_future()
+        self._writer_thread = threading.Thread(
+            target=self._serve_writes, args=(loop, self._writer_done), name="turnlog-writer", daemon=True
+        )
+        self._writer_thread.start()
+
+    def _serve_writes(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
+        """The SQLite writer: ``_write_loop``'s rules, run by the writer thread
+        itself, which takes its next batch as soon as it has committed one.
+
+        Why not a task on the event loop that hands each batch to the thread:
+        the loop then decides the next batch only once it has run the previous
+        one's callback, which a loop busy with a burst of turn starts runs
+        tens of milliseconds late (60-100 ms between two commits in a 200-turn
+        burst here, while the starts queued meanwhile waited), and under
+        thousands of streams the commits' p99 was 250-500 ms against ≤ 100 ms
+        now (bench/README.md, "The store's writer thread"). The queue is a deque: the
+        loop appends, this thread pops from the other end, each one step
+        under the GIL; ``threading.Event`` wakes the thread when it waits.
+        """
+        pending, signal = self._pending, self._signal
+        began = -math.inf
+        stop = False
+        try:
+            while not stop:
+                if not pending:
+                    self._thread_waits = True
+                    if not pending:  # (queued before the flag was seen)
+                        signal.wait()
+                    signal.clear()
+                    self._thread_waits = False
+                    continue
+                # Only lazy appends (delta windows) queued: they wait for the
+                # gather, and for the loop to have taken the previous commit's
+                # outcome. A busy loop so batches more windows per commit, as
+                # it did when it picked every batch itself; whatever a caller
+                # waits for goes at once.
+                while (
+                    self._urgent_in == self._urgent_out
+                    and len(pending) < self._max_batch
+                    and ((wait := began + self._gather - time.monotonic()) > 0 or self._settled < self._posted)
+                ):
+                    self._gathering = self._thread_waits = True
+                    if self._urgent_in == self._urgent_out and len(pending) < self._max_batch and (
+                        wait > 0 or self._settled < self._posted
+                    ):
+                        signal.wait(wait if wait > 0 else None)
+                    signal.clear()
+                    self._gathering = self._thread_waits = False
+                batch: list[Any] = []
+                urgent = 0
+                while pending and len(batch) < self._max_batch:
+                    item = pending.popleft()
+                    if item is _STOP:
+                        stop = True
+                        break
+                    if type(item) is not _Append or not item.lazy:
+                        urgent += 1
+                    batch.append(item)
+                self._urgent_out += urgent
+                if batch:
+                    began = time.monotonic()
+                    t0 = time.perf_counter()
+                    try:
+                        results = self._commit_in_thread(batch)
+                    except Exception as exc:
+                        # Poisoned here, before this thread appends anything
+                        # after the lost events.
+                        for item in batch:
+                            if type(item) is _Append:
+                                self._poison(item)
+                        self._posted += 1
+                        _post(loop, self._fail_batch, batch, exc)
+                    else:
+                        self._posted += 1
+                        _post(loop, self._settle_batch, batch, results, time.perf_counter() - t0)
+        finally:
+            try:
+                self._close_sync()
+            except Exception:  # pragma: no cover - closing a broken connection
+                log.exception("event store: closing the writer's connection failed")
+            if stop:
+                _post(loop, _settle, done, (True, None))
+            else:  # pragma: no cover - a bug in this loop: fail what waits
+                _post(loop, self._writer_died, done)
+
+    def _writer_died(self, done: asyncio.Future[None]) -> None:  # pragma: no cover
+        while self._pending:
+            item = self._pending.popleft()
+            if item is not _STOP and not item.future.done():
+                item.future.set_exception(RuntimeError("event store writer stopped"))
+        if not done.done():
+            done.set_result(None)
+
     async def _gather_until(self, loop: asyncio.AbstractEventLoop, due: float) -> None:
         """Wait until ``due`` (loop time) unless a request that is not lazy
         comes, or a full batch is queued."""
@@ -681,29 +806,41 @@ class SqlEventStore:
             self._poisoned.add((req.turn_id, req.fencing))
 
     async def _commit(self, batch: list[Any], loop: asyncio.AbstractEventLoop) -> None:
-        """Write one batch in one transaction and resolve its futures."""
+        """Write one batch in one transaction and resolve its futures (the
+        async engine's writer; SQLite's thread has ``_serve_writes``)."""
         began = time.perf_counter()
         try:
-            if self._writer_engine is not None:
-                if self._thread is None:
-                    self._thread = _WriterThread("turnlog-writer")
-                results = await self._thread.run(loop, self._commit_in_thread, batch)
-            else:
-                results = await self._commit_async(batch)
+            results = await self._commit_async(batch)
         except Exception as exc:  # BEGIN/COMMIT or the connection failed: all fail
-            log.exception("event store: group commit of %d requests failed", len(batch))
-            for item in batch:
-                if type(item) is _Append:
-                    self._poison(item)
-                if not item.future.done():
-                    item.future.set_exception(exc)
+            self._fail_batch(batch, exc)
             return
         except BaseException:
             for item in batch:
                 if not item.future.done():
                     item.future.set_exception(RuntimeError("event store writer cancelled"))
             raise
-        took = time.perf_counter() - began
+        self._settle_batch(batch, results, time.perf_counter() - began)
+
+    def _taken(self) -> None:
+        """The loop took a commit's outcome: held windows may go now."""
+        self._settled += 1
+        if self._gathering and self._thread_waits:
+            self._signal.set()
+
+    def _fail_batch(self, batch: list[Any], exc: BaseException) -> None:
+        """A group commit failed as a whole (BEGIN/COMMIT, the connection): every
+        request in it fails, and its turns' later appends are refused."""
+        self._taken()
+        log.error("event store: group commit of %d requests failed", len(batch), exc_info=exc)
+        for item in batch:
+            if type(item) is _Append:
+                self._poison(item)
+            if not item.future.done():
+                item.future.set_exception(exc)
+
+    def _settle_batch(self, batch: list[Any], results: Results, took: float) -> None:
+        """A group commit is durable: resolve its futures, count it."""
+        self._taken()
         n_events = n_started = 0
         for item, (ok, value) in zip(batch, results):
             if ok and type(item) is _Append:
@@ -1389,41 +1526,12 @@ except ImportError:  # pragma: no cover - a SQLite-only install
     _UniqueViolation = ()
 
 
-class _WriterThread:
-    """The SQLite writer's thread: runs one group commit at a time and hands
-    its outcome back to the event loop with one ``call_soon_threadsafe``.
-
-    Cheaper per commit than ``loop.run_in_executor`` (its
-    ``concurrent.futures.Future``, the ``wrap_future`` chain and their
-    locks and callbacks), and a commit is the writer's every hop."""
-
-    def __init__(self, name: str) -> None:
-        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._serve, name=name, daemon=True)
-        self._thread.start()
-
-    def run(self, loop: asyncio.AbstractEventLoop, fn: Callable[[Any], Any], arg: Any) -> asyncio.Future[Any]:
-        """``fn(arg)`` in the thread; the future (of ``loop``) gets its result."""
-        future = loop.create_future()
-        self._jobs.put((loop, future, fn, arg))
-        return future
-
-    def stop(self) -> None:
-        """Let the thread end once the jobs already given are done, and wait."""
-        self._jobs.put(None)
-        self._thread.join()
-
-    def _serve(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            loop, future, fn, arg = job
-            try:
-                outcome = (True, fn(arg))
-            except BaseException as exc:  # handed to the loop, raised there
-                outcome = (False, exc)
-            try:
-                loop.call_soon_threadsafe(_settle, future, outcome)
-            except RuntimeError:  # pragma: no cover - the loop is closed: nobody waits
-                pass
+def _post(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+    """``fn(*args)`` on the loop, from the writer thread."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # pragma: no cover - the loop is closed: nobody waits
+        pass
 
 
 def _settle(future: asyncio.Future[Any], outcome: tuple[bool, Any]) -> None:
