@@ -710,8 +710,8 @@ class SqlEventStore:
         one's callback, which a loop busy with a burst of turn starts runs
         tens of milliseconds late (60-100 ms between two commits in a 200-turn
         burst here, while the starts queued meanwhile waited), and under
-        thousands of streams the commits' p99 was 250-500 ms against ≤ 100 ms
-        now (bench/README.md, "The store's writer thread"). The queue is a deque: the
+        thousands of streams a commit's p99 was 250-500 ms against 100-250 ms
+        now (bench/README.md, "Where a burst's starts wait"). The queue is a deque: the
         loop appends, this thread pops from the other end, each one step
         under the GIL; ``threading.Event`` wakes the thread when it waits.
         """
