@@ -727,21 +727,10 @@ class SqlEventStore:
                     signal.clear()
                     self._thread_waits = False
                     continue
-                # Only lazy appends (delta windows) queued: they wait for the
-                # gather, and for the loop to have taken the previous commit's
-                # outcome. A busy loop so batches more windows per commit, as
-                # it did when it picked every batch itself; whatever a caller
-                # waits for goes at once.
-                while (
-                    self._urgent_in == self._urgent_out
-                    and len(pending) < self._max_batch
-                    and ((wait := began + self._gather - time.monotonic()) > 0 or self._settled < self._posted)
-                ):
+                while (hold := self._hold_windows(began)) is not None:
                     self._gathering = self._thread_waits = True
-                    if self._urgent_in == self._urgent_out and len(pending) < self._max_batch and (
-                        wait > 0 or self._settled < self._posted
-                    ):
-                        signal.wait(wait if wait > 0 else None)
+                    if self._hold_windows(began) is not None:  # (re-checked once the flags are seen)
+                        signal.wait(None if hold == math.inf else hold)
                     signal.clear()
                     self._gathering = self._thread_waits = False
                 batch: list[Any] = []
@@ -780,6 +769,22 @@ class SqlEventStore:
                 _post(loop, _settle, done, (True, None))
             else:  # pragma: no cover - a bug in this loop: fail what waits
                 _post(loop, self._writer_died, done)
+
+    def _hold_windows(self, began: float) -> float | None:
+        """How long the writer thread holds what is queued (``math.inf``:
+        until the loop takes the previous commit's outcome), or None: commit now.
+
+        Only delta windows (lazy appends, which nobody awaits) are held: for
+        the gather after the previous commit ``began``, and until the loop has
+        taken that commit's outcome, so a busy loop's windows share commits as
+        they did when the loop picked every batch. A request someone waits
+        for, or a full batch, goes at once."""
+        if self._urgent_in != self._urgent_out or len(self._pending) >= self._max_batch:
+            return None
+        wait = began + self._gather - time.monotonic()
+        if wait > 0:
+            return wait
+        return math.inf if self._settled < self._posted else None
 
     def _writer_died(self, done: asyncio.Future[None]) -> None:  # pragma: no cover
         while self._pending:
