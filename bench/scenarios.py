@@ -367,7 +367,7 @@ def linearity(ctx: Ctx) -> dict[str, Any]:
     base = med([r["t_last"] for r in by["tiny"]])
     cs = (med([r["t_last"] for r in by["small"]]) - base) / (small - tiny)  # type: ignore[operator]
     cb = [(r["t_last"] - base) / (big - tiny) for r in by["big"]]  # type: ignore[operator]
-    ratio = med(cb) / cs  # type: ignore[operator]
+    ratio = med(cb) / cs if cs > 0 else None  # type: ignore[operator]
     n_tiny, n_small = len(by["tiny"]), len(by["small"])
     cpu_tiny = meter.spent.get("tiny", float("nan")) / n_tiny
     cpu_small = (meter.spent.get("small", float("nan")) / n_small - cpu_tiny) / (small - tiny)
@@ -387,7 +387,9 @@ def linearity(ctx: Ctx) -> dict[str, Any]:
             "cpu_ms_per_tiny_turn": round(cpu_tiny * 1e3, 2),
             "cpu_us_per_chunk_small": round(cpu_small * 1e6, 2),
             "cpu_us_per_chunk_big": round(cpu_big * 1e6, 2),
-            "cpu_ratio": round(cpu_big / cpu_small, 3),
+            # With few chunks and the tick-resolution fallback of cpu_seconds, the small
+            # turns' CPU can read as no more than the tiny ones': then no ratio.
+            "cpu_ratio": round(cpu_big / cpu_small, 3) if cpu_small > 0 else None,
             "note": "marginal cost: (time to last content chunk - that of a 5-chunk turn) / (chunks - 5), medians",
         },
     }
