@@ -213,7 +213,15 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     # SIGTERM drains (API.md §9): adapters.http.serving. The backlog: aiohttp's
     # default (128) overflows under a burst of connections and the kernel resets
     # them (bench thousands_sse).
-    serve(app, host=settings.host, port=settings.port, loop=loop, drain_seconds=settings.drain_seconds, backlog=4096)
+    serve(
+        app,
+        host=settings.host,
+        port=settings.port,
+        loop=loop,
+        drain_seconds=settings.drain_seconds,
+        backlog=4096,
+        reuse_port=settings.reuse_port,
+    )
     return 0
 
 

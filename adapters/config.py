@@ -79,6 +79,10 @@ class Settings(BaseSettings):
     max_body_bytes: int = 10 * 1024 * 1024
     host: str = "127.0.0.1"
     port: int = 8080
+    # SO_REUSEPORT: several `serve` processes on one host listen on the same
+    # port and the kernel spreads new connections across them (PostgreSQL only:
+    # they must share the log, its live wake-ups and cancels).
+    reuse_port: bool = False
     # Seconds a server tool / a client's direct tool may take before its result is an error.
     tool_timeout: float = 60.0
     direct_tool_timeout: float = 60.0
@@ -288,7 +292,10 @@ class Settings(BaseSettings):
         return asyncio.new_event_loop()
 
     def check_startable(self) -> None:
-        """Refuse an unauthenticated service on a non-loopback address (API.md §1)."""
+        """Refuse an unauthenticated service on a non-loopback address (API.md §1),
+        and settings that cannot work together."""
+        from sqlalchemy.engine import make_url
+
         if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_base_url):
             raise ValueError("TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL)")
         if self.receipt_key:
@@ -300,6 +307,12 @@ class Settings(BaseSettings):
 
             if importlib.util.find_spec("mcp") is None:
                 raise ValueError("TURNLOG_MCP_SERVERS needs the mcp package: pip install 'turnlog[mcp]'")
+        if self.reuse_port and make_url(self.database_url).get_backend_name() != "postgresql":
+            raise ValueError(
+                "TURNLOG_REUSE_PORT needs PostgreSQL (TURNLOG_DATABASE_URL=postgresql+asyncpg://...): the processes "
+                "sharing the port must share one log, and only PostgreSQL wakes one process's followers and routes "
+                "cancels for another's turns"
+            )
         if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
             raise ValueError(
                 f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "

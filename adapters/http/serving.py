@@ -55,11 +55,11 @@ async def drain(app: web.Application, seconds: float, hurry: asyncio.Event | Non
     return released
 
 
-async def _serve(app: web.Application, host: str, port: int, drain_seconds: float, backlog: int) -> None:
+async def _serve(app: web.Application, host: str, port: int, drain_seconds: float, backlog: int, reuse_port: bool) -> None:
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, backlog=backlog).start()
+        await web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None).start()
         loop = asyncio.get_running_loop()
         stop, hurry = asyncio.Event(), asyncio.Event()
 
@@ -74,11 +74,20 @@ async def _serve(app: web.Application, host: str, port: int, drain_seconds: floa
         await runner.cleanup()
 
 
-def serve(app: web.Application, *, host: str, port: int, loop: asyncio.AbstractEventLoop, drain_seconds: float, backlog: int = 128) -> None:
+def serve(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    loop: asyncio.AbstractEventLoop,
+    drain_seconds: float,
+    backlog: int = 128,
+    reuse_port: bool = False,
+) -> None:
     """Run ``app`` on ``loop`` until SIGTERM/SIGINT, then drain and stop."""
     asyncio.set_event_loop(loop)
     try:
-        loop.run_until_complete(_serve(app, host, port, drain_seconds, backlog))
+        loop.run_until_complete(_serve(app, host, port, drain_seconds, backlog, reuse_port))
     finally:
         try:
             tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
