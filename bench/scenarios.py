@@ -335,7 +335,7 @@ def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
             "cores_busy_during_run": spread(
                 [u * c["chunks"] / 1e6 / w for u, w in zip(us, c["turnlog_wall_s"])], digits=2
             ),
-            "source": "/proc/PID/task/*/schedstat (ns), utime+stime as fallback",
+            "source": "the process CPU-time clock (clock_gettime of clock_getcpuclockid(pid), ns, all threads), utime+stime as fallback",
         },
     }
 

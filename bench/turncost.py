@@ -84,7 +84,7 @@ def turn_cost(ctx: Ctx) -> dict[str, Any]:
             "store_start": store,
             "store_commit": commit,
             "note": "tiny unpaced turns through a fresh turnlog (SQLite) and the floor relay; process CPU "
-            "(utime+stime, /proc/PID/stat) over the phase / turns; added = turnlog - floor, same round; "
+            "(the process CPU-time clock, all threads) over the phase / turns; added = turnlog - floor, same round; "
             "store_commit: a tiny turn's 4 store calls one turn after another, process CPU per group commit",
         },
     }

@@ -1,11 +1,13 @@
 """The benchmark's readings (bench/procs.py): per-thread CPU against what a
-thread measures of itself; the histograms of a ``/metrics`` page against the
+thread measures of itself; a process's CPU, exited threads included, against
+what the process measures of itself; the histograms of a ``/metrics`` page against the
 observations the test made."""
 
 from __future__ import annotations
 
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -15,7 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
-from bench.procs import histograms, thread_cpu_seconds
+from bench.procs import cpu_seconds, histograms, thread_cpu_seconds
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 
@@ -54,6 +56,41 @@ def test_a_gone_process_reads_as_no_threads() -> None:
     with open("/proc/sys/kernel/pid_max") as f:
         beyond = int(f.read()) + 1
     assert thread_cpu_seconds(beyond) == {}
+
+
+CHILD = """
+import sys, threading, time
+
+def burn() -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < 0.137:
+        sum(range(1000))
+
+for _ in range(3):  # threads that burn CPU, then exit before the parent reads
+    t = threading.Thread(target=burn)
+    t.start()
+    t.join()
+print(repr(time.process_time()), flush=True)
+sys.stdin.readline()  # blocked (no CPU) while the parent reads
+"""
+
+
+def test_a_process_cpu_counts_exited_threads_to_the_microsecond() -> None:
+    """The guard compares CPU over short windows: a reading that misses
+    exited threads, or ticks in 10 ms steps, turns those ratios into noise."""
+    child = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdin is not None
+        own = float(child.stdout.readline())
+        read = cpu_seconds(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        assert child.wait(10) == 0
+    finally:
+        child.kill()
+    assert own > 3 * 0.137  # the exited threads' CPU is in the process's own figure
+    # Between its own reading and ours the child only prints and blocks.
+    assert own <= read < own + 0.002
 
 
 @pytest.fixture
