@@ -59,8 +59,14 @@ def unavailable_response(message: str, code: str, retry_after: int, headers: dic
 
 
 def draining_response() -> web.Response:
-    """This instance is shutting down: the client retries (another instance, or this one restarted)."""
-    return unavailable_response("this instance is shutting down; retry the request", "draining", DRAIN_RETRY_AFTER)
+    """This instance is shutting down: the client retries (another instance, or this one restarted).
+
+    The connection is closed after it (``Connection: close``): a client that
+    keeps its connections alive would otherwise send its retry down the same
+    one, to this instance again, where a new connection reaches another."""
+    response = unavailable_response("this instance is shutting down; retry the request", "draining", DRAIN_RETRY_AFTER)
+    response.force_close()
+    return response
 
 
 def not_found(what: str) -> ApiError:

@@ -8,6 +8,13 @@ open and every request that would start a turn is answered 503 with
 turns get ``drain_seconds`` to finish, and the supervisor then releases the
 rest so that another instance resumes them at once. A second signal cuts the
 wait short. Only then does the server stop.
+
+With ``TURNLOG_REUSE_PORT`` the other processes on the port are that other
+instance, and the kernel spreads new connections over every socket listening
+on it: this one stops listening when the drain begins, so that new
+connections go to them rather than to a 503 here. (Connections this process
+accepted stay open; their next request to start a turn gets the 503, which
+closes the connection.)
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ async def _serve(app: web.Application, host: str, port: int, drain_seconds: floa
     runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_SECONDS)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None).start()
+        site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None)
+        await site.start()
         loop = asyncio.get_running_loop()
         stop, hurry = asyncio.Event(), asyncio.Event()
 
@@ -69,6 +77,9 @@ async def _serve(app: web.Application, host: str, port: int, drain_seconds: floa
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, on_signal)
         await stop.wait()
+        if reuse_port:
+            await site.stop()
+            log.info("stopped listening: the other processes on port %d take the new connections", port)
         await drain(app, drain_seconds, hurry)
     finally:
         await runner.cleanup()
