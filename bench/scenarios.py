@@ -387,8 +387,8 @@ def linearity(ctx: Ctx) -> dict[str, Any]:
             "cpu_ms_per_tiny_turn": round(cpu_tiny * 1e3, 2),
             "cpu_us_per_chunk_small": round(cpu_small * 1e6, 2),
             "cpu_us_per_chunk_big": round(cpu_big * 1e6, 2),
-            # With few chunks and the tick-resolution fallback of cpu_seconds, the small
-            # turns' CPU can read as no more than the tiny ones': then no ratio.
+            # A quick run's small turns can cost no more CPU than its tiny ones
+            # (few chunks, and noise): then there is no ratio.
             "cpu_ratio": round(cpu_big / cpu_small, 3) if cpu_small > 0 else None,
             "note": "marginal cost: (time to last content chunk - that of a 5-chunk turn) / (chunks - 5), medians",
         },
