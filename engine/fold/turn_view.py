@@ -271,7 +271,9 @@ class TurnView:
         self.request = data["request"]
         params = self.request.get("params")
         tags = params.get("reasoning_tags") if isinstance(params, dict) else None
-        self.code_interpreter = legacy_code_interpreter(self.request)
+        # The assembly's decision replaces this guess; only logs written before
+        # it was recorded go by it, and in those "legacy" still meant native.
+        self.code_interpreter = legacy_code_interpreter(self.request, legacy_name=False)
         if tags is not None or self.code_interpreter:
             self._reasoning_tags = tags
             self.acc = self._new_accumulator()
