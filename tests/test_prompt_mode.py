@@ -262,3 +262,42 @@ async def test_reading_stops_at_the_closing_tag_and_the_block_runs(coder: tuple[
     if stream:
         assert "41" not in raw
         await check_stream_against_log(svc, turn_id, raw)
+
+
+PROMPT_FILTER = """
+class Filter:
+    def inlet(self, body: dict, __user__: dict | None = None) -> dict:
+        body["params"] = {**(body.get("params") or {}), "function_calling": "default"}
+        return body
+"""
+
+
+async def test_a_filter_that_turns_prompt_mode_on_never_selects_a_tool_that_asks(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, ledger: Path
+) -> None:
+    # The request is native (it passes the check at the start); the inlet
+    # filter makes it prompt-based, so only the assembly can hold the tool back.
+    filters = tmp_path / "filters"
+    filters.mkdir()
+    (filters / "prompt_mode.py").write_text(PROMPT_FILTER)
+    settings = make_settings(
+        tmp_path,
+        upstream.url,
+        database_url=database_url,
+        tools_dir=str(write_ledger(tmp_path / "tools")),
+        filters_dir=str(filters),
+        tools={"transfer": {"approval": "ask"}},
+    )
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(select("transfer", amount=700, to="landlord"), Reply(text="Not paid."))
+        status, data, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": PAY, "tool_ids": ["ledger"]})
+        assert status == 200, data
+        assert ran(ledger) == [], "never run unasked"
+        selection, _main = upstream.requests
+        offered = selection["messages"][0]["content"]
+        assert '"balance"' in offered and '"transfer"' not in offered, "not offered for selection"
+        step = next(e["data"]["detail"] for e in await svc.events(headers["X-Turn-Id"]) if e["data"].get("step") == "legacy_tools")
+        assert step["needs_approval"] == ["transfer"] and step["calls"] == []
+    finally:
+        await stop_service(svc)

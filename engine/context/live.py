@@ -61,6 +61,7 @@ from engine.ports import (
 from engine.protocols.history import REASONING_RESPONSES
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
+from engine.tools.approval import asks
 from engine.tools.builtin import wanted_builtins
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
 from engine.tools.legacy import build_selection_request, parse_selection, tool_source
@@ -279,7 +280,15 @@ class _LegacyTools:
         handles = _usable(draft, self._assembler._tools)
         if draft.mode != "default" or not handles or self._resolved is None:
             return None
-        return await self._assembler.legacy_tools(draft, self._resolved, handles)
+        # A tool whose calls wait for approval is never selected: nothing here
+        # can wait for a person (the request is refused before the turn starts
+        # when this is known then; an inlet filter or a tool server's function
+        # names can make it known only now).
+        approval = self._assembler._settings.approval_tools
+        asking = sorted(n for n, h in handles.items() if asks(draft.request, approval, n, h))
+        offered = {n: h for n, h in handles.items() if n not in asking}
+        detail = await self._assembler.legacy_tools(draft, self._resolved, offered) if offered else {"calls": []}
+        return {**detail, "needs_approval": asking} if asking else detail
 
 
 def _profile(resolved: ResolvedModel | None) -> ModelProfile:
