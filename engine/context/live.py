@@ -148,6 +148,7 @@ class LiveAssembler:
                 sources=draft.numbered,
                 rag=draft.rag,
                 code_interpreter=draft.code_interpreter,
+                code_cut=draft.code_interpreter,
             )
         )
 
