@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from adapters.config import load_settings
 from engine.fold.accumulator import Accumulator
 from tests.documents import upload, wait_file
 from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
@@ -67,6 +68,12 @@ async def test_legacy_is_open_webui_s_name_for_prompt_mode(prompt: Service) -> N
     assert "tools" not in selection and "tools" not in main, "prompt mode offers no native tools"
     assert selection["messages"][1]["content"] == "Query: 20 plus 22?"
     assert '<source id="1" name="weather/add">42</source>' in main["messages"][-1]["content"]
+
+
+def test_a_model_configured_legacy_is_prompt_based(tmp_path: Path) -> None:
+    config = tmp_path / "turnlog.toml"
+    config.write_text('[models."gpt-test"]\nfunction_calling = "legacy"\n')
+    assert load_settings(config).models["gpt-test"].function_calling == "default"
 
 
 async def test_an_unknown_function_calling_mode_is_a_400(prompt: Service) -> None:
