@@ -34,6 +34,12 @@ class ModelSettings(BaseModel):
     capabilities: dict[str, Any] = Field(default_factory=dict)
     knowledge: list[str] = Field(default_factory=list)
 
+    @field_validator("function_calling", mode="before")
+    @classmethod
+    def _legacy_is_prompt_mode(cls, value: Any) -> Any:
+        # Open WebUI 0.12's name for prompt-based function calling.
+        return "default" if value == "legacy" else value
+
 
 class ToolSettings(BaseModel):
     """``[tools.ID]`` (a tool id, or one function's name): how its calls run."""

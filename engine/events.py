@@ -111,6 +111,11 @@ class AssemblyCompleted(EventData):
     # None (left out) in logs written before it was recorded, whose fold then
     # goes by the request.
     code_interpreter: bool | None = Field(default=None, exclude_if=lambda v: v is None)
+    # With ``code_interpreter``: an answer ends at its first code block's
+    # ``</code_interpreter>`` (the block runs before the model goes on). Left
+    # out (false) in logs written before reading stopped there, which fold as
+    # they always did.
+    code_cut: bool = Field(default=False, exclude_if=lambda v: not v)
 
 
 class ModelRequested(EventData):

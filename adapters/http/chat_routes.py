@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -15,9 +16,12 @@ from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, un
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from adapters.http.stall import StallGuard
+from engine.context.assemble import requested_mode
 from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor
 from engine.run.follow import follow
+from engine.tools.approval import prompt_mode_refusal, unaskable
+from engine.tools.direct import direct_tool_specs
 
 KEEPALIVE = b": keep-alive\n\n"
 log = logging.getLogger("turnlog.http")
@@ -63,7 +67,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
     """Check what a turn request refers to, then start it (HTTP and WebSocket alike)."""
-    if await svc.catalog.resolve(body.model) is None:
+    resolved = await svc.catalog.resolve(body.model)
+    if resolved is None:
         hint = "GET /v1/models lists the models of the configured upstreams"
         if not svc.catalog.providers:
             hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL or TURNLOG_OLLAMA_BASE_URL, or run turnlog serve --demo)"
@@ -71,11 +76,30 @@ async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
     unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
+    request = body.recorded()
+    if (requested_mode(request) or resolved.function_calling) == "default":
+        refuse_approvals_in_prompt_mode(svc, request)
     if body.chat_id:
         chat = await svc.store.get_chat(body.chat_id)
         if chat is not None and chat.user_id != user:
             raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
-    return await svc.supervisor.start_turn(request=body.recorded(), user_id=user, model=body.model)
+    return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model)
+
+
+def refuse_approvals_in_prompt_mode(svc: Services, request: dict[str, Any]) -> None:
+    """400 when a prompt-based turn would offer a tool whose calls wait for
+    approval: prompt mode runs what the task model selects during assembly,
+    where no call can wait, and a call that asks is never run unasked."""
+    tool_ids = list(request.get("tool_ids") or [])
+    handles = svc.supervisor.tools.handles(tool_ids)
+    tools: list[tuple[str, str | None]] = [(name, h.spec.tool_id) for name, h in handles.items()]
+    tools += [(spec.name, spec.tool_id) for spec in direct_tool_specs(request.get("direct_tools"))]
+    # Tool servers list their functions only when the turn connects: judged by their id.
+    modules = {h.spec.tool_id for h in handles.values()}
+    tools += [("", t) for t in tool_ids if t not in modules]
+    asking = unaskable(request, svc.supervisor.settings.approval_tools, tools)
+    if asking:
+        raise ApiError(400, prompt_mode_refusal(asking), code="approval_unsupported", param="params.function_calling")
 
 
 async def stream_turn(

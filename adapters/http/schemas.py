@@ -11,6 +11,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from adapters.http.errors import ApiError, validation_message
+from engine.context.assemble import FUNCTION_CALLING
 
 ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 #: Text stored in a column of its own (names, memories, ids): no NUL character,
@@ -61,6 +62,10 @@ class ChatRequest(BaseModel):
         mode = (value or {}).get("tool_approval")
         if mode is not None and mode not in ("ask", "auto"):
             raise ValueError("params.tool_approval must be \"ask\" or \"auto\"")
+        calling = (value or {}).get("function_calling")
+        if calling is not None and calling not in FUNCTION_CALLING:
+            # A misspelt mode would otherwise silently fall back to native.
+            raise ValueError('params.function_calling must be "native", "default" or "legacy" (the same as "default": prompt-based)')
         return value
 
     def include_usage(self) -> bool:

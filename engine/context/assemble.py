@@ -103,11 +103,30 @@ Then stop and wait: the block is run and its output is given back to you before 
 Use it when running code helps answer precisely; print what you need to see."""
 
 
-def legacy_code_interpreter(request: dict[str, Any]) -> bool:
-    """Legacy (prompt-based) function calling with the code interpreter feature on."""
-    params = request.get("params") if isinstance(request.get("params"), dict) else {}
+#: ``params.function_calling`` values: ``"legacy"`` is Open WebUI 0.12's name
+#: for prompt-based function calling, which 0.8 called ``"default"``.
+FUNCTION_CALLING = ("native", "default", "legacy")
+
+
+def requested_mode(request: dict[str, Any]) -> Literal["native", "default"] | None:
+    """The function-calling mode the request's ``params`` choose (None: the
+    model's, else native); ``"legacy"`` is prompt mode, ``"default"``."""
+    params = request.get("params")
+    chosen = params.get("function_calling") if isinstance(params, dict) else None
+    if chosen in ("default", "legacy"):
+        return "default"
+    return "native" if chosen == "native" else None
+
+
+def legacy_code_interpreter(request: dict[str, Any], *, legacy_name: bool = True) -> bool:
+    """Legacy (prompt-based) function calling with the code interpreter feature
+    on. ``legacy_name=False``: ``"legacy"`` is not prompt mode (how logs
+    written before it was read fold)."""
     features = request.get("features") if isinstance(request.get("features"), dict) else {}
-    return bool(params and params.get("function_calling") == "default" and features and features.get("code_interpreter"))
+    params = request.get("params")
+    named = params.get("function_calling") if isinstance(params, dict) else None
+    prompt = requested_mode(request) == "default" if legacy_name else named == "default"
+    return bool(prompt and features and features.get("code_interpreter"))
 
 
 def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:

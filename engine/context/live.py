@@ -61,6 +61,7 @@ from engine.ports import (
 from engine.protocols.history import REASONING_RESPONSES
 from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
+from engine.tools.approval import asks
 from engine.tools.builtin import wanted_builtins
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
 from engine.tools.legacy import build_selection_request, parse_selection, tool_source
@@ -147,6 +148,7 @@ class LiveAssembler:
                 sources=draft.numbered,
                 rag=draft.rag,
                 code_interpreter=draft.code_interpreter,
+                code_cut=draft.code_interpreter,
             )
         )
 
@@ -193,34 +195,46 @@ class LiveAssembler:
 
     async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> dict[str, Any]:
         """Legacy (prompt-based) tools: the task model picks tools before the main
-        call, they run now, their results become context."""
+        call, they run now, their results become sources of the turn's context."""
         specs = [h.spec.openai_tool()["function"] for h in handles.values()]
         request = ModelRequest(messages=build_selection_request(specs, draft.messages), params={})
+        name, model = await self._selection_model(resolved, draft.turn.model)
+        if model is None:
+            return {"model": name, "error": f"task model {name!r} is not available", "calls": [], "sources": []}
         reply: list[str] = []
         try:
-            async for events in self._model_client.stream(resolved, request, _selection_ids()):
+            async for events in self._model_client.stream(model, request, _selection_ids()):
                 for event in events:
                     if isinstance(event, TextDelta):
                         reply.append(event.text)
         except UpstreamError as exc:
             # Tool selection is best effort: the answer goes on without tools.
-            return {"error": exc.message, "calls": [], "sources": []}
+            return {"model": name, "error": exc.message, "calls": [], "sources": []}
         calls = parse_selection("".join(reply), set(handles))
         sources: list[dict[str, Any]] = []
         ran: list[dict[str, Any]] = []
         turn = draft.turn
-        for index, (name, parameters) in enumerate(calls):
-            handle = handles[name]
+        for index, (tool, parameters) in enumerate(calls):
+            handle = handles[tool]
             args = filter_arguments(handle.spec, parameters)
             ctx = ToolContext(
                 user={"id": turn.user_id}, messages=list(draft.messages), files=[], metadata={"turn_id": turn.id}, emit=None, call_id=f"legacy_{index}"
             )
-            result, _error = await self._tool_runner.run(name, args, handle, ctx, handle.spec.timeout or self._settings.tool_timeout)
-            ran.append({"name": name, "arguments": args, "output": result.text, "status": result.status})
+            result, _error = await self._tool_runner.run(tool, args, handle, ctx, handle.spec.timeout or self._settings.tool_timeout)
+            ran.append({"name": tool, "arguments": args, "output": result.text, "status": result.status})
             if result.text:
-                sources.append(tool_source(handle.spec.tool_id, name, args, result.text))
-        draft.messages = with_tool_context(draft.messages, sources)
-        return {"reply": "".join(reply), "calls": ran, "sources": sources}
+                sources.append(tool_source(handle.spec.tool_id, tool, args, result.text))
+        # Tool results first, then the other sources (Open WebUI's order): the
+        # source-context step numbers them all together, once per turn.
+        draft.sources[:0] = sources
+        return {"model": name, "reply": "".join(reply), "calls": ran, "sources": sources}
+
+    async def _selection_model(self, resolved: ResolvedModel, turn_model: str) -> tuple[str, ResolvedModel | None]:
+        """The task model (``TURNLOG_TASK_MODEL``, else the turn's own) picks the tools, as in Open WebUI."""
+        name = self._settings.task_model
+        if not name or name == turn_model:
+            return turn_model, resolved
+        return name, await self._models.resolve(name)
 
 
 def _usable(draft: Draft, handles: Mapping[str, ToolHandle]) -> dict[str, ToolHandle]:
@@ -267,7 +281,15 @@ class _LegacyTools:
         handles = _usable(draft, self._assembler._tools)
         if draft.mode != "default" or not handles or self._resolved is None:
             return None
-        return await self._assembler.legacy_tools(draft, self._resolved, handles)
+        # A tool whose calls wait for approval is never selected: nothing here
+        # can wait for a person (the request is refused before the turn starts
+        # when this is known then; an inlet filter or a tool server's function
+        # names can make it known only now).
+        approval = self._assembler._settings.approval_tools
+        asking = sorted(n for n, h in handles.items() if asks(draft.request, approval, n, h))
+        offered = {n: h for n, h in handles.items() if n not in asking}
+        detail = await self._assembler.legacy_tools(draft, self._resolved, offered) if offered else {"calls": []}
+        return {**detail, "needs_approval": asking} if asking else detail
 
 
 def _profile(resolved: ResolvedModel | None) -> ModelProfile:
@@ -286,17 +308,3 @@ def _selection_ids() -> Callable[[str], str]:
     """Ids for calls in a selection reply (never recorded: the reply is read as text)."""
     counter = itertools.count(1)
     return lambda prefix: f"{prefix}_selection_{next(counter)}"
-
-
-def with_tool_context(messages: list[dict[str, Any]], sources: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Prepend the tool results, as numbered sources, to the last user message."""
-    if not sources:
-        return messages
-    blocks = "\n".join(f'<source id="{i}" name="{s["source"]["name"]}">{s["document"][0]}</source>' for i, s in enumerate(sources, 1))
-    context = f"Use these tool results to answer; cite them as [id].\n<context>\n{blocks}\n</context>\n\n"
-    out = list(messages)
-    for i in range(len(out) - 1, -1, -1):
-        if out[i].get("role") == "user" and isinstance(out[i].get("content"), str):
-            out[i] = {**out[i], "content": context + out[i]["content"]}
-            break
-    return out

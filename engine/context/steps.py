@@ -12,7 +12,8 @@ model again. A step with nothing to do returns None and records nothing.
 The native/legacy gate: with ``function_calling: "native"`` (the default) the
 features are the model's own tools (not pre-injected here), and a model's
 attached knowledge is listed in the system message for its knowledge tools;
-with ``"default"`` (prompt-based, Open WebUI's "legacy") they are injected
+with ``"default"`` (prompt-based; ``"legacy"``, Open WebUI 0.12's name, is
+the same) they are injected
 into the context before the model runs. Files a request names are retrieved
 in both modes unless the model's ``file_context`` capability is off.
 """
@@ -29,6 +30,7 @@ from engine.context.assemble import (
     CODE_INTERPRETER_PROMPT,
     ModelProfile,
     reconcile_messages,
+    requested_mode,
     upstream_params,
     with_system_prompt,
 )
@@ -93,13 +95,7 @@ class Draft:
 
     @property
     def mode(self) -> Literal["native", "default"]:
-        params = self.request.get("params")
-        chosen = params.get("function_calling") if isinstance(params, dict) else None
-        if chosen == "default":
-            return "default"
-        if chosen == "native":
-            return "native"
-        return self.profile.function_calling or "native"
+        return requested_mode(self.request) or self.profile.function_calling or "native"
 
     def feature(self, name: str) -> bool:
         features = self.request.get("features")

@@ -505,7 +505,11 @@ class Accumulator:
     With ``code_interpreter=True`` (legacy function calling with the code
     interpreter feature on, §6.2) ``<code_interpreter ...>`` blocks become
     ``code_interpreter`` items; :attr:`pending_code` is a finished block the
-    engine should run and :meth:`set_code_output` stores its result.
+    engine should run and :meth:`set_code_output` stores its result. With
+    ``stop_after_code=True`` as well, the input ends at the first block's
+    ``</code_interpreter>`` (Open WebUI stops reading the stream there): what
+    follows it is dropped, from :attr:`content` too, and :attr:`code_closed`
+    says so. A block with no code is dropped and the input goes on.
 
     Cost: each chunk costs time proportional to its own length plus a bounded
     look-back for split tags; item texts are kept as chunk lists and joined
@@ -518,8 +522,11 @@ class Accumulator:
         id_factory: Callable[[str], str],
         reasoning_tags: bool | list[str] | None = None,
         code_interpreter: bool = False,
+        stop_after_code: bool = False,
     ) -> None:
         self._id_factory = id_factory
+        self._stop_after_code = code_interpreter and stop_after_code
+        self.code_closed = False  # a code block ended the input (stop_after_code)
         self._full_scanner, self._after_native_scanner = _scanners(_reasoning_pairs(reasoning_tags), code_interpreter)
         self._scanner = self._full_scanner
 
@@ -548,7 +555,7 @@ class Accumulator:
         """Fold one raw ``delta.content`` chunk; return what to show for it."""
         if self._state != "open":
             self._check_open()
-        if not text:
+        if not text or self.code_closed:
             return []
         self._raw.append(text)
         if self._native_open:
@@ -594,6 +601,7 @@ class Accumulator:
         buf = self._msg_buf
         if (
             buf is None
+            or self.code_closed
             or self._state != "open"
             or self._native_open
             or self._pending
@@ -618,7 +626,7 @@ class Accumulator:
         content are literal text.
         """
         self._check_open()
-        if not text:
+        if not text or self.code_closed:
             return []
         item = self._native
         if item is None:
@@ -844,6 +852,9 @@ class Accumulator:
                     self._emit_block(s[:at], out)
                 self._close_block()
                 s = s[at + len(end) :]
+                if self.code_closed:
+                    self._cut(s)
+                    return
                 continue
             cut = _end_holdback(s, end)
             if cut:
@@ -870,8 +881,19 @@ class Accumulator:
         self._block = None
         if block.item is not None:  # its text is already stripped
             block.item["status"] = "completed"
+            if self._stop_after_code and block.spec.kind == "code_interpreter":
+                self.code_closed = True
         # §6.7: the text after the end tag is left-stripped.
         self._drop_lead_ws = True
+
+    def _cut(self, rest: str) -> None:
+        """The input ends at a code block's end tag: ``rest``, the text after
+        it in the last chunk, is dropped from the raw content too."""
+        if rest:
+            last = self._raw[-1]
+            # ``rest`` lies within the last chunk: the end tag is never held back whole.
+            self._raw[-1] = last[: len(last) - len(rest)] if last.endswith(rest) else last
+        self._drop_lead_ws = False
 
     def _close_native(self) -> None:
         if self._native is not None:

@@ -174,6 +174,7 @@ class TurnView:
         self._ids = ItemIds(turn_id)
         self._reasoning_tags: Any = None
         self.code_interpreter = False  # legacy <code_interpreter> blocks are parsed
+        self.code_cut = False  # ... and an answer ends at a block's closing tag
         self.acc = self._new_accumulator()
         # Output of closed rounds (and tool outputs) in order; the open round's
         # items live in ``acc`` and ``round_calls`` until model.completed.
@@ -198,7 +199,10 @@ class TurnView:
         # the cyclic GC could free (~60 objects per turn, each collection
         # walking them).
         return Accumulator(
-            id_factory=self._ids.next, reasoning_tags=self._reasoning_tags, code_interpreter=self.code_interpreter
+            id_factory=self._ids.next,
+            reasoning_tags=self._reasoning_tags,
+            code_interpreter=self.code_interpreter,
+            stop_after_code=self.code_cut,
         )
 
     # -- the fold --------------------------------------------------------------
@@ -271,17 +275,21 @@ class TurnView:
         self.request = data["request"]
         params = self.request.get("params")
         tags = params.get("reasoning_tags") if isinstance(params, dict) else None
-        self.code_interpreter = legacy_code_interpreter(self.request)
+        # The assembly's decision replaces this guess; only logs written before
+        # it was recorded go by it, and in those "legacy" still meant native.
+        self.code_interpreter = legacy_code_interpreter(self.request, legacy_name=False)
         if tags is not None or self.code_interpreter:
             self._reasoning_tags = tags
             self.acc = self._new_accumulator()
 
     def _on_assembled(self, data: dict[str, Any]) -> None:
         decided = data.get("code_interpreter")
-        if decided is not None and bool(decided) != self.code_interpreter:
+        code = self.code_interpreter if decided is None else bool(decided)
+        cut = bool(data.get("code_cut"))
+        if (code, cut) != (self.code_interpreter, self.code_cut):
             # The assembly decided (the model's mode, the filtered features, an
             # executor configured); nothing has streamed into the accumulator yet.
-            self.code_interpreter = bool(decided)
+            self.code_interpreter, self.code_cut = code, cut
             self.acc = self._new_accumulator()
         self.sources.extend(data.get("sources") or [])
         self.new_messages = data.get("new_messages", [])

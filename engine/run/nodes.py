@@ -17,7 +17,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
@@ -52,6 +53,7 @@ from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamErr
 from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
 from engine.protocols.model_events import (
     Finished,
+    ModelEvent,
     ProviderItem,
     ReasoningDelta,
     StreamFailed,
@@ -171,9 +173,11 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     usage: dict[str, Any] | None = None
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
+    cut = ctx.view.code_interpreter and ctx.view.code_cut
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
-    async for events in ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None):
+    reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
+    async for events in _until_code_closed(ctx, reads) if cut else reads:
         # A read's consecutive chunks of one kind go out as one live message
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []
@@ -252,6 +256,37 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     _upstream_failed(ctx, "upstream_truncated")
     await ctx.fail("the model stream ended without finishing", "upstream_truncated")
     return False
+
+
+#: Events of a response that carry its answer (dropped after a code block's end).
+_ANSWER_EVENTS = (TextDelta, ReasoningDelta, ToolCall, ProviderItem)
+
+
+async def _until_code_closed(ctx: TurnContext, reads: AsyncGenerator[list[ModelEvent], None]) -> AsyncGenerator[list[ModelEvent], None]:
+    """Legacy code interpreter: the answer ends at its code block's
+    ``</code_interpreter>``, as Open WebUI stops reading there, so the block
+    runs before the model goes on (one that kept writing never had its code
+    run). The rest of the response is still read, for its finish and usage
+    report only (the stream ends cleanly, the usage is not lost); what it held
+    is dropped, and a warning says how much.
+
+    One event per read: the accumulator has folded each chunk before the next
+    is looked at, so the chunk that closes the block is the last one taken.
+    """
+    dropped = 0
+    async with aclosing(reads):
+        async for events in reads:
+            for event in events:
+                if ctx.view.acc.code_closed and isinstance(event, _ANSWER_EVENTS):
+                    dropped += len(event.text) if isinstance(event, TextDelta | ReasoningDelta) else 1
+                    continue
+                if isinstance(event, Finished) and dropped:
+                    message = (
+                        f"the model went on after </code_interpreter> ({dropped} characters or items); "
+                        "that was dropped: the block runs first, and the model continues from its output"
+                    )
+                    yield [StreamWarning(message=message)]
+                yield [event]
 
 
 class _StreamFilters:

@@ -9,6 +9,7 @@ names). The question and the answer are both events (``tool.approval_requested``
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from engine.tools.calls import ToolHandle
@@ -32,7 +33,30 @@ def asks(request: dict[str, Any], approval_tools: frozenset[str], name: str, han
         return True
     if handle is None:
         return False
-    return name in approval_tools or bool(handle.spec.tool_id and handle.spec.tool_id in approval_tools)
+    return _configured(approval_tools, name, handle.spec.tool_id)
+
+
+def _configured(approval_tools: frozenset[str], name: str, tool_id: str | None) -> bool:
+    return bool(name and name in approval_tools) or bool(tool_id and tool_id in approval_tools)
+
+
+def unaskable(request: dict[str, Any], approval_tools: frozenset[str], tools: Iterable[tuple[str, str | None]]) -> list[str]:
+    """Of a prompt-based turn's ``tools`` (``(function name, tool id)``; a tool
+    server whose functions are not listed yet: ``("", its id)``), the names
+    whose calls would wait for a decision. Prompt mode runs the tools it
+    selects during assembly, where no call can wait, so these must not run."""
+    ask_all = request_mode(request) == ASK
+    return sorted({name or tool_id or "" for name, tool_id in tools if ask_all or _configured(approval_tools, name, tool_id)})
+
+
+def prompt_mode_refusal(names: Iterable[str]) -> str:
+    """Why a prompt-based turn cannot offer tools that ask for approval."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    return (
+        f"tool approval is not available with prompt-based function calling (params.function_calling "
+        f'"default" or "legacy"): calls of {listed} wait for a person\'s approval, but prompt mode runs the tools '
+        f'it selects before the answer, with nobody to ask. Use function_calling "native", or leave these tools out.'
+    )
 
 
 def rejected_output(name: str, reason: str | None) -> str:
