@@ -371,3 +371,66 @@ async def test_calls_finishing_out_of_call_order_replay_and_verify(agent: Servic
     second = agent.upstream.requests[1]["messages"]
     assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["c_second", "c_first"]
     assert await verify_all_turns(agent, tmp_path / "verify") == 1
+
+
+async def test_provider_call_ids_repeated_every_round_get_turn_unique_ids(agent: Service) -> None:
+    # A provider that numbers its calls per response (call_0 every round).
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "call_0")),
+        tool_reply(call("add", {"a": 3, "b": 4}, "call_0")),
+        Reply(text="3 then 7"),
+    )
+    turn_id, body = await run(agent)
+    assert body["choices"][0]["message"]["content"] == "3 then 7"
+    # The last request carries both rounds, each call answered by its own result.
+    sent = agent.upstream.requests[2]["messages"]
+    pairs = [(c["id"], m["content"]) for i, m in enumerate(sent) if m.get("tool_calls") for c in m["tool_calls"] for m in [sent[i + 1]]]
+    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
+    assert len(pairs) == 2 and pairs[0][0] == "call_0" and pairs[1][0] != "call_0"
+    assert results == {pairs[0][0]: "3", pairs[1][0]: "7"}
+    view = await check_replay(agent, turn_id, body=body)
+    calls = [i for i in view["output"] if i["type"] == "function_call"]
+    outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
+    assert [c["call_id"] for c in calls] == [pairs[0][0], pairs[1][0]]
+    assert calls[1]["provider_call_id"] == "call_0"
+    assert outputs == [(pairs[0][0], "3"), (pairs[1][0], "7")]
+
+
+async def test_a_log_with_one_call_id_in_two_rounds_still_replays(agent: Service, tmp_path: Path) -> None:
+    """A log written before call ids were made turn-unique (call_0 in both
+    rounds) still verifies, and the next turn's history keeps both rounds."""
+    from adapters.cli import scratch_store
+    from engine.events import Event
+    from engine.fold.chat import answer_of
+    from engine.fold.turn_view import fold
+    from engine.run.verify import verify_turn
+
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "call_0")),
+        tool_reply(call("add", {"a": 3, "b": 4}, "call_0")),
+        Reply(text="3 then 7"),
+    )
+    turn_id, _ = await run(agent)
+    events = await agent.services.store.read(turn_id)
+    new_id = next(e.data["item"]["call_id"] for e in events if e.type == "model.item" and e.data["item"].get("provider_call_id"))
+    # What the same turn logged before: the provider's id in both rounds.
+    old = []
+    for e in events:
+        data = json.loads(json.dumps(e.data).replace(new_id, "call_0"))
+        if e.type == "model.item":
+            data["item"].pop("provider_call_id", None)
+        old.append(Event(turn_id=e.turn_id, seq=e.seq, type=e.type, at=e.at, data=data))
+    assert [e.data["item"]["call_id"] for e in old if e.type == "model.item"] == ["call_0", "call_0"]
+    (tmp_path / "scratch").mkdir()
+    scratch = await scratch_store(str(tmp_path / "scratch"))
+    try:
+        result = await verify_turn(old, scratch)
+    finally:
+        await scratch.close()
+    assert result.ok, "\n".join(result.diff)
+    answer = answer_of(fold(turn_id, old))
+    assert answer is not None
+    rounds = [(m["tool_calls"][0]["id"], json.loads(m["tool_calls"][0]["function"]["arguments"])) for m in answer.messages if m.get("tool_calls")]
+    results = [(m["tool_call_id"], m["content"]) for m in answer.messages if m["role"] == "tool"]
+    assert rounds == [("call_0", {"a": 1, "b": 2}), ("call_0_2", {"a": 3, "b": 4})]
+    assert results == [("call_0", "3"), ("call_0_2", "7")]

@@ -81,6 +81,20 @@ async def test_responses_stateful_sends_previous_response_id_and_only_new_items(
     assert third["input"] == [{"type": "function_call_output", "call_id": "call_2", "output": "9"}]
 
 
+async def test_responses_stateful_repeated_provider_call_id_answers_under_the_providers_id(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(calls(("add", {"a": 2, "b": 3}, "call_1")), calls(("add", {"a": 4, "b": 5}, "call_1")), Reply(text="5 and 9."))
+    status, body, headers = await responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    view = await replay_equals_live(responses, headers["X-Turn-Id"], body)
+    first, second = [i for i in view["output"] if i["type"] == "function_call"]
+    assert first["call_id"] == "call_1" and second["call_id"] != "call_1" and second["provider_call_id"] == "call_1"
+    outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
+    assert outputs == [("call_1", "5"), (second["call_id"], "9")]
+    # the stored response upstream knows its call as call_1
+    assert up.requests[2]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "9"}]
+
+
 async def test_responses_expired_anchor_falls_back_to_the_full_transcript(responses: Service) -> None:
     up = responses.upstream
 

@@ -136,7 +136,13 @@ class ChatToolCalls:
         again returns the same list (no new ids are drawn)."""
         if self._result is None:
             calls = [
-                ToolCall(call_id=c.call_id, name=c.name, arguments="".join(c.arguments), item_id=c.call_id)
+                ToolCall(
+                    call_id=c.call_id,
+                    name=c.name,
+                    arguments="".join(c.arguments),
+                    item_id=c.call_id,
+                    provider_id=self._ids.replaced(c.provider_id, c.call_id),
+                )
                 for c in self._calls
             ]
             self._result = split_tool_calls(calls, self._id_factory)

@@ -192,7 +192,8 @@ class OllamaNormalizer:
                     continue
                 function = raw.get("function")
                 function = function if isinstance(function, dict) else {}
-                call_id = self._ids.take(nonempty_str(raw.get("id")))
+                provider_id = nonempty_str(raw.get("id"))
+                call_id = self._ids.take(provider_id)
                 name = function.get("name")
                 events.append(
                     ToolCall(
@@ -200,6 +201,7 @@ class OllamaNormalizer:
                         name=name if isinstance(name, str) else "",
                         arguments=arguments_text(function.get("arguments")),
                         item_id=call_id,
+                        provider_id=self._ids.replaced(provider_id, call_id),
                     )
                 )
                 self._tool_calls += 1

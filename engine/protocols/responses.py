@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -353,10 +353,12 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
     stores under ``previous_response_id``), in output order, one per call. An
     output is sent only when its call is a ``function_call`` of the same round
     (the provider's response knows nothing else); the ``instructions`` are the
-    caller's to set.
+    caller's to set. A call whose id turnlog replaced answers under the
+    provider's (``provider_call_id``).
     """
+    # The provider knows its own call id, where turnlog replaced it.
     calls = {
-        item.get("call_id")
+        item["call_id"]: item.get("provider_call_id") or item["call_id"]
         for item in round_output
         if isinstance(item, Mapping) and item.get("type") == "function_call" and item.get("call_id")
     }
@@ -370,7 +372,7 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
             continue
         seen.add(call_id)
         output = item.get("output")
-        items.append({"type": "function_call_output", "call_id": call_id, "output": tool_output_value(output)})
+        items.append({"type": "function_call_output", "call_id": calls[call_id], "output": tool_output_value(output)})
     return items
 
 
@@ -441,6 +443,7 @@ class _ResponsesCall:
     item_id: str | None
     output_index: int | None
     call_id: str | None = None
+    provider_call_id: str | None = None
     name: str = ""
     deltas: list[str] = field(default_factory=list)
     final_arguments: str | None = None
@@ -502,8 +505,9 @@ class ResponsesNormalizer:
     (the provider's dict as sent); no ``UsageReport`` is emitted.
     """
 
-    def __init__(self, id_factory: IdFactory) -> None:
-        self._ids = CallIds(id_factory)
+    def __init__(self, id_factory: IdFactory, *, reserved_ids: Iterable[str] = ()) -> None:
+        self._id_factory = id_factory
+        self._ids = CallIds(id_factory, reserved_ids)
         self.response_id: str | None = None
         self._started = False
         self._calls: list[_ResponsesCall] = []
@@ -611,7 +615,7 @@ class ResponsesNormalizer:
             return []
         call = self._call_for(event, item)
         if call.call_id is None:
-            call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+            call.call_id = self._take_id(call, item)
         name = nonempty_str(item.get("name"))
         if name and not call.name:
             call.name = name
@@ -771,7 +775,7 @@ class ResponsesNormalizer:
             if item.get("arguments") is not None:
                 call.final_arguments = arguments_text(item.get("arguments"))
             if call.call_id is None:
-                call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+                call.call_id = self._take_id(call, item)
             if call.item_id is None:
                 call.item_id = nonempty_str(item.get("id"))
         if call.call_id is None:
@@ -783,7 +787,12 @@ class ResponsesNormalizer:
             name=call.name,
             arguments=call.arguments,
             item_id=call.item_id or call.call_id,
+            provider_id=self._ids.replaced(call.provider_call_id, call.call_id),
         )
+
+    def _take_id(self, call: _ResponsesCall, item: Mapping[str, Any]) -> str:
+        call.provider_call_id = nonempty_str(item.get("call_id"))
+        return self._ids.take(call.provider_call_id)
 
     def _flush_pending(self) -> list[ToolCall]:
         events: list[ToolCall] = []

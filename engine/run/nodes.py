@@ -218,6 +218,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                     "arguments": event.arguments,
                     "status": "completed",
                 }
+                if event.provider_id:
+                    item["provider_call_id"] = event.provider_id
                 await ctx.record(ModelItem(item=item))
             elif isinstance(event, ProviderItem):
                 # An image the model made (a base64 item) goes to the blob store:
