@@ -434,3 +434,21 @@ async def test_a_log_with_one_call_id_in_two_rounds_still_replays(agent: Service
     results = [(m["tool_call_id"], m["content"]) for m in answer.messages if m["role"] == "tool"]
     assert rounds == [("call_0", {"a": 1, "b": 2}), ("call_0_2", {"a": 3, "b": 4})]
     assert results == [("call_0", "3"), ("call_0_2", "7")]
+
+
+async def test_a_call_without_a_name_is_dropped_with_a_recorded_warning(agent: Service) -> None:
+    # A stray fragment at its own index that never names a function.
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "c_add"), call("", '{"a": 5}', "c_stray")),
+        Reply(text="3"),
+    )
+    turn_id, body = await run(agent)
+    # The next request is one a strict upstream takes (it rejects an empty function name).
+    assert body["choices"][0]["message"]["content"] == "3"
+    sent = agent.upstream.requests[1]["messages"]
+    assert [c["id"] for m in sent if m.get("tool_calls") for c in m["tool_calls"]] == ["c_add"]
+    view = await check_replay(agent, turn_id, body=body)
+    assert [i["call_id"] for i in view["output"] if i["type"] == "function_call"] == ["c_add"]
+    warnings = [e["data"] for e in await agent.events(turn_id) if e["type"] == "model.warning"]
+    assert len(warnings) == 1 and "without a function name" in warnings[0]["message"] and "c_stray" in warnings[0]["message"]
+    assert warnings[0]["raw"] == '{"a": 5}'

@@ -41,7 +41,7 @@ from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from engine.ports import ModelRequest
-from engine.protocols.model_events import ModelEvent, ToolCall
+from engine.protocols.model_events import ModelEvent, StreamWarning, ToolCall
 
 __all__ = [
     "CALL_ID_PREFIX",
@@ -52,6 +52,7 @@ __all__ = [
     "Message",
     "Normalizer",
     "arguments_text",
+    "named_calls",
     "error_message",
     "image_url",
     "int_index",
@@ -178,6 +179,28 @@ def call_ids_of(messages: Iterable[Mapping[str, Any]]) -> set[str]:
         if isinstance(answered, str):
             ids.add(answered)
     return ids
+
+
+def named_calls(calls: Iterable[ToolCall]) -> tuple[list[ToolCall], list[StreamWarning]]:
+    """The calls that name a function, and a warning for each one that does not.
+
+    A call without a name (a stray fragment) cannot run, and sent back in the
+    next request's history a strict upstream rejects the whole request
+    (an empty ``function.name``): it is dropped, and the warning is recorded.
+    """
+    kept: list[ToolCall] = []
+    warnings: list[StreamWarning] = []
+    for call in calls:
+        if call.name.strip():
+            kept.append(call)
+        else:
+            warnings.append(
+                StreamWarning(
+                    f"the model sent a tool call without a function name (id {call.call_id}); it was dropped",
+                    raw=call.arguments[:500] or None,
+                )
+            )
+    return kept, warnings
 
 
 # --------------------------------------------------------------------------

@@ -53,8 +53,10 @@ from engine.protocols.common import (
     int_index,
     is_image_part,
     is_text_part,
+    named_calls,
     nonempty_str,
     object_string,
+    split_tool_calls,
 )
 from engine.protocols.model_events import (
     Finished,
@@ -636,8 +638,7 @@ class ResponsesNormalizer:
         if item.get("type") != "function_call":
             return []
         call = self._call_for(event, item)
-        emitted = self._emit(call, item)
-        return [emitted] if emitted is not None else []
+        return self._emit(call, item)
 
     def _provider_item(self, item: dict[str, Any], output_index: int | None) -> list[ModelEvent]:
         """A reasoning item, once: an item with the id, or at the output index,
@@ -698,9 +699,7 @@ class ResponsesNormalizer:
         for position, item in enumerate(final if isinstance(final, list) else []):
             if isinstance(item, dict) and item.get("type") == "function_call":
                 call = self._call_for({"output_index": position}, item)
-                emitted = self._emit(call, item)
-                if emitted is not None:
-                    events.append(emitted)
+                events.extend(self._emit(call, item))
         events.extend(self._flush_pending())
         events.append(
             Finished(
@@ -765,9 +764,11 @@ class ResponsesNormalizer:
         self._calls.append(call)
         return call
 
-    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> ToolCall | None:
+    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> list[ModelEvent]:
+        """The call, once: split when its arguments are glued JSON values
+        (§7.1, as on Chat Completions), or a warning when it has no name."""
         if call.emitted:
-            return None
+            return []
         if item is not None:
             name = nonempty_str(item.get("name"))
             if name:
@@ -781,25 +782,25 @@ class ResponsesNormalizer:
         if call.call_id is None:
             call.call_id = self._ids.fresh()
         call.emitted = True
-        self._tool_calls_emitted += 1
-        return ToolCall(
+        whole = ToolCall(
             call_id=call.call_id,
             name=call.name,
             arguments=call.arguments,
             item_id=call.item_id or call.call_id,
             provider_id=self._ids.replaced(call.provider_call_id, call.call_id),
         )
+        calls, warnings = named_calls(split_tool_calls([whole], self._id_factory))
+        self._tool_calls_emitted += len(calls)
+        return [*calls, *warnings]
 
     def _take_id(self, call: _ResponsesCall, item: Mapping[str, Any]) -> str:
         call.provider_call_id = nonempty_str(item.get("call_id"))
         return self._ids.take(call.provider_call_id)
 
-    def _flush_pending(self) -> list[ToolCall]:
-        events: list[ToolCall] = []
+    def _flush_pending(self) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
         for call in self._calls:
-            emitted = self._emit(call, None)
-            if emitted is not None:
-                events.append(emitted)
+            events.extend(self._emit(call, None))
         return events
 
 
