@@ -452,3 +452,25 @@ async def test_a_call_without_a_name_is_dropped_with_a_recorded_warning(agent: S
     warnings = [e["data"] for e in await agent.events(turn_id) if e["type"] == "model.warning"]
     assert len(warnings) == 1 and "without a function name" in warnings[0]["message"] and "c_stray" in warnings[0]["message"]
     assert warnings[0]["raw"] == '{"a": 5}'
+
+
+async def test_prompt_based_tool_results_go_to_the_last_user_message_when_it_has_an_image(agent: Service) -> None:
+    pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": [{"type": "text", "text": "Add 20 and 22."}, {"type": "image_url", "image_url": {"url": pixel}}]},
+    ]
+    agent.upstream.enqueue(
+        Reply(text='{"tool_calls": [{"name": "add", "parameters": {"a": 20, "b": 22}}]}'),
+        Reply(text="42 [1]."),
+    )
+    _, body = await run(agent, messages=messages, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "42 [1]."
+    sent = agent.upstream.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"][0] == "Hello"  # the earlier message is left alone
+    last = sent[-1]
+    assert last["role"] == "user" and isinstance(last["content"], list)
+    texts = [p["text"] for p in last["content"] if p["type"] == "text"]
+    assert len(texts) == 1 and '<source id="1" name="weather/add">42</source>' in texts[0] and texts[0].endswith("Add 20 and 22.")
+    assert [p["image_url"]["url"] for p in last["content"] if p["type"] == "image_url"] == [pixel]

@@ -296,7 +296,22 @@ def with_tool_context(messages: list[dict[str, Any]], sources: list[dict[str, An
     context = f"Use these tool results to answer; cite them as [id].\n<context>\n{blocks}\n</context>\n\n"
     out = list(messages)
     for i in range(len(out) - 1, -1, -1):
-        if out[i].get("role") == "user" and isinstance(out[i].get("content"), str):
-            out[i] = {**out[i], "content": context + out[i]["content"]}
+        if out[i].get("role") == "user":
+            # Whatever its content: with parts (an image), in front of the
+            # first text part, as Open WebUI puts sources.
+            out[i] = {**out[i], "content": _prepend_text(out[i].get("content"), context)}
             break
     return out
+
+
+def _prepend_text(content: Any, text: str) -> Any:
+    """``text`` before a string content, or before the first text part of a
+    list content (a text part in front when it has none)."""
+    if not isinstance(content, list):
+        return text + (content if isinstance(content, str) else "")
+    parts = list(content)
+    for i, part in enumerate(parts):
+        if isinstance(part, dict) and part.get("type") == "text":
+            parts[i] = {**part, "text": text + str(part.get("text") or "")}
+            return parts
+    return [{"type": "text", "text": text.rstrip("\n")}, *parts]
