@@ -474,3 +474,37 @@ async def test_prompt_based_tool_results_go_to_the_last_user_message_when_it_has
     texts = [p["text"] for p in last["content"] if p["type"] == "text"]
     assert len(texts) == 1 and '<source id="1" name="weather/add">42</source>' in texts[0] and texts[0].endswith("Add 20 and 22.")
     assert [p["image_url"]["url"] for p in last["content"] if p["type"] == "image_url"] == [pixel]
+
+
+OUTLET_RECORDER = '''
+import json
+
+
+class Filter:
+    def outlet(self, body):
+        # The answer becomes what the filter was shown: every message's content.
+        body["messages"][-1]["content"] = json.dumps([[m["role"], m["content"]] for m in body["messages"]])
+        return body
+'''
+
+
+async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_once(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    filters = tmp_path / "filters"
+    filters.mkdir()
+    (filters / "recorder.py").write_text(OUTLET_RECORDER)
+    settings = make_settings(
+        tmp_path, upstream.url, tools_dir=str(write_tools(tmp_path / "tools")), filters_dir=str(filters), database_url=database_url
+    )
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "c1"), text="Let me add. "), Reply(text="It is 3."))
+        _, body = await run(svc, chat_id="rounds")
+        seen = json.loads(body["choices"][0]["message"]["content"])
+        assert seen == [["user", USER[0]["content"]], ["assistant", "Let me add. It is 3."]]
+        titles = [r["messages"][-1]["content"] for r in upstream.task_requests if "title" in r["messages"][-1]["content"].lower()]
+        assert titles and all(t.count("Let me add.") == 1 for t in titles)
+    finally:
+        await stop_service(svc)

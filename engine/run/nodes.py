@@ -700,11 +700,13 @@ def with_message_text(items: list[dict[str, Any]], text: str) -> list[dict[str, 
 
 
 def conversation(state: LoopState) -> list[dict[str, Any]]:
-    """The chat as its user sees it: user and assistant texts, without the system
-    message, tool traffic or the retrieved context."""
+    """The chat before this turn's answer, as its user sees it: user and
+    assistant texts, without the system message, tool traffic or the retrieved
+    context. This turn's rounds are left out: their text is in the answer
+    (``view.content``), which the callers add."""
     rag = state.rag
     out = []
-    for i, message in enumerate(state.messages):
+    for i, message in enumerate(state.messages[: state.assembled_count]):
         if rag is not None and rag.get("index") == i and rag.get("message") is not None:
             message = rag["message"]
         if message.get("role") in ("user", "assistant") and message.get("content"):
