@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -508,3 +509,29 @@ async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_onc
         assert titles and all(t.count("Let me add.") == 1 for t in titles)
     finally:
         await stop_service(svc)
+
+
+async def test_a_large_image_result_is_a_blob_in_the_log_and_inline_for_the_model(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("photo", {}, "ph1")), Reply(text="A photo."), Reply(text="Still a photo."))
+    turn_id, body = await run(agent, chat_id="photos")
+    # The model got the image itself.
+    sent = agent.upstream.requests[1]["messages"]
+    images = [p["image_url"]["url"] for p in sent[3]["content"] if p["type"] == "image_url"]
+    assert sent[3]["role"] == "user" and len(images) == 1
+    assert images[0].startswith("data:image/png;base64,") and len(images[0]) > 100_000
+    # The log and the clients have a reference to it.
+    completed = [e for e in await agent.events(turn_id) if e["type"] == "tool.completed"][0]
+    (url,) = completed["data"]["images"]
+    assert url.startswith("/v1/blobs/")
+    async with agent.http.get(agent.url + url) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"] == "image/png"
+        assert "data:image/png;base64," + base64.b64encode(await resp.read()).decode() == images[0]
+    assert all(len(json.dumps(e)) < 20_000 for e in await agent.events(turn_id)), "no base64 image inline in the log"
+    view = await check_replay(agent, turn_id, body=body)
+    assert [i["images"] for i in view["output"] if i["type"] == "function_call_output"] == [[url]]
+    # The chat's next turn shows the model the image again.
+    await agent.wait_status(turn_id, "completed")
+    status, _, _ = await agent.post("/v1/chat/completions", {"model": "gpt-test", "chat_id": "photos", "messages": [{"role": "user", "content": "And?"}]})
+    assert status == 200
+    again = [p["image_url"]["url"] for m in agent.upstream.requests[2]["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
+    assert again == images
