@@ -168,3 +168,15 @@ async def test_responses_call_without_a_name_is_dropped_with_a_recorded_warning(
         assert len(warnings) == 1 and "call_2" in warnings[0]
     finally:
         await stop_service(svc)
+
+
+async def test_responses_stateful_split_call_answers_the_providers_one_call(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(calls(("add", '{"a": 2, "b": 3}{"a": 4, "b": 5}', "call_1")), Reply(text="5 and 9."))
+    status, body, headers = await responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    view = await replay_equals_live(responses, headers["X-Turn-Id"], body)
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
+    # the stored response upstream has one call, call_1: it gets both results
+    assert up.requests[1]["previous_response_id"]
+    assert up.requests[1]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "5\n9"}]

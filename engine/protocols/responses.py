@@ -38,7 +38,7 @@ import copy
 import json
 import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from engine.ports import ModelRequest, ResolvedModel
@@ -356,7 +356,8 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
     output is sent only when its call is a ``function_call`` of the same round
     (the provider's response knows nothing else); the ``instructions`` are the
     caller's to set. A call whose id turnlog replaced answers under the
-    provider's (``provider_call_id``).
+    provider's (``provider_call_id``); the pieces of a split call (§7.1) share
+    it, and their results go back joined, as the one output of that call.
     """
     # The provider knows its own call id, where turnlog replaced it.
     calls = {
@@ -364,7 +365,7 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
         for item in round_output
         if isinstance(item, Mapping) and item.get("type") == "function_call" and item.get("call_id")
     }
-    items: list[Item] = []
+    items: dict[str, Item] = {}  # by the provider's call id
     seen: set[Any] = set()
     for item in round_output:
         if not isinstance(item, Mapping) or item.get("type") != "function_call_output":
@@ -373,9 +374,20 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
         if call_id not in calls or call_id in seen:
             continue
         seen.add(call_id)
-        output = item.get("output")
-        items.append({"type": "function_call_output", "call_id": calls[call_id], "output": tool_output_value(output)})
-    return items
+        output = tool_output_value(item.get("output"))
+        known = items.get(calls[call_id])
+        if known is None:
+            items[calls[call_id]] = {"type": "function_call_output", "call_id": calls[call_id], "output": output}
+        else:  # a piece of a split call: the provider's one call gets every piece's result
+            known["output"] = _joined_output(known["output"], output)
+    return list(items.values())
+
+
+def _joined_output(first: str | list[Item], second: str | list[Item]) -> str | list[Item]:
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n{second}"
+    parts = [{"type": "input_text", "text": first}] if isinstance(first, str) else list(first)
+    return parts + ([{"type": "input_text", "text": second}] if isinstance(second, str) else list(second))
 
 
 # --------------------------------------------------------------------------
@@ -790,6 +802,10 @@ class ResponsesNormalizer:
             provider_id=self._ids.replaced(call.provider_call_id, call.call_id),
         )
         calls, warnings = named_calls(split_tool_calls([whole], self._id_factory))
+        if len(calls) > 1 and call.provider_call_id:
+            # The provider knows one call: its pieces answer it together in a
+            # stateful continuation (``stateful_continuation_input``).
+            calls = [replace(piece, provider_id=call.provider_call_id) for piece in calls]
         self._tool_calls_emitted += len(calls)
         return [*calls, *warnings]
 
