@@ -385,16 +385,16 @@ async def test_provider_call_ids_repeated_every_round_get_turn_unique_ids(agent:
     assert body["choices"][0]["message"]["content"] == "3 then 7"
     # The last request carries both rounds, each call answered by its own result.
     sent = agent.upstream.requests[2]["messages"]
-    pairs = [(c["id"], m["content"]) for i, m in enumerate(sent) if m.get("tool_calls") for c in m["tool_calls"] for m in [sent[i + 1]]]
-    results = {m["tool_call_id"]: m["content"] for m in sent if m["role"] == "tool"}
-    assert len(pairs) == 2 and pairs[0][0] == "call_0" and pairs[1][0] != "call_0"
-    assert results == {pairs[0][0]: "3", pairs[1][0]: "7"}
+    ids = [c["id"] for m in sent if m.get("tool_calls") for c in m["tool_calls"]]
+    results = [(m["tool_call_id"], m["content"]) for m in sent if m["role"] == "tool"]
+    assert len(ids) == 2 and ids[0] == "call_0" and ids[1] != "call_0"
+    assert results == [(ids[0], "3"), (ids[1], "7")]
     view = await check_replay(agent, turn_id, body=body)
     calls = [i for i in view["output"] if i["type"] == "function_call"]
     outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
-    assert [c["call_id"] for c in calls] == [pairs[0][0], pairs[1][0]]
+    assert [c["call_id"] for c in calls] == ids
     assert calls[1]["provider_call_id"] == "call_0"
-    assert outputs == [(pairs[0][0], "3"), (pairs[1][0], "7")]
+    assert outputs == [(ids[0], "3"), (ids[1], "7")]
 
 
 async def test_a_log_with_one_call_id_in_two_rounds_still_replays(agent: Service, tmp_path: Path) -> None:
