@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import base64
 import json
 import time
 from collections.abc import AsyncIterator
@@ -371,3 +372,166 @@ async def test_calls_finishing_out_of_call_order_replay_and_verify(agent: Servic
     second = agent.upstream.requests[1]["messages"]
     assert [m.get("tool_call_id") for m in second if m["role"] == "tool"] == ["c_second", "c_first"]
     assert await verify_all_turns(agent, tmp_path / "verify") == 1
+
+
+async def test_provider_call_ids_repeated_every_round_get_turn_unique_ids(agent: Service) -> None:
+    # A provider that numbers its calls per response (call_0 every round).
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "call_0")),
+        tool_reply(call("add", {"a": 3, "b": 4}, "call_0")),
+        Reply(text="3 then 7"),
+    )
+    turn_id, body = await run(agent)
+    assert body["choices"][0]["message"]["content"] == "3 then 7"
+    # The last request carries both rounds, each call answered by its own result.
+    sent = agent.upstream.requests[2]["messages"]
+    ids = [c["id"] for m in sent if m.get("tool_calls") for c in m["tool_calls"]]
+    results = [(m["tool_call_id"], m["content"]) for m in sent if m["role"] == "tool"]
+    assert len(ids) == 2 and ids[0] == "call_0" and ids[1] != "call_0"
+    assert results == [(ids[0], "3"), (ids[1], "7")]
+    view = await check_replay(agent, turn_id, body=body)
+    calls = [i for i in view["output"] if i["type"] == "function_call"]
+    outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
+    assert [c["call_id"] for c in calls] == ids
+    assert calls[1]["provider_call_id"] == "call_0"
+    assert outputs == [(ids[0], "3"), (ids[1], "7")]
+
+
+async def test_a_log_with_one_call_id_in_two_rounds_still_replays(agent: Service, tmp_path: Path) -> None:
+    """A log written before call ids were made turn-unique (call_0 in both
+    rounds) still verifies, and the next turn's history keeps both rounds."""
+    from adapters.cli import scratch_store
+    from engine.events import Event
+    from engine.fold.chat import answer_of
+    from engine.fold.turn_view import fold
+    from engine.run.verify import verify_turn
+
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "call_0")),
+        tool_reply(call("add", {"a": 3, "b": 4}, "call_0")),
+        Reply(text="3 then 7"),
+    )
+    turn_id, _ = await run(agent)
+    events = await agent.services.store.read(turn_id)
+    new_id = next(e.data["item"]["call_id"] for e in events if e.type == "model.item" and e.data["item"].get("provider_call_id"))
+    # What the same turn logged before: the provider's id in both rounds.
+    old = []
+    for e in events:
+        data = json.loads(json.dumps(e.data).replace(new_id, "call_0"))
+        if e.type == "model.item":
+            data["item"].pop("provider_call_id", None)
+        old.append(Event(turn_id=e.turn_id, seq=e.seq, type=e.type, at=e.at, data=data))
+    assert [e.data["item"]["call_id"] for e in old if e.type == "model.item"] == ["call_0", "call_0"]
+    (tmp_path / "scratch").mkdir()
+    scratch = await scratch_store(str(tmp_path / "scratch"))
+    try:
+        result = await verify_turn(old, scratch)
+    finally:
+        await scratch.close()
+    assert result.ok, "\n".join(result.diff)
+    answer = answer_of(fold(turn_id, old))
+    assert answer is not None
+    rounds = [(m["tool_calls"][0]["id"], json.loads(m["tool_calls"][0]["function"]["arguments"])) for m in answer.messages if m.get("tool_calls")]
+    results = [(m["tool_call_id"], m["content"]) for m in answer.messages if m["role"] == "tool"]
+    assert rounds == [("call_0", {"a": 1, "b": 2}), ("call_0_2", {"a": 3, "b": 4})]
+    assert results == [("call_0", "3"), ("call_0_2", "7")]
+
+
+async def test_a_call_without_a_name_is_dropped_with_a_recorded_warning(agent: Service) -> None:
+    # A stray fragment at its own index that never names a function.
+    agent.upstream.enqueue(
+        tool_reply(call("add", {"a": 1, "b": 2}, "c_add"), call("", '{"a": 5}', "c_stray")),
+        Reply(text="3"),
+    )
+    turn_id, body = await run(agent)
+    # The next request is one a strict upstream takes (it rejects an empty function name).
+    assert body["choices"][0]["message"]["content"] == "3"
+    sent = agent.upstream.requests[1]["messages"]
+    assert [c["id"] for m in sent if m.get("tool_calls") for c in m["tool_calls"]] == ["c_add"]
+    view = await check_replay(agent, turn_id, body=body)
+    assert [i["call_id"] for i in view["output"] if i["type"] == "function_call"] == ["c_add"]
+    warnings = [e["data"] for e in await agent.events(turn_id) if e["type"] == "model.warning"]
+    assert len(warnings) == 1 and "without a function name" in warnings[0]["message"] and "c_stray" in warnings[0]["message"]
+    assert warnings[0]["raw"] == '{"a": 5}'
+
+
+async def test_prompt_based_tool_results_go_to_the_last_user_message_when_it_has_an_image(agent: Service) -> None:
+    pixel = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+    messages = [
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi."},
+        {"role": "user", "content": [{"type": "text", "text": "Add 20 and 22."}, {"type": "image_url", "image_url": {"url": pixel}}]},
+    ]
+    agent.upstream.enqueue(
+        Reply(text='{"tool_calls": [{"name": "add", "parameters": {"a": 20, "b": 22}}]}'),
+        Reply(text="42 [1]."),
+    )
+    _, body = await run(agent, messages=messages, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "42 [1]."
+    sent = agent.upstream.requests[-1]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"][0] == "Hello"  # the earlier message is left alone
+    last = sent[-1]
+    assert last["role"] == "user" and isinstance(last["content"], list)
+    texts = [p["text"] for p in last["content"] if p["type"] == "text"]
+    assert len(texts) == 1 and '<source id="1" name="weather/add">42</source>' in texts[0] and texts[0].endswith("Add 20 and 22.")
+    assert [p["image_url"]["url"] for p in last["content"] if p["type"] == "image_url"] == [pixel]
+
+
+OUTLET_RECORDER = '''
+import json
+
+
+class Filter:
+    def outlet(self, body):
+        # The answer becomes what the filter was shown: every message's content.
+        body["messages"][-1]["content"] = json.dumps([[m["role"], m["content"]] for m in body["messages"]])
+        return body
+'''
+
+
+async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_once(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    filters = tmp_path / "filters"
+    filters.mkdir()
+    (filters / "recorder.py").write_text(OUTLET_RECORDER)
+    settings = make_settings(
+        tmp_path, upstream.url, tools_dir=str(write_tools(tmp_path / "tools")), filters_dir=str(filters), database_url=database_url
+    )
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "c1"), text="Let me add. "), Reply(text="It is 3."))
+        _, body = await run(svc, chat_id="rounds")
+        seen = json.loads(body["choices"][0]["message"]["content"])
+        assert seen == [["user", USER[0]["content"]], ["assistant", "Let me add. It is 3."]]
+        titles = [r["messages"][-1]["content"] for r in upstream.task_requests if "title" in r["messages"][-1]["content"].lower()]
+        assert titles and all(t.count("Let me add.") == 1 for t in titles)
+    finally:
+        await stop_service(svc)
+
+
+async def test_a_large_image_result_is_a_blob_in_the_log_and_inline_for_the_model(agent: Service) -> None:
+    agent.upstream.enqueue(tool_reply(call("photo", {}, "ph1")), Reply(text="A photo."), Reply(text="Still a photo."))
+    turn_id, body = await run(agent, chat_id="photos")
+    # The model got the image itself.
+    sent = agent.upstream.requests[1]["messages"]
+    images = [p["image_url"]["url"] for p in sent[3]["content"] if p["type"] == "image_url"]
+    assert sent[3]["role"] == "user" and len(images) == 1
+    assert images[0].startswith("data:image/png;base64,") and len(images[0]) > 100_000
+    # The log and the clients have a reference to it.
+    completed = [e for e in await agent.events(turn_id) if e["type"] == "tool.completed"][0]
+    (url,) = completed["data"]["images"]
+    assert url.startswith("/v1/blobs/")
+    async with agent.http.get(agent.url + url) as resp:
+        assert resp.status == 200 and resp.headers["Content-Type"] == "image/png"
+        assert "data:image/png;base64," + base64.b64encode(await resp.read()).decode() == images[0]
+    assert all(len(json.dumps(e)) < 20_000 for e in await agent.events(turn_id)), "no base64 image inline in the log"
+    view = await check_replay(agent, turn_id, body=body)
+    assert [i["images"] for i in view["output"] if i["type"] == "function_call_output"] == [[url]]
+    # The chat's next turn shows the model the image again.
+    await agent.wait_status(turn_id, "completed")
+    status, _, _ = await agent.post("/v1/chat/completions", {"model": "gpt-test", "chat_id": "photos", "messages": [{"role": "user", "content": "And?"}]})
+    assert status == 200
+    again = [p["image_url"]["url"] for m in agent.upstream.requests[2]["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
+    assert again == images

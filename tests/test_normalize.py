@@ -58,8 +58,8 @@ def counter_ids() -> Callable[[str], str]:
     return make
 
 
-def call(call_id: str, name: str, arguments: str) -> ToolCall:
-    return ToolCall(call_id=call_id, name=name, arguments=arguments, item_id=call_id)
+def call(call_id: str, name: str, arguments: str, provider_id: str | None = None) -> ToolCall:
+    return ToolCall(call_id=call_id, name=name, arguments=arguments, item_id=call_id, provider_id=provider_id)
 
 
 def chunk(delta: dict[str, Any] | None = None, finish_reason: str | None = None, **top: Any) -> dict[str, Any]:
@@ -328,13 +328,13 @@ def test_parallel_calls_sharing_a_provider_id_get_distinct_ids() -> None:
             {"index": 1, "id": "call_0", "function": fn("b", "{}")},
         ],
     )
-    assert calls == [call("call_0", "a", "{}"), call("<call_1>", "b", "{}")]
+    assert calls == [call("call_0", "a", "{}"), call("<call_1>", "b", "{}", provider_id="call_0")]
 
 
 def test_reserved_ids_are_not_reused() -> None:
     """Providers that restart ids every round: an id used earlier in the turn is replaced."""
     calls, started = accumulate([{"index": 0, "id": "call_0", "function": fn("a", "{}")}], reserved_ids=["call_0"])
-    assert calls == [call("<call_1>", "a", "{}")]
+    assert calls == [call("<call_1>", "a", "{}", provider_id="call_0")]
     assert started == [ToolCallStarted("<call_1>", "a")]
 
 
@@ -350,8 +350,9 @@ def test_object_arguments_in_several_fragments_are_serialized_and_joined() -> No
 def test_malformed_fragments_do_not_crash() -> None:
     calls, _ = accumulate(["x", None, {"index": 0, "function": "nope"}, {"index": True, "id": 5}])
     # Both dict fragments are kept: one call at index 0, and the bool "index"
-    # counts as no index, so it continues the last call.
-    assert calls == [call("<call_1>", "", "")]
+    # counts as no index, so it continues the last call. It never got a name,
+    # so it is dropped (with a warning: test_a_call_without_a_name_*).
+    assert calls == []
 
 
 def test_q4_glued_call_is_replaced_by_its_pieces() -> None:
@@ -1037,7 +1038,7 @@ def test_ollama_provider_ids_are_used_when_new() -> None:
         },
         "done": True,
     }
-    assert tool_calls_of(run_ollama([line])) == [call("call_x", "a", "{}"), call("<call_1>", "b", "{}")]
+    assert tool_calls_of(run_ollama([line])) == [call("call_x", "a", "{}"), call("<call_1>", "b", "{}", provider_id="call_x")]
 
 
 def test_ollama_error() -> None:
@@ -1055,3 +1056,12 @@ def test_ollama_feed_after_finish_raises() -> None:
     normalizer.finish()
     with pytest.raises(RuntimeError):
         normalizer.feed({"done": True})
+
+
+def test_ollama_call_without_a_name_is_dropped_with_a_warning() -> None:
+    line = {"message": {"tool_calls": [{"function": {"name": "", "arguments": {"a": 1}}}]}, "done": True}
+    events = run_ollama([line])
+    assert tool_calls_of(events) == []
+    warnings = [e for e in events if isinstance(e, StreamWarning)]
+    assert len(warnings) == 1 and "without a function name" in warnings[0].message and warnings[0].raw == '{"a": 1}'
+    assert events[-1] == Finished(reason="stop", usage=None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from tests.upstream import Reply, ScriptedUpstream
 USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3, then 4 and 5."}]
 
 
-def calls(*pairs: tuple[str, dict, str]) -> Reply:
+def calls(*pairs: tuple[str, dict | str, str]) -> Reply:
     return Reply(tool_calls=[{"name": n, "arguments": a, "id": i} for n, a, i in pairs], finish_reason="tool_calls")
 
 
@@ -81,6 +82,20 @@ async def test_responses_stateful_sends_previous_response_id_and_only_new_items(
     assert third["input"] == [{"type": "function_call_output", "call_id": "call_2", "output": "9"}]
 
 
+async def test_responses_stateful_repeated_provider_call_id_answers_under_the_providers_id(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(calls(("add", {"a": 2, "b": 3}, "call_1")), calls(("add", {"a": 4, "b": 5}, "call_1")), Reply(text="5 and 9."))
+    status, body, headers = await responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    view = await replay_equals_live(responses, headers["X-Turn-Id"], body)
+    first, second = [i for i in view["output"] if i["type"] == "function_call"]
+    assert first["call_id"] == "call_1" and second["call_id"] != "call_1" and second["provider_call_id"] == "call_1"
+    outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
+    assert outputs == [("call_1", "5"), (second["call_id"], "9")]
+    # the stored response upstream knows its call as call_1
+    assert up.requests[2]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "9"}]
+
+
 async def test_responses_expired_anchor_falls_back_to_the_full_transcript(responses: Service) -> None:
     up = responses.upstream
 
@@ -125,3 +140,43 @@ async def test_ollama_tool_loop(ollama: Service) -> None:
     assert [m["content"] for m in second if m["role"] == "tool"] == ["5", "9"]
     view = await replay_equals_live(ollama, headers["X-Turn-Id"], body)
     assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
+
+
+async def test_responses_glued_json_arguments_become_separate_calls(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(calls(("add", '{"a": 2, "b": 3}{"a": 4, "b": 5}', "call_1")), Reply(text="5 and 9."))
+    status, body, headers = await responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    view = await replay_equals_live(responses, headers["X-Turn-Id"], body)
+    made = [i for i in view["output"] if i["type"] == "function_call"]
+    assert [json.loads(c["arguments"]) for c in made] == [{"a": 2, "b": 3}, {"a": 4, "b": 5}]
+    assert len({c["call_id"] for c in made}) == 2
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
+
+
+async def test_responses_call_without_a_name_is_dropped_with_a_recorded_warning(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
+    svc = await _service(tmp_path, upstream, monkeypatch, database_url, openai_api_mode="responses")
+    try:
+        upstream.enqueue(calls(("add", {"a": 2, "b": 3}, "call_1"), ("", {"a": 4}, "call_2")), Reply(text="5."))
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+        assert status == 200, body
+        view = await replay_equals_live(svc, headers["X-Turn-Id"], body)
+        assert [i["call_id"] for i in view["output"] if i["type"] == "function_call"] == ["call_1"]
+        sent = [i for i in upstream.requests[1]["input"] if i.get("type") == "function_call"]
+        assert [i["name"] for i in sent] == ["add"]
+        warnings = [e["data"]["message"] for e in await svc.events(headers["X-Turn-Id"]) if e["type"] == "model.warning"]
+        assert len(warnings) == 1 and "call_2" in warnings[0]
+    finally:
+        await stop_service(svc)
+
+
+async def test_responses_stateful_split_call_answers_the_providers_one_call(responses: Service) -> None:
+    up = responses.upstream
+    up.enqueue(calls(("add", '{"a": 2, "b": 3}{"a": 4, "b": 5}', "call_1")), Reply(text="5 and 9."))
+    status, body, headers = await responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    view = await replay_equals_live(responses, headers["X-Turn-Id"], body)
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
+    # the stored response upstream has one call, call_1: it gets both results
+    assert up.requests[1]["previous_response_id"]
+    assert up.requests[1]["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "5\n9"}]

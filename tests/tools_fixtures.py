@@ -71,6 +71,12 @@ class Tools:
         """A screenshot for the model to look at."""
         return "data:image/png;base64,iVBORw0KGgo="
 
+    def photo(self) -> str:
+        """A large photo for the model to look at."""
+        import base64
+
+        return "data:image/png;base64," + base64.b64encode(bytes([0x89]) + b"PNG" + bytes([13, 10, 26, 10]) + bytes(range(256)) * 400).decode()
+
     def search(self, q: str) -> dict:
         """Search something."""
         return {"query": q, "hits": 1}

@@ -80,7 +80,9 @@ response messages: call_x, call_y"), and a ``tool`` message must be one of those
 responses (else "Invalid parameter: messages with role 'tool' must be a response
 to a preceeding message with 'tool_calls'." -- OpenAI's spelling -- or, for an id
 the assistant message did not call, "Invalid parameter: 'tool_call_id' of 'X' not
-found in 'tool_calls' of previous message."). The body is ``{"error": {"message",
+found in 'tool_calls' of previous message."), and a tool call's ``function.name``
+must not be empty ("Invalid 'messages[1].tool_calls[0].function.name': empty
+string. …"). The body is ``{"error": {"message",
 "type": "invalid_request_error", "param": "messages.[i].role", "code": null}}``
 (the API names a message index there; which one it picks is not documented:
 here the assistant message's for missing responses, the tool message's
@@ -1307,6 +1309,14 @@ def _tool_bookkeeping(messages: Any) -> tuple[str, str] | None:
             break  # the responses stopped before every call was answered
         open_calls, open_at = [], None
         if role == "assistant" and message.get("tool_calls"):
+            for k, c in enumerate(message["tool_calls"]):
+                name = (c.get("function") or {}).get("name") if isinstance(c, dict) else None
+                if name == "":
+                    return (
+                        f"Invalid 'messages[{i}].tool_calls[{k}].function.name': empty string. Expected a string "
+                        "with minimum length 1, but got an empty string instead.",
+                        f"messages.[{i}].tool_calls.[{k}].function.name",
+                    )
             open_at = i
             open_calls = [str(c.get("id")) for c in message["tool_calls"] if isinstance(c, dict)]
     if open_calls:

@@ -7,7 +7,7 @@ from typing import Any
 from engine.context.history import Answer, Entry, History, expand
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import EventStore, TurnRecord
-from engine.protocols.history import convert_output_to_messages, for_model
+from engine.protocols.history import convert_output_to_messages, distinct_call_ids, for_model
 
 
 def assistant_message(view: TurnView) -> dict[str, Any] | None:
@@ -77,7 +77,7 @@ def answer_of(view: TurnView, reasoning_format: str | None = None) -> Answer | N
         {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
     ]
     messages = convert_output_to_messages(
-        for_model(list(view.output)) + placeholders, raw=True, flatten_tool_images=True, reasoning_format=reasoning_format
+        for_model(distinct_call_ids(list(view.output))) + placeholders, raw=True, flatten_tool_images=True, reasoning_format=reasoning_format
     )
     kept = [m for m in messages if not (m.get("role") == "tool" and m.get("tool_call_id") in client_ids)]
     return Answer.of(view.id, kept, view.content) if kept else None

@@ -47,6 +47,7 @@ from engine.protocols.common import (
     arguments_text,
     error_message,
     int_index,
+    named_calls,
     nonempty_str,
     outgoing_messages,
     split_tool_calls,
@@ -103,6 +104,7 @@ class ChatToolCalls:
         self._calls: list[_ChatCall] = []
         self._by_index: dict[int, _ChatCall] = {}
         self._result: list[ToolCall] | None = None
+        self.warnings: list[StreamWarning] = []  # the calls ``finish`` dropped (no name)
 
     def __len__(self) -> int:
         return len(self._calls)
@@ -132,14 +134,21 @@ class ChatToolCalls:
         return started
 
     def finish(self) -> list[ToolCall]:
-        """The complete calls in order of appearance, split (§7.1). Calling it
+        """The complete calls in order of appearance, split (§7.1), without
+        the ones that never got a name (``warnings`` says which). Calling it
         again returns the same list (no new ids are drawn)."""
         if self._result is None:
             calls = [
-                ToolCall(call_id=c.call_id, name=c.name, arguments="".join(c.arguments), item_id=c.call_id)
+                ToolCall(
+                    call_id=c.call_id,
+                    name=c.name,
+                    arguments="".join(c.arguments),
+                    item_id=c.call_id,
+                    provider_id=self._ids.replaced(c.provider_id, c.call_id),
+                )
                 for c in self._calls
             ]
-            self._result = split_tool_calls(calls, self._id_factory)
+            self._result, self.warnings = named_calls(split_tool_calls(calls, self._id_factory))
         return list(self._result)
 
     # -- routing -----------------------------------------------------------
@@ -339,6 +348,7 @@ class ChatNormalizer:
             return []
         self._finished = True
         events: list[ModelEvent] = list(self._calls.finish())
+        events.extend(self._calls.warnings)
         events.append(Finished(reason=self.finish_reason, response_id=self.response_id, usage=self.usage))
         return events
 

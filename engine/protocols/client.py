@@ -18,16 +18,16 @@ from typing import Any, Final
 
 from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols import chat, ollama, responses
-from engine.protocols.common import Normalizer
+from engine.protocols.common import Normalizer, call_ids_of
 from engine.protocols.model_events import ModelEvent, StreamWarning
 
 
 @dataclass(frozen=True, slots=True)
 class WireProtocol:
     """What calling a model over one API takes: a fresh normalizer per call
-    (``normalizer(id_factory)``) and the wire body (``body(resolved, request)``)."""
+    (``normalizer(id_factory, reserved_ids=…)``) and the wire body (``body(resolved, request)``)."""
 
-    normalizer: Callable[[IdFactory], Normalizer]
+    normalizer: Callable[..., Normalizer]
     body: Callable[[ResolvedModel, ModelRequest], dict[str, Any]]
 
 
@@ -60,7 +60,9 @@ class LiveModelClient:
         if resolved.provider is None:
             raise UpstreamError(f"model {resolved.upstream_model!r} has no upstream", "model_not_found")
         protocol = protocol_for(resolved.api)
-        normalizer = protocol.normalizer(id_factory)
+        # A provider id the transcript already uses (providers that number
+        # calls per response: call_0 every round) is replaced by a fresh one.
+        normalizer = protocol.normalizer(id_factory, reserved_ids=call_ids_of(request.messages))
         body = protocol.body(resolved, request)
         feed = normalizer.feed
         # A normalizer may take a whole read at once (ChatNormalizer.feed_read),

@@ -26,7 +26,8 @@ Chat-only ones, Q1/Q2, are in ``engine.protocols.chat``):
   ``id_factory("call")`` (Open WebUI: random ``fc_<hex>``). A provider id that
   is already taken — by an earlier call of the same stream or by
   ``reserved_ids`` (ids used earlier in the turn; providers that restart ids
-  every round) — is replaced by a fresh id, as in Open WebUI.
+  every round) — is replaced by a fresh id, as in Open WebUI; the
+  ``ToolCall`` keeps the provider's as ``provider_id``.
 * A ``ToolCall`` has ``item_id == call_id`` unless the provider has item ids
   (Responses API ``fc_…``). A call produced by a split gets a fresh id for
   both.
@@ -40,16 +41,18 @@ from dataclasses import replace
 from typing import Any, Final, Protocol
 
 from engine.ports import ModelRequest
-from engine.protocols.model_events import ModelEvent, ToolCall
+from engine.protocols.model_events import ModelEvent, StreamWarning, ToolCall
 
 __all__ = [
     "CALL_ID_PREFIX",
+    "call_ids_of",
     "CallIds",
     "IdFactory",
     "Item",
     "Message",
     "Normalizer",
     "arguments_text",
+    "named_calls",
     "error_message",
     "image_url",
     "int_index",
@@ -152,10 +155,52 @@ class CallIds:
         self._taken.add(call_id)
         return call_id
 
+    def replaced(self, provider_id: str | None, call_id: str) -> str | None:
+        """The provider's id when ``call_id`` stands in for it, else None."""
+        return provider_id if provider_id and provider_id != call_id else None
+
     def fresh(self) -> str:
         call_id = self._factory(CALL_ID_PREFIX)
         self._taken.add(call_id)
         return call_id
+
+
+def call_ids_of(messages: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every tool-call id a transcript already uses (assistant ``tool_calls``,
+    ``tool`` results): a call of the next response must not reuse one, or its
+    result would be taken for the earlier call's."""
+    ids: set[str] = set()
+    for message in messages:
+        calls = message.get("tool_calls") if isinstance(message, Mapping) else None
+        for call in calls if isinstance(calls, list) else []:
+            if isinstance(call, Mapping) and isinstance(call.get("id"), str):
+                ids.add(call["id"])
+        answered = message.get("tool_call_id") if isinstance(message, Mapping) else None
+        if isinstance(answered, str):
+            ids.add(answered)
+    return ids
+
+
+def named_calls(calls: Iterable[ToolCall]) -> tuple[list[ToolCall], list[StreamWarning]]:
+    """The calls that name a function, and a warning for each one that does not.
+
+    A call without a name (a stray fragment) cannot run, and sent back in the
+    next request's history a strict upstream rejects the whole request
+    (an empty ``function.name``): it is dropped, and the warning is recorded.
+    """
+    kept: list[ToolCall] = []
+    warnings: list[StreamWarning] = []
+    for call in calls:
+        if call.name.strip():
+            kept.append(call)
+        else:
+            warnings.append(
+                StreamWarning(
+                    f"the model sent a tool call without a function name (id {call.call_id}); it was dropped",
+                    raw=call.arguments[:500] or None,
+                )
+            )
+    return kept, warnings
 
 
 # --------------------------------------------------------------------------
@@ -203,7 +248,7 @@ def split_tool_calls(calls: Sequence[ToolCall], id_factory: IdFactory) -> list[T
             continue
         for piece in pieces:
             call_id = id_factory(CALL_ID_PREFIX)
-            result.append(replace(call, call_id=call_id, arguments=piece, item_id=call_id))
+            result.append(replace(call, call_id=call_id, arguments=piece, item_id=call_id, provider_id=None))
     return result
 
 

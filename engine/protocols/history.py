@@ -61,6 +61,7 @@ __all__ = [
     "REPLAYABLE_CALL_STATUSES",
     "TOOL_IMAGES_PROMPT",
     "convert_output_to_messages",
+    "distinct_call_ids",
     "for_model",
     "process_messages_with_output",
     "replay_arguments",
@@ -456,5 +457,37 @@ def for_model(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
             parts = [{"type": "input_text", "text": item.get("output") or ""}]
             parts += [{"type": "input_image", "image_url": url} for url in item["images"]]
             item = {**item, "output": parts}
+        out.append(item)
+    return out
+
+
+def distinct_call_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Output items with every round's calls under ids of their own.
+
+    A log written before turnlog made call ids turn-unique can hold one
+    provider id in several rounds (``call_0`` every round). Pairing by id
+    would then drop the later rounds from the history; instead a repeated
+    call gets ``<id>_<n>`` (n = 2, 3, …; an unused id), and the results that
+    follow it, until the id's next call, are renamed with it.
+    """
+    taken = {item.get("call_id") for item in items if item.get("type") == "function_call"}
+    seen: dict[Any, int] = {}
+    current: dict[Any, str] = {}  # the id a repeated call was given, for its results
+    out = []
+    for item in items:
+        call_id = item.get("call_id")
+        if item.get("type") == "function_call" and isinstance(call_id, str):
+            seen[call_id] = seen.get(call_id, 0) + 1
+            current.pop(call_id, None)
+            if seen[call_id] > 1:
+                n = seen[call_id]
+                while f"{call_id}_{n}" in taken:
+                    n += 1
+                current[call_id] = f"{call_id}_{n}"
+                taken.add(current[call_id])
+        if call_id in current:
+            item = {**item, "call_id": current[call_id]}
+            if item.get("type") == "function_call" and item.get("id") == call_id:
+                item["id"] = current[call_id]
         out.append(item)
     return out

@@ -48,13 +48,16 @@ class ToolCall:
 
     ``arguments`` is the raw string the model produced (may be invalid JSON; the
     tool layer parses it). ``item_id`` is the provider's item id where it has one
-    (Responses API ``fc_…``), else equal to ``call_id``.
+    (Responses API ``fc_…``), else equal to ``call_id``. ``provider_id`` is the
+    provider's own call id when ``call_id`` had to replace it (the provider's
+    was already used in the turn: some number their calls per response).
     """
 
     call_id: str
     name: str
     arguments: str
     item_id: str | None = None
+    provider_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,6 +32,7 @@ from engine.protocols.common import (
     is_image_part,
     is_text_part,
     json_object,
+    named_calls,
     nonempty_str,
     outgoing_messages,
 )
@@ -192,17 +193,19 @@ class OllamaNormalizer:
                     continue
                 function = raw.get("function")
                 function = function if isinstance(function, dict) else {}
-                call_id = self._ids.take(nonempty_str(raw.get("id")))
+                provider_id = nonempty_str(raw.get("id"))
+                call_id = self._ids.take(provider_id)
                 name = function.get("name")
-                events.append(
-                    ToolCall(
-                        call_id=call_id,
-                        name=name if isinstance(name, str) else "",
-                        arguments=arguments_text(function.get("arguments")),
-                        item_id=call_id,
-                    )
+                call = ToolCall(
+                    call_id=call_id,
+                    name=name if isinstance(name, str) else "",
+                    arguments=arguments_text(function.get("arguments")),
+                    item_id=call_id,
+                    provider_id=self._ids.replaced(provider_id, call_id),
                 )
-                self._tool_calls += 1
+                named, warnings = named_calls([call])
+                events.extend(named or warnings)
+                self._tool_calls += len(named)
         if obj.get("done") is True:
             self._terminal = True
             events.append(Finished(reason=self._reason(obj.get("done_reason")), usage=_ollama_usage(obj)))

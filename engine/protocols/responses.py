@@ -37,8 +37,8 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 from engine.ports import ModelRequest, ResolvedModel
@@ -53,8 +53,10 @@ from engine.protocols.common import (
     int_index,
     is_image_part,
     is_text_part,
+    named_calls,
     nonempty_str,
     object_string,
+    split_tool_calls,
 )
 from engine.protocols.model_events import (
     Finished,
@@ -353,14 +355,17 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
     stores under ``previous_response_id``), in output order, one per call. An
     output is sent only when its call is a ``function_call`` of the same round
     (the provider's response knows nothing else); the ``instructions`` are the
-    caller's to set.
+    caller's to set. A call whose id turnlog replaced answers under the
+    provider's (``provider_call_id``); the pieces of a split call (§7.1) share
+    it, and their results go back joined, as the one output of that call.
     """
+    # The provider knows its own call id, where turnlog replaced it.
     calls = {
-        item.get("call_id")
+        item["call_id"]: item.get("provider_call_id") or item["call_id"]
         for item in round_output
         if isinstance(item, Mapping) and item.get("type") == "function_call" and item.get("call_id")
     }
-    items: list[Item] = []
+    items: dict[str, Item] = {}  # by the provider's call id
     seen: set[Any] = set()
     for item in round_output:
         if not isinstance(item, Mapping) or item.get("type") != "function_call_output":
@@ -369,9 +374,20 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
         if call_id not in calls or call_id in seen:
             continue
         seen.add(call_id)
-        output = item.get("output")
-        items.append({"type": "function_call_output", "call_id": call_id, "output": tool_output_value(output)})
-    return items
+        output = tool_output_value(item.get("output"))
+        known = items.get(calls[call_id])
+        if known is None:
+            items[calls[call_id]] = {"type": "function_call_output", "call_id": calls[call_id], "output": output}
+        else:  # a piece of a split call: the provider's one call gets every piece's result
+            known["output"] = _joined_output(known["output"], output)
+    return list(items.values())
+
+
+def _joined_output(first: str | list[Item], second: str | list[Item]) -> str | list[Item]:
+    if isinstance(first, str) and isinstance(second, str):
+        return f"{first}\n{second}"
+    parts = [{"type": "input_text", "text": first}] if isinstance(first, str) else list(first)
+    return parts + ([{"type": "input_text", "text": second}] if isinstance(second, str) else list(second))
 
 
 # --------------------------------------------------------------------------
@@ -441,6 +457,7 @@ class _ResponsesCall:
     item_id: str | None
     output_index: int | None
     call_id: str | None = None
+    provider_call_id: str | None = None
     name: str = ""
     deltas: list[str] = field(default_factory=list)
     final_arguments: str | None = None
@@ -502,8 +519,9 @@ class ResponsesNormalizer:
     (the provider's dict as sent); no ``UsageReport`` is emitted.
     """
 
-    def __init__(self, id_factory: IdFactory) -> None:
-        self._ids = CallIds(id_factory)
+    def __init__(self, id_factory: IdFactory, *, reserved_ids: Iterable[str] = ()) -> None:
+        self._id_factory = id_factory
+        self._ids = CallIds(id_factory, reserved_ids)
         self.response_id: str | None = None
         self._started = False
         self._calls: list[_ResponsesCall] = []
@@ -611,7 +629,7 @@ class ResponsesNormalizer:
             return []
         call = self._call_for(event, item)
         if call.call_id is None:
-            call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+            call.call_id = self._take_id(call, item)
         name = nonempty_str(item.get("name"))
         if name and not call.name:
             call.name = name
@@ -632,8 +650,7 @@ class ResponsesNormalizer:
         if item.get("type") != "function_call":
             return []
         call = self._call_for(event, item)
-        emitted = self._emit(call, item)
-        return [emitted] if emitted is not None else []
+        return self._emit(call, item)
 
     def _provider_item(self, item: dict[str, Any], output_index: int | None) -> list[ModelEvent]:
         """A reasoning item, once: an item with the id, or at the output index,
@@ -694,9 +711,7 @@ class ResponsesNormalizer:
         for position, item in enumerate(final if isinstance(final, list) else []):
             if isinstance(item, dict) and item.get("type") == "function_call":
                 call = self._call_for({"output_index": position}, item)
-                emitted = self._emit(call, item)
-                if emitted is not None:
-                    events.append(emitted)
+                events.extend(self._emit(call, item))
         events.extend(self._flush_pending())
         events.append(
             Finished(
@@ -761,9 +776,11 @@ class ResponsesNormalizer:
         self._calls.append(call)
         return call
 
-    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> ToolCall | None:
+    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> list[ModelEvent]:
+        """The call, once: split when its arguments are glued JSON values
+        (§7.1, as on Chat Completions), or a warning when it has no name."""
         if call.emitted:
-            return None
+            return []
         if item is not None:
             name = nonempty_str(item.get("name"))
             if name:
@@ -771,26 +788,35 @@ class ResponsesNormalizer:
             if item.get("arguments") is not None:
                 call.final_arguments = arguments_text(item.get("arguments"))
             if call.call_id is None:
-                call.call_id = self._ids.take(nonempty_str(item.get("call_id")))
+                call.call_id = self._take_id(call, item)
             if call.item_id is None:
                 call.item_id = nonempty_str(item.get("id"))
         if call.call_id is None:
             call.call_id = self._ids.fresh()
         call.emitted = True
-        self._tool_calls_emitted += 1
-        return ToolCall(
+        whole = ToolCall(
             call_id=call.call_id,
             name=call.name,
             arguments=call.arguments,
             item_id=call.item_id or call.call_id,
+            provider_id=self._ids.replaced(call.provider_call_id, call.call_id),
         )
+        calls, warnings = named_calls(split_tool_calls([whole], self._id_factory))
+        if len(calls) > 1 and call.provider_call_id:
+            # The provider knows one call: its pieces answer it together in a
+            # stateful continuation (``stateful_continuation_input``).
+            calls = [replace(piece, provider_id=call.provider_call_id) for piece in calls]
+        self._tool_calls_emitted += len(calls)
+        return [*calls, *warnings]
 
-    def _flush_pending(self) -> list[ToolCall]:
-        events: list[ToolCall] = []
+    def _take_id(self, call: _ResponsesCall, item: Mapping[str, Any]) -> str:
+        call.provider_call_id = nonempty_str(item.get("call_id"))
+        return self._ids.take(call.provider_call_id)
+
+    def _flush_pending(self) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
         for call in self._calls:
-            emitted = self._emit(call, None)
-            if emitted is not None:
-                events.append(emitted)
+            events.extend(self._emit(call, None))
         return events
 
 

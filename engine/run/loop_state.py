@@ -21,6 +21,7 @@ class LoopState:
         self.turn: TurnInput | None = None
         self.assembled = False
         self.messages: list[dict[str, Any]] = []  # the upstream transcript so far
+        self.assembled_count = 0  # how many of them the assembly made (the rest are this turn's rounds)
         self.params: dict[str, Any] = {}
         self.iteration = 0
         self.model_open = False  # a model.requested without its model.completed
@@ -99,6 +100,7 @@ class LoopState:
     def _on_assembled(self, event: Event) -> None:
         self.assembled = True
         self.messages = list(event.data["messages"])
+        self.assembled_count = len(self.messages)
         self.params = event.data.get("params", {})
         self.chat_turns = event.data.get("chat_turns", 0)
         self.rag = event.data.get("rag")

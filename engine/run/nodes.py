@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from engine.blobs import BLOB_URL_PREFIX
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
 from engine.context.steps import snapshot
 from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
@@ -138,11 +139,11 @@ class RequestModel:
         observe(ctx.ports.observer.model_call_started, ctx.turn_id, model=state.input.model, resolved=resolved, iteration=state.iteration)
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
-            messages=state.messages,
+            messages=await inline_blob_urls(ctx, state.messages),
             params=state.params,
             prefill=prefill or None,
             previous_response_id=stateful[0] if stateful else None,
-            input_items=stateful[1] if stateful else [],
+            input_items=await inline_blob_urls(ctx, stateful[1]) if stateful else [],
         )
         try:
             finished = await _consume(ctx, resolved, request)
@@ -152,7 +153,7 @@ class RequestModel:
                 return await ctx.fail(exc.message, exc.kind, status=exc.status)
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
-            full = ModelRequest(messages=state.messages, params=state.params, prefill=request.prefill)
+            full = ModelRequest(messages=request.messages, params=state.params, prefill=request.prefill)
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
@@ -222,6 +223,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                     "arguments": event.arguments,
                     "status": "completed",
                 }
+                if event.provider_id:
+                    item["provider_call_id"] = event.provider_id
                 await ctx.record(ModelItem(item=item))
             elif isinstance(event, ProviderItem):
                 # An image the model made (a base64 item) goes to the blob store:
@@ -544,6 +547,7 @@ async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     result, error = await ctx.ports.tool_runner.run(name, args, handle, tool_ctx, timeout)
     sources = citation_sources(name, handle.spec.tool_id, result.text, params=args) if result.status == "completed" else []
     files = await ctx.ports.payloads.externalize(result.files, limit=ctx.settings.inline_limit)
+    images = await _image_urls(ctx, result.images)
     await ctx.record(
         ToolCompleted(
             call_id=call_id,
@@ -552,12 +556,45 @@ async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
             status=result.status,
             files=files,
             embeds=result.embeds,
-            images=result.images,
+            images=images,
             sources=sources,
             error=error,
         )
     )
     observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call_id, name=name, status=result.status, error=error)
+
+
+async def _image_urls(ctx: TurnContext, images: list[str]) -> list[str]:
+    """A tool's images as blob URLs (``/v1/blobs/ID``) instead of base64 data
+    URIs, so the log and every client carry a reference; the model gets the
+    image itself (``inline_blob_urls`` when the request is sent). Small ones,
+    and all without a blob store, stay inline."""
+    refs = await ctx.ports.payloads.externalize(images, limit=ctx.settings.inline_limit)
+    return [ref["url"] if isinstance(ref, dict) and isinstance(ref.get("url"), str) else ref for ref in refs]
+
+
+async def inline_blob_urls(ctx: TurnContext, value: Any) -> Any:
+    """``value`` (messages, input items) with each image URL that is one of the
+    user's blobs replaced by its data URI: the upstream cannot fetch this
+    service's URLs. Unchanged parts are the same objects (nothing is copied
+    when there is no blob URL)."""
+    if isinstance(value, list):
+        items = [await inline_blob_urls(ctx, v) for v in value]
+        return value if all(a is b for a, b in zip(items, value, strict=True)) else items
+    if not isinstance(value, dict):
+        return value
+    out = value
+    for key, item in value.items():
+        if key in ("url", "image_url") and isinstance(item, str) and item.startswith(BLOB_URL_PREFIX):
+            new = await ctx.ports.payloads.data_uri(item) or item
+        elif isinstance(item, (dict, list)):
+            new = await inline_blob_urls(ctx, item)
+        else:
+            continue
+        if new is not item:
+            out = dict(out) if out is value else out
+            out[key] = new
+    return out
 
 
 async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]) -> None:
@@ -733,11 +770,13 @@ def with_message_text(items: list[dict[str, Any]], text: str) -> list[dict[str, 
 
 
 def conversation(state: LoopState) -> list[dict[str, Any]]:
-    """The chat as its user sees it: user and assistant texts, without the system
-    message, tool traffic or the retrieved context."""
+    """The chat before this turn's answer, as its user sees it: user and
+    assistant texts, without the system message, tool traffic or the retrieved
+    context. This turn's rounds are left out: their text is in the answer
+    (``view.content``), which the callers add."""
     rag = state.rag
     out = []
-    for i, message in enumerate(state.messages):
+    for i, message in enumerate(state.messages[: state.assembled_count]):
         if rag is not None and rag.get("index") == i and rag.get("message") is not None:
             message = rag["message"]
         if message.get("role") in ("user", "assistant") and message.get("content"):

@@ -132,11 +132,15 @@ class _Script:
         self.events = events
         self.rounds = self._rounds(events)
         self.round_index = 0
-        self.tool_results = {e.data["call_id"]: e for e in events if e.type == "tool.completed"}
-        self.tool_events: dict[str, list[dict[str, Any]]] = {}
+        # Per call id, in log order: a log written before call ids were made
+        # turn-unique can have one id in several rounds.
+        self.tool_results: dict[str, list[Event]] = {}
+        self.tool_events: dict[str, list[Event]] = {}
         for e in events:
-            if e.type == "tool.event":
-                self.tool_events.setdefault(e.data["call_id"], []).append(e.data["event"])
+            if e.type == "tool.completed":
+                self.tool_results.setdefault(e.data["call_id"], []).append(e)
+            elif e.type == "tool.event":
+                self.tool_events.setdefault(e.data["call_id"], []).append(e)
         self.fallbacks = [e.data.get("reason", "") for e in events if e.type == "model.fallback"]
         self.on_external: Callable[[Event], None] = lambda _e: None
 
@@ -187,7 +191,7 @@ class RecordedModelClient:
             elif t == "model.item":
                 item = event.data["item"]
                 if item.get("type") == "function_call":
-                    yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"))]
+                    yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"), item.get("provider_call_id"))]
                 else:
                     yield [ProviderItem(item)]
             elif t == "model.warning":
@@ -229,6 +233,8 @@ class RecordedToolRunner:
         self._stopped: set[str] = set()
         self._before = self._completed_before(script.events)
         self._committed: set[str] = set()
+        self._runs: dict[str, int] = {}  # call id -> times run
+        self._returned: dict[str, int] = {}  # call id -> recorded results returned
         self._waiting: list[tuple[str, asyncio.Future[None]]] = []
 
     @staticmethod
@@ -267,12 +273,18 @@ class RecordedToolRunner:
     async def run(
         self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
     ) -> tuple[ToolResult, str | None]:
-        for emitted in self.script.tool_events.get(ctx.call_id or "", []):
-            if ctx.emit is not None:
-                await ctx.emit(emitted)
         call_id = ctx.call_id or ""
-        recorded = self.script.tool_results.get(call_id)
-        started = self._started_seq(call_id)
+        # The first result of this id not yet returned, and the tool events
+        # logged since the one before it.
+        done = self._returned.get(call_id, 0)
+        results = self.script.tool_results.get(call_id, [])
+        recorded = results[done] if done < len(results) else None
+        after = results[done - 1].seq if done else 0
+        for emitted in self.script.tool_events.get(call_id, []):
+            if ctx.emit is not None and after < emitted.seq and (recorded is None or emitted.seq < recorded.seq):
+                await ctx.emit(emitted.data["event"])
+        started = self._started_seq(call_id, self._runs.get(call_id, 0))
+        self._runs[call_id] = self._runs.get(call_id, 0) + 1
         stop = next(
             (
                 e
@@ -291,15 +303,15 @@ class RecordedToolRunner:
         while recorded is None:  # the log ends while this tool ran: it never answers
             await asyncio.Event().wait()
         await self._in_turn(call_id)
+        self._returned[call_id] = done + 1
         d = recorded.data
         result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
         return result, d.get("error")
 
-    def _started_seq(self, call_id: str | None) -> int:
-        for event in self.script.events:
-            if event.type == "tool.started" and event.data["call_id"] == call_id:
-                return event.seq
-        return 0
+    def _started_seq(self, call_id: str | None, run: int) -> int:
+        """The seq of the ``run``-th start of the call (the last one when the log has fewer)."""
+        starts = [e.seq for e in self.script.events if e.type == "tool.started" and e.data["call_id"] == call_id]
+        return starts[min(run, len(starts) - 1)] if starts else 0
 
 
 class RecordedCodeRunner:
