@@ -527,10 +527,10 @@ async def test_a_large_image_result_is_a_blob_in_the_log_and_inline_for_the_mode
         assert resp.status == 200 and resp.headers["Content-Type"] == "image/png"
         assert "data:image/png;base64," + base64.b64encode(await resp.read()).decode() == images[0]
     assert all(len(json.dumps(e)) < 20_000 for e in await agent.events(turn_id)), "no base64 image inline in the log"
+    await agent.wait_status(turn_id, "completed")  # its background tasks (a title: it has a chat) have ended
     view = await check_replay(agent, turn_id, body=body)
     assert [i["images"] for i in view["output"] if i["type"] == "function_call_output"] == [[url]]
     # The chat's next turn shows the model the image again.
-    await agent.wait_status(turn_id, "completed")
     status, _, _ = await agent.post("/v1/chat/completions", {"model": "gpt-test", "chat_id": "photos", "messages": [{"role": "user", "content": "And?"}]})
     assert status == 200
     again = [p["image_url"]["url"] for m in agent.upstream.requests[2]["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
