@@ -108,11 +108,11 @@ from engine.blobs import blob_id as _blob_id
 from engine.chain import StoredEvent
 from engine.events import Event, upcast
 from engine.ports import (
+    ROLES,
     ChatRecord,
     ConcurrencyError,
     IndexUpdate,
     KeyHolder,
-    ROLES,
     TurnObserver,
     TurnRecord,
     observe,
