@@ -180,18 +180,16 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     if body.previous_response_id:
         previous = await _previous(svc, body.previous_response_id, user, _deletions(request))
         chat_id, branch = await _continuation(svc, previous)
-    chat_request = parse_chat_request(turn_request(body, None, branch))
-    if chat_id:  # a stored id (may be longer than a client's): not parsed as one
-        chat_request = chat_request.model_copy(update={"chat_id": chat_id})
-    ids = ChatIds.of(request)
-    actor = await start_turn(svc, chat_request, user, ids)
-    headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": ids.shown(actor.view.chat_id) or ""}
+    chat_request = parse_chat_request(turn_request(body, chat_id, branch))
+    # (a response's chat is one the service named: its id is not scoped)
+    actor = await start_turn(svc, chat_request, user, ChatIds.of(request))
+    headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_response(request, actor.turn_id, headers=headers)
     if body.background:
         obj, _ = _folded(actor.turn_id, await svc.store.read(actor.turn_id))
         obj["status"] = "queued" if obj["status"] == "in_progress" and not obj["output"] else obj["status"]
-        return web.json_response(_shown(request, obj), headers=headers)
+        return web.json_response(obj, headers=headers)
     # Final once the turn ends or only its background tasks are left.
     await asyncio.shield(actor.answered)
     # The actor's committed events are the log (no read needed), unless it
@@ -199,7 +197,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     history = actor.history()
     events = history if history is not None and not actor.lost else await svc.store.read(actor.turn_id)
     obj, _ = _folded(actor.turn_id, events)
-    return web.json_response(_shown(request, obj), headers=headers)
+    return web.json_response(obj, headers=headers)
 
 
 async def stream_response(request: web.Request, turn_id: str, *, headers: dict[str, str], starting_after: int = -1) -> web.StreamResponse:
@@ -259,7 +257,7 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     """The response object; a log whose hash chain is damaged is a 409
     ``damaged_log`` (checked before a stream too, once the turn has ended)."""
     svc, record, rid = await _own(request)
-    headers = {"X-Turn-Id": record.id, "X-Chat-Id": ChatIds.of(request).shown(record.chat_id) or ""}
+    headers = {"X-Turn-Id": record.id, "X-Chat-Id": record.chat_id}
     stream = request.query.get("stream", "false").lower()
     if stream not in ("true", "false", "1", "0"):
         raise ApiError(400, "query parameter 'stream' must be true or false", code="invalid_value", param="stream")
@@ -272,9 +270,9 @@ async def get_response(request: web.Request) -> web.StreamResponse:
     if record.status in TERMINAL_STATUSES:
         obj, view = _folded(record.id, await checked_turn_events(svc, record.id))
         _stored(view, rid)
-        return web.json_response(_shown(request, obj), headers=headers)
+        return web.json_response(obj, headers=headers)
     _stored(await _started(svc, record.id), rid)
-    return web.json_response(_shown(request, await _running(svc, record.id)), headers=headers)
+    return web.json_response(await _running(svc, record.id), headers=headers)
 
 
 async def _running(svc: Services, turn_id: str) -> dict[str, Any]:
@@ -301,7 +299,7 @@ async def cancel_response(request: web.Request) -> web.Response:
     except KeyError as exc:
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found") from exc
     obj, _ = _folded(record.id, await svc.store.read(record.id))
-    return web.json_response(_shown(request, obj))
+    return web.json_response(obj)
 
 
 async def input_items(request: web.Request) -> web.Response:
@@ -379,11 +377,3 @@ def setup(app: web.Application) -> None:
     app.router.add_delete("/v1/responses/{response_id}", delete_response)
     app.router.add_post("/v1/responses/{response_id}/cancel", cancel_response)
     app.router.add_get("/v1/responses/{response_id}/input_items", input_items)
-
-
-def _shown(request: web.Request, obj: dict[str, Any]) -> dict[str, Any]:
-    """A response object with its ``turnlog.chat_id`` as the caller knows it."""
-    extension = obj.get("turnlog")
-    if isinstance(extension, dict) and extension.get("chat_id"):
-        return {**obj, "turnlog": {**extension, "chat_id": ChatIds.of(request).shown(extension["chat_id"])}}
-    return obj
