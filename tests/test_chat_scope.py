@@ -57,13 +57,16 @@ async def test_two_users_same_chat_id_get_two_chats(authed: tuple[Service, str, 
     assert _sent_texts(svc) == ["alice one", "for alice", "alice two"]
 
     store = svc.services.store
-    stored = {t: (await store.get_turn(t)) for t in (a1, b1, a2)}
-    assert stored[a1] is not None and stored[b1] is not None and stored[a2] is not None
-    assert stored[a1].chat_id == stored[a2].chat_id != stored[b1].chat_id
-    assert "plans" not in (stored[a1].chat_id, stored[b1].chat_id)  # the store keeps the scoped id
+    stored: dict[str, str] = {}
+    for turn_id in (a1, b1, a2):
+        record = await store.get_turn(turn_id)
+        assert record is not None
+        stored[turn_id] = record.chat_id
+    assert stored[a1] == stored[a2] != stored[b1]
+    assert "plans" not in (stored[a1], stored[b1])  # the store keeps the scoped id
     started = (await store.read(a1))[0]
-    assert started.type == "turn.started" and started.data["chat_id"] == stored[a1].chat_id
-    assert started.data["request"]["chat_id"] == stored[a1].chat_id  # and so does the log
+    assert started.type == "turn.started" and started.data["chat_id"] == stored[a1]
+    assert started.data["request"]["chat_id"] == stored[a1]  # and so does the log
 
     for key, turns, texts in ((alice, [a1, a2], ["alice one", "for alice", "alice two", "again"]), (bob, [b1], ["bob one", "for bob"])):
         as_user(svc, key)
