@@ -119,3 +119,32 @@ async def test_keys_from_before_roles_become_user_keys(db_backend: str, tmp_path
         assert holder is not None and holder.role == "admin"
     finally:
         await store.close()
+    # and back: the column goes, the keys stay
+    await _downgrade(url, "0008")
+    engine = create_engine(url)
+    try:
+        async with engine.connect() as conn:
+            rows = (await conn.execute(text("SELECT * FROM api_keys ORDER BY user_id"))).mappings().all()
+    finally:
+        await engine.dispose()
+    assert [sorted(r) for r in rows] == [["created_at", "key_hash", "user_id"]] * 2
+    assert [r["user_id"] for r in rows] == ["old-user", "root"]
+
+
+async def _downgrade(url: str, revision: str) -> None:
+    from alembic import command
+
+    from adapters.store.migrate import alembic_config
+
+    cfg = alembic_config(url)
+    engine = create_engine(url)
+    try:
+        async with engine.begin() as conn:
+
+            def down(sync: Any) -> None:
+                cfg.attributes["connection"] = sync
+                command.downgrade(cfg, revision)
+
+            await conn.run_sync(down)
+    finally:
+        await engine.dispose()
