@@ -127,7 +127,7 @@ async def test_keys_from_before_roles_become_user_keys(db_backend: str, tmp_path
             rows = (await conn.execute(text("SELECT * FROM api_keys ORDER BY user_id"))).mappings().all()
     finally:
         await engine.dispose()
-    assert [sorted(r) for r in rows] == [["created_at", "key_hash", "user_id"]] * 2
+    assert [sorted(str(k) for k in r.keys()) for r in rows] == [["created_at", "key_hash", "user_id"]] * 2
     assert [r["user_id"] for r in rows] == ["old-user", "root"]
 
 
