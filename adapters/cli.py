@@ -23,6 +23,7 @@ from adapters.store.migrate import migrate
 from engine.chain import GENESIS, check
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.turn_view import TurnView
+from engine.ports import ROLES
 
 #: How long ``verify`` lets the re-run of a turn take before it says it did not finish.
 VERIFY_TIMEOUT = 60.0
@@ -424,7 +425,7 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     async def run(store: Any) -> int:
-        print(await store.create_api_key(args.user))
+        print(await store.create_api_key(args.user, args.role))
         return 0
 
     return asyncio.run(_with_store(settings, run))
@@ -486,6 +487,9 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="action", required=True)
     create = keys_sub.add_parser("create")
     create.add_argument("--user", required=True)
+    create.add_argument(
+        "--role", choices=ROLES, default="user", help="admin: also the operator's endpoints (/metrics); default: user"
+    )
     keys_sub.add_parser("receipt-public", help="the public key (PEM) of TURNLOG_RECEIPT_KEY, to check signed receipts")
     keys.set_defaults(fn=cmd_keys)
     return parser

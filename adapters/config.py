@@ -79,6 +79,9 @@ class Settings(BaseSettings):
     rag_system_context: bool = False
     auth: Literal["on", "off"] | None = None  # None: off on loopback, on elsewhere
     allow_insecure: bool = False
+    # With auth on, a bearer token that reads GET /metrics only (for a scraper,
+    # which should not hold an admin key).
+    metrics_token: SecretStr | None = None
     task_model: str | None = None
     lease_seconds: float = 10.0
     auto_resume: bool = True

@@ -60,6 +60,23 @@ class ChatRecord:
     tags: list[str] = field(default_factory=list)
 
 
+#: What an API key may do: ``admin`` also reaches the operator's endpoints
+#: (``/metrics``); ``user``, the default, only its own turns, chats and files.
+ROLES = ("admin", "user")
+
+
+@dataclass(frozen=True)
+class KeyHolder:
+    """Whom an API key names, and the key's role (one of ``ROLES``)."""
+
+    user_id: str
+    role: str = "user"
+
+    @property
+    def admin(self) -> bool:
+        return self.role == "admin"
+
+
 @dataclass(frozen=True)
 class IndexUpdate:
     """Changes to the turn's index row, written in the same transaction as events."""
@@ -154,9 +171,13 @@ class EventStore(Protocol):
         the chat listing reads, kept in step with the background tasks' results."""
         ...
 
-    async def create_api_key(self, user_id: str) -> str: ...
+    async def create_api_key(self, user_id: str, role: str = "user") -> str: ...
 
     async def user_for_api_key(self, key: str) -> str | None: ...
+
+    async def key_holder(self, key: str) -> KeyHolder | None:
+        """The user and role an API key names; None for an unknown key."""
+        ...
 
     async def close(self) -> None: ...
 

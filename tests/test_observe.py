@@ -211,7 +211,7 @@ async def test_metrics_need_a_key_when_auth_is_on(tmp_path: Path, upstream: Scri
         async with svc.http.get(svc.url + "/metrics", headers={"Authorization": "Bearer nope"}) as resp:
             assert resp.status == 401
             assert (await resp.json())["error"]["code"] == "invalid_api_key"
-        key = await svc.services.store.create_api_key("ops")
+        key = await svc.services.store.create_api_key("ops", "admin")
         samples = await scrape(svc, {"Authorization": f"Bearer {key}"})
         assert samples["turnlog_turns_started_total"] == 0
     finally:

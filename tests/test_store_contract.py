@@ -932,6 +932,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("ALTER TABLE vector_collections DROP COLUMN version")
         await admin.execute("ALTER TABLE events DROP COLUMN hash")  # 0007's
         await admin.execute("DROP TABLE response_deletions")  # 0008's
+        await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) "

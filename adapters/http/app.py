@@ -56,7 +56,7 @@ from adapters.store.migrate import migrate
 from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
 from adapters.web import open_fetcher, open_search
-from engine.ports import ChatProvider, CodeExecutor, Embedder, NoTools, ToolCatalog
+from engine.ports import ChatProvider, CodeExecutor, Embedder, KeyHolder, NoTools, ToolCatalog
 from engine.run.flush_clock import FlushClock
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Supervisor
@@ -83,12 +83,13 @@ def create_app(
     metrics.watch_delta_windows(delta_window)
     code = code_executor if code_executor is not None else build_code_executor(settings)
 
-    async def lookup(token: str) -> str | None:
-        return await holder["services"].store.user_for_api_key(token)
+    async def lookup(token: str) -> KeyHolder | None:
+        return await holder["services"].store.key_holder(token)
 
+    metrics_token = settings.metrics_token.get_secret_value() if settings.metrics_token else None
     app = web.Application(
         client_max_size=settings.max_body_bytes,
-        middlewares=[error_middleware, auth_middleware(settings.auth_enabled(), lookup)],
+        middlewares=[error_middleware, auth_middleware(settings.auth_enabled(), lookup, metrics_token)],
     )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:

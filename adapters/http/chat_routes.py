@@ -10,6 +10,7 @@ from typing import Any
 from aiohttp import web
 
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
 from adapters.http.direct_sse import DirectSSE, Renderer
 from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, unavailable_response
@@ -31,8 +32,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     svc = services(request)
     user = request[USER]
     body = parse_chat_request(await read_json(request))
-    actor = await start_turn(svc, body, user)
-    headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
+    ids = ChatIds.of(request)
+    actor = await start_turn(svc, body, user, ids)
+    headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": ids.shown(actor.view.chat_id) or ""}
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
     # The answer is final when the turn ends, or when only its background tasks
@@ -65,8 +67,9 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return web.json_response(completion_body(view), headers=headers)
 
 
-async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
-    """Check what a turn request refers to, then start it (HTTP and WebSocket alike)."""
+async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds) -> TurnActor:
+    """Check what a turn request refers to, then start it (HTTP and WebSocket
+    alike); the request's ``chat_id`` is the client's, ``ids`` its stored one."""
     resolved = await svc.catalog.resolve(body.model)
     if resolved is None:
         hint = "GET /v1/models lists the models of the configured upstreams"
@@ -76,13 +79,15 @@ async def start_turn(svc: Services, body: ChatRequest, user: str) -> TurnActor:
     unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
+    if body.chat_id:
+        stored = await ids.stored(svc.store, body.chat_id)
+        chat = await svc.store.get_chat(stored)
+        if chat is not None and chat.user_id != user:  # (without scoping: auth off)
+            raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
+        body = body.model_copy(update={"chat_id": stored})  # the log keeps the stored id
     request = body.recorded()
     if (requested_mode(request) or resolved.function_calling) == "default":
         refuse_approvals_in_prompt_mode(svc, request)
-    if body.chat_id:
-        chat = await svc.store.get_chat(body.chat_id)
-        if chat is not None and chat.user_id != user:
-            raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
     return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model)
 
 

@@ -10,6 +10,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
 from adapters.http.schemas import read_json, validate_body
@@ -63,7 +64,7 @@ async def post_fork(request: web.Request) -> web.Response:
         raise ApiError(409, str(exc), "conflict_error", "turn_not_ended") from exc
     except ForkError as exc:
         raise ApiError(400, exc.message, code="invalid_fork_point", param=exc.param) from exc
-    chat_id = actor.view.chat_id or ""
+    chat_id = ChatIds.of(request).shown(actor.view.chat_id) or ""
     return web.json_response(
         {"turn_id": actor.turn_id, "chat_id": chat_id}, status=201, headers={"X-Turn-Id": actor.turn_id, "X-Chat-Id": chat_id}
     )

@@ -77,6 +77,7 @@ class Operation:
 ERRORS: dict[int, str] = {
     400: "Bad input: malformed JSON, a schema violation or a bad parameter, named in the message.",
     401: "No or wrong API key (`TURNLOG_AUTH=on`).",
+    403: "An admin-only endpoint asked with a user key (`TURNLOG_AUTH=on`).",
     404: "Not found, or someone else's.",
     409: "A conflict with the turn's state (`turn_not_running`, `turn_not_ended`, …) or a damaged log (`damaged_log`, with `damage`).",
     413: "The body is over the limit (`TURNLOG_MAX_BODY_BYTES`, `TURNLOG_MAX_FILE_BYTES`).",
@@ -164,7 +165,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body=json_(ApprovalRequest),
     ),
     ("GET", "/metrics"): Operation(
-        "Prometheus metrics of this process", "service", {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})}
+        "Prometheus metrics of this process", "service", {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})},
+        errors=(403,),
+        description="With auth on: an admin key, or `TURNLOG_METRICS_TOKEN` as the bearer token (for scrapers); a user key gets 403.",
     ),
     ("POST", "/v1/responses"): Operation(
         "Start a turn through the OpenAI Responses API (previous_response_id continues a conversation)",

@@ -20,6 +20,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import serve_sse, start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
@@ -180,7 +181,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         previous = await _previous(svc, body.previous_response_id, user, _deletions(request))
         chat_id, branch = await _continuation(svc, previous)
     chat_request = parse_chat_request(turn_request(body, chat_id, branch))
-    actor = await start_turn(svc, chat_request, user)
+    # (a response's chat is one the service named: its id is not scoped)
+    actor = await start_turn(svc, chat_request, user, ChatIds.of(request))
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_response(request, actor.turn_id, headers=headers)

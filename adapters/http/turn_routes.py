@@ -12,6 +12,7 @@ from aiohttp import web
 from adapters.checked_log import DamagedTurn, checked_chain, checked_events, checked_fold
 from adapters.config import Settings
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import stream_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, not_found
@@ -101,8 +102,8 @@ def _fold(turn_id: str, events: list[Event], upto: int | None = None) -> TurnVie
         raise _refused(exc) from None
 
 
-def _public(svc: Services, record: TurnRecord, view: TurnView) -> dict[str, Any]:
-    out = view.public()
+def _public(svc: Services, record: TurnRecord, view: TurnView, ids: ChatIds) -> dict[str, Any]:
+    out = ids.view(view.public())
     # No terminal event and nobody holding the lease: the owner is gone.
     if out["status"] == "running" and record.id not in svc.supervisor.actors:
         if record.lease_until is None or record.lease_until < time.time():
@@ -114,7 +115,7 @@ async def get_turn(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
     view = _fold(record.id, await checked_turn_events(svc, record.id))
-    return web.json_response(_public(svc, record, view))
+    return web.json_response(_public(svc, record, view, ChatIds.of(request)))
 
 
 async def get_events(request: web.Request) -> web.Response:
@@ -144,8 +145,9 @@ async def get_events(request: web.Request) -> web.Response:
                 damage = prefix.damage or damage
             raise DamagedLog(record.id, damage.message, damage)
     events = [e.event() for e in stored]
+    ids = ChatIds.of(request)
     return web.json_response(
-        {"events": [e.public() for e in events], "next_after": events[-1].seq if events else after}
+        {"events": [ids.event(e.public()) for e in events], "next_after": events[-1].seq if events else after}
     )
 
 
@@ -161,7 +163,7 @@ async def get_stream(request: web.Request) -> web.StreamResponse:
     return await stream_turn(
         request,
         record.id,
-        headers={"X-Turn-Id": record.id, "X-Chat-Id": record.chat_id},
+        headers={"X-Turn-Id": record.id, "X-Chat-Id": ChatIds.of(request).shown(record.chat_id) or ""},
         after=after,
         include_usage=include_usage,
     )
@@ -172,7 +174,7 @@ async def get_replay(request: web.Request) -> web.Response:
     record = await _own_turn(request)
     upto = _int_query(request, "upto", None, minimum=0)
     view = _fold(record.id, await checked_turn_events(svc, record.id), upto=upto)
-    return web.json_response(view.public())
+    return web.json_response(ChatIds.of(request).view(view.public()))
 
 
 async def get_verify(request: web.Request) -> web.Response:
@@ -237,7 +239,8 @@ async def post_resume(request: web.Request) -> web.Response:
 
 async def get_chat(request: web.Request) -> web.Response:
     svc = services(request)
-    chat = await svc.store.get_chat(request.match_info["chat_id"])
+    ids = ChatIds.of(request)
+    chat = await svc.store.get_chat(await ids.stored(svc.store, request.match_info["chat_id"]))
     if chat is None or chat.user_id != request[USER]:
         raise not_found("chat")
     try:
@@ -247,7 +250,7 @@ async def get_chat(request: web.Request) -> web.Response:
         raise ApiError(409, f"chat {chat.id}: damaged log: {exc}", "conflict_error", "damaged_log") from None
     return web.json_response(
         {
-            "id": chat.id,
+            "id": ids.shown(chat.id),
             "title": chat.title,
             "tags": chat.tags,
             "created_at": chat.created_at,
@@ -268,10 +271,11 @@ async def list_chats(request: web.Request) -> web.Response:
         except ValueError as exc:
             raise ApiError(400, "query parameter 'before' must be a timestamp", code="invalid_value", param="before") from exc
     chats = await svc.store.list_chats(request[USER], limit=min(limit, 500), before=before)
+    ids = ChatIds.of(request)
     return web.json_response(
         {
             "data": [
-                {"id": c.id, "title": c.title, "tags": c.tags, "created_at": c.created_at, "updated_at": c.updated_at}
+                {"id": ids.shown(c.id), "title": c.title, "tags": c.tags, "created_at": c.created_at, "updated_at": c.updated_at}
                 for c in chats
             ]
         }

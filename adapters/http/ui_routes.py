@@ -30,6 +30,7 @@ from aiohttp import web
 from sqlalchemy import and_, not_, or_, select
 
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
 from adapters.http.turn_routes import DamagedLog, _fold, _int_query, _own_turn, _public, checked_turn_events
@@ -102,8 +103,9 @@ async def list_turns(request: web.Request) -> web.Response:
     )
     if model is not None:
         stmt = stmt.where(turns.c.model == model)
+    ids = ChatIds.of(request)
     if chat_id is not None:
-        stmt = stmt.where(turns.c.chat_id == chat_id)
+        stmt = stmt.where(turns.c.chat_id.in_(ids.candidates(chat_id)))
     # "interrupted" is not stored: it is a running row without a live owner
     # (``_listed_status``): neither an actor of this process nor a lease.
     leased = and_(turns.c.lease_until.is_not(None), turns.c.lease_until >= time.time())
@@ -120,7 +122,7 @@ async def list_turns(request: web.Request) -> web.Response:
     data = [
         {
             "id": r.id,
-            "chat_id": r.chat_id,
+            "chat_id": ids.shown(r.chat_id),
             "chat_title": r.title,
             "model": r.model,
             "status": _listed_status(svc, r),
@@ -210,7 +212,7 @@ async def turn_summary(request: web.Request) -> web.Response:
                 duration_ms=round((event.at - call["started_at"]) * 1000, 1),
             )
         problems.extend(_problems(event))
-    public = _public(svc, record, view)
+    public = _public(svc, record, view, ChatIds.of(request))
     for call in tools.values():
         if call["status"] == "in_progress" and public["status"] != "running":
             call["status"] = "incomplete"
@@ -256,6 +258,7 @@ async def turn_timeline(request: web.Request) -> web.Response:
     after = _int_query(request, "after", 0) or 0
     limit = min(_int_query(request, "limit", TIMELINE_PAGE, minimum=1) or TIMELINE_PAGE, TIMELINE_MAX)
     folds = request.app[TIMELINE_FOLDS]
+    ids = ChatIds.of(request)
     # The state after each event needs the fold up to the page: the one the
     # previous page left, else the prefix's.
     view = folds.take(record.id, after)
@@ -268,11 +271,16 @@ async def turn_timeline(request: web.Request) -> web.Response:
     rows: list[dict[str, Any]] = []
     for event in events[:limit]:
         _apply(view, event)
-        rows.append({"seq": event.seq, "type": event.type, "at": event.at, "state": view.state, "data": event.data})
+        rows.append({"seq": event.seq, "type": event.type, "at": event.at, "state": view.state, "data": _data(ids, event)})
     if view.last_seq == (rows[-1]["seq"] if rows else after):
         folds.keep(record.id, view)
     next_after: int = rows[-1]["seq"] if rows else after
     return web.json_response({"events": rows, "next_after": next_after, "has_more": more})
+
+
+def _data(ids: ChatIds, event: Event) -> dict[str, Any]:
+    """An event's data as the caller sees it (its chat id shown)."""
+    return ids.event(event.public())["data"] if event.type == "turn.started" else event.data
 
 
 def _apply(view: TurnView, event: Event) -> None:

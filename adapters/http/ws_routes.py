@@ -24,6 +24,7 @@ from aiohttp import WSMsgType, web
 
 from adapters.http.approval_routes import approval_request, parse_approval, record_decision
 from adapters.http.auth import USER
+from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
@@ -52,10 +53,11 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str, protocol: Any = None) -> None:
+    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str, protocol: Any = None, ids: ChatIds | None = None) -> None:
         self.ws = ws
         self.svc = svc
         self.user = user
+        self.ids = ids if ids is not None else ChatIds(user)  # the caller's chat ids (scoped with auth on)
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         # Frames written together (adapters.http.ws_frames); None:
@@ -130,8 +132,8 @@ class Connection:
 
     async def on_chat(self, message: dict[str, Any]) -> None:
         deltas = _deltas_option(message)
-        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user)
-        await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": actor.view.chat_id})
+        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user, self.ids)
+        await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": self.ids.shown(actor.view.chat_id)})
         self._start_pump(actor.turn_id, 0, deltas=deltas)
 
     async def on_subscribe(self, message: dict[str, Any]) -> None:
@@ -142,7 +144,7 @@ class Connection:
         if message.get("chat_id") and not message.get("turn_id"):
             if "\x00" in str(message["chat_id"]):
                 raise ApiError(400, "'chat_id' must not contain NUL characters", code="invalid_value")
-            chat = await self.svc.store.get_chat(str(message["chat_id"]))
+            chat = await self.svc.store.get_chat(await self.ids.stored(self.svc.store, str(message["chat_id"])))
             if chat is None or chat.user_id != self.user:
                 raise ApiError(404, "chat not found", code="not_found")
             for status in ("running", "waiting"):
@@ -234,7 +236,8 @@ class Connection:
                     hold = deltas
                     for item in items:
                         if isinstance(item, Event):
-                            out.append(_encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": item.data}}))
+                            data = item.data if item.type != "turn.started" else self.ids.event(item.public())["data"]
+                            out.append(_encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": data}}))
                             last = item.seq
                             hold = hold and item.type == "model.delta"
                             if item.type == "turn.resumed":
@@ -312,7 +315,7 @@ def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
     await ws.prepare(request)
-    conn = Connection(ws, services(request), request[USER], request.protocol)
+    conn = Connection(ws, services(request), request[USER], request.protocol, ChatIds.of(request))
     guard = StallGuard(request.protocol, services(request).settings.client_stall_seconds, "WebSocket")
     try:
         async for msg in ws:

@@ -51,7 +51,7 @@ from adapters.store.common import (
 from engine.blobs import blob_id as _blob_id
 from engine.chain import GENESIS, StoredEvent
 from engine.events import Event, upcast
-from engine.ports import ChatRecord, ConcurrencyError, IndexUpdate, TurnRecord
+from engine.ports import ROLES, ChatRecord, ConcurrencyError, IndexUpdate, KeyHolder, TurnRecord
 
 log = logging.getLogger(__name__)
 
@@ -137,13 +137,13 @@ class MemoryDatabase:
     """What the SQL tables hold, as dicts: the state several stores may share.
 
     ``api_keys`` maps the key's sha256 (``hash_api_key``) to ``(user_id,
-    created_at)``: like the ``api_keys`` table, it never holds a key."""
+    created_at, role)``: like the ``api_keys`` table, it never holds a key."""
 
     def __init__(self) -> None:
         self.events: dict[str, _TurnLog] = {}
         self.turns: dict[str, _TurnRow] = {}
         self.chats: dict[str, _ChatRow] = {}
-        self.api_keys: dict[str, tuple[str, float]] = {}
+        self.api_keys: dict[str, tuple[str, float, str]] = {}
         self.blobs: dict[str, _BlobRow] = {}
 
     def taken(self, rows: Sequence[EventRow]) -> bool:
@@ -360,9 +360,11 @@ class MemoryEventStore:
 
         await self._submit(_Op, op)
 
-    async def create_api_key(self, user_id: str) -> str:
+    async def create_api_key(self, user_id: str, role: str = "user") -> str:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
         key = new_api_key()
-        entry = (user_id, self._clock())
+        entry = (user_id, self._clock(), role)
         key_hash = hash_api_key(key)
 
         def op() -> None:
@@ -477,6 +479,11 @@ class MemoryEventStore:
         await _round_trip()
         entry = self.database.api_keys.get(hash_api_key(key))
         return None if entry is None else entry[0]
+
+    async def key_holder(self, key: str) -> KeyHolder | None:
+        await _round_trip()
+        entry = self.database.api_keys.get(hash_api_key(key))
+        return None if entry is None else KeyHolder(entry[0], entry[2])
 
     # --------------------------------------------------------------- lifecycle
 

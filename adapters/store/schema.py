@@ -87,6 +87,7 @@ api_keys = Table(
     Column("key_hash", Text, primary_key=True),  # sha256 hex of the key, never the key
     Column("user_id", Text, nullable=False),
     Column("created_at", Float),
+    Column("role", Text, nullable=False, server_default="user"),  # engine.ports.ROLES
 )
 
 # Content-addressed binary payloads (``engine.blobs``): ``id`` is the sha256 hex

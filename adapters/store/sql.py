@@ -108,9 +108,11 @@ from engine.blobs import blob_id as _blob_id
 from engine.chain import StoredEvent
 from engine.events import Event, upcast
 from engine.ports import (
+    ROLES,
     ChatRecord,
     ConcurrencyError,
     IndexUpdate,
+    KeyHolder,
     TurnObserver,
     TurnRecord,
     observe,
@@ -458,10 +460,12 @@ class SqlEventStore:
         params = {"r_id": turn_id, "r_owner": owner}
         await self._submit(_Release, lambda conn: conn.execute(_RELEASE_TURN, params), params)
 
-    async def create_api_key(self, user_id: str) -> str:
+    async def create_api_key(self, user_id: str, role: str = "user") -> str:
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {', '.join(ROLES)}")
         key = new_api_key()
         stmt = api_keys.insert().values(
-            key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock()
+            key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock(), role=role
         )
         await self._submit(_Op, _executing(stmt))
         return key
@@ -580,10 +584,14 @@ class SqlEventStore:
         return [_turn(row) for row in await self._fetch(stmt)]
 
     async def user_for_api_key(self, key: str) -> str | None:
+        holder = await self.key_holder(key)
+        return None if holder is None else holder.user_id
+
+    async def key_holder(self, key: str) -> KeyHolder | None:
         rows = await self._fetch(
-            select(api_keys.c.user_id).where(api_keys.c.key_hash == hash_api_key(key))
+            select(api_keys.c.user_id, api_keys.c.role).where(api_keys.c.key_hash == hash_api_key(key))
         )
-        return rows[0][0] if rows else None
+        return KeyHolder(rows[0].user_id, rows[0].role) if rows else None
 
     async def _fetch(self, stmt: Any) -> list[Row[Any]]:
         async with self._read_gate, self._read_engine.connect() as conn:
