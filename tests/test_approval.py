@@ -21,7 +21,7 @@ import pytest
 
 from engine.events import ToolApproval, make_event
 from engine.run.actor import index_update
-from engine.run.supervisor import Folded
+from engine.run.folded import Folded
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.processes import Server, get_json, wait_for
