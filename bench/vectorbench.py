@@ -111,7 +111,7 @@ class Database:
             finally:
                 await admin.close()
             self.url = u.set(database=self.name).render_as_string(hide_password=False)
-        elif Path(u.database or "").exists():
+        elif await asyncio.to_thread(Path(u.database or "").exists):
             raise SystemExit(f"{u.database} exists: give a new file")
         await migrate(self.url)
         return self.url

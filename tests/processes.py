@@ -21,6 +21,7 @@ from typing import Protocol
 import aiohttp
 
 from tests.gate import WAITING
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -200,8 +201,5 @@ async def wait_for(http: aiohttp.ClientSession, url: str, predicate, timeout: fl
 async def wait_for_output(path: Path, what: str, timeout: float = 20.0) -> str:
     """The text another process wrote to ``path`` once it is there (polled:
     the writer is a separate process with no other signal to wait on)."""
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{what} never happened"
-        await asyncio.sleep(0.05)
-    return path.read_text()
+    await until(lambda: path.exists() and path.read_text(), what, within=timeout, every=0.05)
+    return await asyncio.to_thread(path.read_text)

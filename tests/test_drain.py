@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from tests.harness import sse_text
+from tests.polling import until
 from tests.processes import Server, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -208,16 +209,13 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
         await first.ready(http)
         started: list[str] = []
         quick = asyncio.create_task(_stream(http, first, started))
-        while not upstream.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: upstream.requests, "the first request reached the upstream")
         slow = asyncio.create_task(_stream(http, first, started))
-        while len(started) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(started) >= 2, "both streams started")
         await _all_streaming(http, first, [started[1]], 1)
         # A non-streaming request too: released before its answer, it is told so.
         blocking = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER}))
-        while len(upstream.requests) < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(upstream.requests) >= 3, "the blocking request reached the upstream")
         client = _client(first)
         os.kill(first.proc.pid, signal.SIGTERM)
         await _wait_draining(http, first)

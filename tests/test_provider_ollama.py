@@ -12,6 +12,7 @@ from aiohttp import web
 
 from adapters.providers.ollama import OllamaProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.polling import until
 from tests.upstream import Reply, ScriptedUpstream
 
 BODY = {"model": "llama3.2", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -48,8 +49,8 @@ def ndjson_handler(payload: bytes, *, abort: bool = False) -> Handler:
         if abort:
             transport = request.transport
             assert transport is not None
-            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
-                await asyncio.sleep(0.001)
+            # every byte handed to the kernel, which delivers them before the close
+            await until(lambda: not transport.get_write_buffer_size(), "the write buffer drained", every=0.001)
             transport.abort()
             return resp
         await resp.write_eof()

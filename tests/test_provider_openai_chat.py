@@ -18,6 +18,7 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.polling import until
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -503,9 +504,7 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAICha
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
-        await asyncio.sleep(0.01)
+    await until(lambda: len(got) >= 2, "the two chunks sent were read", within=5)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
     await asyncio.wait_for(task, 5)

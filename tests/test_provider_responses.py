@@ -17,6 +17,7 @@ from adapters.providers.openai_responses import OpenAIResponsesProvider
 from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols.client import LiveModelClient
 from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
+from tests.polling import until
 from tests.responses_events import FULL_STREAM, USAGE
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
@@ -98,8 +99,8 @@ def sse_handler(payload: bytes, *, abort: bool = False) -> Handler:
         if abort:
             transport = request.transport
             assert transport is not None
-            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
-                await asyncio.sleep(0.001)
+            # every byte handed to the kernel, which delivers them before the close
+            await until(lambda: not transport.get_write_buffer_size(), "the write buffer drained", every=0.001)
             transport.abort()
             return resp
         await resp.write_eof()
@@ -438,9 +439,7 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAIRes
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
-        await asyncio.sleep(0.01)
+    await until(lambda: len(got) >= 2, "the two chunks sent were read", within=5)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
     await asyncio.wait_for(task, 5)
