@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -240,4 +239,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

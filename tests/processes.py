@@ -14,7 +14,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -120,6 +120,7 @@ class Server:
         log_dir: Path | None = None,
         args: tuple[str, ...] = (),
         gate: bool = False,
+        env: Mapping[str, str] | None = None,
         **env_extra: str,
     ) -> None:
         self.port = free_port()
@@ -133,6 +134,7 @@ class Server:
             "TURNLOG_LEASE_SECONDS": "1",
             "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
             "TURNLOG_DRAIN_SECONDS": "0",  # stop() releases running turns at once
+            **(env or {}),
             **env_extra,  # wins: e.g. a long lease for a test that must not wait for one
         }
         if upstream_url is None:

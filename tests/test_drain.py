@@ -149,8 +149,8 @@ async def test_rolling_restart_of_two_instances_under_50_turns(pg_url: str, tmp_
     upstream = ScriptedUpstream(models=["gpt-test"], default=Reply(text=TEXT, chunk_size=8, delay=0.01, pause_after=PAUSE_AT))
     await upstream.start()
     env = {"TURNLOG_LEASE_SECONDS": LEASE, "TURNLOG_DRAIN_SECONDS": str(DRAIN)}
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
-    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
+    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
     a2: Server | None = None
     try:
         await a.ready(http)
@@ -166,7 +166,7 @@ async def test_rolling_restart_of_two_instances_under_50_turns(pg_url: str, tmp_
         await _wait_draining(http, a)
         await _refused_while_draining(client)
         assert await _exited(a) == 0, a.log_tail()
-        a2 = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+        a2 = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
         await a2.ready(http)
 
         # Restart B: A2 takes over what B still runs (its own and A's).
@@ -203,7 +203,7 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
     await upstream.start()
     db = tmp_path / "turnlog.db"
     env = {"TURNLOG_LEASE_SECONDS": LEASE, "TURNLOG_DRAIN_SECONDS": str(DRAIN)}
-    first = Server(db, upstream.url, auto_resume=True, **env)
+    first = Server(db, upstream.url, auto_resume=True, env=env)
     second: Server | None = None
     try:
         await first.ready(http)
@@ -229,7 +229,7 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
             blocking_id = answer.headers["X-Turn-Id"]
         assert await _exited(first) == 0, first.log_tail()
         stops = [time.time()]  # one instance: the turn waits for the restart, not the lease
-        second = Server(db, upstream.url, auto_resume=True, **env)
+        second = Server(db, upstream.url, auto_resume=True, env=env)
         await second.ready(http)
         done = await wait_for(http, f"{second.url}/v1/turns/{quick_id}", lambda v: v["status"] == "completed")
         assert done["content"] == short

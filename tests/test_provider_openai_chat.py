@@ -49,8 +49,16 @@ def raw_server(handler_server: Callable[..., Awaitable[str]]) -> Callable[[Handl
     return lambda handler: handler_server(handler, "/v1/chat/completions", "/v1")
 
 
-async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
+async def collect_mixed(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
     return [item async for item in provider.stream(body)]
+
+
+async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk]:
+    """The stream's chunks, where the test expects no warning among them."""
+    items = await collect_mixed(provider, body)
+    chunks = [i for i in items if isinstance(i, RawChunk)]
+    assert len(chunks) == len(items), f"unexpected warnings: {items}"
+    return chunks
 
 
 async def collect_error(provider: OpenAIChatProvider, body: dict = BODY) -> tuple[list, UpstreamError]:
@@ -200,11 +208,12 @@ async def test_crlf_and_lines_split_across_reads(raw_server) -> None:
         return resp
 
     async with OpenAIChatProvider(await raw_server(handler), KEY) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert contents(items) == ["h\u00e9llo \u2603", " w\u00f6rld"]
     warnings = [i for i in items if isinstance(i, RawWarning)]
     assert len(warnings) == 1 and warnings[0].raw == "data: {broken"
-    assert items[-1].data["choices"][0]["finish_reason"] == "stop"
+    last = items[-1]
+    assert isinstance(last, RawChunk) and last.data["choices"][0]["finish_reason"] == "stop"
 
 
 def body_handler(payload: bytes) -> Handler:
@@ -296,10 +305,11 @@ async def test_malformed_line_is_a_warning_and_stream_continues(
     upstream: ScriptedUpstream, provider: OpenAIChatProvider
 ) -> None:
     upstream.enqueue(Reply(chunks=["a", "b", "c"], fault="malformed", fault_after=2))
-    items = await collect(provider)
+    items = await collect_mixed(provider)
     kinds = [type(i).__name__ for i in items]
     assert kinds == ["RawChunk"] * 3 + ["RawWarning"] + ["RawChunk"] * 3
     warning = items[3]
+    assert isinstance(warning, RawWarning)
     assert warning.raw == "data: {not json" and "not valid JSON" in warning.message
     assert contents(items) == ["a", "b", "c"]
 
@@ -313,7 +323,7 @@ async def test_malformed_raw_is_truncated(raw_server) -> None:
         return resp
 
     async with OpenAIChatProvider(await raw_server(handler), KEY) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert isinstance(items[0], RawWarning) and len(items[0].raw) <= 500
     assert isinstance(items[1], RawWarning) and "not an object" in items[1].message
     assert isinstance(items[2], RawChunk)
