@@ -48,7 +48,7 @@ import random
 import re
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -343,7 +343,7 @@ async def one_stream(conn: _Conn, request: bytes, state: _PhaseState) -> dict[st
         r["t_send"], r["t_end"] = r["t0"], end
     if proto is not None and proto.first is not None:
         r["ttfc"] = proto.first - r["t0"]
-        r["t_last"] = proto.last - r["t0"]  # type: ignore[operator]
+        r["t_last"] = proto.last - r["t0"]
     if proto is not None:
         proto.r = None
     state.on_end(proto is not None and proto.first is not None)
@@ -454,7 +454,7 @@ def cli(
     argv: list[str] | None,
     prog: str,
     doc: str,
-    run_spec: Callable[[dict[str, Any]], Awaitable[dict[str, Any]]],
+    run_spec: Callable[[dict[str, Any]], Coroutine[Any, Any, dict[str, Any]]],
     *,
     stdin: bool = False,
 ) -> None:

@@ -116,7 +116,7 @@ def make_app(upstream: str) -> web.Application:
     app = web.Application(client_max_size=64 * 1024 * 1024)
     holder: dict[str, aiohttp.ClientSession] = {}
 
-    async def session_ctx(app: web.Application):  # type: ignore[no-untyped-def]
+    async def session_ctx(app: web.Application):
         holder["s"] = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=300),

@@ -185,9 +185,9 @@ def burst_starts(ctx: Ctx) -> dict[str, Any]:
         )
         if i == 0:
             keep = {"floor_latency_ms_round0": _lat_figures(f["lats"]), "turnlog_latency_ms_round0": _lat_figures(t["lats"])}
-    add99 = med([r["added_p99_ms"] for r in per_round])  # type: ignore[misc]
-    over = med([r["ttfc_p50_over_floor_ms"] for r in per_round])  # type: ignore[misc]
-    over_durable = med([r["ttfc_p50_over_durable_floor_ms"] for r in per_round])  # type: ignore[misc]
+    add99 = med([r["added_p99_ms"] for r in per_round])
+    over = med([r["ttfc_p50_over_floor_ms"] for r in per_round])
+    over_durable = med([r["ttfc_p50_over_durable_floor_ms"] for r in per_round])
     return {
         "status": "ok",
         "checks": [
@@ -201,14 +201,14 @@ def burst_starts(ctx: Ctx) -> dict[str, Any]:
             "rounds": rounds,
             "chunks_per_turn": BURST_CHUNKS,
             "interval_ms": 1000 / BURST_RATE,
-            "added_p50_ms": spread([r["added_p50_ms"] for r in per_round]),  # type: ignore[misc]
-            "added_p99_ms": spread([r["added_p99_ms"] for r in per_round]),  # type: ignore[misc]
-            "ttfc_p50_ms": spread([r["ttfc_p50_ms"] for r in per_round]),  # type: ignore[misc]
-            "floor_ttfc_p50_ms": spread([r["floor_ttfc_p50_ms"] for r in per_round]),  # type: ignore[misc]
-            "ttfc_p50_over_floor_ms": spread([r["ttfc_p50_over_floor_ms"] for r in per_round]),  # type: ignore[misc]
-            "durable_floor_ttfc_p50_ms": spread([r["durable_floor_ttfc_p50_ms"] for r in per_round]),  # type: ignore[misc]
-            "durable_floor_over_floor_ms": spread([r["durable_floor_over_floor_ms"] for r in per_round]),  # type: ignore[misc]
-            "ttfc_p50_over_durable_floor_ms": spread([r["ttfc_p50_over_durable_floor_ms"] for r in per_round]),  # type: ignore[misc]
+            "added_p50_ms": spread([r["added_p50_ms"] for r in per_round]),
+            "added_p99_ms": spread([r["added_p99_ms"] for r in per_round]),
+            "ttfc_p50_ms": spread([r["ttfc_p50_ms"] for r in per_round]),
+            "floor_ttfc_p50_ms": spread([r["floor_ttfc_p50_ms"] for r in per_round]),
+            "ttfc_p50_over_floor_ms": spread([r["ttfc_p50_over_floor_ms"] for r in per_round]),
+            "durable_floor_ttfc_p50_ms": spread([r["durable_floor_ttfc_p50_ms"] for r in per_round]),
+            "durable_floor_over_floor_ms": spread([r["durable_floor_over_floor_ms"] for r in per_round]),
+            "ttfc_p50_over_durable_floor_ms": spread([r["ttfc_p50_over_durable_floor_ms"] for r in per_round]),
             "per_round": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in per_round],
             **keep,
             "turnlog_failures_sample": all_failed[:5],

@@ -415,6 +415,7 @@ async def run_phase(phase: dict[str, Any], deadline: float, sessions: dict[str, 
     if state.lats is not None:
         agg["latency_ms"] = percentiles([x * 1000 for x in state.lats])
     if kind == "owui":
+        assert sess is not None
         agg["socket"] = dict(sess.stats)
     return {"name": phase.get("name", "phase"), "kind": kind, "streams": streams, "agg": agg}
 

@@ -435,8 +435,8 @@ def _tool_loop(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], list
     floor_ms = [floor_sum_ms(i) for i in range(rounds)]
     turn_ms = [r["total"] * 1000 for i in range(rounds) for r in by[f"turnlog{i}"]]
     owui_ms = [r["total"] * 1000 for r in owui_streams if not sc.failures([r], answer)]
-    t_added = (sc.med(turn_ms) - sc.med(floor_ms)) / rounds_n  # type: ignore[operator]
-    o_added = (sc.med(owui_ms) - sc.med(floor_ms)) / rounds_n if owui_ms else None  # type: ignore[operator]
+    t_added = (sc.med(turn_ms) - sc.med(floor_ms)) / rounds_n
+    o_added = (sc.med(owui_ms) - sc.med(floor_ms)) / rounds_n if owui_ms else None
     # turnlog's added time can be ~0 (or below, by noise): divide by at least 0.1 ms
     ratio = o_added / max(t_added, 0.1) if o_added is not None and got == expected else None
     cpu_ms = [m_owui.spent.get(f"owui{i}", float("nan")) / runs * 1000 for i in range(rounds)]

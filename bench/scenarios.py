@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,20 +71,27 @@ def phase(name: str, v1: str, b: dict[str, Any], **kw: Any) -> dict[str, Any]:
     return {"name": name, "url": v1 + "/chat/completions", "body": b, **kw}
 
 
-def med(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
+def med(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
 
 
-def spread(values: list[float], scale: float = 1.0, digits: int = 3) -> dict[str, Any]:
-    values = [v * scale for v in values if v is not None]
-    if not values:
+def need(value: float | None) -> float:
+    """A median the figure cannot do without: none measured fails the scenario."""
+    if value is None:
+        raise ValueError("no measurement to compute this figure from")
+    return value
+
+
+def spread(values: Sequence[float | None], scale: float = 1.0, digits: int = 3) -> dict[str, Any]:
+    present = [v * scale for v in values if v is not None]
+    if not present:
         return {"n": 0}
     return {
-        "median": round(statistics.median(values), digits),
-        "min": round(min(values), digits),
-        "max": round(max(values), digits),
-        "n": len(values),
+        "median": round(statistics.median(present), digits),
+        "min": round(min(present), digits),
+        "max": round(max(present), digits),
+        "n": len(present),
     }
 
 
@@ -282,8 +289,8 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
             name="c-long", announce="turnlog", on_event=meter.on_event,
         )
     floor, parse, turn = rates["floor"], rates["parse"], rates["turnlog"]
-    ratio = med(turn) / med(floor)  # type: ignore[operator]
-    ratio_parse = med(turn) / med(parse)  # type: ignore[operator]
+    ratio = need(med(turn)) / need(med(floor))
+    ratio_parse = need(med(turn)) / need(med(parse))
     cpu = [meter.spent.get(f"turnlog{i}", float("nan")) / n for i in range(pairs)]
     ctx.cache["cpu_per_chunk"] = {
         "cpu_us_per_chunk": [c * 1e6 for c in cpu],
@@ -306,9 +313,9 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
             "runs": pairs,
             "floor_chunks_per_s": spread(floor, digits=0),
             "parsing_relay_chunks_per_s": spread(parse, digits=0),
-            "parsing_relay_ratio_to_floor": round(med(parse) / med(floor), 4),  # type: ignore[operator]
+            "parsing_relay_ratio_to_floor": round(need(med(parse)) / need(med(floor)), 4),
             "turnlog_chunks_per_s": spread(turn, digits=0),
-            "ratio_per_pair": spread([t / f for t, f in zip(turn, floor)], digits=4),
+            "ratio_per_pair": spread([t / f for t, f in zip(turn, floor) if t is not None and f], digits=4),
             "floor_total_chunks_per_s": spread([total_rate(by[f"floor{i}"]) for i in range(pairs)], digits=0),
             "turnlog_total_chunks_per_s": spread([total_rate(by[f"turnlog{i}"]) for i in range(pairs)], digits=0),
             "floor_ttfc_ms": spread([by[f"floor{i}"]["ttfc"] for i in range(pairs)], 1000),
@@ -364,10 +371,10 @@ def linearity(ctx: Ctx) -> dict[str, Any]:
     bad = failures(by["tiny"], tiny) + failures(by["small"], small) + failures(by["big"], big)
     if bad or res.get("error"):
         raise BenchError(f"linearity streams failed: {bad[:3] or res.get('error')}")
-    base = med([r["t_last"] for r in by["tiny"]])
-    cs = (med([r["t_last"] for r in by["small"]]) - base) / (small - tiny)  # type: ignore[operator]
-    cb = [(r["t_last"] - base) / (big - tiny) for r in by["big"]]  # type: ignore[operator]
-    ratio = med(cb) / cs if cs > 0 else None  # type: ignore[operator]
+    base = need(med([r["t_last"] for r in by["tiny"]]))
+    cs = (need(med([r["t_last"] for r in by["small"]])) - base) / (small - tiny)
+    cb = [(r["t_last"] - base) / (big - tiny) for r in by["big"]]
+    ratio = need(med(cb)) / cs if cs > 0 else None
     n_tiny, n_small = len(by["tiny"]), len(by["small"])
     cpu_tiny = meter.spent.get("tiny", float("nan")) / n_tiny
     cpu_small = (meter.spent.get("small", float("nan")) / n_small - cpu_tiny) / (small - tiny)
@@ -420,7 +427,7 @@ def ttfc(ctx: Ctx) -> dict[str, Any]:
         raise BenchError(f"ttfc streams failed: {bad[:3] or res.get('error')}")
     f = [r["ttfc"] * 1000 for r in streams["floor"]]
     t = [r["ttfc"] * 1000 for r in streams["turnlog"]]
-    added = med(t) - med(f)  # type: ignore[operator]
+    added = need(med(t)) - need(med(f))
     return {
         "status": "ok",
         "checks": [check("added_ttfc_ms", added, "<=", 5.0)],
@@ -529,7 +536,7 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
             # CPU per relayed chunk when every chunk arrives alone (paced): the
             # per-wakeup cost, which batching hides in the long-answer scenario.
             "cpu_us_per_chunk_paced": {
-                who: round(1e6 * med([cpu[f"{who}{i}"] for i in range(rounds)]) / (turns * chunks), 1)
+                who: round(1e6 * need(med([cpu[f"{who}{i}"] for i in range(rounds)])) / (turns * chunks), 1)
                 for who in ("floor", "turnlog")
             },
             "note": "latency = client arrival - upstream write time of the same chunk (time.monotonic stamp carried "
@@ -867,7 +874,7 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
         (statistics.median(r["total"] * 1000 for r in by[f"turnlog{i}"]) - floor_round_ms[i]) / rounds_n
         for i in range(rounds)
     ]
-    added = (med(turn_ms) - med(floor_round_ms)) / rounds_n  # type: ignore[operator]
+    added = (need(med(turn_ms)) - need(med(floor_round_ms))) / rounds_n
     cpu_ms = [meter.spent.get(f"turnlog{i}", float("nan")) / runs_per_round * 1000 for i in range(rounds)]
     return {
         "status": "ok",
@@ -978,8 +985,8 @@ def postgres(ctx: Ctx) -> dict[str, Any]:
         finally:
             ctx.procs.stop(proc)
         floor, pg, lite = rates["floor"], rates["pg"], rates["sqlite"]
-        pg_ratio = med(pg) / med(floor)  # type: ignore[operator]
-        lite_ratio = med(lite) / med(floor)  # type: ignore[operator]
+        pg_ratio = need(med(pg)) / need(med(floor))
+        lite_ratio = need(med(lite)) / need(med(floor))
         figures["long_answer"] = {
             "chunks": n,
             "runs": pairs,
@@ -988,7 +995,7 @@ def postgres(ctx: Ctx) -> dict[str, Any]:
             "sqlite_chunks_per_s": spread(lite, digits=0),
             "postgres_ratio": round(pg_ratio, 4),
             "sqlite_ratio": round(lite_ratio, 4),
-            "postgres_ratio_per_pair": spread([t / f for t, f in zip(pg, floor)], digits=4),
+            "postgres_ratio_per_pair": spread([t / f for t, f in zip(pg, floor) if t is not None and f], digits=4),
             "postgres_ttfc_ms": spread([by[f"pg{i}"]["ttfc"] for i in range(pairs)], 1000),
             "sqlite_ttfc_ms": spread([by[f"sqlite{i}"]["ttfc"] for i in range(pairs)], 1000),
         }
@@ -1307,7 +1314,7 @@ def responses_cpu(ctx: Ctx) -> dict[str, Any]:
         raise BenchError(f"responses_cpu: streams failed: {bad or res.get('error')}")
     chat = [meter.spent.get(f"chat{i}", float("nan")) / n * 1e6 for i in range(runs)]
     resp = [meter.spent.get(f"responses{i}", float("nan")) / n * 1e6 for i in range(runs)]
-    ratio = med(resp) / med(chat)  # type: ignore[operator]
+    ratio = need(med(resp)) / need(med(chat))
     return {
         "status": "ok",
         "checks": [check("responses_to_chat_cpu_ratio", ratio, "<=", 1.10)],

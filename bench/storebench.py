@@ -304,7 +304,7 @@ def build_turn(turn_id: str, n_events: int, chunks_per_event: int) -> tuple[list
         view.apply(event)
         out.append(event)
 
-    request = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "Tell me a long story."}]}
+    request: dict[str, Any] = {"model": "bench", "stream": True, "messages": [{"role": "user", "content": "Tell me a long story."}]}
     add(TurnStarted(chat_id="chat-bench", user_id="bench", model="bench", stream=True, request=request))
     add(AssemblyCompleted(messages=request["messages"], params={}, history_len=0, new_messages=request["messages"]))
     add(ModelRequested(iteration=0))

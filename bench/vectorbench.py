@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -111,7 +110,7 @@ class Database:
             finally:
                 await admin.close()
             self.url = u.set(database=self.name).render_as_string(hide_password=False)
-        elif Path(u.database or "").exists():
+        elif await asyncio.to_thread(Path(u.database or "").exists):
             raise SystemExit(f"{u.database} exists: give a new file")
         await migrate(self.url)
         return self.url
@@ -240,4 +239,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

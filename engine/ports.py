@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
-from engine.fold.accumulator import Piece
+from engine.fold.accumulator import Piece, PieceKind
 from engine.protocols.model_events import ModelEvent
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult
 
@@ -723,7 +723,8 @@ class LiveDeltas:
         if deltas is None:
             texts = self.texts or []
             seq, pos, kind = self.seq, self.pos, self.kind
-            deltas = self._deltas = [LiveDelta(seq, pos + i, kind, t, (Piece(kind, t),)) for i, t in enumerate(texts)]  # type: ignore[arg-type]
+            shown: PieceKind = "reasoning" if kind == "reasoning" else "text"  # a run is text or reasoning
+            deltas = self._deltas = [LiveDelta(seq, pos + i, kind, t, (Piece(shown, t),)) for i, t in enumerate(texts)]
         return deltas
 
     def __len__(self) -> int:

@@ -117,7 +117,7 @@ async def verify_all_turns(service: Service, scratch_dir: Path) -> int:
     records = [r for r in await store.list_turns(limit=100_000) if r.status in ("completed", "cancelled", "failed")]
     if not records:
         return 0
-    scratch_dir.mkdir(parents=True, exist_ok=True)
+    await asyncio.to_thread(scratch_dir.mkdir, parents=True, exist_ok=True)
     scratch = await scratch_store(str(scratch_dir))
     try:
         for record in records:

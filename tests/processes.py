@@ -14,13 +14,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
 import aiohttp
 
 from tests.gate import WAITING
+from tests.polling import until
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,6 +120,7 @@ class Server:
         log_dir: Path | None = None,
         args: tuple[str, ...] = (),
         gate: bool = False,
+        env: Mapping[str, str] | None = None,
         **env_extra: str,
     ) -> None:
         self.port = free_port()
@@ -132,6 +134,7 @@ class Server:
             "TURNLOG_LEASE_SECONDS": "1",
             "TURNLOG_AUTO_RESUME": "true" if auto_resume else "false",
             "TURNLOG_DRAIN_SECONDS": "0",  # stop() releases running turns at once
+            **(env or {}),
             **env_extra,  # wins: e.g. a long lease for a test that must not wait for one
         }
         if upstream_url is None:
@@ -200,8 +203,5 @@ async def wait_for(http: aiohttp.ClientSession, url: str, predicate, timeout: fl
 async def wait_for_output(path: Path, what: str, timeout: float = 20.0) -> str:
     """The text another process wrote to ``path`` once it is there (polled:
     the writer is a separate process with no other signal to wait on)."""
-    deadline = time.monotonic() + timeout
-    while not (path.exists() and path.read_text()):
-        assert time.monotonic() < deadline, f"{what} never happened"
-        await asyncio.sleep(0.05)
-    return path.read_text()
+    await until(lambda: path.exists() and path.read_text(), what, within=timeout, every=0.05)
+    return await asyncio.to_thread(path.read_text)

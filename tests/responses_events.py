@@ -14,7 +14,7 @@ FC_ITEM_DONE = {
     "arguments": '{"city":"Paris"}',
     "status": "completed",
 }
-MSG_ITEM_DONE = {
+MSG_ITEM_DONE: dict[str, Any] = {
     "type": "message",
     "id": "msg_68a0",
     "status": "completed",

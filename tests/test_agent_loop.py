@@ -11,13 +11,14 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionFunctionToolParam, ChatCompletionMessageFunctionToolCall, ChatCompletionMessageParam
 
 from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
 from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "What is the weather?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather?"}]
 
 
 def call(name: str, arguments: object, id: str | None = None) -> dict:
@@ -196,7 +197,7 @@ async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service
 
 
 async def test_client_tools_end_the_turn_with_tool_calls(agent: Service) -> None:
-    weather_tool = {"type": "function", "function": {"name": "client_lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    weather_tool: ChatCompletionFunctionToolParam = {"type": "function", "function": {"name": "client_lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
     agent.upstream.enqueue(
         tool_reply(call("client_lookup", {"q": "x"}, "cl1"), call("add", {"a": 1, "b": 2}, "sv1")),
         Reply(text="Thanks, the client said 42."),
@@ -207,7 +208,7 @@ async def test_client_tools_end_the_turn_with_tool_calls(agent: Service) -> None
     )
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert [(c.id, c.function.name) for c in choice.message.tool_calls] == [("cl1", "client_lookup")]
+    assert [(c.id, c.function.name) for c in choice.message.tool_calls or [] if isinstance(c, ChatCompletionMessageFunctionToolCall)] == [("cl1", "client_lookup")]
     # the server tool ran first and its result is kept in the chat's history
     status, chat = await agent.get("/v1/chats/chat-ct")
     assert any(i.get("type") == "function_call_output" and i["output"] == "3" for m in chat["messages"] for i in m.get("output") or [])

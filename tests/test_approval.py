@@ -18,16 +18,17 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from engine.events import ToolApproval, make_event
 from engine.run.actor import index_update
-from engine.run.supervisor import Folded
+from engine.run.folded import Folded
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.processes import Server, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "Pay the rent"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Pay the rent"}]
 ASK = {"tool_approval": "ask"}
 
 LEDGER = '''
@@ -339,7 +340,7 @@ async def test_sse_client_gets_the_request_and_the_rest_of_the_answer(bank: Serv
         model="gpt-test",
         messages=USER,
         stream=True,
-        extra_body={"tool_ids": ["ledger"], "params": ASK},  # type: ignore[arg-type]
+        extra_body={"tool_ids": ["ledger"], "params": ASK},
     )
     turn_id = raw.headers["x-turn-id"]
     stream = raw.parse()
@@ -371,7 +372,7 @@ async def test_approve_after_kill9_and_restart(
     db = Path(database_url.split("///", 1)[1]) if database_url.startswith("sqlite") else database_url
     env = _serve_env(tmp_path, ledger)
     upstream.enqueue(calls(transfer("c1")), Reply(text="Paid after a restart."))
-    first = Server(db, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+    first = Server(db, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
     second: Server | None = None
     try:
         await first.ready(http)
@@ -381,7 +382,7 @@ async def test_approve_after_kill9_and_restart(
             turn_id = resp.headers["X-Turn-Id"]
         assert (await get_json(http, f"{first.url}/v1/turns/{turn_id}"))["status"] == "waiting"
         first.kill9()
-        second = Server(db, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+        second = Server(db, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
         await second.ready(http)
         view = await get_json(http, f"{second.url}/v1/turns/{turn_id}")
         assert (view["status"], view["state"]) == ("waiting", "awaiting_approval"), "a restart neither resumes nor interrupts a waiting turn"
@@ -404,8 +405,8 @@ async def test_approve_on_another_postgresql_instance(
     pg_url: str, tmp_path: Path, upstream: ScriptedUpstream, ledger: Path, http: aiohttp.ClientSession
 ) -> None:
     env = _serve_env(tmp_path, ledger)
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
-    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
+    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
     try:
         await a.ready(http)
         await b.ready(http)

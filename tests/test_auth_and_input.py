@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -137,6 +138,6 @@ async def test_secrets_never_enter_the_log(service: Service, tmp_path: Path) -> 
     # the upstream did get the key...
     assert service.upstream.request_headers[-1]["Authorization"] == f"Bearer {UPSTREAM_KEY}"
     await service.runner.cleanup()  # flush and close the database
-    blob = b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("turnlog.db"))
+    blob = await asyncio.to_thread(lambda: b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("turnlog.db")))
     assert b"no secrets here" in blob  # the log is really in these files
     assert UPSTREAM_KEY.encode() not in blob

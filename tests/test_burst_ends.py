@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import weakref
+from typing import Any
 
 from adapters.http import direct_sse
 
@@ -34,11 +35,11 @@ async def test_one_callback_ends_every_open_burst_and_a_failure_stops_only_its_s
     scheduled = []
     real_call_soon = loop.call_soon
 
-    def counting(callback, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
         scheduled.append(callback)
         return real_call_soon(callback, *args, **kwargs)
 
-    loop.call_soon = counting  # type: ignore[method-assign]
+    setattr(loop, "call_soon", counting)  # noqa: B010 - an instance attribute shadows the method until deleted
     try:
         for stream in streams:
             ends.add(stream)  # type: ignore[arg-type]

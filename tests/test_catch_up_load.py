@@ -16,6 +16,7 @@ import pytest
 
 import engine.run.catchup as catchup
 from adapters.store import open_store
+from engine.run.live import InProcessBus
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -106,6 +107,7 @@ async def test_many_followers_catching_up_at_once_on_one_connection_each_get_the
 async def _wait_followers(service: Service, turn_id: str, n: int) -> None:
     """Until ``n`` subscriptions of the turn are open (polled: set-up, not what is tested)."""
     bus = service.services.supervisor.bus
+    assert isinstance(bus, InProcessBus)
     for _ in range(1000):
         if len([s for s in bus._subs.get(turn_id, ()) if not s.closed]) >= n:
             return

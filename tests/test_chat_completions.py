@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -13,7 +14,7 @@ from tests.oracle import check_stream_against_log
 from tests.upstream import Reply, ScriptedUpstream
 
 
-def client(service: Service, **kw: object) -> openai.AsyncOpenAI:
+def client(service: Service, **kw: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=service.v1, api_key="unused", max_retries=0, **kw)
 
 

@@ -389,7 +389,7 @@ def test_duplicate_call_items_replayed_once() -> None:
 
 
 def test_q10_history_replay_through_process_messages() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "hi", "id": "u1"},
         {
             "role": "assistant",
@@ -437,7 +437,7 @@ def test_process_messages_strips_bookkeeping_and_keeps_plain_assistants() -> Non
 
 
 def test_sanitize_tool_pairs_needs_adjacency() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {
             "role": "assistant",
             "content": "",
@@ -455,7 +455,7 @@ def test_sanitize_tool_pairs_needs_adjacency() -> None:
 
 
 def test_to_responses_input_mapping() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "first"},
         {
             "role": "user",
@@ -687,7 +687,7 @@ def test_stateful_continuation_empty_round() -> None:
 
 
 def test_ollama_messages() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "S"},
         {
             "role": "user",
@@ -769,7 +769,7 @@ def test_responses_request_body_honours_store_false() -> None:
             {"type": "message", "id": "msg_1", "role": "assistant", "content": [{"type": "output_text", "text": "Done."}]},
         ],
     }
-    messages = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
     resolved = ResolvedModel(provider=None, upstream_model="m", api="responses")
     stored = request_body(resolved, ModelRequest(messages=messages, params={}))
     unstored = request_body(resolved, ModelRequest(messages=messages, params={"store": False}))

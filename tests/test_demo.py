@@ -13,6 +13,7 @@ import aiohttp
 import pytest
 
 from adapters.providers.demo import DemoProvider
+from engine.ports import RawChunk
 from tests.harness import Service, make_settings, sse_messages, sse_text, start_service, stop_service
 from tests.processes import Server, get_json, wait_for
 from tests.upstream import ScriptedUpstream
@@ -110,6 +111,7 @@ async def test_demo_continues_a_prefill_without_repeating_it() -> None:
     text = ""
     async for batch in provider.stream_batches({"model": "demo", "messages": messages}):
         for raw in batch:
+            assert isinstance(raw, RawChunk)
             for choice in raw.data["choices"]:
                 text += choice["delta"].get("content") or ""
     assert "1, 2, 3, 4, 5" + text == counted(12)

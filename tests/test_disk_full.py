@@ -46,6 +46,9 @@ class FillerFile:
         self.path = directory / "filler"
 
     async def fill(self) -> None:
+        await asyncio.to_thread(self._fill)
+
+    def _fill(self) -> None:
         block = b"\0" * 65536
         with open(self.path, "wb", buffering=0) as f:
             try:

@@ -23,6 +23,7 @@ import openai
 import pytest
 
 from tests.harness import sse_text
+from tests.polling import until
 from tests.processes import Server, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -148,8 +149,8 @@ async def test_rolling_restart_of_two_instances_under_50_turns(pg_url: str, tmp_
     upstream = ScriptedUpstream(models=["gpt-test"], default=Reply(text=TEXT, chunk_size=8, delay=0.01, pause_after=PAUSE_AT))
     await upstream.start()
     env = {"TURNLOG_LEASE_SECONDS": LEASE, "TURNLOG_DRAIN_SECONDS": str(DRAIN)}
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
-    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
+    b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
     a2: Server | None = None
     try:
         await a.ready(http)
@@ -165,7 +166,7 @@ async def test_rolling_restart_of_two_instances_under_50_turns(pg_url: str, tmp_
         await _wait_draining(http, a)
         await _refused_while_draining(client)
         assert await _exited(a) == 0, a.log_tail()
-        a2 = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **env)
+        a2 = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=env)
         await a2.ready(http)
 
         # Restart B: A2 takes over what B still runs (its own and A's).
@@ -202,22 +203,19 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
     await upstream.start()
     db = tmp_path / "turnlog.db"
     env = {"TURNLOG_LEASE_SECONDS": LEASE, "TURNLOG_DRAIN_SECONDS": str(DRAIN)}
-    first = Server(db, upstream.url, auto_resume=True, **env)
+    first = Server(db, upstream.url, auto_resume=True, env=env)
     second: Server | None = None
     try:
         await first.ready(http)
         started: list[str] = []
         quick = asyncio.create_task(_stream(http, first, started))
-        while not upstream.requests:
-            await asyncio.sleep(0.01)
+        await until(lambda: upstream.requests, "the first request reached the upstream")
         slow = asyncio.create_task(_stream(http, first, started))
-        while len(started) < 2:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(started) >= 2, "both streams started")
         await _all_streaming(http, first, [started[1]], 1)
         # A non-streaming request too: released before its answer, it is told so.
         blocking = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER}))
-        while len(upstream.requests) < 3:
-            await asyncio.sleep(0.01)
+        await until(lambda: len(upstream.requests) >= 3, "the blocking request reached the upstream")
         client = _client(first)
         os.kill(first.proc.pid, signal.SIGTERM)
         await _wait_draining(http, first)
@@ -231,7 +229,7 @@ async def test_drain_on_sqlite_finishes_the_short_turn_and_the_restart_resumes_t
             blocking_id = answer.headers["X-Turn-Id"]
         assert await _exited(first) == 0, first.log_tail()
         stops = [time.time()]  # one instance: the turn waits for the restart, not the lease
-        second = Server(db, upstream.url, auto_resume=True, **env)
+        second = Server(db, upstream.url, auto_resume=True, env=env)
         await second.ready(http)
         done = await wait_for(http, f"{second.url}/v1/turns/{quick_id}", lambda v: v["status"] == "completed")
         assert done["content"] == short

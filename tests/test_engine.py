@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from engine.events import ModelDelta, TurnStarted, delta_event, make_event
 from engine.fold.turn_view import TurnView, fold
 from engine.machine import IllegalTransition, TurnMachine
+from engine.ports import Wake
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.upstream import Reply, ScriptedUpstream
@@ -243,7 +244,7 @@ def test_delta_event_equals_the_validated_model_delta() -> None:
     assert fast.model_copy(update={"seq": 8}).seq == 8 and fast.seq == 7
     assert fast.model_dump_json() == slow.model_dump_json()
     with pytest.raises(ValidationError):
-        fast.seq = 9  # type: ignore[misc]
+        fast.seq = 9
 
 
 def test_unknown_event_type_raises() -> None:
@@ -348,11 +349,12 @@ async def test_subscription_get_times_out_and_wakes() -> None:
     t0 = loop.time()
     assert await sub.get(0.05) is None  # nothing came: a timeout, not an error
     assert loop.time() - t0 >= 0.04
-    loop.call_later(0.02, bus.publish, "t1", "m1")
-    assert await sub.get(5.0) == "m1"  # a message ends the wait long before the timeout
+    message = Wake()
+    loop.call_later(0.02, bus.publish, "t1", message)
+    assert await sub.get(5.0) is message  # a message ends the wait long before the timeout
     assert loop.time() - t0 < 2.0
-    for i in range(4):  # over the limit: lagged, get says None at once
-        bus.publish("t1", i)
+    for _ in range(4):  # over the limit: lagged, get says None at once
+        bus.publish("t1", Wake())
     assert sub.lagged and await sub.get(5.0) is None
     sub.reset()
     loop.call_later(0.02, sub.close)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from typing import Any
 
 from adapters.store import MemoryEventStore
 from engine.events import (
@@ -58,7 +59,7 @@ class Recorder:
 
 def shown(outs: list[Out]) -> str:
     """The answer text a client shows for ``outs``."""
-    text = []
+    text: list[str] = []
     for out in outs:
         if isinstance(out, (LiveDelta, ChunkOut, EventOut)):
             text.extend(p.text for p in out.pieces if p.kind == "text")
@@ -77,7 +78,7 @@ class Actor:
         return make_event(self.turn_id, self.view.last_seq + 1, data)
 
     async def start(self) -> None:
-        request = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
+        request: dict[str, Any] = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "go"}]}
         started = self._event(TurnStarted(chat_id="c", user_id="u", model="m", stream=True, request=request))
         self.view.apply(started)
         now = time.time()

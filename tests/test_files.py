@@ -255,7 +255,7 @@ async def test_deleting_a_file_while_it_is_embedded(embedded: Service, embedding
     assert await vectors.query(vector_collection("concept-embed"), embed_text("alpha"), 50, filter={"file_id": body["id"]}) == []
 
 
-async def _until(predicate, timeout: float = 10.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(predicate, timeout: float = 10.0) -> None:
     import asyncio
     import time
 

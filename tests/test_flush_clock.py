@@ -267,7 +267,7 @@ async def _stream_with_a_busy_loop(
     event loop 40 ms of every 50 (the service, its store's callbacks and the
     upstream share it): what the client received, the turn's windows, and the
     window the service's ``/metrics`` reported before and at the end of the load."""
-    tmp_path.mkdir()
+    await asyncio.to_thread(tmp_path.mkdir)
     settings = make_settings(
         tmp_path, upstream.url, database_url=database_url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0
     )

@@ -109,7 +109,7 @@ def check_copied(fork_events: list[dict[str, Any]], parent_events: list[dict[str
 
 
 async def verify_events(events: list[Event], folder: Path) -> VerifyResult:
-    folder.mkdir()
+    await asyncio.to_thread(folder.mkdir)
     scratch = await scratch_store(str(folder))
     try:
         return await verify_turn(events, scratch)

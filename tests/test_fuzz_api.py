@@ -26,6 +26,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis.core.failures import FailureGroup
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from tests.harness import Service, make_settings, start_service, stop_service
@@ -121,6 +122,7 @@ def _fuzz(doc: dict[str, Any], base_url: str, key: str) -> tuple[list[str], int]
     of requests made."""
     fuzzer = _Fuzzer(base_url, key)
     for result in schemathesis.openapi.from_dict(doc).get_all_operations():
+        assert isinstance(result, Ok), result
         operation = result.ok()
         declared = doc["paths"][operation.path][operation.method.lower()]
         _run(operation.as_strategy(), EXAMPLES_VALID, fuzzer.with_key)

@@ -78,7 +78,7 @@ class Client:
         self.kept: list[dict[str, Any]] = []
 
     async def send(self, *new: dict[str, Any], **kw: Any) -> Any:
-        messages = [*self.kept, *new] if self.style == "full" else list(new)
+        messages: list[Any] = [*self.kept, *new] if self.style == "full" else list(new)
         completion = await self.sdk.chat.completions.create(
             model="gpt-test", messages=messages, extra_body=self.extra, **kw
         )
@@ -158,10 +158,11 @@ async def test_whitespace_drift_in_a_resent_answer(svc: Service) -> None:
     svc.upstream.enqueue(Reply(text="Line one.\nLine two."), Reply(text="A2"), Reply(text="A3"))
     sdk = openai.AsyncOpenAI(base_url=svc.v1, api_key="x", max_retries=0)
     extra = {"chat_id": "drift", "background_tasks": QUIET}
-    await sdk.chat.completions.create(model="gpt-test", messages=[user("Q1")], extra_body=extra)
-    drifted = [user("Q1 "), assistant("Line one.\n\nLine two. \n"), user("Q2")]
+    first: list[Any] = [user("Q1")]
+    await sdk.chat.completions.create(model="gpt-test", messages=first, extra_body=extra)
+    drifted: list[Any] = [user("Q1 "), assistant("Line one.\n\nLine two. \n"), user("Q2")]
     await sdk.chat.completions.create(model="gpt-test", messages=drifted, extra_body=extra)
-    again = [*drifted, assistant(" A2\n"), user("Q3")]
+    again: list[Any] = [*drifted, assistant(" A2\n"), user("Q3")]
     await sdk.chat.completions.create(model="gpt-test", messages=again, extra_body=extra)
     await sdk.close()
     first = [user("Q1"), assistant("Line one.\nLine two.")]

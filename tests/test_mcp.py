@@ -20,6 +20,7 @@ from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from adapters.config import load_settings
 from adapters.tools.mcp import McpServerConfig, McpServers, function_name, function_names
@@ -31,7 +32,7 @@ from tests.oracle import check_completion_against_turn, check_stream_against_log
 from tests.processes import ROOT, free_port
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "Use the tools."}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Use the tools."}]
 PIXEL_URL = "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
 
 

@@ -21,6 +21,7 @@ import pytest
 from aiohttp import web
 
 from adapters.knowledge.memories import Memories, bm25_scores, collection_for
+from adapters.store import SqlEventStore
 from adapters.vectors import open_vector_store
 from engine.ports import MemorySearch, RetrievalError
 from engine.vectors import VectorItem
@@ -329,7 +330,9 @@ async def test_memories_without_vectors_are_embedded_at_first_search(
     try:
         for model in ("concepts-1", "concepts-2"):  # turning embeddings on, then changing the model
             embeddings.inputs.clear()
-            memories = Memories(service.services.store.engine, embedder=HttpEmbedder(embeddings.url, model), vectors=vectors)
+            store = service.services.store
+            assert isinstance(store, SqlEventStore)
+            memories = Memories(store.engine, embedder=HttpEmbedder(embeddings.url, model), vectors=vectors)
             hits = await memories.search("local", "kitten", 1)
             assert [h.id for h in hits] == [old[0]["id"]]
             # The query, then the user's memories in one batch; the next search embeds only the query.
@@ -382,9 +385,9 @@ async def test_bad_updates_and_unknown_ids(service: Service) -> None:
             status, answer = await request(service, method, f"/v1/memories/{memory['id']}", body)
             assert status == 400 and answer["error"]["param"] == "content", (method, body, answer)
     assert await service.get(f"/v1/memories/{memory['id']}") == (200, memory)
-    for method, body in [("GET", None), ("POST", {"content": "x"}), ("PATCH", {"content": "x"}), ("DELETE", None)]:
+    for method, payload in [("GET", None), ("POST", {"content": "x"}), ("PATCH", {"content": "x"}), ("DELETE", None)]:
         for memory_id in ("mem_unknown", "%20"):
-            status, answer = await request(service, method, f"/v1/memories/{memory_id}", body)
+            status, answer = await request(service, method, f"/v1/memories/{memory_id}", payload)
             assert status == 404, (method, memory_id, answer)
     status, answer = await request(service, "PUT", f"/v1/memories/{memory['id']}", {"content": "x"})
     assert status == 405 and "error" in answer

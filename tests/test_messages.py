@@ -116,7 +116,7 @@ def test_update_message_content_empty_has_no_dangling_newline() -> None:
 
 
 def test_update_message_content_q16_prepend_edits_first_text_part_only() -> None:
-    msg = {
+    msg: dict[str, Any] = {
         "role": "user",
         "content": [
             {"type": "image_url", "image_url": {"url": "u"}},
@@ -146,7 +146,7 @@ def test_update_message_content_list_without_text_gets_a_part() -> None:
 
 
 def test_add_or_update_system_message_q24_keeps_list_parts_at_any_index() -> None:
-    msgs = [
+    msgs: list[dict[str, Any]] = [
         {"role": "user", "content": "hi"},
         {"role": "system", "content": [{"type": "text", "text": "S1"}, {"type": "text", "text": "S2"}]},
     ]
@@ -212,7 +212,7 @@ def test_get_last_user_message_variants() -> None:
 
 def test_merge_system_messages_keeps_non_text_parts() -> None:
     image = {"type": "image_url", "image_url": {"url": "u"}}
-    msgs = [
+    msgs: list[dict[str, Any]] = [
         {"role": "user", "content": "u"},
         {"role": "system", "content": [{"type": "text", "text": "A"}, image]},
         {"role": "system", "content": "B"},
@@ -235,7 +235,7 @@ def test_strip_q15_null_text_removed_next_to_image() -> None:
 
 
 def test_strip_leaves_non_text_and_other_messages_alone() -> None:
-    msgs = [{"role": "assistant", "content": None}, {"role": "user", "content": [{"type": "text", "text": "x"}]}]
+    msgs: list[dict[str, Any]] = [{"role": "assistant", "content": None}, {"role": "user", "content": [{"type": "text", "text": "x"}]}]
     out = strip_empty_content_blocks(msgs)
     assert out == msgs
     assert out[1] is msgs[1]

@@ -348,7 +348,8 @@ def test_object_arguments_in_several_fragments_are_serialized_and_joined() -> No
 
 
 def test_malformed_fragments_do_not_crash() -> None:
-    calls, _ = accumulate(["x", None, {"index": 0, "function": "nope"}, {"index": True, "id": 5}])
+    malformed: list[Any] = ["x", None, {"index": 0, "function": "nope"}, {"index": True, "id": 5}]  # what a broken upstream sends
+    calls, _ = accumulate(malformed)
     # Both dict fragments are kept: one call at index 0, and the bool "index"
     # counts as no index, so it continues the last call. It never got a name,
     # so it is dropped (with a warning: test_a_call_without_a_name_*).

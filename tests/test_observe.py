@@ -22,16 +22,18 @@ import aiohttp
 import openai
 import pytest
 from aiohttp import web
+from openai.types.chat import ChatCompletionMessageParam
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest, ExportTraceServiceResponse
 from opentelemetry.proto.common.v1.common_pb2 import AnyValue
 from opentelemetry.proto.trace.v1.trace_pb2 import Span, Status
 from prometheus_client.parser import text_string_to_metric_families
 
+from adapters.observe.observers import Observers
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "What is the weather in Paris?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the weather in Paris?"}]
 
 # A tool that answers, one that raises, and one that logs (for the JSON log test).
 TOOLS = {
@@ -92,6 +94,7 @@ def sdk(service: Service, **kw: Any) -> openai.AsyncOpenAI:
 async def streamed_turn(client: openai.AsyncOpenAI, **extra: Any) -> tuple[str, str]:
     """Run a streaming turn with the SDK: its id (the response header) and the text received."""
     stream = await client.chat.completions.create(model="gpt-test", messages=USER, stream=True, extra_body=extra or None)
+    assert isinstance(stream, openai.AsyncStream)
     turn_id = stream.response.headers["x-turn-id"]
     text = []
     async for chunk in stream:
@@ -277,7 +280,7 @@ class OtlpReceiver:
 
     def spans(self) -> list[tuple[dict[str, Any], Span]]:
         """Every span received, with its resource's attributes."""
-        out = []
+        out: list[tuple[dict[str, Any], Span]] = []
         for message in self.requests:
             for resource_spans in message.resource_spans:
                 resource = attributes(resource_spans.resource.attributes)
@@ -385,7 +388,8 @@ async def test_no_endpoint_no_traces(tmp_path: Path, upstream: ScriptedUpstream,
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     svc = await start_service(make_settings(tmp_path, upstream.url), upstream)
     try:
-        assert svc.services.supervisor.observer.tracing is None
+        observer = svc.services.supervisor.observer
+        assert isinstance(observer, Observers) and observer.tracing is None
     finally:
         await stop_service(svc)
     from adapters.observe.tracing import tracing_requested

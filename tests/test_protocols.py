@@ -9,13 +9,14 @@ from pathlib import Path
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.oracle import check_completion_against_turn, check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3, then 4 and 5."}]
+USER: list[ChatCompletionMessageParam] = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 2 and 3, then 4 and 5."}]
 
 
 def calls(*pairs: tuple[str, dict | str, str]) -> Reply:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from adapters.providers.ollama import OllamaProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.polling import until
 from tests.upstream import Reply, ScriptedUpstream
 
 BODY = {"model": "llama3.2", "messages": [{"role": "user", "content": "Say hello"}]}
@@ -48,8 +49,8 @@ def ndjson_handler(payload: bytes, *, abort: bool = False) -> Handler:
         if abort:
             transport = request.transport
             assert transport is not None
-            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
-                await asyncio.sleep(0.001)
+            # every byte handed to the kernel, which delivers them before the close
+            await until(lambda: not transport.get_write_buffer_size(), "the write buffer drained", every=0.001)
             transport.abort()
             return resp
         await resp.write_eof()
@@ -63,8 +64,16 @@ def line(content: str = "", *, done: bool = False, **extra) -> bytes:
     return json.dumps(obj).encode() + b"\n"
 
 
-async def collect(provider: OllamaProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
+async def collect_mixed(provider: OllamaProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
     return [item async for item in provider.stream(body)]
+
+
+async def collect(provider: OllamaProvider, body: dict = BODY) -> list[RawChunk]:
+    """The stream's chunks, where the test expects no warning among them."""
+    items = await collect_mixed(provider, body)
+    chunks = [i for i in items if isinstance(i, RawChunk)]
+    assert len(chunks) == len(items), f"unexpected warnings: {items}"
+    return chunks
 
 
 async def collect_error(provider: OllamaProvider, body: dict = BODY) -> tuple[list, UpstreamError]:
@@ -166,10 +175,12 @@ async def test_many_concurrent_streams(upstream: ScriptedUpstream) -> None:
 
 async def test_malformed_line_is_a_warning(upstream: ScriptedUpstream, provider: OllamaProvider) -> None:
     upstream.enqueue(Reply(chunks=["a", "b"], fault="malformed", fault_after=1))
-    items = await collect(provider)
+    items = await collect_mixed(provider)
     assert [type(i).__name__ for i in items] == ["RawChunk", "RawWarning", "RawChunk", "RawChunk"]
-    assert items[1].raw == "{not json" and "not valid JSON" in items[1].message
-    assert contents(items) == ["a", "b"] and items[-1].data["done"] is True
+    warning, last = items[1], items[-1]
+    assert isinstance(warning, RawWarning) and isinstance(last, RawChunk)
+    assert warning.raw == "{not json" and "not valid JSON" in warning.message
+    assert contents(items) == ["a", "b"] and last.data["done"] is True
 
 
 async def test_disconnect_mid_body(upstream: ScriptedUpstream, provider: OllamaProvider) -> None:
@@ -228,9 +239,11 @@ async def test_error_object_inside_the_stream(raw_server) -> None:
 async def test_blank_lines_crlf_and_non_objects(raw_server) -> None:
     payload = (line("a") + b"\n" + b"[1, 2]\n" + line("b") + line(done=True, done_reason="stop")).replace(b"\n", b"\r\n")
     async with OllamaProvider(await raw_server(ndjson_handler(payload))) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert [type(i).__name__ for i in items] == ["RawChunk", "RawWarning", "RawChunk", "RawChunk"]
-    assert "not an object" in items[1].message and items[1].raw == "[1, 2]"
+    warning = items[1]
+    assert isinstance(warning, RawWarning)
+    assert "not an object" in warning.message and warning.raw == "[1, 2]"
     assert contents(items) == ["a", "b"]
 
 

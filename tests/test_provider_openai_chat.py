@@ -18,6 +18,7 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from engine.ports import RawChunk, RawWarning, UpstreamError
+from tests.polling import until
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -48,8 +49,16 @@ def raw_server(handler_server: Callable[..., Awaitable[str]]) -> Callable[[Handl
     return lambda handler: handler_server(handler, "/v1/chat/completions", "/v1")
 
 
-async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
+async def collect_mixed(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
     return [item async for item in provider.stream(body)]
+
+
+async def collect(provider: OpenAIChatProvider, body: dict = BODY) -> list[RawChunk]:
+    """The stream's chunks, where the test expects no warning among them."""
+    items = await collect_mixed(provider, body)
+    chunks = [i for i in items if isinstance(i, RawChunk)]
+    assert len(chunks) == len(items), f"unexpected warnings: {items}"
+    return chunks
 
 
 async def collect_error(provider: OpenAIChatProvider, body: dict = BODY) -> tuple[list, UpstreamError]:
@@ -199,11 +208,12 @@ async def test_crlf_and_lines_split_across_reads(raw_server) -> None:
         return resp
 
     async with OpenAIChatProvider(await raw_server(handler), KEY) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert contents(items) == ["h\u00e9llo \u2603", " w\u00f6rld"]
     warnings = [i for i in items if isinstance(i, RawWarning)]
     assert len(warnings) == 1 and warnings[0].raw == "data: {broken"
-    assert items[-1].data["choices"][0]["finish_reason"] == "stop"
+    last = items[-1]
+    assert isinstance(last, RawChunk) and last.data["choices"][0]["finish_reason"] == "stop"
 
 
 def body_handler(payload: bytes) -> Handler:
@@ -295,10 +305,11 @@ async def test_malformed_line_is_a_warning_and_stream_continues(
     upstream: ScriptedUpstream, provider: OpenAIChatProvider
 ) -> None:
     upstream.enqueue(Reply(chunks=["a", "b", "c"], fault="malformed", fault_after=2))
-    items = await collect(provider)
+    items = await collect_mixed(provider)
     kinds = [type(i).__name__ for i in items]
     assert kinds == ["RawChunk"] * 3 + ["RawWarning"] + ["RawChunk"] * 3
     warning = items[3]
+    assert isinstance(warning, RawWarning)
     assert warning.raw == "data: {not json" and "not valid JSON" in warning.message
     assert contents(items) == ["a", "b", "c"]
 
@@ -312,7 +323,7 @@ async def test_malformed_raw_is_truncated(raw_server) -> None:
         return resp
 
     async with OpenAIChatProvider(await raw_server(handler), KEY) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert isinstance(items[0], RawWarning) and len(items[0].raw) <= 500
     assert isinstance(items[1], RawWarning) and "not an object" in items[1].message
     assert isinstance(items[2], RawChunk)
@@ -503,9 +514,7 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAICha
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
-        await asyncio.sleep(0.01)
+    await until(lambda: len(got) >= 2, "the two chunks sent were read", within=5)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
     await asyncio.wait_for(task, 5)

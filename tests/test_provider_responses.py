@@ -17,6 +17,7 @@ from adapters.providers.openai_responses import OpenAIResponsesProvider
 from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols.client import LiveModelClient
 from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
+from tests.polling import until
 from tests.responses_events import FULL_STREAM, USAGE
 from tests.stepped import Stepped
 from tests.upstream import Reply, ScriptedUpstream
@@ -57,8 +58,16 @@ def raw_server(handler_server: Callable[..., Awaitable[str]]) -> Callable[[Handl
     return lambda handler: handler_server(handler, "/v1/responses", "/v1")
 
 
-async def collect(provider: OpenAIResponsesProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
+async def collect_mixed(provider: OpenAIResponsesProvider, body: dict = BODY) -> list[RawChunk | RawWarning]:
     return [item async for item in provider.stream(body)]
+
+
+async def collect(provider: OpenAIResponsesProvider, body: dict = BODY) -> list[RawChunk]:
+    """The stream's chunks, where the test expects no warning among them."""
+    items = await collect_mixed(provider, body)
+    chunks = [i for i in items if isinstance(i, RawChunk)]
+    assert len(chunks) == len(items), f"unexpected warnings: {items}"
+    return chunks
 
 
 async def collect_error(provider: OpenAIResponsesProvider, body: dict = BODY) -> tuple[list, UpstreamError]:
@@ -98,8 +107,8 @@ def sse_handler(payload: bytes, *, abort: bool = False) -> Handler:
         if abort:
             transport = request.transport
             assert transport is not None
-            while transport.get_write_buffer_size():  # every byte handed to the kernel, which delivers them before the close
-                await asyncio.sleep(0.001)
+            # every byte handed to the kernel, which delivers them before the close
+            await until(lambda: not transport.get_write_buffer_size(), "the write buffer drained", every=0.001)
             transport.abort()
             return resp
         await resp.write_eof()
@@ -397,7 +406,7 @@ async def test_previous_response_error_mapping(raw_server, status: int, error: d
 
 async def test_malformed_line_is_a_warning(upstream: ScriptedUpstream, provider: OpenAIResponsesProvider) -> None:
     upstream.enqueue(Reply(chunks=["a", "b"], fault="malformed", fault_after=1))
-    items = await collect(provider)
+    items = await collect_mixed(provider)
     warnings = [i for i in items if isinstance(i, RawWarning)]
     assert len(warnings) == 1 and warnings[0].raw == "data: {not json" and "not valid JSON" in warnings[0].message
     assert deltas(items) == ["a", "b"] and types(items)[-1] == "response.completed"
@@ -438,9 +447,7 @@ async def test_pause_and_release(upstream: ScriptedUpstream, provider: OpenAIRes
 
     task = asyncio.create_task(consume())
     await asyncio.wait_for(upstream.paused.wait(), 5)
-    deadline = asyncio.get_running_loop().time() + 5
-    while len(got) < 2 and asyncio.get_running_loop().time() < deadline:  # the two chunks sent are read
-        await asyncio.sleep(0.01)
+    await until(lambda: len(got) >= 2, "the two chunks sent were read", within=5)
     assert got == ["a", "b"] and not task.done()
     upstream.release()
     await asyncio.wait_for(task, 5)
@@ -520,7 +527,7 @@ async def test_error_event(raw_server) -> None:
 async def test_non_object_data_is_a_warning(raw_server) -> None:
     payload = b"data: [1, 2]\n\n" + delta("a", 0) + completed(1)
     async with OpenAIResponsesProvider(await raw_server(sse_handler(payload)), KEY) as p:
-        items = await collect(p)
+        items = await collect_mixed(p)
     assert isinstance(items[0], RawWarning) and "not an object" in items[0].message
     assert types(items) == ["response.output_text.delta", "response.completed"]
 
@@ -631,7 +638,8 @@ async def test_api_names_and_the_chat_alias(upstream: ScriptedUpstream) -> None:
     upstream.enqueue(Reply(chunks=["via ", "stream"]))
     async with OpenAIChatProvider(upstream.url, KEY) as p:
         items = [i async for i in p.stream({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]})]
-    text = "".join(c["delta"].get("content") or "" for i in items for c in i.data["choices"])
+    text = "".join(c["delta"].get("content") or "" for i in items if isinstance(i, RawChunk) for c in i.data["choices"])
+    assert all(isinstance(i, RawChunk) for i in items)
     assert text == "via stream" and upstream.request_paths[-1] == "/v1/chat/completions"
 
 
@@ -679,7 +687,9 @@ async def test_official_openai_sdk_parses_the_stream(upstream: ScriptedUpstream)
         )
         events = [e async for e in stream]
         args = "".join(e.delta for e in events if isinstance(e, ResponseFunctionCallArgumentsDeltaEvent))
-        calls = [o for o in events[-1].response.output if isinstance(o, ResponseFunctionToolCall)]
+        last = events[-1]
+        assert isinstance(last, ResponseCompletedEvent)
+        calls = [o for o in last.response.output if isinstance(o, ResponseFunctionToolCall)]
         assert len(calls) == 1 and calls[0].call_id == "call_1" and calls[0].name == "get_weather"
         assert json.loads(args) == json.loads(calls[0].arguments) == {"city": "Paris"}
 

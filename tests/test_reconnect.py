@@ -97,7 +97,8 @@ async def test_websocket_cancel(service: Service) -> None:
         await asyncio.wait_for(service.upstream.paused.wait(), 5)
         await ws.send_json({"type": "cancel", "turn_id": turn_id})
         # The ack and the durable turn.cancelled event travel separately: either may come first.
-        got, acks = [], []
+        got: list[dict[str, Any]] = []
+        acks: list[dict[str, Any]] = []
         while not (acks and got and got[-1]["type"] == "event" and got[-1]["event"]["type"] == "turn.cancelled"):
             msg = json.loads((await asyncio.wait_for(ws.receive(), 10)).data)
             (acks if msg["type"] == "cancelled" else got).append(msg)

@@ -165,7 +165,7 @@ async def kill_when_paused(http: aiohttp.ClientSession, first: Server, upstream:
 async def start_second(http: aiohttp.ClientSession, db: Path, upstream: ScriptedUpstream, turn_id: str, mode: str) -> Server:
     """The next process adopts the turn and resumes it; ``running``: it is paused
     mid-answer, ``completed``: it has finished."""
-    second = Server(db, upstream.url, auto_resume=True, **ENV)
+    second = Server(db, upstream.url, auto_resume=True, env=ENV)
     await second.ready(http)
     if mode == "running":
         await asyncio.wait_for(upstream.paused.wait(), TIMEOUT)
@@ -237,7 +237,7 @@ async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
 ) -> None:
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), second_reply(mode))
     db = tmp_path / "turnlog.db"
-    first = Server(db, upstream.url, auto_resume=False, **ENV)
+    first = Server(db, upstream.url, auto_resume=False, env=ENV)
     try:
         await first.ready(http)
         resp = await http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
@@ -356,7 +356,7 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
 ) -> None:
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), second_reply(mode))
     db = tmp_path / "turnlog.db"
-    first = Server(db, upstream.url, auto_resume=False, **ENV)
+    first = Server(db, upstream.url, auto_resume=False, env=ENV)
     try:
         await first.ready(http)
         async with http.ws_connect(first.url + "/v1/ws") as ws:
@@ -374,7 +374,7 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
 
     second = await start_second(http, db, upstream, turn_id, mode)
     try:
-        clients = {}
+        clients: dict[str, tuple[int, WsShown, aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]] = {}
         for name in CURSORS:
             cursor = cursor_position(name, durable, last_live)
             # The client's connection broke right after the delta at ``cursor``.
@@ -434,7 +434,7 @@ async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
     import signal
 
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), Reply(chunks=WORDS))
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **ENV)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=ENV)
     b: Server | None = None
     try:
         await a.ready(http)
@@ -445,7 +445,7 @@ async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
         await wait_for(http, f"{a.url}/v1/turns/{turn_id}", lambda v: v["content"] == "".join(WORDS[:DURABLE_CHUNKS]))
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
-            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, **ENV)
+            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=ENV)
             await b.ready(http)
             done = await wait_for(http, f"{b.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         finally:

@@ -101,7 +101,7 @@ async def test_a_draining_process_leaves_new_connections_to_the_other(
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     env = {"TURNLOG_REUSE_PORT": "true", "TURNLOG_DRAIN_SECONDS": "60", "TURNLOG_LEASE_SECONDS": "60"}
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "a", **env)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "a", env=env)
     b: Server | None = None
     kept = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1))
     try:
@@ -115,7 +115,7 @@ async def test_a_draining_process_leaves_new_connections_to_the_other(
             turn_id = resp.headers["X-Turn-Id"]
             reading = asyncio.create_task(resp.content.read())
             await wait_for(http, f"{a.url}/v1/turns/{turn_id}", lambda v: len(v["content"]) >= PAUSE_AT * 8, timeout=30)
-            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "b", args=("--port", str(a.port)), **env)
+            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "b", args=("--port", str(a.port)), env=env)
             await _both_answer(a, b)
 
             os.kill(a.proc.pid, signal.SIGTERM)

@@ -25,6 +25,7 @@ import pytest
 from adapters.code import CodeLimits, SandboxExecutor
 from adapters.code.sandbox import MARKER
 from tests.harness import Service, make_settings, start_service, stop_service
+from tests.polling import until
 from tests.upstream import Reply, ScriptedUpstream
 
 LIMITS = CodeLimits(wall_seconds=4.0, cpu_seconds=2, memory_mb=256, max_processes=16, output_bytes=4096, max_files=4, files_bytes=64 * 1024)
@@ -239,10 +240,7 @@ async def test_a_cancelled_run_leaves_nothing_behind(sandbox: SandboxExecutor) -
         await run
     # The supervisor is killed at once; its init follows it (PR_SET_PDEATHSIG)
     # and the kernel empties the pid namespace: wait for that, bounded.
-    deadline = time.monotonic() + 5
-    while sandbox_processes() and time.monotonic() < deadline:
-        await asyncio.sleep(0.05)
-    assert sandbox_processes() == []
+    await until(lambda: not sandbox_processes(), "the sandbox's processes are gone", within=5, every=0.05)
     assert (await sandbox.run("print(2)", "python"))["stdout"] == "2\n"  # its slot is free again
 
 

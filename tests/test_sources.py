@@ -191,7 +191,7 @@ PARIS_TAG = '<source id="1" name="a.pdf" resource-type="file" resource-id="f1">P
 
 
 def test_apply_finds_the_last_user_message_when_it_is_not_last() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "user", "content": "old"},
         {"role": "assistant", "content": "a"},
         {"role": "user", "content": "Capital?"},

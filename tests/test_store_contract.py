@@ -17,13 +17,13 @@ import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import func, select, text
+from sqlalchemy import MetaData, func, select, text
 
 from adapters.http.response_deletions import metadata as deletions_metadata
 from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
@@ -496,12 +496,12 @@ class TestEventStoreContract:
         mine = {live, expired, done, released}
         orphans = [t.id for t in await store.orphaned_turns(T0 + 5) if t.id in mine]
         assert orphans == [released]
-        orphans = {t.id for t in await store.orphaned_turns(T0 + 11) if t.id in mine}
-        assert orphans == {expired, released}
+        orphan_ids = {t.id for t in await store.orphaned_turns(T0 + 11) if t.id in mine}
+        assert orphan_ids == {expired, released}
         clock.advance(50)
         assert await store.claim_turn(expired, "w2", lease_seconds=30) == 2
-        orphans = {t.id for t in await store.orphaned_turns(clock()) if t.id in mine}
-        assert orphans == {released}
+        orphan_ids = {t.id for t in await store.orphaned_turns(clock()) if t.id in mine}
+        assert orphan_ids == {released}
 
     # ----------------------------------------------------------------- index
 
@@ -841,7 +841,8 @@ async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_back
                     sync,
                     opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
                 ),
-                [metadata, knowledge_metadata, deletions_metadata],
+                # A list, as autogenerate's target_metadata takes; the annotation names one MetaData.
+                cast(MetaData, [metadata, knowledge_metadata, deletions_metadata]),
             )
         )
         knowledge_diff = await conn.run_sync(

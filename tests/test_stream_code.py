@@ -306,7 +306,7 @@ def test_pending_code_and_set_code_output() -> None:
     with pytest.raises(KeyError):
         acc.set_code_output("<ci_9>", "x")
     with pytest.raises(TypeError):
-        acc.set_code_output("<ci_1>", 42)  # type: ignore[arg-type]
+        acc.set_code_output("<ci_1>", 42)
 
 
 def test_set_code_output_targets_the_named_block_only() -> None:

@@ -66,7 +66,7 @@ def test_clean_text(text: str, expected: str) -> None:
 
 
 def test_task_messages_keep_user_and_assistant_text_only() -> None:
-    messages = [
+    messages: list[dict[str, Any]] = [
         {"role": "system", "content": "S"},
         {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "here"}]},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},

@@ -231,8 +231,8 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         # ...and that query of the adapter is the one the index serves.
         [(statement, params)] = seen
         async with store.engine.connect() as conn:
-            plan = (await conn.exec_driver_sql("EXPLAIN " + statement, params)).scalars().all()
-        assert "vector_items_hnsw_16" in "\n".join(plan), plan
+            plan_lines = (await conn.exec_driver_sql("EXPLAIN " + statement, params)).scalars().all()
+        assert "vector_items_hnsw_16" in "\n".join(plan_lines), plan_lines
         # k beyond hnsw.ef_search (40) still returns k.
         assert len(await store.query("big", q, k=120)) == 120
     finally:

@@ -348,13 +348,13 @@ class ScriptedUpstream:
         self._embedding_release = asyncio.Event()
         self._embedding_changed = asyncio.Condition()
         self.paused = asyncio.Event()
-        self.url: str | None = None
+        self._url: str | None = None
         self._host = host
         self._port = port
         self._queue: deque[Reply] = deque()
         self._release = asyncio.Event()
         self._closing = asyncio.Event()
-        self._transports: set[asyncio.BaseTransport] = set()
+        self._transports: set[asyncio.Transport] = set()
         self._runner: web.AppRunner | None = None
 
     # -- public API ------------------------------------------------------------
@@ -385,9 +385,16 @@ class ScriptedUpstream:
         return len(self._queue)
 
     @property
-    def root(self) -> str | None:
+    def url(self) -> str:
+        """The base URL ``http://127.0.0.1:PORT/v1``; only once started."""
+        if self._url is None:
+            raise RuntimeError("the scripted upstream is not started")
+        return self._url
+
+    @property
+    def root(self) -> str:
         """The server root ``http://127.0.0.1:PORT`` (``url`` without ``/v1``): Ollama's base URL."""
-        return None if self.url is None else self.url[: -len("/v1")]
+        return self.url[: -len("/v1")]
 
     def forget_responses(self) -> None:
         """Forget every issued response id, as if they had expired: a later
@@ -397,7 +404,6 @@ class ScriptedUpstream:
     async def start(self) -> str:
         """Start listening; returns the base URL ``http://127.0.0.1:PORT/v1``."""
         if self._runner is not None:
-            assert self.url is not None
             return self.url
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self._chat)
@@ -412,8 +418,8 @@ class ScriptedUpstream:
         await site.start()
         self._runner = runner
         port = runner.addresses[0][1]
-        self.url = f"http://{self._host}:{port}/v1"
-        return self.url
+        self._url = f"http://{self._host}:{port}/v1"
+        return self._url
 
     async def close(self) -> None:
         """Stop the server; paused, hanging or slow streams are cut off."""

@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from adapters.store.engines import create_engine
 from adapters.store.memory import MemoryDatabase, MemoryEventStore
 from adapters.store.migrate import migrate
 from adapters.store.postgres import postgres_engine
@@ -44,22 +44,6 @@ __all__ = [
     "sqlite_engine",
     "sqlite_writer_engine",
 ]
-
-
-def create_engine(url: str, **kwargs: Any) -> AsyncEngine:
-    """An async engine for ``url``, configured for its dialect.
-
-    ``sqlite+aiosqlite://`` gets :func:`sqlite_engine` (``kwargs`` go to it, e.g.
-    ``synchronous="NORMAL"``); ``postgresql+asyncpg://`` gets
-    :func:`postgres_engine`; anything else a plain async engine.
-    """
-    backend = make_url(url).get_backend_name()
-    if backend == "sqlite":
-        return sqlite_engine(url, **kwargs)
-    if backend == "postgresql":
-        return postgres_engine(url, **kwargs)
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_async_engine(url, **kwargs)
 
 
 async def open_store(

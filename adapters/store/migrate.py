@@ -36,6 +36,7 @@ from sqlalchemy.engine import Connection, make_url
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 import migrations
+from adapters.store.engines import create_engine
 from adapters.store.sqlite import SQLITE_BEGIN
 
 #: Key of the PostgreSQL advisory lock held while migrating ("turnlog" in ASCII).
@@ -64,8 +65,6 @@ def migration_engine(url: str) -> AsyncEngine:
     """The engine to migrate ``url`` with: on SQLite, one that waits long
     enough for another process's migration (see the module docstring); begin
     its transactions with ``BEGIN IMMEDIATE`` (the ``SQLITE_BEGIN`` option)."""
-    from adapters.store import create_engine
-
     if make_url(url).get_backend_name() == "sqlite":
         return create_engine(url, busy_timeout_ms=SQLITE_MIGRATION_BUSY_TIMEOUT_MS)
     return create_engine(url)

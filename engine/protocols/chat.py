@@ -272,8 +272,8 @@ class ChatNormalizer:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
         response_id = self.response_id
         for raw in raws:
-            if type(raw) is not RawChunk:
-                if type(raw) is RawRun:
+            if not isinstance(raw, RawChunk):
+                if isinstance(raw, RawRun):
                     if self._run_is_plain(raw.template):
                         if response_id is None and type(raw.template.get("id")) is str:
                             response_id = self.response_id = raw.template["id"]
@@ -290,14 +290,13 @@ class ChatNormalizer:
                         events.extend(self.feed(chunk))
                     response_id = self.response_id
                     continue
-                if isinstance(raw, RawWarning):
-                    if run:
-                        append(TextRun(run))
-                        run = []
-                        add = run.append
-                    append(StreamWarning(raw.message, raw.raw))
-                    continue
-            chunk = raw.data  # type: ignore[union-attr]
+                if run:  # a RawWarning
+                    append(TextRun(run))
+                    run = []
+                    add = run.append
+                append(StreamWarning(raw.message, raw.raw))
+                continue
+            chunk = raw.data
             # ``feed``'s fast path, its tests ordered for the text chunk:
             # anything else (a role-only chunk too) takes ``feed``.
             if type(chunk) is dict:

@@ -15,14 +15,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import weakref
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from collections.abc import AsyncIterator, Mapping
+from typing import Protocol
 
-from engine.events import ToolApproval
-from engine.ports import ConcurrencyError, LeaseLost
+from engine.events import EventData, ToolApproval
+from engine.ports import ConcurrencyError, EventStore, LeaseLost
+from engine.run.actor import TurnActor
+from engine.run.folded import Folded
+from engine.settings import EngineSettings
 
-if TYPE_CHECKING:
-    from engine.run.supervisor import Folded, Supervisor
+
+class ApprovalHost(Protocol):
+    """What a decision needs of the process that records it (the supervisor):
+    its local actors, its store and lease owner, and a way to append to and
+    continue a turn it has claimed."""
+
+    store: EventStore
+    owner: str
+    settings: EngineSettings
+
+    @property
+    def actors(self) -> Mapping[str, TurnActor]: ...
+
+    @property
+    def retiring(self) -> Mapping[str, asyncio.Task[None]]: ...
+
+    async def append(self, folded: Folded, fencing: int, data: EventData) -> None: ...
+
+    def continue_turn(self, folded: Folded, fencing: int) -> TurnActor: ...
 
 #: How long a decision waits for the turn's lease while another process (or
 #: another decision) briefly holds it.
@@ -51,7 +71,7 @@ def check(folded: Folded, call_id: str) -> None:
         raise ApprovalError(f"turn {view.id} has no call {call_id} waiting for approval", "call_not_found")
 
 
-async def settle(sup: Supervisor, turn_id: str) -> None:
+async def settle(sup: ApprovalHost, turn_id: str) -> None:
     """Let go of a local actor that has just stopped at an approval: wait until
     it is gone and its lease released, so that nothing it does afterwards can
     touch the lease of whoever writes the turn next."""
@@ -85,10 +105,10 @@ class TurnLocks:
                 self._locks[turn_id] = (lock, users - 1)
 
 
-_LOCKS: weakref.WeakKeyDictionary[Supervisor, TurnLocks] = weakref.WeakKeyDictionary()
+_LOCKS: weakref.WeakKeyDictionary[ApprovalHost, TurnLocks] = weakref.WeakKeyDictionary()
 
 
-async def decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
+async def decide(sup: ApprovalHost, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
     """Record the decision on ``call_id``; returns the turn's status after it
     (``waiting`` while other calls of the batch are undecided, else ``running``).
 
@@ -98,9 +118,7 @@ async def decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, 
         return await _decide(sup, turn_id, call_id, approve=approve, reason=reason, by=by)
 
 
-async def _decide(sup: Supervisor, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
-    from engine.run.supervisor import Folded
-
+async def _decide(sup: ApprovalHost, turn_id: str, call_id: str, *, approve: bool, reason: str | None, by: str | None) -> str:
     await settle(sup, turn_id)
     actor = sup.actors.get(turn_id)
     if actor is not None:

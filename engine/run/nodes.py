@@ -185,8 +185,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
         run_kind = "text"
         for event in events:
             cls = type(event)
-            if cls is TextRun:
-                texts = event.texts  # type: ignore[union-attr]
+            if type(event) is TextRun:  # type(), not isinstance: the per-chunk test of the hot loop
+                texts = event.texts
                 if run_kind == "text" and run:
                     run.extend(texts)
                 elif run:
@@ -195,8 +195,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
                 else:
                     run, run_kind = texts, "text"
                 continue
-            if streamed is None and (cls is TextDelta or cls is ReasoningDelta):
-                text = event.text  # type: ignore[union-attr]
+            if streamed is None and (type(event) is TextDelta or type(event) is ReasoningDelta):
+                text = event.text
                 if text:
                     kind = "text" if cls is TextDelta else "reasoning"
                     if kind != run_kind and run:

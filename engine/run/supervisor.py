@@ -14,7 +14,6 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from engine.blobs import Blobs
@@ -55,6 +54,7 @@ from engine.run.actor import NotStarted, TurnActor, index_update
 from engine.run.approvals import decide, settle
 from engine.run.client_channel import ClientRequests
 from engine.run.context import TurnPorts
+from engine.run.folded import Folded
 from engine.run.fork import fork_log
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
@@ -80,26 +80,6 @@ class Draining(Exception):
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex[:24]}"
-
-
-@dataclass(frozen=True)
-class Folded:
-    """A turn's two folds, as a live actor continues them."""
-
-    view: TurnView
-    state: LoopState
-
-    @classmethod
-    def of(cls, turn_id: str, events: Sequence[Event]) -> Folded:
-        view, state = TurnView(turn_id, enforce=True), LoopState()
-        for event in events:
-            view.apply(event)
-            state.apply(event)
-        return cls(view, state)
-
-    def apply(self, event: Event) -> None:
-        self.view.apply(event)
-        self.state.apply(event)
 
 
 class Supervisor:

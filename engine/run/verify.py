@@ -61,8 +61,8 @@ from engine.protocols.model_events import (
 )
 from engine.run.actor import TurnActor
 from engine.run.context import TurnPorts
+from engine.run.folded import Folded
 from engine.run.live import InProcessBus
-from engine.run.supervisor import Folded
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult, ToolSpec
 
