@@ -46,6 +46,9 @@ PYTHON_LANGS = frozenset({"", "python", "python3", "py"})
 # Folders where data and secrets usually live, hidden behind an empty tmpfs in
 # the sandbox (the interpreter's own folders are shown again through them).
 DEFAULT_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media", "/var/lib", "/var/log", "/var/mail", "/var/spool", "/var/backups")
+# Folders the sandbox never hides (the system the code's interpreter needs): a
+# secret file in one of them is hidden alone.
+SYSTEM_FOLDERS = frozenset({"/", "/usr", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var", "/tmp"})
 # Beyond the run's own wall clock: what the child may take to set up and report.
 GRACE_SECONDS = 10.0
 
