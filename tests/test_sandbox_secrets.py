@@ -149,30 +149,82 @@ def _interpreter_for_nobody() -> str | None:
     return None
 
 
-async def test_in_a_user_namespace_too(tmp_path: Path, secrets_dir: Path) -> None:
+async def run_as_nobody(hide: list[str], code: str) -> dict[str, Any]:
     """The non-root mode: the sandbox of a service running as an ordinary
-    user (nobody) is an unprivileged user namespace. The service's side (its
-    hidden paths, the child's settings) is built here; the sandbox's child
-    runs as nobody, as that service would start it."""
+    user (nobody) is an unprivileged user namespace. The service's side (the
+    hidden paths, the child's settings) is built by the caller; the sandbox's
+    child runs as nobody, as that service would start it. Its report."""
     python = _interpreter_for_nobody()
     if os.geteuid() != 0 or python is None:
         pytest.skip("needs root (to become nobody) and a Python nobody can run")
-    executor = build_code_executor(deployment(tmp_path, secrets_dir))
-    assert isinstance(executor, SandboxExecutor)
-    header = marshal.dumps({"limits": LIMITS.as_dict(), "uid": None, "hide": executor.hide, "isolation": "auto"}, 4)
-    payload = len(header).to_bytes(4, "big") + header + snoop_code(secrets_dir).encode()
+    header = marshal.dumps({"limits": LIMITS.as_dict(), "uid": None, "hide": hide, "isolation": "auto"}, 4)
     proc = await asyncio.create_subprocess_exec(
         python, "-I", "-S", "-c", BOOT, MARKER, str(os.getpid()), cwd="/", user=NOBODY, group=NOBODY, extra_groups=[],
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/sandbox"},
         stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
-    stdout, stderr = await asyncio.wait_for(proc.communicate(payload), 60)
+    stdout, stderr = await asyncio.wait_for(proc.communicate(len(header).to_bytes(4, "big") + header + code.encode()), 60)
     assert proc.returncode == 0, stderr.decode()
-    report = marshal.loads(stdout)
+    report: dict[str, Any] = marshal.loads(stdout)
     if report["isolation"].get("hooks"):
         pytest.skip(f"no unprivileged user namespaces here: {report['isolation'].get('unshare_error')}")
     assert "user" in report["isolation"]["namespaces"]
-    assert_nothing_seen(report, secrets_dir)
+    return report
+
+
+async def test_in_a_user_namespace_too(tmp_path: Path, secrets_dir: Path) -> None:
+    executor = build_code_executor(deployment(tmp_path, secrets_dir))
+    assert isinstance(executor, SandboxExecutor)
+    assert_nothing_seen(await run_as_nobody(executor.hide, snoop_code(secrets_dir)), secrets_dir)
+
+
+# -- no user namespaces of its own ----------------------------------------------------------
+
+USERNS_CODE = """
+import ctypes, json, os, shutil, subprocess
+tries = {}
+libc = ctypes.CDLL(None, use_errno=True)
+pid = os.fork()  # unshare(CLONE_NEWUSER) in a child: its success must not change this process
+if pid == 0:
+    ok = libc.unshare(0x10000000) == 0
+    os._exit(0 if ok else 1)
+tries["unshare"] = "allowed" if os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0 else "refused"
+if shutil.which("unshare"):
+    done = subprocess.run(["unshare", "-r", "id", "-u"], capture_output=True, text=True)
+    tries["unshare -r"] = "allowed" if done.returncode == 0 else done.stderr.strip()
+import threading
+seen = []
+worker = threading.Thread(target=seen.append, args=(1,))  # (clone3 refused, threads still start)
+worker.start()
+worker.join()
+tries["thread"] = seen
+print(json.dumps(tries))
+"""
+
+
+def assert_no_user_namespaces(stdout: str) -> None:
+    tries = json.loads(stdout)
+    assert tries["unshare"] == "refused", tries
+    assert tries.get("unshare -r", "Operation not permitted").endswith("Operation not permitted"), tries
+    assert tries["thread"] == [1]
+
+
+async def test_code_cannot_create_user_namespaces() -> None:
+    executor = SandboxExecutor(LIMITS)
+    text = await executor.start()
+    assert executor.report is not None and not executor.report.get("hooks"), executor.report
+    if executor.report.get("nested_userns") != "refused":
+        pytest.skip(executor.report.get("nested_userns"))
+    assert "new user namespaces refused" in text
+    out = await executor.run(USERNS_CODE, "python")
+    assert out["stderr"] == "", out["stderr"]
+    assert_no_user_namespaces(out["stdout"])
+
+
+async def test_code_cannot_create_user_namespaces_in_a_user_namespace_either() -> None:
+    report = await run_as_nobody([], USERNS_CODE)
+    assert report["stderr"] == "", report["stderr"]
+    assert_no_user_namespaces(report["stdout"])
 
 
 async def test_the_hook_fallback_hides_them_from_python_code(tmp_path: Path) -> None:

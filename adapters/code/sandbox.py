@@ -228,7 +228,8 @@ def describe(report: dict[str, Any], limits: CodeLimits) -> str:
     spaces = ", ".join(report.get("namespaces") or [])
     return (
         f"namespaces: {spaces}; runs as {report.get('user')}; no network; file system read-only "
-        f"({report.get('readonly', '?')}), private /tmp, /proc {report.get('proc', '?')}, hidden: "
+        f"({report.get('readonly', '?')}), private /tmp, /proc {report.get('proc', '?')}, new user namespaces "
+        f"{report.get('nested_userns', '?')}, hidden: "
         f"{', '.join(report.get('hidden') or [])}; limits {_limits(limits)}"
     )
 
