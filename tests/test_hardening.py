@@ -4,10 +4,15 @@ and nothing of it reaches the log."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from tests.harness import Service
+from tests.processes import Server
 from tests.upstream import Reply
 
 USER = [{"role": "user", "content": "hello"}]
@@ -55,3 +60,72 @@ async def test_json_nested_300_deep_on_the_websocket_is_an_error_frame(service: 
         await ws.send_json({"type": "subscribe", "turn_id": "turn_missing"})
         assert (await ws.receive_json(timeout=10))["code"] == "not_found"
     assert service.upstream.requests == []
+
+
+# -- the inspector's security headers -------------------------------------------------------
+
+
+async def test_the_inspector_sends_security_headers(service: Service) -> None:
+    for path in ("/ui/", "/ui/turns/turn_0123456789abcdef01234567", "/ui/static/app.js", "/ui/static/app.css"):
+        async with service.http.get(service.url + path) as resp:
+            assert resp.status == 200, path
+            assert resp.headers.get("Content-Security-Policy") == "default-src 'self'; frame-ancestors 'none'", path
+            assert resp.headers.get("X-Content-Type-Options") == "nosniff", path
+            assert resp.headers.get("Referrer-Policy") == "no-referrer", path
+
+
+# -- upload filenames --------------------------------------------------------------------------
+
+
+async def test_an_uploads_filename_keeps_only_its_base_name(service: Service) -> None:
+    for sent, kept in (("../../etc/x.txt", "x.txt"), ("C:\\Users\\me\\notes.md", "notes.md"), ("..", "upload"), ("dir/", "upload")):
+        # A raw body, as curl sends it: aiohttp's own client would percent-encode the slashes.
+        boundary = "turnlog-boundary"
+        escaped = sent.replace("\\", "\\\\")  # a quoted-string's backslash escapes itself
+        raw = (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{escaped}"\r\n'
+            f"Content-Type: text/plain\r\n\r\nsome text\r\n--{boundary}--\r\n"
+        ).encode()
+        headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        async with service.http.post(service.v1 + "/files", data=raw, headers=headers) as resp:
+            status, body = resp.status, await resp.json()
+        assert status == 200 and body["filename"] == kept, (sent, body)
+        status, listed = await service.get(f"/v1/files/{body['id']}")
+        assert status == 200 and listed["filename"] == kept, listed
+
+
+# -- credentials never reach the log ---------------------------------------------------------
+
+
+async def test_a_header_over_8_kb_is_refused_without_logging_it(tmp_path: Path) -> None:
+    key = "sk-caller-key-" + "7" * 40
+    server = Server(tmp_path / "turnlog.db", None, auto_resume=False, log_dir=tmp_path)
+    try:
+        async with aiohttp.ClientSession() as http:
+            await server.ready(http)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        header = f"Authorization: Bearer {key}{'A' * 9000}\r\n".encode()
+        writer.write(b"GET /v1/models HTTP/1.1\r\nHost: turnlog\r\n" + header + b"\r\n")
+        await writer.drain()
+        status_line = await asyncio.wait_for(reader.readline(), 10)
+        assert status_line.startswith(b"HTTP/1.0 400") or status_line.startswith(b"HTTP/1.1 400"), status_line
+        writer.close()
+        log = await wait_for_output_containing(server, "LineTooLong")
+    finally:
+        server.stop()
+    assert "Error handling request" in log  # the event itself is still logged, as the exception's type
+    assert key[:20] not in log and "Bearer" not in log, log
+
+
+async def wait_for_output_containing(server: Server, needle: str, timeout: float = 20.0) -> str:
+    """The served process's log once it has ``needle`` (polled: another
+    process's log file gives no other signal; aiohttp writes the line before
+    it answers the 400, so this normally returns at once)."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        server.log.flush()
+        text = server.log_path.read_text()
+        if needle in text:
+            return text
+        assert asyncio.get_running_loop().time() < deadline, f"{needle!r} never logged:\n{text[-2000:]}"
+        await asyncio.sleep(0.05)
