@@ -145,6 +145,12 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(default=64, ge=1)
     # Uploads: larger files get 413; what `POST /v1/files` accepts.
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    # A file whose extracted text is over file_max_text_bytes (UTF-8), or makes
+    # more than file_max_chunks chunks, is `failed`; extracting a PDF or HTML
+    # file takes at most file_extract_seconds (a child process, then killed).
+    file_max_text_bytes: int = Field(default=5 * 1024 * 1024, ge=1)
+    file_max_chunks: int = Field(default=2000, ge=1)
+    file_extract_seconds: float = Field(default=60.0, gt=0)
     # Chunking (tokens of the cl100k encoding) and retrieval.
     chunk_tokens: int = Field(default=400, ge=16)
     chunk_overlap_tokens: int = Field(default=50, ge=0)

@@ -143,7 +143,7 @@ def _interpreter_for_nobody() -> str | None:
     """A Python that another user can run (ours may sit under /root)."""
     for candidate in (sys.executable, "/usr/bin/python3", "/usr/local/bin/python3"):
         real = os.path.realpath(candidate)
-        folders = [real, *Path(real).parents]
+        folders = [Path(real), *Path(real).parents]
         if os.path.exists(real) and all(os.stat(f).st_mode & stat.S_IXOTH for f in folders):
             return candidate
     return None
@@ -214,7 +214,7 @@ async def test_code_cannot_create_user_namespaces() -> None:
     text = await executor.start()
     assert executor.report is not None and not executor.report.get("hooks"), executor.report
     if executor.report.get("nested_userns") != "refused":
-        pytest.skip(executor.report.get("nested_userns"))
+        pytest.skip(str(executor.report.get("nested_userns")))
     assert "new user namespaces refused" in text
     out = await executor.run(USERNS_CODE, "python")
     assert out["stderr"] == "", out["stderr"]
