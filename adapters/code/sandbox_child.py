@@ -27,8 +27,10 @@ Three processes, each with one job:
   supervisor: a supervisor killed by the service takes the whole run with it.
 * the **code's process**: limits (``setrlimit``), a nice value of 19, no
   privileges (another uid when the service runs as root; no capabilities in a
-  user namespace; ``PR_SET_NO_NEW_PRIVS``), then the code, REPL-style: the
-  value of a final expression is the result.
+  user namespace; ``PR_SET_NO_NEW_PRIVS``), a seccomp filter refusing new
+  user namespaces (``unshare -r`` would give the code a root of its own, and
+  the kernel's user-namespace attack surface), then the code, REPL-style:
+  the value of a final expression is the result.
 
 When no namespace can be created (a container without ``CAP_SYS_ADMIN`` and
 without unprivileged user namespaces) the run is **weaker**: same file system

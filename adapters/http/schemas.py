@@ -91,7 +91,9 @@ def parse_json(raw: bytes | str) -> Any:
         value = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
-    if too_deep(value, MAX_JSON_DEPTH):
+    # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
+    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    if brackets > MAX_JSON_DEPTH and too_deep(value, MAX_JSON_DEPTH):
         raise ApiError(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels (objects and arrays)", code="json_too_deep")
     if _LONG_NUMBER.search(raw if isinstance(raw, bytes) else raw.encode()):
         value = json.loads(raw)  # orjson reads integers beyond 64 bits as floats: keep them exact
@@ -100,17 +102,19 @@ def parse_json(raw: bytes | str) -> Any:
 
 def too_deep(value: Any, limit: int) -> bool:
     """Whether objects and arrays nest more than ``limit`` levels (a scalar
-    or ``{}`` is 0 or 1 level). Iterative: no recursion limit to hit."""
-    if not isinstance(value, (dict, list)):
-        return False
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
+    is 0 levels, ``{}`` 1). Level by level: no recursion limit to hit."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
         if depth > limit:
             return True
-        for child in node.values() if isinstance(node, dict) else node:
-            if isinstance(child, (dict, list)):
-                stack.append((child, depth + 1))
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
     return False
 
 
