@@ -18,10 +18,12 @@ import shutil
 import stat
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -30,6 +32,7 @@ from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build
 from adapters.code.sandbox import BOOT, MARKER
 from adapters.config import Settings
 from tests.harness import make_settings, start_service
+from tests.processes import free_port, turnlog_command
 from tests.upstream import ScriptedUpstream
 
 LIMITS = CodeLimits(wall_seconds=6.0, cpu_seconds=3, memory_mb=256, max_processes=16, output_bytes=16384)
@@ -254,3 +257,41 @@ async def test_a_deployment_with_secrets_refuses_the_hook_fallback(tmp_path: Pat
     # Opted in, or nothing secret to reach: it starts (with the warning).
     await start_code_executor(weak, deployment(tmp_path, root, code_allow_weak_sandbox=True))
     await start_code_executor(weak, make_settings(tmp_path, upstream.url, openai_api_key=None))
+
+
+async def test_serve_without_namespaces_refuses_to_start_with_secrets_unless_told(tmp_path: Path) -> None:
+    """``turnlog serve`` where the sandbox cannot create namespaces (root
+    without CAP_SYS_ADMIN, as in a container) and an upstream key is set:
+    exit status 2 naming the secret, or a start with the opt-in."""
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv (util-linux) to drop CAP_SYS_ADMIN")
+    port = free_port()
+    command = ["setpriv", "--bounding-set=-sys_admin", *turnlog_command("serve", "--port", str(port))]
+    env = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}", "TURNLOG_OPENAI_API_KEY": "sk-test"}
+    env.pop("TURNLOG_CODE_ALLOW_WEAK_SANDBOX", None)
+    proc = await asyncio.create_subprocess_exec(*command, cwd=REPO, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+    _, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    text = stderr.decode()
+    assert proc.returncode == 2, text
+    assert "WEAK isolation" in text and "holds secrets (openai_api_key)" in text and "TURNLOG_CODE_ALLOW_WEAK_SANDBOX=1" in text, text
+
+    env["TURNLOG_CODE_ALLOW_WEAK_SANDBOX"] = "1"
+    proc = await asyncio.create_subprocess_exec(*command, cwd=REPO, env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE)
+    try:
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 30
+            while True:  # polled: another process
+                assert proc.returncode is None, "serve exited although the weak sandbox was allowed"
+                try:
+                    async with http.get(f"http://127.0.0.1:{port}/healthz") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, "serve did not start with TURNLOG_CODE_ALLOW_WEAK_SANDBOX=1"
+                await asyncio.sleep(0.1)
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        _, stderr = await asyncio.wait_for(proc.communicate(), 30)
+    assert "the weak sandbox may reach openai_api_key" in stderr.decode()
