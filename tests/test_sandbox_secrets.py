@@ -162,9 +162,21 @@ async def run_as_nobody(hide: list[str], code: str) -> dict[str, Any]:
         pytest.skip("needs root (to become nobody) and a Python nobody can run")
     header = marshal.dumps({"limits": LIMITS.as_dict(), "uid": None, "hide": hide, "isolation": "auto"}, 4)
     proc = await asyncio.create_subprocess_exec(
-        python, "-I", "-S", "-c", BOOT, MARKER, str(os.getpid()), cwd="/", user=NOBODY, group=NOBODY, extra_groups=[],
+        python,
+        "-I",
+        "-S",
+        "-c",
+        BOOT,
+        MARKER,
+        str(os.getpid()),
+        cwd="/",
+        user=NOBODY,
+        group=NOBODY,
+        extra_groups=[],
         env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": "/tmp/sandbox"},
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     stdout, stderr = await asyncio.wait_for(proc.communicate(len(header).to_bytes(4, "big") + header + code.encode()), 60)
     assert proc.returncode == 0, stderr.decode()
