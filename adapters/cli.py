@@ -176,6 +176,7 @@ def tune_gc(gen0_threshold: int) -> None:
 def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     from aiohttp import web
 
+    from adapters.code import WeakSandboxRefused
     from adapters.http.app import create_app
     from adapters.http.serving import serve
 
@@ -214,15 +215,19 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
     # SIGTERM drains (API.md §9): adapters.http.serving. The backlog: aiohttp's
     # default (128) overflows under a burst of connections and the kernel resets
     # them (bench thousands_sse).
-    serve(
-        app,
-        host=settings.host,
-        port=settings.port,
-        loop=loop,
-        drain_seconds=settings.drain_seconds,
-        backlog=4096,
-        reuse_port=settings.reuse_port,
-    )
+    try:
+        serve(
+            app,
+            host=settings.host,
+            port=settings.port,
+            loop=loop,
+            drain_seconds=settings.drain_seconds,
+            backlog=4096,
+            reuse_port=settings.reuse_port,
+        )
+    except WeakSandboxRefused as exc:
+        print(f"turnlog: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 

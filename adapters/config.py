@@ -154,6 +154,12 @@ class Settings(BaseSettings):
     embedding_batch_size: int = Field(default=64, ge=1)
     # Uploads: larger files get 413; what `POST /v1/files` accepts.
     max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    # A file whose extracted text is over file_max_text_bytes (UTF-8), or makes
+    # more than file_max_chunks chunks, is `failed`; extracting a PDF or HTML
+    # file takes at most file_extract_seconds (a child process, then killed).
+    file_max_text_bytes: int = Field(default=5 * 1024 * 1024, ge=1)
+    file_max_chunks: int = Field(default=2000, ge=1)
+    file_extract_seconds: float = Field(default=60.0, gt=0)
     # Chunking (tokens of the cl100k encoding) and retrieval.
     chunk_tokens: int = Field(default=400, ge=16)
     chunk_overlap_tokens: int = Field(default=50, ge=0)
@@ -194,6 +200,14 @@ class Settings(BaseSettings):
     code_sandbox_python: str | None = None
     # TURNLOG_CODE_HIDE_PATHS: a comma list or a JSON list ("/srv/a,/srv/b").
     code_hide_paths: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    # Without namespaces the sandbox falls back to an audit hook, which hides
+    # nothing from native code: a deployment with secrets (a config file, a
+    # receipt key, an API key, a database password) refuses to start on it
+    # unless this is set.
+    code_allow_weak_sandbox: bool = False
+    # The TOML file these settings were read from (`--config`): set by
+    # load_settings, hidden from the sandbox with the other secret-bearing paths.
+    config_path: str | None = None
     # -- web search, page fetching, image generation (adapters.web, adapters.images)
     # The search engine: a SearXNG instance (``searxng_url``, its JSON format
     # enabled), the Brave Search API (``web_search_api_key``), or none.
@@ -367,7 +381,7 @@ def _file_settings(raw: dict[str, Any], name: str) -> dict[str, Any]:
         if "mcp_servers" in merged:
             raise ValueError(f"{name}: mcp and mcp_servers both set")
         merged["mcp_servers"] = merged.pop("mcp")
-    unknown = sorted(k for k in merged if k not in Settings.model_fields)
+    unknown = sorted(k for k in merged if k not in Settings.model_fields or k == "config_path")
     if unknown:
         raise ValueError(f"{name}: unknown setting(s) {', '.join(unknown)}")
     return merged
@@ -380,6 +394,8 @@ def load_settings(config_file: str | Path | None = None, **overrides: Any) -> Se
         with open(config_file, "rb") as fh:
             raw = tomllib.load(fh)
         values.update(_file_settings(raw, str(config_file)))
+    if config_file:
+        values["config_path"] = str(config_file)
     settings = Settings(**values)
     # Explicit overrides (command-line flags, tests) win over everything; they are
     # re-validated by building a new object.

@@ -46,6 +46,9 @@ PYTHON_LANGS = frozenset({"", "python", "python3", "py"})
 # Folders where data and secrets usually live, hidden behind an empty tmpfs in
 # the sandbox (the interpreter's own folders are shown again through them).
 DEFAULT_HIDDEN = ("/root", "/home", "/run", "/srv", "/mnt", "/media", "/var/lib", "/var/log", "/var/mail", "/var/spool", "/var/backups")
+# Folders the sandbox never hides (the system the code's interpreter needs): a
+# secret file in one of them is hidden alone.
+SYSTEM_FOLDERS = frozenset({"/", "/usr", "/proc", "/sys", "/dev", "/etc", "/bin", "/lib", "/lib64", "/sbin", "/opt", "/var", "/tmp"})
 # Beyond the run's own wall clock: what the child may take to set up and report.
 GRACE_SECONDS = 10.0
 
@@ -225,7 +228,8 @@ def describe(report: dict[str, Any], limits: CodeLimits) -> str:
     spaces = ", ".join(report.get("namespaces") or [])
     return (
         f"namespaces: {spaces}; runs as {report.get('user')}; no network; file system read-only "
-        f"({report.get('readonly', '?')}), private /tmp, /proc {report.get('proc', '?')}, hidden: "
+        f"({report.get('readonly', '?')}), private /tmp, /proc {report.get('proc', '?')}, new user namespaces "
+        f"{report.get('nested_userns', '?')}, hidden: "
         f"{', '.join(report.get('hidden') or [])}; limits {_limits(limits)}"
     )
 

@@ -27,8 +27,10 @@ Three processes, each with one job:
   supervisor: a supervisor killed by the service takes the whole run with it.
 * the **code's process**: limits (``setrlimit``), a nice value of 19, no
   privileges (another uid when the service runs as root; no capabilities in a
-  user namespace; ``PR_SET_NO_NEW_PRIVS``), then the code, REPL-style: the
-  value of a final expression is the result.
+  user namespace; ``PR_SET_NO_NEW_PRIVS``), a seccomp filter refusing new
+  user namespaces (``unshare -r`` would give the code a root of its own, and
+  the kernel's user-namespace attack surface), then the code, REPL-style:
+  the value of a final expression is the result.
 
 When no namespace can be created (a container without ``CAP_SYS_ADMIN`` and
 without unprivileged user namespaces) the run is **weaker**: same file system
@@ -63,7 +65,15 @@ MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
 MOUNT_ATTR_RDONLY, MOUNT_ATTR_NOSUID = 0x1, 0x2
 AT_FDCWD, AT_RECURSIVE = -100, 0x8000
 SYS_MOUNT_SETATTR = 442  # the same number on every architecture (a post-5.x syscall)
-PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS = 1, 4, 38
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_NO_NEW_PRIVS, PR_SET_SECCOMP = 1, 4, 38, 22
+SECCOMP_MODE_FILTER = 2
+# The seccomp filter's view of each architecture: its AUDIT_ARCH value and the
+# numbers of unshare, clone and clone3 (little-endian only: the filter reads
+# the flags as the low 32 bits of the first argument).
+SECCOMP_ARCHES = {
+    "x86_64": (0xC000003E, 272, 56, 435),
+    "aarch64": (0xC00000B7, 97, 220, 435),
+}
 
 WORKDIR_IN_NAMESPACE = "/tmp/sandbox"
 INIT_SIGNAL_BASE = 128  # init's exit code: the code's exit code, or 128 + the signal that ended it
@@ -122,6 +132,58 @@ def drop_capabilities() -> None:
     _check(libc().capset(header, data), "capset")
 
 
+def user_namespace_filter() -> list[tuple[int, int, int, int]] | None:
+    """A seccomp BPF program refusing new user namespaces (``unshare`` or
+    ``clone`` with ``CLONE_NEWUSER``: EPERM) and ``clone3``, whose flags sit
+    behind a pointer the filter cannot read (ENOSYS: the C library then falls
+    back to ``clone``); syscalls of another ABI (i386 or x32 on x86_64) fail
+    too. None on an architecture it does not know."""
+    arch = SECCOMP_ARCHES.get(os.uname().machine) if sys.byteorder == "little" else None
+    if arch is None:
+        return None
+    audit_arch, nr_unshare, nr_clone, nr_clone3 = arch
+    ld, jeq, jset, ret = 0x20, 0x15, 0x45, 0x06
+    allow, eperm, enosys = 0x7FFF0000, 0x00050000 | 1, 0x00050000 | 38
+    # Jumps are forward only, counted from the next instruction.
+    return [
+        (ld, 0, 0, 4),  # 0: arch
+        (jeq, 0, 10, audit_arch),  # 1: another ABI -> 12
+        (ld, 0, 0, 0),  # 2: the syscall's number
+        (jset, 8, 0, 0x40000000),  # 3: x32 -> 12
+        (jeq, 7, 0, nr_clone3),  # 4: -> 12
+        (jeq, 2, 0, nr_unshare),  # 5: -> 8
+        (jeq, 1, 0, nr_clone),  # 6: -> 8
+        (ret, 0, 0, allow),  # 7
+        (ld, 0, 0, 16),  # 8: the flags, the low 32 bits of the first argument
+        (jset, 0, 1, CLONE_NEWUSER),  # 9: -> 10, else 11
+        (ret, 0, 0, eperm),  # 10
+        (ret, 0, 0, allow),  # 11
+        (ret, 0, 0, enosys),  # 12
+    ]
+
+
+def deny_user_namespaces() -> bool:
+    """Install ``user_namespace_filter`` on this process and its children
+    (needs ``no_new_privs``, already set). False where there is no filter for
+    this architecture."""
+    import ctypes
+
+    program = user_namespace_filter()
+    if program is None:
+        return False
+
+    class SockFilter(ctypes.Structure):
+        _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.POINTER(SockFilter))]
+
+    filters = (SockFilter * len(program))(*(SockFilter(*insn) for insn in program))
+    prog = SockFprog(len(program), filters)
+    _check(libc().prctl(PR_SET_SECCOMP, ctypes.c_ulong(SECCOMP_MODE_FILTER), ctypes.byref(prog), 0, 0), "seccomp")
+    return True
+
+
 # -- the supervisor -------------------------------------------------------------------
 
 
@@ -171,6 +233,8 @@ def unshare(run: Run) -> None:
             run.isolation["user"] = f"uid {run.uid}"
     run.namespaces = True
     run.isolation["namespaces"] = names
+    arch = os.uname().machine
+    run.isolation["nested_userns"] = "refused" if user_namespace_filter() else f"not refused (no seccomp filter for {arch})"
 
 
 def supervise(run: Run) -> dict:
@@ -630,6 +694,13 @@ def code_process(run: Run, out_w: int, err_w: int, res_w: int) -> None:
         drop_capabilities()
     if run.namespaces or run.uid is not None:
         prctl(PR_SET_NO_NEW_PRIVS, 1)  # no setuid program gives anything back
+    if run.namespaces:
+        deny_user_namespaces()  # a failure fails the run: never run the code without it
+    elif try_prctl(PR_SET_NO_NEW_PRIVS, 1):
+        try:
+            deny_user_namespaces()  # the weak mode: a hardening where the host allows it
+        except OSError:
+            pass
     try_prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # (set*uid cleared the inherited one)
     os.environ["HOME"] = run.workdir
     os.environ["TMPDIR"] = "/tmp" if run.namespaces else run.workdir

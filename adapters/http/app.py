@@ -93,6 +93,9 @@ def create_app(
     )
 
     async def lifecycle(app: web.Application) -> AsyncIterator[None]:
+        # First: it logs the isolation the sandbox gets here, and refuses a weak
+        # sandbox in a deployment with secrets before anything else starts.
+        await start_code_executor(code, settings)
         await migrate(settings.database_url)
         pool: dict[str, Any] = {} if settings.db_pool_size is None else {"pool_size": settings.db_pool_size}
         store = await open_store(
@@ -177,7 +180,6 @@ def create_app(
         holder["services"] = svc
         app[SERVICES] = svc
         await knowledge.start()  # resumes the ingestions a crash interrupted
-        await start_code_executor(code)  # logs the isolation the sandbox gets here
         await supervisor.start()
         catalog.start()  # logs the upstreams (or that there is none) and their models
         try:

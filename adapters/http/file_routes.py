@@ -63,6 +63,13 @@ async def _read_limited(part: BodyPartReader, limit: int) -> bytes:
 # ------------------------------------------------------------------- files
 
 
+def upload_name(raw: str | None) -> str:
+    """The base name of an upload's filename: a client's path (``../../x``,
+    ``C:\\Users\\me\\x.pdf``) is never stored; nothing left is ``upload``."""
+    name = (raw or "").replace("\x00", "").replace("\\", "/").rsplit("/", 1)[-1].strip()
+    return name if name not in ("", ".", "..") else "upload"
+
+
 async def upload_file(request: web.Request) -> web.Response:
     limit = services(request).settings.max_file_bytes
     if not request.content_type.startswith("multipart/"):
@@ -74,7 +81,7 @@ async def upload_file(request: web.Request) -> web.Response:
         reader = await request.multipart()
         while (part := await reader.next()) is not None:
             if isinstance(part, BodyPartReader) and part.name == "file" and upload is None:
-                filename = (part.filename or "").replace("\x00", "").strip() or "upload"
+                filename = upload_name(part.filename)
                 content_type = content_type_for(part.headers.get(CONTENT_TYPE), filename)
                 if content_type is None:
                     declared = part.headers.get(CONTENT_TYPE) or "none"

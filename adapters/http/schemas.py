@@ -18,6 +18,9 @@ ID_PATTERN = r"^[A-Za-z0-9_.:\-]{1,128}$"
 #: which PostgreSQL's text type cannot hold (a 400, not a 500, on every backend).
 NO_NUL = r"^[^\x00]*$"
 _LONG_NUMBER = re.compile(rb"\d{20}")
+#: Deepest nesting of objects and arrays a request may have: deeper bodies
+#: would fail later, where they are validated, recorded or encoded.
+MAX_JSON_DEPTH = 64
 
 
 class Message(BaseModel):
@@ -93,9 +96,31 @@ def parse_json(raw: bytes | str) -> Any:
         value = orjson.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ApiError(400, f"malformed JSON: {exc}", code="invalid_json") from exc
+    # Fewer brackets than the limit cannot nest past it: most bodies skip the walk.
+    brackets = raw.count(b"[") + raw.count(b"{") if isinstance(raw, bytes) else raw.count("[") + raw.count("{")
+    if brackets > MAX_JSON_DEPTH and too_deep(value, MAX_JSON_DEPTH):
+        raise ApiError(400, f"JSON nested deeper than {MAX_JSON_DEPTH} levels (objects and arrays)", code="json_too_deep")
     if _LONG_NUMBER.search(raw if isinstance(raw, bytes) else raw.encode()):
         value = json.loads(raw)  # orjson reads integers beyond 64 bits as floats: keep them exact
     return value
+
+
+def too_deep(value: Any, limit: int) -> bool:
+    """Whether objects and arrays nest more than ``limit`` levels (a scalar
+    is 0 levels, ``{}`` 1). Level by level: no recursion limit to hit."""
+    level = [value] if isinstance(value, (dict, list)) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > limit:
+            return True
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+    return False
 
 
 Body = TypeVar("Body", bound=BaseModel)

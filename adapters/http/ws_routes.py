@@ -28,7 +28,7 @@ from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
-from adapters.http.schemas import parse_chat_request
+from adapters.http.schemas import parse_chat_request, parse_json
 from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
 from adapters.http.ws_frames import FrameOutbox
@@ -91,9 +91,9 @@ class Connection:
 
     async def handle(self, raw: str) -> None:
         try:
-            message = orjson.loads(raw)  # strict, as HTTP bodies (adapters.http.schemas.parse_json)
-        except ValueError:
-            await self.error("message is not valid JSON", "invalid_json")
+            message = parse_json(raw)  # as HTTP bodies: strict, and at most 64 levels deep
+        except ApiError as exc:
+            await self.error(exc.message, exc.code or "invalid_json")
             return
         if not isinstance(message, dict) or not isinstance(message.get("type"), str):
             await self.error("message must be a JSON object with a string 'type'", "invalid_message")

@@ -59,12 +59,18 @@ def content_type_for(declared: str | None, filename: str) -> str | None:
     return EXTENSIONS.get(filename[dot:].lower()) if dot >= 0 else None
 
 
-def extract_text(data: bytes, content_type: str) -> str:
+def too_much_text(max_bytes: int) -> str:
+    return f"the file's text is over the limit of {max_bytes:,} bytes (TURNLOG_FILE_MAX_TEXT_BYTES)"
+
+
+def extract_text(data: bytes, content_type: str, max_bytes: int | None = None) -> str:
     """The text of ``data`` (a document of ``content_type``, one of
-    ``SUPPORTED_TYPES``). Raises :class:`ExtractionError`. CPU-bound: call it
-    in a worker thread."""
+    ``SUPPORTED_TYPES``), at most ``max_bytes`` of UTF-8 (a PDF stops at the
+    first page past it). Raises :class:`ExtractionError`. CPU-bound: call it
+    in a worker thread, or (PDF, HTML: a small file may take minutes) through
+    ``adapters.knowledge.extract_process``."""
     if content_type == "application/pdf":
-        text = _pdf(data)
+        text = _pdf(data, max_bytes)
     elif content_type == "text/html":
         text = _html(data)
     elif content_type in ("text/plain", "text/markdown"):
@@ -72,6 +78,8 @@ def extract_text(data: bytes, content_type: str) -> str:
     else:
         raise ExtractionError(f"unsupported content type {content_type!r}")
     text = _clean(text)
+    if max_bytes is not None and len(text) > max_bytes // 4 and len(text.encode()) > max_bytes:
+        raise ExtractionError(too_much_text(max_bytes))
     if not text.strip():
         raise ExtractionError(NO_TEXT)
     return text
@@ -84,14 +92,20 @@ def _utf8(data: bytes) -> str:
         raise ExtractionError(f"the file is not UTF-8 text (invalid byte at offset {exc.start})") from None
 
 
-def _pdf(data: bytes) -> str:
+def _pdf(data: bytes, max_bytes: int | None) -> str:
     from pypdf import PdfReader
 
     try:
         reader = PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise ExtractionError("the PDF is encrypted with a password")
-        pages = [page.extract_text() or "" for page in reader.pages]
+        pages: list[str] = []
+        total = 0
+        for page in reader.pages:
+            pages.append(page.extract_text() or "")
+            total += len(pages[-1].encode("utf-8", "replace"))
+            if max_bytes is not None and total > max_bytes:
+                raise ExtractionError(too_much_text(max_bytes))  # the rest is never extracted
     except ExtractionError:
         raise
     except Exception as exc:  # pypdf raises many kinds (PdfReadError, ValueError, KeyError...)

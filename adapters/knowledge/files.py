@@ -5,8 +5,11 @@ Ingestion
 ---------
 An upload stores the bytes as a blob and a ``files`` row (``processing``),
 then one asyncio task per file does the rest, at most ``ingest_concurrency``
-at a time: text extraction and chunking in a worker thread (CPU-bound: the
-event loop keeps serving streams), embeddings in batches through the
+at a time: text extraction (PDF and HTML in a child process killed after
+``extract_seconds``, see ``extract_process``; text in a worker thread) and
+chunking in a worker thread (CPU-bound: the event loop keeps serving
+streams), capped at ``max_text_bytes`` of text and ``max_chunks`` chunks (a
+file over either fails with the reason), embeddings in batches through the
 ``Embedder`` port when there is one, the vectors into the ``VectorStore``
 (collection ``file_chunks:<model>``, item id ``<file_id>:<seq>``, metadata
 ``file_id``, ``user_id``, ``seq``), and finally the chunks and the ``ready``
@@ -60,6 +63,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from adapters.knowledge.chunking import Chunk, chunk_text, stitch
 from adapters.knowledge.extract import NO_TEXT, ExtractionError, extract_text
+from adapters.knowledge.extract_process import extract_isolated
 from adapters.knowledge.lexical import LexicalCache
 from adapters.knowledge.records import FAILED, PROCESSING, READY, CollectionRecord, FileRecord, KnowledgeTables
 from engine.ports import BlobStore, Embedder, EmbeddingError, FileInfo, FileRef, Knowledge, RetrievalError
@@ -93,6 +97,12 @@ class KnowledgeSettings:
     hybrid: bool = True
     embedding_batch_size: int = 64
     ingest_concurrency: int = 2
+    # A file whose text is longer, or makes more chunks, fails (a small PDF can
+    # expand to tens of MB of text); extracting a PDF or HTML file is killed
+    # after extract_seconds.
+    max_text_bytes: int = 5 * 1024 * 1024
+    max_chunks: int = 2000
+    extract_seconds: float = 60.0
     # BM25 indexes kept in memory, in chunks over all cached file sets.
     lexical_cache_chunks: int = 500_000
     # ``describe`` re-reads the database this often while it waits (a file
@@ -108,6 +118,9 @@ class KnowledgeSettings:
             "relevance_threshold": settings.rag_relevance_threshold,
             "hybrid": settings.rag_hybrid,
             "embedding_batch_size": settings.embedding_batch_size,
+            "max_text_bytes": settings.file_max_text_bytes,
+            "max_chunks": settings.file_max_chunks,
+            "extract_seconds": settings.file_extract_seconds,
         }
         values.update(overrides)
         return cls(**values)
@@ -139,11 +152,16 @@ class Collection:
         }
 
 
-def _prepare(data: bytes, content_type: str, size: int, overlap: int) -> tuple[list[Chunk], int, int]:
-    """Extraction and chunking (in a worker thread): chunks, tokens, characters."""
-    text = extract_text(data, content_type)
+#: Extracted in a child process (``extract_process``): a small file may take minutes.
+ISOLATED_TYPES = frozenset({"application/pdf", "text/html"})
+
+
+def _chunk(text: str, size: int, overlap: int, max_chunks: int) -> tuple[list[Chunk], int]:
+    """Chunking (in a worker thread): chunks and tokens, at most ``max_chunks``."""
     chunks, tokens = chunk_text(text, size, overlap)
-    return chunks, tokens, len(text)
+    if len(chunks) > max_chunks:
+        raise ExtractionError(f"the file's text makes {len(chunks):,} chunks, over the limit of {max_chunks:,} (TURNLOG_FILE_MAX_CHUNKS)")
+    return chunks, tokens
 
 
 class FileKnowledge:
@@ -349,10 +367,14 @@ class FileKnowledge:
             await self.tables.finish_failed(file_id, "the file's bytes are missing")
             return
         s = self.settings
+        loop = asyncio.get_running_loop()
         try:
-            chunks, tokens, chars = await asyncio.get_running_loop().run_in_executor(
-                self._pool, _prepare, found[1], record.content_type, s.chunk_tokens, s.chunk_overlap_tokens
-            )
+            if record.content_type in ISOLATED_TYPES:
+                text = await extract_isolated(found[1], record.content_type, s.max_text_bytes, s.extract_seconds)
+            else:  # plain text and Markdown: no longer than the upload, decoded at once
+                text = await loop.run_in_executor(self._pool, extract_text, found[1], record.content_type, s.max_text_bytes)
+            chars = len(text)
+            chunks, tokens = await loop.run_in_executor(self._pool, _chunk, text, s.chunk_tokens, s.chunk_overlap_tokens, s.max_chunks)
         except ExtractionError as exc:
             await self.tables.finish_failed(file_id, str(exc))
             return

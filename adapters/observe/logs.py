@@ -68,6 +68,24 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(line, default=str).decode()
 
 
+class NoRequestBytes(logging.Filter):
+    """aiohttp logs a request it cannot parse (a header over 8 KB, a bad
+    request line) at ERROR with the exception, whose message quotes the
+    offending bytes: a header's value, such as the caller's key. Keep the
+    line, the exception's type and status; never the bytes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        from aiohttp.http_exceptions import HttpProcessingError
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            record.msg = f"{record.getMessage()}: {type(exc).__name__} ({exc.code}; the request's bytes are not logged)"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def configure_logging(fmt: Literal["text", "json"] = "text", level: int = logging.INFO) -> None:
     """The root logger of ``turnlog serve``: one handler on stderr in the chosen format."""
     handler = logging.StreamHandler(sys.stderr)
@@ -78,3 +96,6 @@ def configure_logging(fmt: Literal["text", "json"] = "text", level: int = loggin
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level)
+    server = logging.getLogger("aiohttp.server")
+    if not any(isinstance(f, NoRequestBytes) for f in server.filters):
+        server.addFilter(NoRequestBytes())
