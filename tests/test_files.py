@@ -274,7 +274,7 @@ async def test_a_crash_mid_ingestion_is_resumed(tmp_path: Path, database_url: st
     assert len(data) < 10 * 1024 * 1024
     big = {"TURNLOG_FILE_MAX_TEXT_BYTES": str(10 * 1024 * 1024), "TURNLOG_FILE_MAX_CHUNKS": "100000"}  # over the defaults
     async with aiohttp.ClientSession() as http:
-        first = Server(database_url, None, auto_resume=False, log_dir=tmp_path, **big)
+        first = Server(database_url, None, auto_resume=False, log_dir=tmp_path, env=big)
         try:
             await first.ready(http)
             status, body = await upload(http, first.url, "big.md", data, "text/markdown")
@@ -292,7 +292,7 @@ async def test_a_crash_mid_ingestion_is_resumed(tmp_path: Path, database_url: st
         assert row.status == "processing", "the kill came after the ingestion ended: no crash was tested"
         assert await chunk_rows(database_url, file_id) == 0
 
-        second = Server(database_url, None, auto_resume=False, log_dir=tmp_path, **big)
+        second = Server(database_url, None, auto_resume=False, log_dir=tmp_path, env=big)
         try:
             await second.ready(http)
             done = await wait_file(http, second.url, file_id, timeout=120)
