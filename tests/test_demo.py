@@ -135,6 +135,31 @@ async def test_demo_answers_a_tool_selection_prompt_with_the_first_tool() -> Non
     assert parse_selection(reply["choices"][0]["message"]["content"], {"get_time"}) == [("get_time", {"zone": "time in Paris?"})]
 
 
+@pytest.mark.sqlite_only
+async def test_turnlog_fork_demo_forks_a_demo_turn(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    """``turnlog fork --demo`` runs the fork on the demo model, as ``serve --demo``
+    answers it (without it no upstream serves ``demo``)."""
+    from tests.test_cli import turnlog
+
+    settings = make_settings(tmp_path, None, database_url=database_url, demo=True, demo_chunk_delay=0)
+    svc = await start_service(settings, upstream)
+    try:
+        status, _, headers = await svc.post("/v1/chat/completions", ask("count to 7"))
+        assert status == 200
+        parent = headers["X-Turn-Id"]
+        at = next(e["seq"] for e in await svc.events(parent) if e["type"] == "model.requested")
+        db = tmp_path / "turnlog.db"
+        env = {"TURNLOG_OPENAI_BASE_URL": "", "TURNLOG_DEMO_CHUNK_DELAY": "0"}
+        out = turnlog(db, "fork", parent, "--at", str(at), "--demo", **env)
+        assert out.returncode == 0, out.stderr
+        printed = json.loads(out.stdout)
+        assert printed["status"] == "completed"
+        view = await svc.turn(printed["turn_id"])
+        assert view["content"] == counted(7) and view["model"] == "demo" and view["parent_turn_id"] == parent
+    finally:
+        await stop_service(svc)
+
+
 async def test_demo_turn_can_be_cancelled_midway(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     settings = make_settings(tmp_path, None, database_url=database_url, demo=True, demo_chunk_delay=0.01)
     svc = await start_service(settings, upstream)
