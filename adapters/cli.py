@@ -10,7 +10,11 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from adapters import fork_cli
 from adapters.checked_log import DamagedTurn, checked_chain
@@ -23,6 +27,9 @@ from adapters.store.migrate import migrate
 from engine.chain import GENESIS, check
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.turn_view import TurnView
+
+#: PostgreSQL's SQLSTATE for a database that does not exist (invalid_catalog_name).
+_NO_SUCH_DATABASE = "3D000"
 
 #: How long ``verify`` lets the re-run of a turn take before it says it did not finish.
 VERIFY_TIMEOUT = 60.0
@@ -137,9 +144,35 @@ def checked_fold(turn_id: str, events: list[Event]) -> TurnView:
         raise _damaged(exc) from None
 
 
-async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -> int:
-    await migrate(settings.database_url)
-    store = await open_store(settings.database_url)
+def missing_database(url: str) -> str | None:
+    """Why a command that only reads cannot use ``url``: its SQLite file does not
+    exist (opening it would create an empty one). None when it does (or for
+    other databases, whose server says so itself)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or parsed.database.startswith("file:"):
+        return None
+    path = Path(parsed.database).resolve()
+    if path.exists():
+        return None
+    return f"database {parsed.render_as_string(hide_password=True)} does not exist (no file {path}); set TURNLOG_DATABASE_URL or --database-url to the service's database"
+
+
+async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]], *, read_only: bool = True) -> int:
+    """Run ``fn`` on the configured store; a command that only reads never
+    creates the database (it says which one it looked for, exit 1)."""
+    url = settings.database_url
+    if read_only and (missing := missing_database(url)) is not None:
+        print(f"turnlog: {missing}", file=sys.stderr)
+        return 1
+    try:
+        await migrate(url)
+    except DBAPIError as exc:
+        if read_only and getattr(exc.orig, "sqlstate", None) == _NO_SUCH_DATABASE:
+            shown = make_url(url).render_as_string(hide_password=True)
+            print(f"turnlog: database {shown} does not exist ({exc.orig})", file=sys.stderr)
+            return 1
+        raise
+    store = await open_store(url)
     try:
         return await fn(store)
     except Damaged as exc:
@@ -427,7 +460,7 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
         print(await store.create_api_key(args.user))
         return 0
 
-    return asyncio.run(_with_store(settings, run))
+    return asyncio.run(_with_store(settings, run, read_only=False))
 
 
 def build_parser() -> argparse.ArgumentParser:

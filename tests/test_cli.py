@@ -42,6 +42,33 @@ def test_migrate_and_keys_create(tmp_path: Path) -> None:
         assert lines[0] not in json.dumps(conn.execute("select * from api_keys").fetchall())
 
 
+READ_ONLY = [("turns", "list"), ("turns", "show", "turn_x"), ("turns", "events", "turn_x"), ("replay", "turn_x"), ("verify", "turn_x"), ("export", "turn_x")]
+
+
+@pytest.mark.parametrize("command", READ_ONLY, ids=lambda c: " ".join(c[:2]))
+def test_a_read_only_command_never_creates_the_database(tmp_path: Path, command: tuple[str, ...]) -> None:
+    db = tmp_path / "elsewhere" / "turnlog.db"
+    db.parent.mkdir()
+    out = turnlog(db, *command)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == (
+        f"turnlog: database sqlite+aiosqlite:///{db} does not exist (no file {db}); "
+        "set TURNLOG_DATABASE_URL or --database-url to the service's database"
+    )
+    assert list(db.parent.iterdir()) == []
+
+
+def test_a_read_only_command_names_a_missing_postgres_database() -> None:
+    base = os.environ.get("TURNLOG_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("TURNLOG_TEST_POSTGRES_URL is not set")
+    url = base.rsplit("/", 1)[0] + "/turnlog_no_such_database"
+    env = {**os.environ, "TURNLOG_DATABASE_URL": url}
+    out = subprocess.run([sys.executable, "-m", "adapters.cli", "turns", "list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"turnlog: database {url} does not exist"), out.stderr
+
+
 @pytest.mark.sqlite_only
 async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(text="cli answer"))
