@@ -312,6 +312,45 @@ def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_store(settings, run))
 
 
+def _tool_calls(output: list[dict[str, Any]]) -> list[str]:
+    """Each tool call of the output with its result, one line each."""
+    results = {i.get("call_id"): i for i in output if i.get("type") == "function_call_output"}
+    lines = []
+    for item in output:
+        if item.get("type") == "function_call":
+            done = results.get(item.get("call_id"))
+            result = f" -> {_short(done.get('output') or '', 80)!r}" if done else " (no result)"
+            lines.append(f"{item.get('name')}({_short(item.get('arguments') or '', 60)}){result}")
+        elif item.get("type") == "code_interpreter":
+            lines.append(f"code_interpreter: {_short(item.get('code') or '', 60)!r}")
+    return lines
+
+
+def replay_summary(view: dict[str, Any], events: int, differs: list[str] | None) -> str:
+    """What ``replay`` tells a person: the projected state, the answer, the tool
+    calls and whether the stored view agrees (``differs``: None when there is
+    no stored view, else the fields that disagree)."""
+    lines = [
+        f"turn     {view['id']}: {events} events replayed",
+        f"status   {view['status']} (state {view['state']}, finish_reason {view.get('finish_reason') or '-'})",
+    ]
+    if view.get("error"):
+        lines.append(f"error    {view['error'].get('message')} ({view['error'].get('type')})")
+    lines.append("answer:" if view.get("content") else "answer: (none)")
+    lines.extend("  " + line for line in (view.get("content") or "").splitlines())
+    calls = _tool_calls(view.get("output") or [])
+    lines.append(f"tool calls: {len(calls) or 'none'}")
+    lines.extend(f"  {i}. {line}" for i, line in enumerate(calls, 1))
+    if differs is None:
+        verdict = "nothing to compare: no view is stored for this turn yet"
+    elif differs:
+        verdict = f"DIFFERS from the stored view in: {', '.join(differs)}"
+    else:
+        verdict = "the log replays to the stored view"
+    lines.append(f"verdict  {verdict}")
+    return "\n".join(lines)
+
+
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     """Re-project the turn; exit 1 if the stored view disagrees with the log."""
 
@@ -320,11 +359,18 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         if record is None:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
-        view = checked_fold(record.id, await checked_events(store, record.id)).public()
-        _print_json(view)
-        if record.view is not None and record.view != json.loads(json.dumps(view)):
-            diff = [k for k in sorted(set(view) | set(record.view)) if view.get(k) != record.view.get(k)]
-            print(f"turnlog: replay differs from the stored view in: {', '.join(diff)}", file=sys.stderr)
+        events = await checked_events(store, record.id)
+        view = checked_fold(record.id, events).public()
+        differs: list[str] | None = None
+        if record.view is not None:
+            plain = json.loads(json.dumps(view))
+            differs = [k for k in sorted(set(plain) | set(record.view)) if plain.get(k) != record.view.get(k)]
+        if args.json:
+            _print_json(view)
+        else:
+            print(replay_summary(view, len(events), differs))
+        if differs:
+            print(f"turnlog: replay differs from the stored view in: {', '.join(differs)}", file=sys.stderr)
             return 1
         return 0
 
@@ -497,8 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", action="store_true")
     turns.set_defaults(fn=cmd_turns)
 
-    replay = sub.add_parser("replay", help="re-project a turn from its log")
+    replay = sub.add_parser("replay", help="re-project a turn from its log and compare it with the stored view")
     replay.add_argument("turn_id")
+    replay.add_argument("--json", action="store_true", help="the re-projected turn as one JSON document (as GET /v1/turns/ID)")
     replay.set_defaults(fn=cmd_replay)
 
     verify = sub.add_parser(

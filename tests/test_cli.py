@@ -113,7 +113,17 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
 
     replay = turnlog(db, "replay", turn_id)
     assert replay.returncode == 0, replay.stderr
-    assert json.loads(replay.stdout)["content"] == "cli answer"
+    n_events = len(lines)
+    assert replay.stdout.splitlines() == [
+        f"turn     {turn_id}: {n_events} events replayed",
+        "status   completed (state done, finish_reason stop)",
+        "answer:",
+        "  cli answer",
+        "tool calls: none",
+        "verdict  the log replays to the stored view",
+    ]
+    as_json = turnlog(db, "replay", turn_id, "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == view
 
     # tamper with the stored view: replay must notice
     with sqlite3.connect(db) as conn:
@@ -122,6 +132,10 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
         conn.execute("update turns set view = ? where id = ?", (json.dumps(view), turn_id))
     tampered = turnlog(db, "replay", turn_id)
     assert tampered.returncode == 1 and "content" in tampered.stderr
+    assert tampered.stdout.splitlines()[-1] == "verdict  DIFFERS from the stored view in: content"
+    assert "  cli answer" in tampered.stdout.splitlines()  # what the log says, not the forged view
+    tampered_json = turnlog(db, "replay", turn_id, "--json")
+    assert tampered_json.returncode == 1 and json.loads(tampered_json.stdout)["content"] == "cli answer"
 
     missing = turnlog(db, "turns", "show", "turn_nope")
     assert missing.returncode == 1 and "no turn" in missing.stderr

@@ -81,6 +81,15 @@ async def test_demo_tool_turn_runs_the_clock_tool(demo: Service) -> None:
     assert completed["status"] == "completed" and completed["output"] == stamp.group(1)
     view = await demo.turn(headers["X-Turn-Id"])
     assert [i["type"] for i in view["output"]] == ["function_call", "function_call_output", "message"]
+    if demo.settings.database_url.startswith("sqlite"):
+        from tests.test_cli import turnlog
+
+        db = Path(demo.settings.database_url.removeprefix("sqlite+aiosqlite:///"))
+        replay = turnlog(db, "replay", headers["X-Turn-Id"])
+        assert replay.returncode == 0, replay.stderr
+        summary = replay.stdout.splitlines()
+        assert summary[summary.index("tool calls: 1") + 1] == f"  1. get_time({{}}) -> {stamp.group(1)!r}"
+        assert summary[-1] == "verdict  the log replays to the stored view"
 
 
 GUIDE = """# Sourdough guide
