@@ -10,7 +10,11 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable
 from datetime import datetime
+from pathlib import Path
 from typing import Any
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DBAPIError
 
 from adapters import fork_cli
 from adapters.checked_log import DamagedTurn, checked_chain
@@ -24,6 +28,9 @@ from engine.chain import GENESIS, check
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.turn_view import TurnView
 from engine.ports import ROLES
+
+#: PostgreSQL's SQLSTATE for a database that does not exist (invalid_catalog_name).
+_NO_SUCH_DATABASE = "3D000"
 
 #: How long ``verify`` lets the re-run of a turn take before it says it did not finish.
 VERIFY_TIMEOUT = 60.0
@@ -138,9 +145,35 @@ def checked_fold(turn_id: str, events: list[Event]) -> TurnView:
         raise _damaged(exc) from None
 
 
-async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]]) -> int:
-    await migrate(settings.database_url)
-    store = await open_store(settings.database_url)
+def missing_database(url: str) -> str | None:
+    """Why a command that only reads cannot use ``url``: its SQLite file does not
+    exist (opening it would create an empty one). None when it does (or for
+    other databases, whose server says so itself)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:") or parsed.database.startswith("file:"):
+        return None
+    path = Path(parsed.database).resolve()
+    if path.exists():
+        return None
+    return f"database {parsed.render_as_string(hide_password=True)} does not exist (no file {path}); set TURNLOG_DATABASE_URL or --database-url to the service's database"
+
+
+async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]], *, read_only: bool = True) -> int:
+    """Run ``fn`` on the configured store; a command that only reads never
+    creates the database (it says which one it looked for, exit 1)."""
+    url = settings.database_url
+    if read_only and (missing := missing_database(url)) is not None:
+        print(f"turnlog: {missing}", file=sys.stderr)
+        return 1
+    try:
+        await migrate(url)
+    except DBAPIError as exc:
+        if read_only and getattr(exc.orig, "sqlstate", None) == _NO_SUCH_DATABASE:
+            shown = make_url(url).render_as_string(hide_password=True)
+            print(f"turnlog: database {shown} does not exist ({exc.orig})", file=sys.stderr)
+            return 1
+        raise
+    store = await open_store(url)
     try:
         return await fn(store)
     except Damaged as exc:
@@ -285,6 +318,45 @@ def cmd_turns(settings: Settings, args: argparse.Namespace) -> int:
     return asyncio.run(_with_store(settings, run))
 
 
+def _tool_calls(output: list[dict[str, Any]]) -> list[str]:
+    """Each tool call of the output with its result, one line each."""
+    results = {i.get("call_id"): i for i in output if i.get("type") == "function_call_output"}
+    lines = []
+    for item in output:
+        if item.get("type") == "function_call":
+            done = results.get(item.get("call_id"))
+            result = f" -> {_short(done.get('output') or '', 80)!r}" if done else " (no result)"
+            lines.append(f"{item.get('name')}({_short(item.get('arguments') or '', 60)}){result}")
+        elif item.get("type") == "code_interpreter":
+            lines.append(f"code_interpreter: {_short(item.get('code') or '', 60)!r}")
+    return lines
+
+
+def replay_summary(view: dict[str, Any], events: int, differs: list[str] | None) -> str:
+    """What ``replay`` tells a person: the projected state, the answer, the tool
+    calls and whether the stored view agrees (``differs``: None when there is
+    no stored view, else the fields that disagree)."""
+    lines = [
+        f"turn     {view['id']}: {events} events replayed",
+        f"status   {view['status']} (state {view['state']}, finish_reason {view.get('finish_reason') or '-'})",
+    ]
+    if view.get("error"):
+        lines.append(f"error    {view['error'].get('message')} ({view['error'].get('type')})")
+    lines.append("answer:" if view.get("content") else "answer: (none)")
+    lines.extend("  " + line for line in (view.get("content") or "").splitlines())
+    calls = _tool_calls(view.get("output") or [])
+    lines.append(f"tool calls: {len(calls) or 'none'}")
+    lines.extend(f"  {i}. {line}" for i, line in enumerate(calls, 1))
+    if differs is None:
+        verdict = "nothing to compare: no view is stored for this turn yet"
+    elif differs:
+        verdict = f"DIFFERS from the stored view in: {', '.join(differs)}"
+    else:
+        verdict = "the log replays to the stored view"
+    lines.append(f"verdict  {verdict}")
+    return "\n".join(lines)
+
+
 def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
     """Re-project the turn; exit 1 if the stored view disagrees with the log."""
 
@@ -293,11 +365,18 @@ def cmd_replay(settings: Settings, args: argparse.Namespace) -> int:
         if record is None:
             print(f"turnlog: no turn {args.turn_id}", file=sys.stderr)
             return 1
-        view = checked_fold(record.id, await checked_events(store, record.id)).public()
-        _print_json(view)
-        if record.view is not None and record.view != json.loads(json.dumps(view)):
-            diff = [k for k in sorted(set(view) | set(record.view)) if view.get(k) != record.view.get(k)]
-            print(f"turnlog: replay differs from the stored view in: {', '.join(diff)}", file=sys.stderr)
+        events = await checked_events(store, record.id)
+        view = checked_fold(record.id, events).public()
+        differs: list[str] | None = None
+        if record.view is not None:
+            plain = json.loads(json.dumps(view))
+            differs = [k for k in sorted(set(plain) | set(record.view)) if plain.get(k) != record.view.get(k)]
+        if args.json:
+            _print_json(view)
+        else:
+            print(replay_summary(view, len(events), differs))
+        if differs:
+            print(f"turnlog: replay differs from the stored view in: {', '.join(differs)}", file=sys.stderr)
             return 1
         return 0
 
@@ -433,7 +512,7 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
         print(await store.create_api_key(args.user, args.role))
         return 0
 
-    return asyncio.run(_with_store(settings, run))
+    return asyncio.run(_with_store(settings, run, read_only=False))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -470,8 +549,9 @@ def build_parser() -> argparse.ArgumentParser:
     events.add_argument("--follow", action="store_true")
     turns.set_defaults(fn=cmd_turns)
 
-    replay = sub.add_parser("replay", help="re-project a turn from its log")
+    replay = sub.add_parser("replay", help="re-project a turn from its log and compare it with the stored view")
     replay.add_argument("turn_id")
+    replay.add_argument("--json", action="store_true", help="the re-projected turn as one JSON document (as GET /v1/turns/ID)")
     replay.set_defaults(fn=cmd_replay)
 
     verify = sub.add_parser(

@@ -23,6 +23,10 @@ def register(sub: Any) -> None:
         "--tool-result", nargs=2, action="append", metavar=("CALL_ID", "OUTPUT"), default=[],
         help="record OUTPUT as the result of the call CALL_ID of the batch at --at instead of running it (repeatable)",
     )
+    fork.add_argument(
+        "--demo", action="store_true", default=None,
+        help="also offer the built-in scripted model 'demo' and the 'clock' tool, as serve --demo (to fork a demo turn)",
+    )
     fork.set_defaults(fn=cmd_fork)
 
 

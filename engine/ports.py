@@ -152,8 +152,9 @@ class EventStore(Protocol):
 
     async def list_chats(self, user_id: str, *, limit: int = 50, before: float | None = None) -> list[ChatRecord]: ...
 
-    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float) -> int | None:
-        """Take ownership of a turn whose lease has expired (or that we own).
+    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float, dead_owner: str | None = None) -> int | None:
+        """Take ownership of a turn whose lease has expired (or that we own, or,
+        lease or not, whose owner is ``dead_owner``: a process known to be gone).
 
         Returns the new fencing token, or None if someone else holds a live lease."""
         ...
@@ -794,6 +795,33 @@ class LiveBus(Protocol):
 
     def close_turn(self, turn_id: str) -> None:
         """Wake every subscriber of a turn that will publish no more (shutdown)."""
+        ...
+
+
+class OwnerLocks(Protocol):
+    """Whether the process that owns a turn is alive, without waiting for its lease.
+
+    Each process that runs turns holds a lock named by its owner token for as
+    long as it lives (the operating system or the database frees it when the
+    process dies, kill -9 included); a turn whose owner's lock is free can be
+    adopted at once."""
+
+    async def hold(self, owner: str) -> None:
+        """Take (or take again, after a lost connection) this process's lock."""
+        ...
+
+    async def is_free(self, owner: str) -> bool:
+        """True only when ``owner`` held a lock and no live process holds it now;
+        False for a live owner and for one that never held a lock (an older
+        version: its lease decides)."""
+        ...
+
+    async def forget(self, owner: str) -> None:
+        """A dead owner's turns are adopted: remove what its lock left behind."""
+        ...
+
+    async def release(self, owner: str) -> None:
+        """This process stops: give its lock up."""
         ...
 
 

@@ -42,6 +42,33 @@ def test_migrate_and_keys_create(tmp_path: Path) -> None:
         assert lines[0] not in json.dumps(conn.execute("select * from api_keys").fetchall())
 
 
+READ_ONLY = [("turns", "list"), ("turns", "show", "turn_x"), ("turns", "events", "turn_x"), ("replay", "turn_x"), ("verify", "turn_x"), ("export", "turn_x")]
+
+
+@pytest.mark.parametrize("command", READ_ONLY, ids=lambda c: " ".join(c[:2]))
+def test_a_read_only_command_never_creates_the_database(tmp_path: Path, command: tuple[str, ...]) -> None:
+    db = tmp_path / "elsewhere" / "turnlog.db"
+    db.parent.mkdir()
+    out = turnlog(db, *command)
+    assert out.returncode == 1 and out.stdout == ""
+    assert out.stderr.strip() == (
+        f"turnlog: database sqlite+aiosqlite:///{db} does not exist (no file {db}); "
+        "set TURNLOG_DATABASE_URL or --database-url to the service's database"
+    )
+    assert list(db.parent.iterdir()) == []
+
+
+def test_a_read_only_command_names_a_missing_postgres_database() -> None:
+    base = os.environ.get("TURNLOG_TEST_POSTGRES_URL")
+    if not base:
+        pytest.skip("TURNLOG_TEST_POSTGRES_URL is not set")
+    url = base.rsplit("/", 1)[0] + "/turnlog_no_such_database"
+    env = {**os.environ, "TURNLOG_DATABASE_URL": url}
+    out = subprocess.run([sys.executable, "-m", "adapters.cli", "turns", "list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.startswith(f"turnlog: database {url} does not exist"), out.stderr
+
+
 @pytest.mark.sqlite_only
 async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(text="cli answer"))
@@ -86,7 +113,17 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
 
     replay = turnlog(db, "replay", turn_id)
     assert replay.returncode == 0, replay.stderr
-    assert json.loads(replay.stdout)["content"] == "cli answer"
+    n_events = len(lines)
+    assert replay.stdout.splitlines() == [
+        f"turn     {turn_id}: {n_events} events replayed",
+        "status   completed (state done, finish_reason stop)",
+        "answer:",
+        "  cli answer",
+        "tool calls: none",
+        "verdict  the log replays to the stored view",
+    ]
+    as_json = turnlog(db, "replay", turn_id, "--json")
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == view
 
     # tamper with the stored view: replay must notice
     with sqlite3.connect(db) as conn:
@@ -95,6 +132,10 @@ async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> No
         conn.execute("update turns set view = ? where id = ?", (json.dumps(view), turn_id))
     tampered = turnlog(db, "replay", turn_id)
     assert tampered.returncode == 1 and "content" in tampered.stderr
+    assert tampered.stdout.splitlines()[-1] == "verdict  DIFFERS from the stored view in: content"
+    assert "  cli answer" in tampered.stdout.splitlines()  # what the log says, not the forged view
+    tampered_json = turnlog(db, "replay", turn_id, "--json")
+    assert tampered_json.returncode == 1 and json.loads(tampered_json.stdout)["content"] == "cli answer"
 
     missing = turnlog(db, "turns", "show", "turn_nope")
     assert missing.returncode == 1 and "no turn" in missing.stderr

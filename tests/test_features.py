@@ -153,6 +153,19 @@ async def test_legacy_web_search_fetches_the_pages_into_the_context(featured: Se
     await check_stream_against_log(featured, turn_id, raw)
 
 
+async def test_legacy_web_search_with_an_echoed_template_searches_the_user_message_and_warns(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.task_replies.append(("queries", Reply(text='{"queries": ["query1", "query2"]}')))
+    up.enqueue(Reply(text="It opens at 7 [1]."))
+    status, data, headers = await featured.post(
+        "/v1/chat/completions", body("When does the bakery open?", features={"web_search": True}, params=LEGACY)
+    )
+    assert status == 200, data
+    assert world.searches == ["When does the bakery open?"]
+    (warning,) = (await featured.turn(headers["X-Turn-Id"]))["warnings"]
+    assert warning.startswith("web search: the task model gave no usable search queries") and "query1" in warning
+
+
 async def test_native_search_and_fetch_are_the_models_tools_with_citations(featured: Service, world: World) -> None:
     up = featured.upstream
     up.enqueue(

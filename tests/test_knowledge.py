@@ -340,3 +340,28 @@ async def test_failed_and_empty_collections_are_described(service: Service) -> N
         ("failed", "every file failed (no text could be extracted)"),
     ]
     assert await knowledge(service).retrieve("local", refs, ["anything"]) == []
+
+
+def test_building_a_bm25_index_writes_nothing_to_the_service_log() -> None:
+    """bm25s sets its own logger to DEBUG on import; the service's log (a
+    handler on the root logger, which takes what every logger passes on) must
+    not get a line per index built."""
+    import logging
+
+    from adapters.knowledge.lexical import LexicalIndex
+
+    seen: list[logging.LogRecord] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record)
+
+    handler = Collect()  # level NOTSET, as the service's handler
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        index = LexicalIndex([("f", 0), ("f", 1)], ["proof the dough overnight", "feed the starter twice"])
+        assert index.search("dough", 1)[0].doc == 0
+    finally:
+        root.removeHandler(handler)
+    assert [r.getMessage() for r in seen if r.name.startswith("bm25s")] == []

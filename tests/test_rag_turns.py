@@ -169,6 +169,25 @@ async def test_files_that_cannot_be_used_are_said_and_the_turn_goes_on(rag: Serv
     assert "<source" not in json.dumps(rag.upstream.requests[-1]["messages"])
 
 
+async def test_an_echoed_query_template_falls_back_to_the_user_message_with_a_warning(rag: Service) -> None:
+    """A task model that repeats the template's example gives no queries: the
+    user's message is searched, and the client is told."""
+    guide = await add(rag, "guide.md", GUIDE)
+    rag.upstream.task_replies.append(("queries", Reply(text='{"queries": ["query1", "query2"]}')))
+    rag.upstream.enqueue(Reply(text="12 hours."))
+    status, data, headers = await rag.post(
+        "/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]}
+    )
+    assert status == 200, data
+    assert "Proof the shaped dough in the fridge for 12 hours" in user_text(rag.upstream.requests[-1]["messages"][-1])
+    events = await rag.events(headers["X-Turn-Id"])
+    step = next(e["data"]["detail"] for e in events if e["data"].get("step") == "files")
+    assert step["queries"] == ["How long should the dough proof?"]
+    (warning,) = data["turnlog"]["warnings"]
+    assert "no usable search queries" in warning and "query1" in warning and "user's message" in warning
+    assert (await rag.turn(headers["X-Turn-Id"]))["warnings"] == [warning]
+
+
 FETCH_TOOL = """
 class Tools:
     def fetch_url(self, url: str) -> str:

@@ -265,6 +265,8 @@ def test_parse_follow_ups(reply: str, expected: list[str] | TaskFailure) -> None
         ("  cat lifespan in years \n", Queries(["cat lifespan in years"], from_json=False)),
         ('{"queries": ["unterminated"', Queries(['{"queries": ["unterminated"'], from_json=False)),
         ("   ", TaskFailure("empty reply")),
+        ('{"queries": ["query1", "query2"]}', TaskFailure('the reply repeats the template\'s example queries ["query1", "query2"]')),
+        ('{"queries": ["query1", "cat food"]}', Queries(["query1", "cat food"])),
     ],
     ids=[
         "plain",
@@ -279,6 +281,8 @@ def test_parse_follow_ups(reply: str, expected: list[str] | TaskFailure) -> None
         "no_json_whole_reply",
         "broken_json_whole_reply",
         "blank_reply",
+        "template_example_echoed",
+        "one_real_query_among_them",
     ],
 )
 def test_parse_queries(reply: str, expected: Queries | TaskFailure) -> None:

@@ -47,6 +47,7 @@ from adapters.live_pg import PgSignals
 from adapters.observe.metrics import Metrics
 from adapters.observe.observers import Observers
 from adapters.observe.tracing import open_tracing
+from adapters.owner_locks import open_owner_locks
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
@@ -172,6 +173,7 @@ def create_app(
             images=images,
             observer=observers,
             tool_servers=mcp,
+            owner_locks=open_owner_locks(settings.database_url),
         )
         owners.append(supervisor)
         svc = Services(

@@ -22,13 +22,25 @@ all, and dropped at once when one of their files is deleted.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from types import ModuleType
 
 import numpy as np
 
 _STOPWORDS = "en"
+
+
+def _bm25s() -> ModuleType:
+    """``bm25s``, imported on first use (it pulls in scipy). Its import sets its
+    logger to DEBUG, which put a line per index built into the service log:
+    set back to warnings, after the import so that it sticks."""
+    import bm25s
+
+    logging.getLogger("bm25s").setLevel(logging.WARNING)
+    return bm25s
 
 
 @dataclass(frozen=True)
@@ -41,8 +53,7 @@ class LexicalIndex:
     """BM25 over a fixed list of chunks, ``keys[i]`` = ``(file_id, seq)`` of chunk i."""
 
     def __init__(self, keys: list[tuple[str, int]], texts: Sequence[str]) -> None:
-        import bm25s
-
+        bm25s = _bm25s()
         self.keys = keys
         self._bm25 = bm25s.BM25(method="lucene", k1=1.5, b=0.75)
         if texts:
@@ -62,8 +73,7 @@ class LexicalIndex:
 
     def search(self, query: str, k: int) -> list[LexicalHit]:
         """The ``k`` best chunks with a score above zero, best first."""
-        import bm25s
-
+        bm25s = _bm25s()
         if not self._vocab or k <= 0:
             return []
         words = bm25s.tokenize([query], lower=True, stopwords=_STOPWORDS, show_progress=False, return_ids=False)[0]

@@ -15,7 +15,10 @@ come from a script instead of a model:
 * when the request offers tools and the last message is the user's, it calls
   the first tool (required arguments filled with placeholders); after a tool
   result it answers with that result. The ``clock`` demo tool
-  (``adapters/demo_tools/clock.py``) is offered by ``tool_ids: ["clock"]``.
+  (``adapters/demo_tools/clock.py``) is offered by ``tool_ids: ["clock"]``;
+* a task prompt (search queries, title, tags, follow-ups, tool selection) is
+  answered at once, unpaced, with the JSON it asks for
+  (``adapters.providers.demo_tasks``): the turn waits for those answers.
 """
 
 from __future__ import annotations
@@ -27,6 +30,9 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from adapters.providers.demo_tasks import placeholder as _placeholder
+from adapters.providers.demo_tasks import task_answer
+from adapters.providers.demo_tasks import text as _text
 from engine.ports import ModelApi, RawChunk, RawWarning
 
 __all__ = ["DEMO_MODEL", "DemoProvider", "DemoReply", "plan_reply"]
@@ -49,23 +55,12 @@ INTRO = (
 
 @dataclass(frozen=True)
 class DemoReply:
-    """What the script answers: text chunks, or one tool call."""
+    """What the script answers: text chunks, or one tool call; ``instant``:
+    unpaced (a task's answer)."""
 
     chunks: list[str] = field(default_factory=list)
     tool_call: dict[str, Any] | None = None
-
-
-def _text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(str(p.get("text", "")) for p in content if isinstance(p, dict) and p.get("type") in ("text", "input_text"))
-    return ""
-
-
-def _placeholder(schema: Any, said: str) -> Any:
-    kind = schema.get("type") if isinstance(schema, dict) else None
-    return {"string": said, "integer": 1, "number": 1, "boolean": True, "array": [], "object": {}}.get(str(kind))
+    instant: bool = False
 
 
 def _tool_call(tool: dict[str, Any], said: str, n: int) -> dict[str, Any] | None:
@@ -82,6 +77,9 @@ def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
     """The scripted answer to ``messages`` (a trailing plain assistant message is
     a prefill to continue: the full answer is planned, ``DemoProvider`` skips
     what the prefill already holds)."""
+    answer = task_answer(messages, tools)
+    if answer is not None:
+        return DemoReply(chunks=[answer], instant=True)
     msgs = list(messages)
     if msgs and msgs[-1].get("role") == "assistant" and not msgs[-1].get("tool_calls"):
         msgs.pop()
@@ -97,7 +95,9 @@ def plan_reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | Non
             if isinstance(c, dict)
         }
         name = names.get(last.get("tool_call_id")) or "tool"
-        text = f"The {name} tool answered: {_text(last.get('content')).strip()}. That result is recorded in the turn's log as tool.completed."
+        # The same words for a server tool and a client's: the script only sees
+        # the tool message its request carries.
+        text = f"The {name} tool answered: {_text(last.get('content')).strip()}. I read that result from the tool message in my request."
         return DemoReply(chunks=_WORD.findall(text))
     said = " ".join(_text(last.get("content")).split()) if role == "user" else ""
     if tools and role == "user":
@@ -127,8 +127,9 @@ class DemoProvider:
     def _head(self, n: int) -> dict[str, Any]:
         return {"id": f"chatcmpl-demo-{n}", "object": "chat.completion.chunk", "created": 0, "model": DEMO_MODEL}
 
-    def _chunks(self, body: dict[str, Any]) -> list[dict[str, Any]]:
-        """The whole response as Chat Completions chunks (prefill already skipped)."""
+    def _chunks(self, body: dict[str, Any]) -> tuple[list[dict[str, Any]], bool]:
+        """The whole response as Chat Completions chunks (prefill already
+        skipped), and whether they go unpaced."""
         messages = list(body.get("messages") or [])
         reply = plan_reply(messages, body.get("tools"))
         last = messages[-1] if messages else {}
@@ -154,18 +155,19 @@ class DemoProvider:
         out.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
         prompt = sum(len(_text(m.get("content")).split()) for m in messages)
         out.append({**head, "choices": [], "usage": {"prompt_tokens": prompt, "completion_tokens": produced, "total_tokens": prompt + produced}})
-        return out
+        return out, reply.instant
 
     async def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]:
         """One chunk per batch, ``chunk_delay`` apart (the first at once)."""
-        for i, chunk in enumerate(self._chunks(body)):
-            if i and self.chunk_delay > 0 and chunk["choices"] and chunk["choices"][0]["delta"]:
+        chunks, instant = self._chunks(body)
+        for i, chunk in enumerate(chunks):
+            if i and not instant and self.chunk_delay > 0 and chunk["choices"] and chunk["choices"][0]["delta"]:
                 await asyncio.sleep(self.chunk_delay)
             yield [RawChunk(chunk)]
 
     async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The same script as one ``chat.completion`` (no pacing)."""
-        chunks = self._chunks(body)
+        chunks, _ = self._chunks(body)
         message: dict[str, Any] = {"role": "assistant", "content": ""}
         finish = "stop"
         for chunk in chunks:

@@ -319,13 +319,14 @@ class MemoryEventStore:
 
         await self._submit(_Op, op)
 
-    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float) -> int | None:
+    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float, dead_owner: str | None = None) -> int | None:
         db = self.database
 
         def op() -> int | None:
             now = self._clock()
             row = db.turns.get(turn_id)
-            if row is None or not (row.owner == owner or row.lease_until is None or row.lease_until < now):
+            takeable = row is not None and row.owner in (owner, dead_owner or owner)
+            if row is None or not (takeable or row.lease_until is None or row.lease_until < now):
                 return None
             row.fencing += 1
             row.owner = owner

@@ -421,7 +421,9 @@ class SqlEventStore:
         stmt = update(chats).where(chats.c.id == chat_id).values(**values)
         await self._submit(_Op, _executing(stmt))
 
-    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float) -> int | None:
+    async def claim_turn(self, turn_id: str, owner: str, *, lease_seconds: float, dead_owner: str | None = None) -> int | None:
+        owners = [owner] if dead_owner is None else [owner, dead_owner]
+
         def op(conn: Connection) -> int | None:
             now = self._clock()
             return conn.execute(
@@ -429,7 +431,7 @@ class SqlEventStore:
                 .where(
                     turns.c.id == turn_id,
                     or_(
-                        turns.c.owner == owner,
+                        turns.c.owner.in_(owners),
                         turns.c.lease_until.is_(None),
                         turns.c.lease_until < now,
                     ),

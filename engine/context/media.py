@@ -12,14 +12,17 @@ web", "Creating image") so clients see progress while the second works.
 from __future__ import annotations
 
 import base64
+import logging
 import re
 from typing import Any
 
 from engine.context.messages import add_or_update_system_message, get_last_user_message
 from engine.context.steps import Detail, Draft
-from engine.context.tasks import parse_queries, task_request, web_search_queries
+from engine.context.tasks import parse_queries, query_warning, task_request, web_search_queries
 from engine.ports import ImageGenerator, PageFetcher, PayloadStore, TaskModel, UpstreamError, WebError, WebSearch
 from engine.tools.builtin import stored_images
+
+logger = logging.getLogger(__name__)
 
 # The most input images an edit takes (the last two user messages with images).
 EDIT_IMAGES = 2
@@ -53,8 +56,13 @@ class WebQueries:
             draft.web_queries = [last] if last.strip() else []
             detail.update(queries=draft.web_queries, query_error=exc.message)
             return detail
-        draft.web_queries = web_search_queries(parse_queries(reply), last)
+        parsed = parse_queries(reply)
+        draft.web_queries = web_search_queries(parsed, last)
         detail.update(queries=draft.web_queries, query_reply=reply)
+        warning = query_warning(parsed, draft.web_queries)
+        if warning is not None:
+            logger.warning("turn %s: web search: %s", draft.turn.id, warning)
+            detail["query_warning"] = warning
         return detail
 
 

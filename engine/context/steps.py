@@ -21,6 +21,7 @@ in both modes unless the model's ``file_context`` capability is off.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -44,7 +45,7 @@ from engine.context.messages import (
     strip_empty_content_blocks,
 )
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
-from engine.context.tasks import parse_queries, retrieval_queries, task_request
+from engine.context.tasks import parse_queries, query_warning, retrieval_queries, task_request
 from engine.context.unsupported import ignored_fields
 from engine.ports import (
     FileInfo,
@@ -60,6 +61,8 @@ from engine.ports import (
     TurnInput,
     UpstreamError,
 )
+
+logger = logging.getLogger(__name__)
 
 Message = dict[str, Any]
 Detail = dict[str, Any]
@@ -384,8 +387,14 @@ class Files:
             reply = await self._task_model.ask("queries", prompt)
         except UpstreamError as exc:
             return [last], {"queries": [last], "query_error": exc.message}
-        queries = retrieval_queries(parse_queries(reply), last)
-        return queries, {"queries": queries, "query_reply": reply}
+        parsed = parse_queries(reply)
+        queries = retrieval_queries(parsed, last)
+        detail: Detail = {"queries": queries, "query_reply": reply}
+        warning = query_warning(parsed, queries)
+        if warning is not None:
+            logger.warning("turn %s: files: %s", draft.turn.id, warning)
+            detail["query_warning"] = warning
+        return queries, detail
 
 
 def request_refs(request: Mapping[str, Any]) -> list[FileRef]:

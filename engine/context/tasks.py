@@ -26,7 +26,9 @@ Where turnlog deliberately differs from Open WebUI 0.12.4:
 * ``parse_queries``: a reply that holds JSON without a usable ``queries`` list
   is a failure (the caller then searches for the user message), not an empty
   list that silently skips the search; a reply with no JSON at all is used
-  whole as one query, as in Open WebUI.
+  whole as one query, as in Open WebUI. A reply that only repeats the
+  template's example (``["query1", "query2"]``, what a model that echoes its
+  prompt gives) is a failure too.
 """
 
 from __future__ import annotations
@@ -425,7 +427,21 @@ def parse_queries(reply: str) -> Queries | TaskFailure:
             queries.append(query)
     if value and not queries:
         return TaskFailure("only blank queries")
+    if queries and all(_EXAMPLE_QUERY.fullmatch(q) for q in queries):
+        return TaskFailure(f"the reply repeats the template's example queries {json.dumps(queries)}")
     return Queries(queries)
+
+
+# The placeholders of the default query template's example output.
+_EXAMPLE_QUERY = re.compile(r"query\d+", re.IGNORECASE)
+
+
+def query_warning(result: Queries | TaskFailure, queries: Sequence[str]) -> str | None:
+    """What a client is told when the task model's reply gave no usable queries
+    and the user's message was searched instead (None otherwise)."""
+    if not isinstance(result, TaskFailure) or not queries:
+        return None
+    return f"the task model gave no usable search queries ({result.reason}); searched for the user's message instead"
 
 
 def retrieval_queries(result: Queries | TaskFailure, user_message: str | None) -> list[str]:

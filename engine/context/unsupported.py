@@ -74,6 +74,8 @@ def file_warnings(detail: Mapping[str, Any]) -> list[str]:
             out.append(f"{f.get('type', 'file')} {f.get('id')} was not used: {f.get('reason') or f.get('status')}")
         elif f.get("reason"):  # used in part
             out.append(f"{f.get('type', 'file')} {f.get('id')}: {f['reason']}")
+    if detail.get("query_warning"):
+        out.append(f"files: {detail['query_warning']}")
     if detail.get("error"):
         out.append(f"files were not used: {detail['error']}")
     return out

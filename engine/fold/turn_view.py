@@ -326,6 +326,8 @@ class TurnView:
             self.warnings.extend(file_warnings(data.get("detail") or {}))
         elif step == "memory" and (data.get("detail") or {}).get("error"):
             self.warnings.append(f"memories were not used: {data['detail']['error']}")
+        elif step == "web_search_queries" and (data.get("detail") or {}).get("query_warning"):
+            self.warnings.append(f"web search: {data['detail']['query_warning']}")
         elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
             self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
 

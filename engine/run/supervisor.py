@@ -40,6 +40,7 @@ from engine.ports import (
     NoTools,
     NoToolServers,
     NoTurnToolServers,
+    OwnerLocks,
     PageFetcher,
     RemoteControl,
     ToolCatalog,
@@ -67,6 +68,9 @@ from engine.tools.lazy import LazyBuiltins
 from engine.tools.servers import TurnTools
 
 log = logging.getLogger("turnlog.supervisor")
+
+#: The end of the owner token of a process that holds its lock (``OwnerLocks``).
+LOCKED = "-locked"
 
 
 class TurnConflict(Exception):
@@ -103,6 +107,7 @@ class Supervisor:
         images: ImageGenerator | None = None,
         observer: TurnObserver | None = None,
         tool_servers: ToolServers | None = None,
+        owner_locks: OwnerLocks | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -121,7 +126,10 @@ class Supervisor:
         self.fetcher = fetcher
         self.images = images
         self.observer: TurnObserver = observer or NoObserver()
-        self.owner = f"proc_{secrets.token_hex(6)}"
+        # This process's lock, named by its owner token (the suffix says that
+        # the owner holds one: an owner without it is judged by its lease only).
+        self.owner_locks = owner_locks
+        self.owner = f"proc_{secrets.token_hex(6)}{LOCKED if owner_locks is not None else ''}"
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -142,6 +150,8 @@ class Supervisor:
     # -- lifecycle ---------------------------------------------------------------
 
     async def start(self) -> None:
+        if self.owner_locks is not None:
+            await self.owner_locks.hold(self.owner)
         await self.scan_orphans(include_interrupted=self.settings.auto_resume)
         self._tasks.append(asyncio.create_task(self._heartbeat(), name="turnlog:heartbeat"))
 
@@ -155,6 +165,8 @@ class Supervisor:
             except asyncio.CancelledError:
                 pass
         await self.release_all()
+        if self.owner_locks is not None:
+            await self.owner_locks.release(self.owner)
 
     async def drain(self, seconds: float) -> list[str]:
         """Shut down gracefully: start no turn and adopt none from now on, give
@@ -227,6 +239,8 @@ class Supervisor:
         while True:
             await asyncio.sleep(interval)
             try:
+                if self.owner_locks is not None:
+                    await self.owner_locks.hold(self.owner)  # again if its connection was lost
                 if self.actors:
                     await self.store.renew_leases(self.owner, list(self.actors), lease_seconds=self.settings.lease_seconds)
                 if not self.draining:
@@ -535,6 +549,7 @@ class Supervisor:
             await self._scan_orphans(include_interrupted)
 
     async def _scan_orphans(self, include_interrupted: bool) -> None:
+        await self._adopt_from_dead_owners()
         orphans = [r for r in await self.store.orphaned_turns(time.time()) if r.id not in self.actors]
         # Together, not one after the other: a drained instance hands over all
         # its turns at once, and each takes a few round trips (claim, read, record).
@@ -572,9 +587,35 @@ class Supervisor:
                     await self.store.release_turn(turn_id, self.owner)
                 raise
 
-    async def _adopt_orphan(self, record: TurnRecord) -> None:
+    async def _adopt_from_dead_owners(self) -> None:
+        """Adopt at once, not at lease expiry, the running turns of owners whose
+        lock is free: their process is gone (kill -9, a crash)."""
+        if self.owner_locks is None:
+            return
+        now = time.time()
+        by_owner: dict[str, list[TurnRecord]] = {}
+        for record in await self.store.list_turns(status="running", limit=10_000):
+            owner = record.owner
+            leased = record.lease_until is not None and record.lease_until >= now  # else an orphan already
+            if owner and owner != self.owner and owner.endswith(LOCKED) and leased and record.id not in self.actors:
+                by_owner.setdefault(owner, []).append(record)
+        for owner, records in by_owner.items():
+            if not await self.owner_locks.is_free(owner):
+                continue
+            for record in records:
+                left = (record.lease_until or now) - now
+                log.warning(
+                    "turn %s: its owner %s is gone (its lock is free): adopted now, %.1f s before its lease ran out", record.id, owner, left
+                )
+                try:
+                    await self._adopt_orphan(record, dead_owner=owner)
+                except Exception as exc:
+                    log.error("turn %s: could not take it over: %s", record.id, exc)
+            await self.owner_locks.forget(owner)
+
+    async def _adopt_orphan(self, record: TurnRecord, *, dead_owner: str | None = None) -> None:
         """Record ``turn.interrupted`` for one turn whose owner is gone, and resume it (auto-resume)."""
-        fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.settings.lease_seconds)
+        fencing = await self.store.claim_turn(record.id, self.owner, lease_seconds=self.settings.lease_seconds, dead_owner=dead_owner)
         if fencing is None:
             return
         folded = Folded.of(record.id, await self.store.read(record.id))
