@@ -28,16 +28,20 @@ SUMMARY_ROWS = [
     ("ttfc", "added_ttfc_ms", "time to first chunk added over a plain relay (ms)"),
     ("long_answer", "chunks_per_s_ratio_vs_parsing_relay", "long answer: chunks/s ÷ a parsing relay's"),
     ("cpu_per_chunk", "cpu_us_per_chunk", "CPU per relayed chunk (µs)"),
-    ("concurrent_paced", "added_latency_p99_ms", "200 paced turns at once: added latency p99 (ms)"),
+    ("concurrent_paced", "added_latency_p99_ms", "paced turns at once: added latency p99 (ms)"),
     ("append_throughput", "durable_events_per_s", "durable events/s, SQLite group commit"),
     ("replay_fold", "fold_ms", "replay of a 10,000-event turn (ms)"),
     ("tool_loop", "added_ms_per_iteration", "tool loop: added ms per iteration"),
-    ("log_size", "log_bytes_per_answer_byte", "log bytes ÷ answer bytes"),
+    ("log_size", "log_bytes_per_answer_byte", "log bytes ÷ answer bytes, 1,000-token answer"),
 ]
 
 
 def _value(v: float | None) -> str:
-    return "n/a" if v is None else f"{v:,.4g}"
+    if v is None:
+        return "n/a"
+    if abs(v) >= 1000:
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
 
 
 def _verdict(check: dict[str, Any]) -> str:
