@@ -73,20 +73,13 @@ def bench_table(results: dict[str, Any]) -> str:
             lines.append(f"| `{name}` | {scenario.get('status')} | – | – | {why} |")
             continue
         for check in scenario.get("checks", []):
-            lines.append(
-                f"| `{name}` | `{check['metric']}` | {_value(check['value'])} "
-                f"| {check['op']} {check['target']:g} | {_verdict(check)} |"
-            )
+            lines.append(f"| `{name}` | `{check['metric']}` | {_value(check['value'])} | {check['op']} {check['target']:g} | {_verdict(check)} |")
     return "\n".join(lines)
 
 
 def summary_table(results: dict[str, Any]) -> str:
     """The README's few rows, from the same results."""
-    checks = {
-        (name, c["metric"]): c
-        for name, s in results.get("scenarios", {}).items()
-        for c in s.get("checks", [])
-    }
+    checks = {(name, c["metric"]): c for name, s in results.get("scenarios", {}).items() for c in s.get("checks", [])}
     lines = ["| figure | target | measured |", "|---|---|---|"]
     for name, metric, label in SUMMARY_ROWS:
         c = checks.get((name, metric))
