@@ -218,146 +218,160 @@ def convert_output_to_messages(
     * Unknown items (e.g. context compaction) are skipped. Finally
       ``sanitize_tool_pairs`` removes anything still unpaired.
     """
-    answered = {
-        item.get("call_id")
-        for item in output
-        if isinstance(item, Mapping) and item.get("type") == "function_call_output"
-    }
-    replayable = {
-        item.get("call_id")
-        for item in output
-        if isinstance(item, Mapping)
-        and item.get("type") == "function_call"
-        and item.get("status") in REPLAYABLE_CALL_STATUSES
-        and item.get("call_id") in answered
-    }
-    replayable.discard(None)
-    responses_mode = reasoning_format == REASONING_RESPONSES
-
-    messages: list[Message] = []
-    assistant = _Assistant()
-    tool_run: list[Message] = []
-    run_images: list[str] = []
-    emitted_outputs: set[Any] = set()
-    emitted_calls: set[Any] = set()
-    held_reasoning: Item | None = None  # a provider reasoning item waiting for its following item
-
-    def close_assistant() -> None:
-        nonlocal assistant
-        msg = assistant.message(reasoning_format)
-        if msg is not None:
-            messages.append(msg)
-        assistant = _Assistant()
-
-    def close_run() -> None:
-        if not tool_run:
-            return
-        messages.extend(tool_run)
-        if flatten_tool_images and run_images:
-            parts: list[dict[str, Any]] = [{"type": "text", "text": TOOL_IMAGES_PROMPT}]
-            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in run_images)
-            messages.append({"role": "user", "content": parts})
-        tool_run.clear()
-        run_images.clear()
-
-    def contribute(responses_item: Item | None = None) -> _Assistant:
-        """About to add to the assistant message: end any tool run first, and
-        (responses format) place a held reasoning item before its follower."""
-        nonlocal held_reasoning
-        close_run()
-        if responses_mode and responses_item is not None:
-            if held_reasoning is not None:
-                assistant.items.append(held_reasoning)
-                assistant.provider_reasoning = True
-            assistant.items.append(responses_item)
-        held_reasoning = None
-        return assistant
-
+    converter = _OutputConverter(output, raw=raw, reasoning_format=reasoning_format, flatten_tool_images=flatten_tool_images)
     for item in output:
-        if not isinstance(item, Mapping):
-            continue
+        if isinstance(item, Mapping):
+            converter.add(item)
+    return converter.finish()
+
+
+class _OutputConverter:
+    """The state of one ``convert_output_to_messages``: the messages so far,
+    the assistant message being gathered, the tool run being gathered, and a
+    provider reasoning item held for the item that follows it."""
+
+    def __init__(self, output: list[dict[str, Any]], *, raw: bool, reasoning_format: str | None, flatten_tool_images: bool) -> None:
+        answered = {item.get("call_id") for item in output if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
+        self.replayable = {
+            item.get("call_id")
+            for item in output
+            if isinstance(item, Mapping)
+            and item.get("type") == "function_call"
+            and item.get("status") in REPLAYABLE_CALL_STATUSES
+            and item.get("call_id") in answered
+        }
+        self.replayable.discard(None)
+        self.raw = raw
+        self.reasoning_format = reasoning_format
+        self.responses_mode = reasoning_format == REASONING_RESPONSES
+        self.flatten_tool_images = flatten_tool_images
+        self.messages: list[Message] = []
+        self.assistant = _Assistant()
+        self.tool_run: list[Message] = []
+        self.run_images: list[str] = []
+        self.emitted_outputs: set[Any] = set()
+        self.emitted_calls: set[Any] = set()
+        self.held_reasoning: Item | None = None  # a provider reasoning item waiting for its following item
+
+    def add(self, item: Mapping[str, Any]) -> None:
         kind = item.get("type")
-        follows_held = held_reasoning
-        held_reasoning = None if kind != "reasoning" else held_reasoning
-
+        follows_held = self.held_reasoning
+        if kind != "reasoning":
+            self.held_reasoning = None  # only the very next call or message may follow it
         if kind == "function_call_output":
-            call_id = item.get("call_id")
-            if call_id not in replayable or call_id in emitted_outputs:
-                continue
-            emitted_outputs.add(call_id)
-            close_assistant()
-            raw_parts = item.get("output")
-            parts = [p for p in raw_parts if isinstance(p, Mapping)] if isinstance(raw_parts, list) else []
-            text_parts = [p for p in parts if is_text_part(p)]
-            images = [url for p in parts if is_image_part(p) and (url := image_url(p))]
-            if isinstance(item.get("output"), str):
-                text = item["output"]
-            else:
-                text = "\n".join(p.get("text") or "" for p in text_parts)
-            content: Any = text
-            if images and flatten_tool_images:
-                run_images.extend(images)
-            elif images:
-                content = [dict(p) for p in parts if p.get("type") in ("input_text", "input_image")]
-            tool_run.append({"role": "tool", "tool_call_id": call_id, "content": content})
-
+            self._output(item)
         elif kind == "function_call":
-            call_id = item.get("call_id")
-            if call_id not in replayable or call_id in emitted_calls:
-                continue
-            emitted_calls.add(call_id)
-            name, arguments = _call_of(item)
-            fc_item: Item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
-            if isinstance(item.get("id"), str) and item["id"] != call_id and not is_local_id(item["id"]):
-                fc_item["id"] = item["id"]
-            held_reasoning = follows_held
-            contribute(fc_item).tool_calls.append(
-                {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
-            )
-
+            self._call(item, follows_held)
         elif kind == "message":
-            text = _text_of_parts(item.get("content"))
-            if not text.strip():
-                continue
-            msg_item: Item = {
-                "type": "message",
-                "role": "assistant",
-                "content": [{"type": "output_text", "text": text, "annotations": []}],
-            }
-            if isinstance(item.get("id"), str) and not is_local_id(item["id"]):
-                msg_item["id"] = item["id"]
-                msg_item["status"] = "completed"
-            held_reasoning = follows_held
-            contribute(msg_item).content.append(text)
-
+            self._message(item, follows_held)
         elif kind == "reasoning":
-            if raw:
-                details = _replayable_details(item.get("reasoning_details"))
-                if details:
-                    contribute().details.extend(details)
-            if reasoning_format == "think_tags":
-                text = _reasoning_text(item)
-                if text:
-                    start = item.get("start_tag") or "<think>"
-                    end = item.get("end_tag") or "</think>"
-                    contribute().content.append(f"{start}{text}{end}")
-            elif reasoning_format in ("thinking", "reasoning_content"):
-                text = _reasoning_text(item)
-                if text:
-                    contribute().reasoning.append(text)
-            elif responses_mode and has_provider_reasoning(item):
-                # Held until the next item: the Responses API needs a reasoning
-                # item immediately followed by the item it belongs to.
-                held_reasoning = responses_reasoning_item(item)
-
+            self._reasoning(item)
         elif kind in CODE_INTERPRETER_TYPES:
             text = _code_interpreter_text(item)
-            contribute({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
-            assistant.content.append(text)
+            self._contribute({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
+            self.assistant.content.append(text)
 
-    close_run()
-    close_assistant()
-    return sanitize_tool_pairs(messages)
+    def finish(self) -> list[dict[str, Any]]:
+        self._close_run()
+        self._close_assistant()
+        return sanitize_tool_pairs(self.messages)
+
+    def _close_assistant(self) -> None:
+        msg = self.assistant.message(self.reasoning_format)
+        if msg is not None:
+            self.messages.append(msg)
+        self.assistant = _Assistant()
+
+    def _close_run(self) -> None:
+        if not self.tool_run:
+            return
+        self.messages.extend(self.tool_run)
+        if self.flatten_tool_images and self.run_images:
+            parts: list[dict[str, Any]] = [{"type": "text", "text": TOOL_IMAGES_PROMPT}]
+            parts.extend({"type": "image_url", "image_url": {"url": url}} for url in self.run_images)
+            self.messages.append({"role": "user", "content": parts})
+        self.tool_run.clear()
+        self.run_images.clear()
+
+    def _contribute(self, responses_item: Item | None = None) -> _Assistant:
+        """About to add to the assistant message: end any tool run first, and
+        (responses format) place a held reasoning item before its follower."""
+        self._close_run()
+        if self.responses_mode and responses_item is not None:
+            if self.held_reasoning is not None:
+                self.assistant.items.append(self.held_reasoning)
+                self.assistant.provider_reasoning = True
+            self.assistant.items.append(responses_item)
+        self.held_reasoning = None
+        return self.assistant
+
+    def _output(self, item: Mapping[str, Any]) -> None:
+        call_id = item.get("call_id")
+        if call_id not in self.replayable or call_id in self.emitted_outputs:
+            return
+        self.emitted_outputs.add(call_id)
+        self._close_assistant()
+        raw_parts = item.get("output")
+        parts = [p for p in raw_parts if isinstance(p, Mapping)] if isinstance(raw_parts, list) else []
+        images = [url for p in parts if is_image_part(p) and (url := image_url(p))]
+        if isinstance(item.get("output"), str):
+            text = item["output"]
+        else:
+            text = "\n".join(p.get("text") or "" for p in parts if is_text_part(p))
+        content: Any = text
+        if images and self.flatten_tool_images:
+            self.run_images.extend(images)
+        elif images:
+            content = [dict(p) for p in parts if p.get("type") in ("input_text", "input_image")]
+        self.tool_run.append({"role": "tool", "tool_call_id": call_id, "content": content})
+
+    def _call(self, item: Mapping[str, Any], follows_held: Item | None) -> None:
+        call_id = item.get("call_id")
+        if call_id not in self.replayable or call_id in self.emitted_calls:
+            return
+        self.emitted_calls.add(call_id)
+        name, arguments = _call_of(item)
+        fc_item: Item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+        if isinstance(item.get("id"), str) and item["id"] != call_id and not is_local_id(item["id"]):
+            fc_item["id"] = item["id"]
+        self.held_reasoning = follows_held
+        self._contribute(fc_item).tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
+
+    def _message(self, item: Mapping[str, Any], follows_held: Item | None) -> None:
+        text = _text_of_parts(item.get("content"))
+        if not text.strip():
+            return
+        msg_item: Item = {
+            "type": "message",
+            "role": "assistant",
+            "content": [{"type": "output_text", "text": text, "annotations": []}],
+        }
+        if isinstance(item.get("id"), str) and not is_local_id(item["id"]):
+            msg_item["id"] = item["id"]
+            msg_item["status"] = "completed"
+        self.held_reasoning = follows_held
+        self._contribute(msg_item).content.append(text)
+
+    def _reasoning(self, item: Mapping[str, Any]) -> None:
+        if self.raw:
+            details = _replayable_details(item.get("reasoning_details"))
+            if details:
+                self._contribute().details.extend(details)
+        fmt = self.reasoning_format
+        if fmt == "think_tags":
+            text = _reasoning_text(item)
+            if text:
+                start = item.get("start_tag") or "<think>"
+                end = item.get("end_tag") or "</think>"
+                self._contribute().content.append(f"{start}{text}{end}")
+        elif fmt in ("thinking", "reasoning_content"):
+            text = _reasoning_text(item)
+            if text:
+                self._contribute().reasoning.append(text)
+        elif self.responses_mode and has_provider_reasoning(item):
+            # Held until the next item: the Responses API needs a reasoning
+            # item immediately followed by the item it belongs to.
+            self.held_reasoning = responses_reasoning_item(item)
 
 
 # --------------------------------------------------------------------------
