@@ -138,7 +138,76 @@ def test_the_resume_is_the_new_epochs_first_position_and_knows_the_durable_end(i
     point = view.resume_point
     assert point is not None
     assert (point.pos, view.last_event_pos, view.next_pos) == (epoch_base(1), epoch_base(1), epoch_base(1) + 1)
-    assert point.notice() == {"from_pos": 6, "epoch": 1, "content_length": 9, "reasoning_length": 0}
+    assert point.notice() == {"from_pos": 6, "epoch": 1, "content_length": 9, "reasoning_length": 0, "mode": "continue"}
+
+
+def _cut_off_round(reasoning: bool = False) -> list[Any]:
+    """A turn whose second model round was cut off by a crash: the first round
+    answered "Done. " (positions 4, 5), the second streamed " w0 wé w✓"."""
+    from engine.events import AssemblyCompleted, ModelCompleted, ModelItem, ModelRequested, TurnInterrupted, TurnStarted, delta_event, make_event
+
+    events = [
+        make_event("t", 1, TurnStarted(chat_id="c", user_id="u", model="m", request={})),
+        make_event("t", 2, AssemblyCompleted(messages=USER)),
+        make_event("t", 3, ModelRequested()),  # position 3
+        delta_event("t", 4, "text", 4, ["Done", ". "]),  # positions 4, 5
+        make_event("t", 5, ModelCompleted(finish_reason="stop")),  # position 6
+        make_event("t", 6, ModelRequested(iteration=1)),  # position 7: the round's start
+    ]
+    if reasoning:
+        events.append(delta_event("t", len(events) + 1, "reasoning", 8, ["hmm"]))
+    n = len(events)
+    pos = 8 + int(reasoning)
+    events.append(delta_event("t", n + 1, "text", pos, [" w0", " wé", " w✓"]))
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}", "status": "completed"}
+    events.append(make_event("t", n + 2, ModelItem(item=call)))
+    events.append(make_event("t", n + 3, TurnInterrupted()))
+    return events
+
+
+@pytest.mark.parametrize("reasoning", [False, True], ids=["text", "reasoning-and-text"])
+def test_a_restart_supersedes_the_cut_off_round_and_the_notice_goes_back_to_its_start(reasoning: bool) -> None:
+    from engine.events import TurnResumed, make_event
+    from engine.fold.turn_view import fold
+    from engine.run.loop_state import LoopState
+
+    events = _cut_off_round(reasoning)
+    before = fold("t", events)
+    assert before.content == "Done.  w0 wé w✓"
+    resumed = TurnResumed(from_seq=before.last_seq, from_pos=before.last_event_pos, epoch=1, mode="restart")
+    events.append(make_event("t", len(events) + 1, resumed))
+    view = fold("t", events)
+    point = view.resume_point
+    assert point is not None
+    # The answer is the first round's; the cut-off round is kept aside, incomplete.
+    assert (view.content, view.reasoning_content) == ("Done. ", "")
+    assert point.notice() == {"from_pos": before.last_event_pos - 1, "epoch": 1, "content_length": 6, "reasoning_length": 0, "mode": "restart"}
+    assert [i["type"] for i in view.output] == ["message"] and view.output[0]["content"][0]["text"] == "Done. "
+    kinds = ["reasoning", "message", "function_call"] if reasoning else ["message", "function_call"]
+    assert [i["type"] for i in view.superseded] == kinds
+    assert all(i["status"] == "incomplete" for i in view.superseded)
+    assert "call_1" not in view.calls
+    # Anyone shown output after the round's model.requested (position 7) holds superseded text.
+    assert (point.drops(7), point.drops(8)) == (False, True)
+    state = LoopState()
+    for event in events:
+        state.apply(event)
+    assert state.model_open and state.round_calls == []
+
+
+def test_a_resume_recorded_before_modes_existed_continues() -> None:
+    from engine.events import Event, TurnResumed
+    from engine.fold.turn_view import fold
+
+    events = _cut_off_round()
+    before = fold("t", events)
+    data = TurnResumed(from_seq=before.last_seq, from_pos=before.last_event_pos, epoch=1).model_dump()
+    del data["mode"]  # an old log's turn.resumed
+    events.append(Event(turn_id="t", seq=len(events) + 1, type="turn.resumed", at=0.0, data=data))
+    view = fold("t", events)
+    assert view.content == "Done.  w0 wé w✓" and not view.superseded
+    point = view.resume_point
+    assert point is not None and point.notice()["mode"] == "continue" and point.content_length == len("Done.  w0 wé w✓")
 
 
 # -- the crash ----------------------------------------------------------------------
