@@ -27,7 +27,9 @@ def resume(request: pytest.FixtureRequest, upstream: ScriptedUpstream) -> dict[s
     """The resume mode, of the upstream and of the service's OpenAI upstream setting:
     the environment the servers get."""
     upstream.resume = request.param
-    return {"TURNLOG_RESUME": json.dumps({"openai": request.param})}
+    # The params go with a continuation only (vLLM would take e.g. continue_final_message;
+    # the scripted upstream accepts what OpenAI accepts).
+    return {"TURNLOG_RESUME": json.dumps({"openai": request.param}), "TURNLOG_RESUME_PARAMS": json.dumps({"openai": {"temperature": 0}})}
 
 
 async def start_and_kill(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, env: dict[str, str]) -> tuple[str, str, Path]:
@@ -82,14 +84,20 @@ async def test_kill9_then_resume_completes_without_duplicates(
         assert resumed[0]["data"]["mode"] == mode
         again = upstream.requests[-1]["messages"]
         at = next(i for i, e in enumerate(events) if e["type"] == "turn.resumed")
+        requested = [e["data"] for e in events if e["type"] == "model.requested"]
+        assert "temperature" not in upstream.requests[0]
         if mode == "continue":
-            # the continuation asked the model to go on from the durable prefix
+            # the continuation asked the model to go on from the durable prefix, with the resume params
             assert again[-1] == {"role": "assistant", "content": durable}
+            assert upstream.requests[-1]["temperature"] == 0
+            assert requested[-1]["resume_params"] == {"temperature": 0} and requested[-1]["prefill"] == durable
         else:
             # the model was asked afresh; the partial answer stays in the log, superseded
             assert again == upstream.requests[0]["messages"] and again[-1]["role"] == "user"
             kept = "".join(e["data"]["text"] for e in events[:at] if e["type"] == "model.delta")
             assert kept == durable
+            assert "temperature" not in upstream.requests[-1]
+            assert "resume_params" not in requested[-1] and requested[-1]["prefill"] is None and requested[-1]["resumed"]
         # resuming again is a conflict
         async with http.post(turn_url + "/resume") as resp:
             assert resp.status == 409
