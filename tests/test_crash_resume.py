@@ -14,6 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from adapters.store import MemoryEventStore
+from engine.events import Event
+from engine.run.verify import verify_turn
 from tests.fault_clients import kept_text
 from tests.harness import sse_text
 from tests.processes import Server, cli, get_json, wait_for, wait_for_output
@@ -109,8 +112,25 @@ async def test_kill9_then_resume_completes_without_duplicates(
         assert (sse_text(body) == TEXT) == (mode == "continue")
         # the engine re-run against the recorded results reproduces the log, crash included
         assert cli(db, "verify", turn_id).returncode == 0
+        if mode == "continue":
+            await verifies_without_modes(db, turn_id)
     finally:
         second.stop()
+
+
+async def verifies_without_modes(db: Path, turn_id: str) -> None:
+    """The log as a version before resume modes wrote it (its turn.resumed has
+    no mode) still verifies: it continued."""
+    listing = cli(db, "turns", "events", turn_id)
+    events = [Event(turn_id=turn_id, **json.loads(line)) for line in listing.stdout.splitlines()]
+    old = [e.model_copy(update={"data": {k: v for k, v in e.data.items() if k != "mode"}}) if e.type == "turn.resumed" else e for e in events]
+    assert old != events
+    scratch = MemoryEventStore()
+    try:
+        result = await verify_turn(old, scratch)
+    finally:
+        await scratch.close()
+    assert result.ok, result.diff
 
 
 async def test_kill9_then_auto_resume_on_restart(
