@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from adapters.config import Settings
-from engine.ports import ChatProvider, ResolvedModel, UpstreamError
+from engine.ports import ChatProvider, ModelApi, ResolvedModel, UpstreamError
 
 log = logging.getLogger("turnlog.catalog")
 
@@ -159,10 +159,14 @@ class Catalog:
             name, upstream_model = found[0], str(found[1].get("id", model))
         provider = self.providers[name]
         profile = self.settings.models.get(model)
+        api: ModelApi = getattr(provider, "api", "chat")
+        resume, resume_params = self.settings.resume_of(name, api)
         return ResolvedModel(
             provider=provider,
             upstream_model=upstream_model,
-            api=getattr(provider, "api", "chat"),
+            api=api,
+            resume=resume,
+            resume_params=resume_params,
             system=profile.system if profile else None,
             params=dict(profile.params) if profile else {},
             function_calling=profile.function_calling if profile else None,

@@ -64,6 +64,22 @@ class McpServerSettings(BaseModel):
     connect_timeout: float = Field(default=10.0, gt=0)
 
 
+#: The built-in upstreams a resume mode is set for: the OpenAI upstream with the
+#: Chat Completions API, the same with the Responses API, and Ollama.
+RESUME_UPSTREAMS = ("openai", "responses", "ollama")
+#: OpenAI's APIs start a new answer whatever the transcript ends with; Ollama
+#: continues a final assistant message.
+DEFAULT_RESUME: dict[str, Literal["continue", "restart"]] = {"openai": "restart", "responses": "restart", "ollama": "continue"}
+#: Body fields a resume's params may not replace (the request itself).
+RESUME_RESERVED = frozenset({"model", "messages", "input", "stream", "previous_response_id"})
+
+
+def _resume_upstreams(setting: str, names: Any) -> None:
+    unknown = sorted(str(n) for n in names if n not in RESUME_UPSTREAMS)
+    if unknown:
+        raise ValueError(f"{setting}: unknown upstream(s) {', '.join(unknown)}; expected {', '.join(RESUME_UPSTREAMS)}")
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TURNLOG_", extra="ignore")
 
@@ -95,6 +111,14 @@ class Settings(BaseSettings):
     task_model: str | None = Field(default=None, description="the model (an id of `GET /v1/models`) that writes titles, tags, follow-ups and search queries")
     lease_seconds: float = Field(default=10.0, description="a running turn's owner lease; after it expires with no terminal event the turn is `interrupted`")
     auto_resume: bool = Field(default=True, description="resume interrupted turns on start / when found, without `POST …/resume`")
+    resume: dict[str, Literal["continue", "restart"]] = Field(
+        default_factory=lambda: dict(DEFAULT_RESUME),
+        description="how each built-in upstream (`openai`, `responses`, `ollama`) resumes an interrupted generation: `continue` (it is sent the partial answer as a final assistant message) or `restart` (a new answer supersedes the partial); JSON, upstreams not named keep their default",
+    )
+    resume_params: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description='what a `continue` request adds to its body, JSON per upstream, e.g. `{"openai": {"continue_final_message": true, "add_generation_prompt": false}}` for a vLLM server',
+    )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, description="larger request bodies get 413")
     host: str = Field(default="127.0.0.1", description="the address `serve` listens on")
     port: int = Field(default=8080, description="the port `serve` listens on")
@@ -369,6 +393,31 @@ class Settings(BaseSettings):
         if bad:
             raise ValueError(f"MCP server names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
         return value
+
+    @field_validator("resume")
+    @classmethod
+    def _resume(cls, value: dict[str, Literal["continue", "restart"]]) -> dict[str, Literal["continue", "restart"]]:
+        _resume_upstreams("TURNLOG_RESUME", value)
+        return {**DEFAULT_RESUME, **value}
+
+    @field_validator("resume_params")
+    @classmethod
+    def _resume_params(cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        _resume_upstreams("TURNLOG_RESUME_PARAMS", value)
+        for name, params in value.items():
+            reserved = sorted(RESUME_RESERVED & set(params))
+            if reserved:
+                raise ValueError(f"TURNLOG_RESUME_PARAMS: {name}: {', '.join(reserved)} cannot be set (the request's own)")
+        return value
+
+    def resume_of(self, upstream: str, api: str) -> tuple[Literal["continue", "restart"], dict[str, Any]]:
+        """The resume mode and params of a configured upstream (``openai``,
+        ``ollama``): the OpenAI one by its API. Any other (the built-in demo
+        model, which continues a prefill) continues, without params."""
+        key = "responses" if upstream == "openai" and api == "responses" else upstream
+        if key not in RESUME_UPSTREAMS:
+            return "continue", {}
+        return self.resume[key], dict(self.resume_params.get(key) or {})
 
     @field_validator("auth", mode="before")
     @classmethod

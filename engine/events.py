@@ -129,9 +129,11 @@ class ModelRequested(EventData):
     v: int = 2
     iteration: int = 0
     api: Literal["chat", "responses", "ollama"] = "chat"
-    # Only what differs from assembly: a resumed request carries the prefill.
+    # Only what differs from assembly: a resumed request carries the prefill,
+    # and the upstream's resume params that went into its body with it.
     prefill: str | None = None
     resumed: bool = False
+    resume_params: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: not v)
 
 
 class ModelDelta(EventData):
@@ -321,6 +323,11 @@ class TurnResumed(EventData):
     stream positions past anything the old owner could have handed out; the
     event itself is the new epoch's first position. What a client must drop is
     derived by the fold (``projection.ResumePoint``, docs/reconnecting.md).
+
+    ``mode`` is how the cut-off generation goes on: ``continue`` (the model
+    continues the durable partial answer; what logs without the field did) or
+    ``restart``: the open round's partial answer is superseded (it stays in the
+    log, but the fold drops it from the answer) and the model answers afresh.
     """
 
     TYPE: ClassVar[str] = "turn.resumed"
@@ -328,6 +335,7 @@ class TurnResumed(EventData):
     from_pos: int
     epoch: int
     owner: str | None = None
+    mode: Literal["continue", "restart"] = "continue"
 
 
 class ToolApprovalRequested(EventData):

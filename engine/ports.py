@@ -256,6 +256,10 @@ class RawWarning:
 
 
 ModelApi = Literal["chat", "responses", "ollama"]
+#: How an upstream resumes a generation cut off by a crash: ``continue`` sends
+#: the partial answer back as a final assistant message for the model to go
+#: on from; ``restart`` drops it (kept in the log as superseded) and asks again.
+ResumeMode = Literal["continue", "restart"]
 
 
 class ChatProvider(Protocol):
@@ -294,6 +298,10 @@ class ResolvedModel:
     function_calling: Literal["native", "default"] | None = None
     capabilities: dict[str, Any] = field(default_factory=dict)
     knowledge: tuple[str, ...] = ()
+    # How its upstream resumes a cut-off generation, and what a ``continue``
+    # request adds to its body (e.g. vLLM's ``continue_final_message``).
+    resume: ResumeMode = "continue"
+    resume_params: dict[str, Any] = field(default_factory=dict)
 
 
 class ModelCatalog(Protocol):

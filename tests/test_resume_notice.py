@@ -4,7 +4,10 @@ The dead process handed out text live that never became durable (its open
 group-commit window died with it); the turn is resumed elsewhere and the model
 re-generates from the durable end. A client that holds the lost text must be
 told to drop it (docs/reconnecting.md): over SSE the ``turnlog.resumed`` notice
-chunk, over the WebSocket the ``resumed`` message. The oracle here is a client
+chunk, over the WebSocket the ``resumed`` message. Each crash test runs in both
+resume modes: ``continue`` (the upstream continues the durable partial answer)
+and ``restart`` (it answers afresh: the partial answer is superseded, and every
+client shown any of it must drop all of it). The oracle here is a client
 that applies only that documented rule to what it received, compared with the
 stored answer (``GET /v1/turns/{id}``).
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,25 @@ USER = [{"role": "user", "content": "count"}]
 # last position L it received live: D-3, D, D+1 (the first lost chunk), L.
 CURSORS = ("before", "at", "just_after", "after")
 TIMEOUT = 20.0
+
+
+@pytest.fixture(params=["continue", "restart"])
+def resume(request: pytest.FixtureRequest, upstream: ScriptedUpstream) -> Iterator[dict[str, str]]:
+    """The resume mode, of the upstream and of the service's OpenAI upstream
+    setting: the environment the servers get (with ``ENV``)."""
+    upstream.resume = request.param
+    yield {**ENV, "TURNLOG_RESUME": json.dumps({"openai": request.param})}
+
+
+def resumed_text(restart: bool, new_chunks: int) -> str:
+    """What a client shows once the resumed turn streamed ``new_chunks`` chunks."""
+    return "".join(WORDS[:new_chunks] if restart else WORDS[: DURABLE_CHUNKS + new_chunks])
+
+
+def expected_notice(durable: int, restart: bool) -> dict[str, Any]:
+    """A restart drops the whole cut-off round (here: the whole answer so far)."""
+    kept = 0 if restart else len("".join(WORDS[:DURABLE_CHUNKS]))
+    return {"from_pos": durable, "epoch": 1, "content_length": kept, "reasoning_length": 0, "mode": "restart" if restart else "continue"}
 
 
 # -- the client oracle: the documented rule, nothing else --------------------------
@@ -89,6 +112,7 @@ class WsShown:
     seq: int = 0  # the last event received: the cursor to reconnect with
     notices: list[dict[str, Any]] = field(default_factory=list)
     mismatch: list[str] = field(default_factory=list)
+    restart: bool = False  # a restart drops durable text too: no mismatch check
 
     @property
     def content(self) -> str:
@@ -111,7 +135,7 @@ class WsShown:
         elif kind == "resumed":
             self.notices.append(message)
             self.preview = [d for d in self.preview if d["pos"] >= message["epoch"] << 32]
-            if len(self.durable) != message["content_length"]:
+            if not self.restart and len(self.durable) != message["content_length"]:
                 self.mismatch.append(f"durable text {len(self.durable)} code points, resumed says {message['content_length']}")
             self.durable = self.durable[: message["content_length"]]
 
@@ -138,7 +162,76 @@ def test_the_resume_is_the_new_epochs_first_position_and_knows_the_durable_end(i
     point = view.resume_point
     assert point is not None
     assert (point.pos, view.last_event_pos, view.next_pos) == (epoch_base(1), epoch_base(1), epoch_base(1) + 1)
-    assert point.notice() == {"from_pos": 6, "epoch": 1, "content_length": 9, "reasoning_length": 0}
+    assert point.notice() == {"from_pos": 6, "epoch": 1, "content_length": 9, "reasoning_length": 0, "mode": "continue"}
+
+
+def _cut_off_round(reasoning: bool = False) -> list[Any]:
+    """A turn whose second model round was cut off by a crash: the first round
+    answered "Done. " (positions 4, 5), the second streamed " w0 wé w✓"."""
+    from engine.events import AssemblyCompleted, ModelCompleted, ModelItem, ModelRequested, TurnInterrupted, TurnStarted, delta_event, make_event
+
+    events = [
+        make_event("t", 1, TurnStarted(chat_id="c", user_id="u", model="m", request={})),
+        make_event("t", 2, AssemblyCompleted(messages=USER)),
+        make_event("t", 3, ModelRequested()),  # position 3
+        delta_event("t", 4, "text", 4, ["Done", ". "]),  # positions 4, 5
+        make_event("t", 5, ModelCompleted(finish_reason="stop")),  # position 6
+        make_event("t", 6, ModelRequested(iteration=1)),  # position 7: the round's start
+    ]
+    if reasoning:
+        events.append(delta_event("t", len(events) + 1, "reasoning", 8, ["hmm"]))
+    n = len(events)
+    pos = 8 + int(reasoning)
+    events.append(delta_event("t", n + 1, "text", pos, [" w0", " wé", " w✓"]))
+    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}", "status": "completed"}
+    events.append(make_event("t", n + 2, ModelItem(item=call)))
+    events.append(make_event("t", n + 3, TurnInterrupted()))
+    return events
+
+
+@pytest.mark.parametrize("reasoning", [False, True], ids=["text", "reasoning-and-text"])
+def test_a_restart_supersedes_the_cut_off_round_and_the_notice_goes_back_to_its_start(reasoning: bool) -> None:
+    from engine.events import TurnResumed, make_event
+    from engine.fold.turn_view import fold
+    from engine.run.loop_state import LoopState
+
+    events = _cut_off_round(reasoning)
+    before = fold("t", events)
+    assert before.content == "Done.  w0 wé w✓"
+    resumed = TurnResumed(from_seq=before.last_seq, from_pos=before.last_event_pos, epoch=1, mode="restart")
+    events.append(make_event("t", len(events) + 1, resumed))
+    view = fold("t", events)
+    point = view.resume_point
+    assert point is not None
+    # The answer is the first round's; the cut-off round is kept aside, incomplete.
+    assert (view.content, view.reasoning_content) == ("Done. ", "")
+    assert point.notice() == {"from_pos": before.last_event_pos - 1, "epoch": 1, "content_length": 6, "reasoning_length": 0, "mode": "restart"}
+    assert [i["type"] for i in view.output] == ["message"] and view.output[0]["content"][0]["text"] == "Done. "
+    kinds = ["reasoning", "message", "function_call"] if reasoning else ["message", "function_call"]
+    assert [i["type"] for i in view.superseded] == kinds
+    assert all(i["status"] == "incomplete" for i in view.superseded)
+    assert "call_1" not in view.calls
+    # Anyone shown output after the round's model.requested (position 7) holds superseded text.
+    assert (point.drops(7), point.drops(8)) == (False, True)
+    state = LoopState()
+    for event in events:
+        state.apply(event)
+    assert state.model_open and state.round_calls == []
+
+
+def test_a_resume_recorded_before_modes_existed_continues() -> None:
+    from engine.events import Event, TurnResumed
+    from engine.fold.turn_view import fold
+
+    events = _cut_off_round()
+    before = fold("t", events)
+    data = TurnResumed(from_seq=before.last_seq, from_pos=before.last_event_pos, epoch=1).model_dump()
+    del data["mode"]  # an old log's turn.resumed
+    events.append(Event(turn_id="t", seq=len(events) + 1, type="turn.resumed", at=0.0, data=data))
+    view = fold("t", events)
+    assert view.content == "Done.  w0 wé w✓" and not view.superseded
+    point = view.resume_point
+    assert point is not None and point.notice()["mode"] == "continue" and point.content_length == len("Done.  w0 wé w✓")
 
 
 # -- the crash ----------------------------------------------------------------------
@@ -162,10 +255,12 @@ async def kill_when_paused(http: aiohttp.ClientSession, first: Server, upstream:
     upstream.release()  # the dead process's upstream stream ends; ``paused`` is clear again
 
 
-async def start_second(http: aiohttp.ClientSession, db: Path, upstream: ScriptedUpstream, turn_id: str, mode: str) -> Server:
+async def start_second(
+    http: aiohttp.ClientSession, db: Path, upstream: ScriptedUpstream, turn_id: str, mode: str, env: dict[str, str]
+) -> Server:
     """The next process adopts the turn and resumes it; ``running``: it is paused
     mid-answer, ``completed``: it has finished."""
-    second = Server(db, upstream.url, auto_resume=True, env=ENV)
+    second = Server(db, upstream.url, auto_resume=True, env=env)
     await second.ready(http)
     if mode == "running":
         await asyncio.wait_for(upstream.paused.wait(), TIMEOUT)
@@ -183,8 +278,8 @@ def cursor_position(name: str, durable: int, last_live: int) -> int:
     return {"before": durable - 3, "at": durable, "just_after": durable + 1, "after": last_live}[name]
 
 
-def expected_notices(name: str) -> int:
-    return 1 if name in ("just_after", "after") else 0
+def expected_notices(name: str, restart: bool) -> int:
+    return 1 if restart or name in ("just_after", "after") else 0
 
 
 async def read_until(resp: aiohttp.ClientResponse, buf: str, done: Any) -> str:
@@ -233,11 +328,12 @@ def ids_of(messages: list[tuple[int | None, str]]) -> list[int]:
 
 @pytest.mark.parametrize("mode", ["running", "completed"])
 async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
-    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, mode: str
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, mode: str, resume: dict[str, str]
 ) -> None:
+    restart = upstream.resume == "restart"
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), second_reply(mode))
     db = tmp_path / "turnlog.db"
-    first = Server(db, upstream.url, auto_resume=False, env=ENV)
+    first = Server(db, upstream.url, auto_resume=False, env=resume)
     try:
         await first.ready(http)
         resp = await http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
@@ -254,7 +350,7 @@ async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
     last_live = chunk_ids[-1]
     assert last_live > durable, "the client holds text that was never durable"
 
-    second = await start_second(http, db, upstream, turn_id, mode)
+    second = await start_second(http, db, upstream, turn_id, mode, resume)
     try:
         stream_url = f"{second.url}/v1/turns/{turn_id}/stream"
         responses = {}
@@ -270,7 +366,7 @@ async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
             if mode == "running":
                 # While the resumed turn is still running (paused mid-answer),
                 # the client already shows the re-generated text live.
-                body = await read_until(again, "", lambda m, b=before: text_of(b + m).endswith(WORDS[DURABLE_CHUNKS + RESUMED_PAUSE - 1]) and bool(text_of(m)))
+                body = await read_until(again, "", lambda m, b=before: text_of(b + m) == resumed_text(restart, RESUMED_PAUSE) and bool(m))
                 bodies[name] = (cursor, before, body)
             else:
                 bodies[name] = (cursor, before, "")
@@ -290,8 +386,7 @@ async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
             where = f"{name} (Last-Event-ID {cursor}, durable end {durable})"
             if shown.content != done["content"]:
                 problems.append(f"{where}: {describe(shown.content)}")
-            notice = {"from_pos": durable, "epoch": 1, "content_length": len("".join(WORDS[:DURABLE_CHUNKS])), "reasoning_length": 0}
-            if shown.notices != [notice] * expected_notices(name):
+            if shown.notices != [expected_notice(durable, restart)] * expected_notices(name, restart):
                 problems.append(f"{where}: notices {shown.notices}")
             ids = ids_of(before) + ids_of(after)
             if ids != sorted(set(ids)):
@@ -311,12 +406,14 @@ async def test_sse_reconnect_after_kill9_shows_exactly_the_stored_answer(
             started = await asyncio.to_thread(doc_snippet, second.url + "/v1", 2)
             assert started["answer"].content == "Hello from the docs." and started["answer"].last_event_id > 0
 
-        # A fresh client (no Last-Event-ID) gets exactly the stored text, no notice.
+        # A fresh client (no Last-Event-ID) gets exactly the stored text: with
+        # no notice, or after a restart the superseded partial answer (the log
+        # keeps it) and the notice to drop it.
         async with http.get(stream_url) as fresh:
             messages = sse_messages(await fresh.text())
         shown = Shown()
         apply_sse(shown, messages)
-        assert shown.content == TEXT and not shown.notices
+        assert shown.content == TEXT and shown.notices == ([expected_notice(durable, True)] if restart else [])
         assert ids_of(messages) == sorted(set(ids_of(messages)))
     finally:
         second.stop()
@@ -352,11 +449,12 @@ def ws_completed(messages: list[dict[str, Any]]) -> bool:
 
 @pytest.mark.parametrize("mode", ["running", "completed"])
 async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer(
-    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, mode: str
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, mode: str, resume: dict[str, str]
 ) -> None:
+    restart = upstream.resume == "restart"
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), second_reply(mode))
     db = tmp_path / "turnlog.db"
-    first = Server(db, upstream.url, auto_resume=False, env=ENV)
+    first = Server(db, upstream.url, auto_resume=False, env=resume)
     try:
         await first.ready(http)
         async with http.ws_connect(first.url + "/v1/ws") as ws:
@@ -372,14 +470,14 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
     last_live = deltas[-1]["pos"]
     assert last_live > durable, "the client holds text that was never durable"
 
-    second = await start_second(http, db, upstream, turn_id, mode)
+    second = await start_second(http, db, upstream, turn_id, mode, resume)
     try:
         clients: dict[str, tuple[int, WsShown, aiohttp.ClientWebSocketResponse, list[dict[str, Any]]]] = {}
         for name in CURSORS:
             cursor = cursor_position(name, durable, last_live)
             # The client's connection broke right after the delta at ``cursor``.
             cut = next(i for i, m in enumerate(received) if m["type"] == "delta" and m["pos"] == cursor)
-            shown = ws_text(received[: cut + 1])
+            shown = ws_text(received[: cut + 1], WsShown(restart=restart))
             assert shown.content == "".join(WORDS[: cursor - durable + DURABLE_CHUNKS])
             shown.subscribe()
             ws = await http.ws_connect(second.url + "/v1/ws")
@@ -388,7 +486,7 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
         if mode == "running":
             # While the resumed turn is paused mid-answer, the client already
             # shows the re-generated text live.
-            target = "".join(WORDS[: DURABLE_CHUNKS + RESUMED_PAUSE])
+            target = resumed_text(restart, RESUMED_PAUSE)
             for _cursor, shown, ws, got in clients.values():
                 got.extend(
                     await ws_messages_until(
@@ -410,8 +508,9 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
             where = f"{name} (last delta {cursor}, after={after_seq}, durable end {durable})"
             if shown.content != done["content"]:
                 problems.append(f"{where}: {describe(shown.content)}")
-            resumed = [{k: m.get(k) for k in ("turn_id", "from_pos", "epoch", "content_length", "reasoning_length")} for m in got if m["type"] == "resumed"]
-            notice = {"turn_id": turn_id, "from_pos": durable, "epoch": 1, "content_length": len("".join(WORDS[:DURABLE_CHUNKS])), "reasoning_length": 0}
+            keys = ("turn_id", "from_pos", "epoch", "content_length", "reasoning_length", "mode")
+            resumed = [{k: m.get(k) for k in keys} for m in got if m["type"] == "resumed"]
+            notice = {"turn_id": turn_id, **expected_notice(durable, restart)}
             if resumed != [notice]:
                 problems.append(f"{where}: resumed messages {resumed}")
             problems.extend(f"{where}: {m}" for m in shown.mismatch)
@@ -424,7 +523,7 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
 
 
 async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
-    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, pg_url: str
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, pg_url: str, resume: dict[str, str]
 ) -> None:
     # No reconnect: owner A freezes (SIGSTOP) after showing text it never made
     # durable; B adopts and finishes the turn; when A wakes up, fenced off, its
@@ -434,7 +533,7 @@ async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
     import signal
 
     upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=FIRST_PAUSE), Reply(chunks=WORDS))
-    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=ENV)
+    a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=resume)
     b: Server | None = None
     try:
         await a.ready(http)
@@ -445,7 +544,7 @@ async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
         await wait_for(http, f"{a.url}/v1/turns/{turn_id}", lambda v: v["content"] == "".join(WORDS[:DURABLE_CHUNKS]))
         os.kill(a.proc.pid, signal.SIGSTOP)
         try:
-            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=ENV)
+            b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path, env=resume)
             await b.ready(http)
             done = await wait_for(http, f"{b.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         finally:
@@ -459,9 +558,7 @@ async def test_sse_client_of_a_frozen_owner_gets_the_notice_live(
         assert shown.content == TEXT, describe(shown.content)
         chunk_ids = [i for i, data in messages if i is not None and '"content":" w' in data]
         durable = chunk_ids[DURABLE_CHUNKS - 1]
-        assert shown.notices == [
-            {"from_pos": durable, "epoch": 1, "content_length": len("".join(WORDS[:DURABLE_CHUNKS])), "reasoning_length": 0}
-        ]
+        assert shown.notices == [expected_notice(durable, upstream.resume == "restart")]
         assert ids_of(messages) == sorted(set(ids_of(messages)))
     finally:
         upstream.release()

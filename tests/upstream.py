@@ -120,11 +120,13 @@ For a non-streaming request: ``disconnect`` closes the socket before any
 response, ``hang`` never answers, ``truncate`` sends half the JSON body and
 ``malformed`` sends ``{not json``.
 
-Prefill continuation: if the last request message (Responses: the last ``input``
-item) is ``role: "assistant"`` with text P and the reply's full text starts with
-P, only the remainder is sent (as providers that continue an assistant prefill
-do); the reasoning is then not repeated, and ``fault_after`` / ``pause_after``
-count chunks of the remainder.
+Prefill continuation (``ScriptedUpstream(resume="continue")``, the default): if
+the last request message (Responses: the last ``input`` item) is ``role:
+"assistant"`` with text P and the reply's full text starts with P, only the
+remainder is sent (as Ollama and servers whose template continues a final
+assistant message do); the reasoning is then not repeated, and ``fault_after`` /
+``pause_after`` count chunks of the remainder. ``resume="restart"``: the reply is
+sent whole whatever the messages end with, as OpenAI's APIs start a new answer.
 
 Embeddings (``POST /v1/embeddings``), OpenAI's shapes exactly: the body is
 ``{"input": str | [str] | [int] | [[int]], "model", "encoding_format"?: "float" |
@@ -328,7 +330,11 @@ class ScriptedUpstream:
         host: str = "127.0.0.1",
         port: int = 0,
         embedding_dim: int = 64,
+        resume: str = "continue",
     ) -> None:
+        if resume not in ("continue", "restart"):
+            raise ValueError(f"resume must be 'continue' or 'restart', not {resume!r}")
+        self.resume = resume  # how a trailing assistant message is answered (module docstring)
         self.models: list[str] = list(models) if models is not None else ["gpt-test"]
         self.default: Reply = default if default is not None else Reply(text="Hello from the scripted upstream.")
         self.requests: list[dict[str, Any]] = []
@@ -624,7 +630,7 @@ class ScriptedUpstream:
     # -- Chat Completions ------------------------------------------------------
 
     async def _complete(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
-        plan = _Plan(body, reply)
+        plan = _Plan(body, reply, continues=self.resume == "continue")
         await self._before_complete(plan)
         text = "".join(plan.content)
         message: dict[str, Any] = {
@@ -651,7 +657,7 @@ class ScriptedUpstream:
         return _json_body(obj, reply)
 
     async def _stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
-        plan = _Plan(body, reply)
+        plan = _Plan(body, reply, continues=self.resume == "continue")
         resp = await _prepare_sse(request)
         include_usage = plan.include_usage
         comments = reply.comments
@@ -725,7 +731,7 @@ class ScriptedUpstream:
     async def _responses_complete(
         self, request: web.Request, body: dict[str, Any], reply: Reply
     ) -> web.StreamResponse:
-        plan = _Plan(body, reply, api="responses")
+        plan = _Plan(body, reply, api="responses", continues=self.resume == "continue")
         await self._before_complete(plan)
         rs = _ResponsesState(plan)
         output: list[dict[str, Any]] = []
@@ -740,7 +746,7 @@ class ScriptedUpstream:
     async def _responses_stream(
         self, request: web.Request, body: dict[str, Any], reply: Reply
     ) -> web.StreamResponse:
-        plan = _Plan(body, reply, api="responses")
+        plan = _Plan(body, reply, api="responses", continues=self.resume == "continue")
         rs = _ResponsesState(plan)
         resp = await _prepare_sse(request)
         comments = reply.comments
@@ -824,7 +830,7 @@ class ScriptedUpstream:
     # -- Ollama ----------------------------------------------------------------
 
     async def _ollama_complete(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
-        plan = _Plan(body, reply, api="ollama")
+        plan = _Plan(body, reply, api="ollama", continues=self.resume == "continue")
         await self._before_complete(plan)
         message: dict[str, Any] = {"role": "assistant", "content": "".join(plan.content)}
         if plan.reasoning:
@@ -835,7 +841,7 @@ class ScriptedUpstream:
         return _json_body(obj, reply)
 
     async def _ollama_stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
-        plan = _Plan(body, reply, api="ollama")
+        plan = _Plan(body, reply, api="ollama", continues=self.resume == "continue")
         resp = web.StreamResponse(status=200, headers={"Content-Type": "application/x-ndjson"})
         await resp.prepare(request)
 
@@ -943,7 +949,7 @@ class ScriptedUpstream:
 class _Plan:
     """What one request gets: the reply's pieces after prefill continuation."""
 
-    def __init__(self, body: dict[str, Any], reply: Reply, api: str = "chat") -> None:
+    def __init__(self, body: dict[str, Any], reply: Reply, api: str = "chat", *, continues: bool = True) -> None:
         self.body = body
         self.reply = reply
         self.api = api
@@ -959,7 +965,7 @@ class _Plan:
         self.include_usage = bool(isinstance(opts, dict) and opts.get("include_usage"))
         content = reply.content_chunks()
         reasoning = list(reply.reasoning)
-        prefill = _prefill(body)
+        prefill = _prefill(body) if continues else None
         if prefill and "".join(content).startswith(prefill):
             content = _skip_prefix(content, len(prefill))
             reasoning = []

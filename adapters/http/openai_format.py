@@ -186,9 +186,10 @@ class ChunkRenderer:
             point = out.resume
             # ``render`` shows this event only to a client behind its position (the
             # new epoch's first); one that was shown output past the durable end
-            # holds text a dead owner never made durable: tell it how much of
-            # what it shows to keep (docs/reconnecting.md).
-            if point is not None and self.last_sent > point.from_pos:
+            # holds text a dead owner never made durable, and after a restart
+            # one shown any of the superseded round holds text that is not the
+            # answer: tell it how much of what it shows to keep (docs/reconnecting.md).
+            if point is not None and point.drops(self.last_sent):
                 return [self._chunk({}, extra={"turnlog": {"resumed": point.notice()}})]
             return []
         if t == "assembly.step":

@@ -443,6 +443,10 @@ class ResponsesRenderer:
             self._event("response.in_progress", {"response": self.snapshot("in_progress")})
         elif t == "model.completed":
             self._close_item("completed")
+        elif t == "turn.resumed" and out.resume is not None and out.resume.mode == "restart":
+            # The cut-off round is answered afresh: its partial item ends
+            # incomplete, and the new answer streams as a new item.
+            self._close_item("incomplete")
         elif t == "tools.batch":
             self._close_item("completed")
             if event.data.get("client_calls"):

@@ -67,6 +67,11 @@ class ResumePoint:
     than the ``turn.resumed`` event's own ``from_pos``, which also counts the
     ``turn.interrupted`` record (that record takes the position right after the
     durable end, a position the dead owner may have handed out live).
+
+    ``mode`` ``restart``: the cut-off round's partial answer was superseded, so
+    the lengths are where that round started, and a client that was shown
+    anything after ``keep_pos`` (the round's start) must drop it. Otherwise
+    ``keep_pos`` is ``from_pos``.
     """
 
     seq: int  # the turn.resumed event
@@ -75,15 +80,23 @@ class ResumePoint:
     epoch: int
     content_length: int
     reasoning_length: int
+    mode: str = "continue"
+    keep_pos: int = 0
 
-    def notice(self) -> dict[str, int]:
+    def notice(self) -> dict[str, int | str]:
         """The client-facing shape (SSE ``turnlog.resumed``, WebSocket ``resumed``)."""
         return {
             "from_pos": self.from_pos,
             "epoch": self.epoch,
             "content_length": self.content_length,
             "reasoning_length": self.reasoning_length,
+            "mode": self.mode,
         }
+
+    def drops(self, last_shown: int) -> bool:
+        """Whether a client shown output up to position ``last_shown`` holds
+        text that is not part of the answer (it needs the notice)."""
+        return last_shown > self.keep_pos
 
 
 class ItemIds:
@@ -165,6 +178,11 @@ class TurnView:
         self._durable_before: int = 0
         self.interrupted_after = 0
         self.resume_point: ResumePoint | None = None
+        # Where the open round's output begins (its model.requested, or the
+        # restart that superseded what it had), and the output items restarts
+        # superseded (kept out of ``output``; their text stays in the log).
+        self._round_pos = 0
+        self.superseded: list[dict[str, Any]] = []
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
@@ -297,9 +315,11 @@ class TurnView:
         self.turn_refs = list(data.get("turn_refs") or [])
 
     def _on_model_requested(self, data: dict[str, Any]) -> None:
-        if not data.get("resumed") and self.round_closed:
-            self.acc = self._new_accumulator()
-            self.round_closed = False
+        if not data.get("resumed"):
+            self._round_pos = self.pos.last_event
+            if self.round_closed:
+                self.acc = self._new_accumulator()
+                self.round_closed = False
 
     def _on_model_item(self, data: dict[str, Any]) -> None:
         item = dict(data["item"])
@@ -430,7 +450,13 @@ class TurnView:
     def _on_resumed(self, data: dict[str, Any]) -> None:
         # The status is still the one before this event (set after the handler).
         durable = self.interrupted_after if self.status == "interrupted" else self._durable_before
+        mode = data.get("mode") or "continue"  # logs from before restarts: continue
+        keep = durable
+        if mode == "restart" and self._supersede():
+            keep = min(keep, self._round_pos)
         self.pos.new_epoch(data["epoch"])
+        if mode == "restart":
+            self._round_pos = self.pos.last_event
         self.resume_point = ResumePoint(
             seq=self.last_seq,
             pos=self.pos.last_event,
@@ -438,7 +464,26 @@ class TurnView:
             epoch=self.pos.epoch,
             content_length=len(self.content),
             reasoning_length=len(self.reasoning_content),
+            mode=mode,
+            keep_pos=keep,
         )
+
+    def _supersede(self) -> bool:
+        """A restart: the open round's partial output leaves the answer (the
+        model answers that round afresh). Returns whether there was any."""
+        if self.state != "streaming" or self.round_closed:
+            return False
+        self.acc.mark_incomplete()
+        dropped = [dict(i) for i in (*self.acc.output, *self.round_calls)]
+        dropped = [i for i in dropped if i.get("type") != "message" or _item_text(i)]
+        for item in dropped:
+            item["status"] = "incomplete"
+            if item.get("type") == "function_call":
+                self.calls.pop(item["call_id"], None)
+        self.superseded.extend(dropped)
+        self.acc = self._new_accumulator()
+        self.round_calls = []
+        return bool(dropped)
 
     def _on_stopped(self, data: dict[str, Any]) -> list[ChunkOut]:
         """``turn.cancelled`` / ``turn.failed``: what was cut off is incomplete."""

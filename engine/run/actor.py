@@ -53,6 +53,7 @@ from engine.ports import (
     LiveDelta,
     LiveDeltas,
     LiveEvent,
+    ResumeMode,
     TurnRecord,
     observe,
 )
@@ -60,7 +61,7 @@ from engine.run.context import END, End, TurnPorts
 from engine.run.flush_clock import FlushClock
 from engine.run.log_context import current_turn
 from engine.run.loop_state import LoopState
-from engine.run.nodes import entry_node
+from engine.run.nodes import Node, RequestModel, entry_node
 from engine.settings import EngineSettings
 
 log = logging.getLogger("turnlog.turn")
@@ -273,12 +274,7 @@ class TurnActor:
         observer, view = self._ports.observer, self._view
         observe(observer.turn_started, self.turn_id, model=view.model or "", chat_id=view.chat_id, started_at=view.created_at, resumed=resume)
         try:
-            if resume:
-                view = self._view
-                await self.record(
-                    TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner)
-                )
-            node = entry_node(self._view, self._state)
+            node = await self._record_resume() if resume else entry_node(self._view, self._state)
             while not isinstance(node, End):
                 node = await node.run(self)
         except asyncio.CancelledError:
@@ -306,6 +302,23 @@ class TurnActor:
             if not self.done.done():
                 self.done.set_result(None)
             observe(observer.turn_ended, self.turn_id, self._view.status)
+
+    async def _record_resume(self) -> Node | End:
+        """Record ``turn.resumed`` and return where the turn goes on. A model
+        call that was cut off goes on in its upstream's resume mode (recorded:
+        a restart supersedes the partial answer in the fold)."""
+        view = self._view
+        node = entry_node(view, self._state)
+        mode: ResumeMode = "continue"
+        if isinstance(node, RequestModel) and node.resume:
+            resolved = await self._ports.models.resolve(self._state.input.model)
+            if resolved is not None:
+                mode = resolved.resume
+                node = RequestModel(resume=True, resolved=resolved)
+        await self.record(
+            TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner, mode=mode)
+        )
+        return node
 
     async def _save_cancelled(self) -> None:
         try:

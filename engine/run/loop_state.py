@@ -178,6 +178,11 @@ class LoopState:
     def _on_stopped(self, event: Event) -> None:
         self.model_open = False
 
+    def _on_resumed(self, event: Event) -> None:
+        if event.data.get("mode") == "restart" and self.model_open:
+            # The cut-off round is answered afresh: the calls it had streamed are superseded.
+            self.round_calls = []
+
 
 _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "turn.forked": LoopState._on_forked,
@@ -199,4 +204,5 @@ _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "background.result": LoopState._on_background_result,
     "turn.cancelled": LoopState._on_stopped,
     "turn.failed": LoopState._on_stopped,
+    "turn.resumed": LoopState._on_resumed,
 }

@@ -124,23 +124,30 @@ class Assemble:
 @dataclass(frozen=True)
 class RequestModel:
     """One model call, streamed into the turn. ``resume``: the previous attempt
-    was cut off; the durable text goes back as a prefill."""
+    was cut off; the durable text of its round (none after a restart, which
+    superseded it) goes back as a prefill, with the upstream's resume params.
+    ``resolved``: the model as the resume resolved it to choose its mode."""
 
     resume: bool = False
+    resolved: ResolvedModel | None = None
 
     async def run(self, ctx: TurnContext) -> Node | End:
         view, state = ctx.view, ctx.state
-        resolved = await ctx.ports.models.resolve(state.input.model)
+        resolved = self.resolved or await ctx.ports.models.resolve(state.input.model)
         if resolved is None:
             return await ctx.fail(f"model {state.input.model!r} is not available", "model_not_found")
-        prefill = view.acc.content if self.resume and not view.round_closed else None
+        prefill = (view.acc.content if self.resume and not view.round_closed else None) or None
+        extra = dict(resolved.resume_params) if prefill and resolved.resume == "continue" else {}
+        params = {**state.params, **extra} if extra else state.params
         # Write-ahead: durable before the request goes out.
-        await ctx.record(ModelRequested(iteration=state.iteration, prefill=prefill or None, resumed=self.resume, api=resolved.api))
+        await ctx.record(
+            ModelRequested(iteration=state.iteration, prefill=prefill, resumed=self.resume, api=resolved.api, resume_params=extra or None)
+        )
         observe(ctx.ports.observer.model_call_started, ctx.turn_id, model=state.input.model, resolved=resolved, iteration=state.iteration)
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
             messages=await inline_blob_urls(ctx, state.messages),
-            params=state.params,
+            params=params,
             prefill=prefill or None,
             previous_response_id=stateful[0] if stateful else None,
             input_items=await inline_blob_urls(ctx, stateful[1]) if stateful else [],
@@ -153,7 +160,7 @@ class RequestModel:
                 return await ctx.fail(exc.message, exc.kind, status=exc.status)
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
-            full = ModelRequest(messages=request.messages, params=state.params, prefill=request.prefill)
+            full = ModelRequest(messages=request.messages, params=params, prefill=request.prefill)
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:

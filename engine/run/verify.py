@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.events import (
@@ -45,6 +45,7 @@ from engine.ports import (
     ModelApi,
     ModelRequest,
     ResolvedModel,
+    ResumeMode,
     TurnInput,
     TurnRecord,
     UpstreamError,
@@ -88,6 +89,8 @@ def normalize(events: list[Event]) -> list[dict[str, Any]]:
         data = dict(event.data)
         for name in IGNORED_FIELDS.get(event.type, ()):
             data.pop(name, None)
+        if event.type == "turn.resumed":
+            data.setdefault("mode", "continue")  # logs from before resume modes
         if event.type == "model.delta" and out and out[-1]["type"] == "model.delta" and out[-1]["data"]["kind"] == data["kind"]:
             prev = out[-1]["data"]
             prev["text"] += data["text"]
@@ -444,16 +447,27 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
 class _RecordedModels:
     """Every model resolves, with no upstream, to the API the log shows its
     request used (in order: a fork's model may speak another API than the
-    parent's model of the requests it copied)."""
+    parent's model of the requests it copied), in the resume mode of the
+    ``turn.resumed`` before it and with the resume params it was sent."""
 
     def __init__(self, events: list[Event]) -> None:
-        self.apis: list[ModelApi] = [e.data.get("api", "chat") for e in events if e.type == "model.requested"] or ["chat"]
+        self.resolved: list[ResolvedModel] = []
+        mode: ResumeMode = "continue"
+        for e in events:
+            if e.type == "turn.resumed":
+                mode = e.data.get("mode") or "continue"
+            elif e.type == "model.requested":
+                api: ModelApi = e.data.get("api", "chat")
+                params = e.data.get("resume_params") or {}
+                self.resolved.append(ResolvedModel(provider=None, upstream_model="", api=api, resume=mode, resume_params=params))
+                mode = "continue"
+        self.resolved = self.resolved or [ResolvedModel(provider=None, upstream_model="")]
         self.calls = 0
 
     async def resolve(self, model: str) -> ResolvedModel | None:
-        api = self.apis[min(self.calls, len(self.apis) - 1)]
+        recorded = self.resolved[min(self.calls, len(self.resolved) - 1)]
         self.calls += 1
-        return ResolvedModel(provider=None, upstream_model=model, api=api)
+        return replace(recorded, upstream_model=model)
 
     async def list_models(self) -> list[dict[str, Any]]:
         return []
