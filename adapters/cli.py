@@ -522,9 +522,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the service (migrates on start)")
-    serve.add_argument("--host")
-    serve.add_argument("--port", type=int)
-    serve.add_argument("--config", dest="config_sub")
+    serve.add_argument("--host", help="the address to listen on (TURNLOG_HOST)")
+    serve.add_argument("--port", type=int, help="the port to listen on (TURNLOG_PORT)")
+    serve.add_argument("--config", dest="config_sub", help="TOML configuration file (as turnlog --config)")
     serve.add_argument(
         "--demo", action="store_true", default=None,
         help="also serve the built-in scripted model 'demo' and the 'clock' tool (no key, no network)",
@@ -536,21 +536,21 @@ def build_parser() -> argparse.ArgumentParser:
     turns = sub.add_parser("turns", help="inspect turns")
     turns_sub = turns.add_subparsers(dest="action", required=True)
     listing = turns_sub.add_parser("list")
-    listing.add_argument("--chat")
-    listing.add_argument("--status")
-    listing.add_argument("--limit", type=int, default=100)
+    listing.add_argument("--chat", help="only the turns of this chat (its stored id)")
+    listing.add_argument("--status", help="only turns with this status (running, waiting, completed, failed, cancelled, interrupted)")
+    listing.add_argument("--limit", type=int, default=100, help="at most this many turns, newest first")
     listing.add_argument("--json", action="store_true", help="one JSON document {\"turns\": [...]} (epoch seconds)")
     show = turns_sub.add_parser("show")
-    show.add_argument("turn_id")
+    show.add_argument("turn_id", help="the turn (turn_…)")
     show.add_argument("--json", action="store_true", help="the projected turn as JSON (as GET /v1/turns/ID)")
     events = turns_sub.add_parser("events")
-    events.add_argument("turn_id")
-    events.add_argument("--after", type=int, default=0)
-    events.add_argument("--follow", action="store_true")
+    events.add_argument("turn_id", help="the turn (turn_…)")
+    events.add_argument("--after", type=int, default=0, help="only the events after this seq")
+    events.add_argument("--follow", action="store_true", help="keep printing new events until the turn ends")
     turns.set_defaults(fn=cmd_turns)
 
     replay = sub.add_parser("replay", help="re-project a turn from its log and compare it with the stored view")
-    replay.add_argument("turn_id")
+    replay.add_argument("turn_id", help="the turn (turn_…)")
     replay.add_argument("--json", action="store_true", help="the re-projected turn as one JSON document (as GET /v1/turns/ID)")
     replay.set_defaults(fn=cmd_replay)
 
@@ -565,13 +565,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     fork_cli.register(sub)
     export = sub.add_parser("export", help="a turn's events with their hashes as JSON lines (its receipt first)")
-    export.add_argument("turn_id")
+    export.add_argument("turn_id", help="the turn (turn_…)")
     export.set_defaults(fn=cmd_export)
 
     keys = sub.add_parser("keys", help="API keys")
     keys_sub = keys.add_subparsers(dest="action", required=True)
     create = keys_sub.add_parser("create")
-    create.add_argument("--user", required=True)
+    create.add_argument("--user", required=True, help="the user the key acts as")
     create.add_argument(
         "--role", choices=ROLES, default="user", help="admin: also the operator's endpoints (/metrics); default: user"
     )

@@ -16,7 +16,7 @@ from adapters.config import Settings
 
 def register(sub: Any) -> None:
     fork = sub.add_parser("fork", help="continue a finished turn from one of its events, as a new turn in a new chat")
-    fork.add_argument("turn_id")
+    fork.add_argument("turn_id", help="the finished turn to fork")
     fork.add_argument("--at", type=int, required=True, help="the seq of the parent's model.requested or tools.batch to start from")
     fork.add_argument("--model", help="the model the fork calls (an id of GET /v1/models); default: the parent's")
     fork.add_argument(
