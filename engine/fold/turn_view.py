@@ -33,7 +33,7 @@ from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
 from engine.events import Event
-from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
+from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
 from engine.machine import STATUS_AFTER, TurnMachine
 from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
@@ -144,6 +144,7 @@ class TurnView:
         self.status = "running"
         self.error: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
+        self.usage_estimated = False  # some of ``usage`` was counted by turnlog, not reported
         self.response_ids: list[str] = []
         self.finish_reason: str | None = None
         self.warnings: list[str] = []
@@ -323,8 +324,12 @@ class TurnView:
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")
-        if data.get("usage"):
-            self.usage = merge_usage(self.usage, normalize_usage(data["usage"]))
+        usage = data.get("usage")
+        if usage:
+            if usage.get(USAGE_ESTIMATED) is True:
+                self.usage_estimated = True
+                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
+            self.usage = merge_usage(self.usage, normalize_usage(usage))
         if data.get("response_id"):
             self.response_ids.append(data["response_id"])
         # Text held back as a possible tag start is released now.
@@ -579,6 +584,8 @@ class TurnView:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+        if self.usage_estimated:
+            view["usage_estimated"] = True
         if self.parent_turn_id is not None:
             view["parent_turn_id"] = self.parent_turn_id
             view["forked_at"] = self.forked_at

@@ -64,6 +64,7 @@ from engine.protocols.model_events import (
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
+from engine.run.usage import with_usage
 from engine.tools.approval import asks, rejected_output
 from engine.tools.builtin import run_code
 from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
@@ -173,7 +174,10 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
-    async for events in ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None):
+    batches = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None)
+    if ctx.ports.tokens is not None:
+        batches = with_usage(batches, request, ctx.ports.tokens)
+    async for events in batches:
         # A read's consecutive chunks of one kind go out as one live message
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []

@@ -43,6 +43,7 @@ from engine.ports import (
     NoTurnToolServers,
     PageFetcher,
     RemoteControl,
+    TokenCounter,
     ToolCatalog,
     ToolServers,
     TurnObserver,
@@ -123,6 +124,7 @@ class Supervisor:
         images: ImageGenerator | None = None,
         observer: TurnObserver | None = None,
         tool_servers: ToolServers | None = None,
+        tokens: TokenCounter | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -141,6 +143,7 @@ class Supervisor:
         self.fetcher = fetcher
         self.images = images
         self.observer: TurnObserver = observer or NoObserver()
+        self.tokens = tokens  # usage for upstreams that report none
         self.owner = f"proc_{secrets.token_hex(6)}"
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
@@ -347,6 +350,7 @@ class Supervisor:
             filters=self.filters,
             task_model=task_model,
             observer=self.observer,
+            tokens=self.tokens,
         )
 
     def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:
