@@ -251,6 +251,20 @@ async def test_direct_tool_without_a_client_is_an_error_result(agent: Service) -
     assert out["status"] == "failed" and "no client is connected" in out["output"]
 
 
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "add"}}, "required"])
+async def test_a_forced_tool_choice_holds_for_the_first_call_only(agent: Service, choice: object) -> None:
+    """Forced on every call, the model would call a tool each round until the
+    round cap; after the first round the upstream is asked with ``auto``."""
+    up = agent.upstream
+    up.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "f1")), Reply(text="It is 3."))
+    turn_id, body = await run(agent, tool_choice=choice)
+    assert [r.get("tool_choice") for r in up.requests] == [choice, "auto"]
+    assert body["choices"][0]["message"]["content"] == "It is 3."
+    view = await check_replay(agent, turn_id, body=body)
+    assert view["status"] == "completed"
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["3"]
+
+
 async def test_three_iterations_replay_exactly(agent: Service) -> None:
     agent.upstream.enqueue(
         tool_reply(call("add", {"a": 1, "b": 1}, "i1"), text="one "),

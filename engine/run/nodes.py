@@ -138,7 +138,7 @@ class RequestModel:
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
             messages=state.messages,
-            params=state.params,
+            params=state.params if state.iteration == 0 else later_round_params(state.params),
             prefill=prefill or None,
             previous_response_id=stateful[0] if stateful else None,
             input_items=stateful[1] if stateful else [],
@@ -158,6 +158,17 @@ class RequestModel:
                 _upstream_failed(ctx, again.kind)
                 return await ctx.fail(again.message, again.kind, status=again.status)
         return Decide() if finished else END
+
+
+def later_round_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a model call after a tool round: a ``tool_choice``
+    that forces a call (``required``, a named function) held for the first
+    call only and is ``auto`` now, or every round would call a tool again
+    until the round cap (the OpenAI Agents SDK resets it the same way)."""
+    choice = params.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return {**params, "tool_choice": "auto"}
+    return params
 
 
 def _upstream_failed(ctx: TurnContext, kind: str) -> None:
