@@ -116,6 +116,9 @@ async def test_a_websocket_turn(real: Service, llama_server: LlamaServer) -> Non
     assert (await real.turn(started["turn_id"]))["content"] == expected
 
 
+IDLE = 0.02  # cores
+
+
 def cpu_seconds(pid: int) -> float:
     """utime + stime of a process, from /proc/PID/stat."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -135,19 +138,23 @@ async def test_cancel_mid_answer_stops_the_generation(real: Service, llama_serve
     body = {"model": MODEL_ID, "messages": story, "stream": True, **GREEDY, "max_tokens": 2000}
     async with real.http.post(real.v1 + "/chat/completions", json=body) as resp:
         turn_id = resp.headers["X-Turn-Id"]
-        await resp.content.readuntil(b'"content":"')  # the answer has started
+        async for line in resp.content:  # until the answer has started
+            if line.startswith(b"data: {") and json.loads(line[6:])["choices"][0]["delta"].get("content"):
+                break
         busy = await cpu_rate(llama_server.pid, 0.5)
         cancelled_at = time.monotonic()
         status, answer, _ = await real.post(f"/v1/turns/{turn_id}/cancel")
-        assert status == 200, answer
+        assert status == 202 and answer["status"] == "cancelled", answer
         await resp.read()
     view = await real.wait_status(turn_id, "cancelled")
     assert view["content"], "it had answered something"
-    assert busy > 0.2, f"the server was generating: {busy:.2f} cores"
+    # Idle, the server's process uses nothing; generating, one thread (less
+    # on a loaded machine: the other tests' processes share the cores).
+    assert busy > IDLE * 3, f"the server was generating: {busy:.2f} cores"
     # Within 2 s of the cancel, the server's CPU falls to idle: it stopped generating.
     rates = []
     while time.monotonic() - cancelled_at < 2.0:
         rates.append(await cpu_rate(llama_server.pid, 0.25))
-        if rates[-1] < 0.05:
+        if rates[-1] < IDLE:
             break
-    assert rates[-1] < 0.05, f"the server still computes after the cancel: {[round(r, 2) for r in rates]} cores"
+    assert rates[-1] < IDLE, f"the server still computes after the cancel: {[round(r, 2) for r in rates]} cores"
