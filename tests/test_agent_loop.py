@@ -356,6 +356,18 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
 
 
+async def test_legacy_selection_without_json_answers_without_tools_and_warns(agent: Service) -> None:
+    # A small model answers the selection prompt with prose, not the JSON asked for.
+    agent.upstream.enqueue(Reply(text="You should check the weather in Paris, it is nice."), Reply(text="Hello."))
+    turn_id, body = await run(agent, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "Hello."
+    warning = "tools were not used: the model's tool selection held no JSON object"
+    assert body["turnlog"]["warnings"] == [warning]
+    assert (await agent.turn(turn_id))["warnings"] == [warning]
+    step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
+    assert step["data"]["detail"]["calls"] == [] and "<source" not in agent.upstream.requests[1]["messages"][-1]["content"]
+
+
 async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:
     agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 30}, "sl1")))
     async with agent.http.post(

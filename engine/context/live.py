@@ -63,7 +63,7 @@ from engine.protocols.model_events import TextDelta
 from engine.settings import EngineSettings
 from engine.tools.builtin import wanted_builtins
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
-from engine.tools.legacy import build_selection_request, parse_selection, tool_source
+from engine.tools.legacy import build_selection_request, first_json_object, parse_selection, tool_source
 
 
 class LiveAssembler:
@@ -205,7 +205,8 @@ class LiveAssembler:
         except UpstreamError as exc:
             # Tool selection is best effort: the answer goes on without tools.
             return {"error": exc.message, "calls": [], "sources": []}
-        calls = parse_selection("".join(reply), set(handles))
+        text = "".join(reply)
+        calls = parse_selection(text, set(handles))
         sources: list[dict[str, Any]] = []
         ran: list[dict[str, Any]] = []
         turn = draft.turn
@@ -220,7 +221,10 @@ class LiveAssembler:
             if result.text:
                 sources.append(tool_source(handle.spec.tool_id, name, args, result.text))
         draft.messages = with_tool_context(draft.messages, sources)
-        return {"reply": "".join(reply), "calls": ran, "sources": sources}
+        detail: dict[str, Any] = {"reply": text, "calls": ran, "sources": sources}
+        if first_json_object(text) is None:  # a small model's prose: the answer goes on without tools, and says so
+            detail["warning"] = "tools were not used: the model's tool selection held no JSON object"
+        return detail
 
 
 def _usable(draft: Draft, handles: Mapping[str, ToolHandle]) -> dict[str, ToolHandle]:

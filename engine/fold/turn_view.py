@@ -319,6 +319,8 @@ class TurnView:
             self.warnings.extend(file_warnings(data.get("detail") or {}))
         elif step == "memory" and (data.get("detail") or {}).get("error"):
             self.warnings.append(f"memories were not used: {data['detail']['error']}")
+        elif step == "legacy_tools" and (data.get("detail") or {}).get("warning"):
+            self.warnings.append(str(data["detail"]["warning"]))
         elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
             self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
 
