@@ -19,8 +19,10 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.llama_server import MODEL_ID, LlamaServer
@@ -158,3 +160,124 @@ async def test_cancel_mid_answer_stops_the_generation(real: Service, llama_serve
         if rates[-1] < IDLE:
             break
     assert rates[-1] < IDLE, f"the server still computes after the cancel: {[round(r, 2) for r in rates]} cores"
+
+
+WEATHER_TOOL = """
+class Tools:
+    def get_weather(self, city: str) -> str:
+        \"\"\"The current weather of a city.
+
+        :param city: the city's name
+        \"\"\"
+        return f"{city}: sunny and 21 degrees"
+"""
+
+
+class Relay:
+    """An HTTP relay to the model server that keeps each request body: what
+    turnlog really sent (the server's chat format shows nothing of it)."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target.removesuffix("/v1")
+        self.requests: list[dict[str, Any]] = []
+        self.runner: web.AppRunner | None = None
+        self.url = ""
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_route("*", "/{path:.*}", self.relay)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}/v1"
+
+    async def relay(self, request: web.Request) -> web.StreamResponse:
+        body = await request.read()
+        if body:
+            self.requests.append(json.loads(body))
+        headers = {"Content-Type": request.headers.get("Content-Type", "application/json")}
+        async with aiohttp.ClientSession() as http, http.request(request.method, self.target + request.path_qs, data=body or None, headers=headers) as up:
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": up.headers.get("Content-Type", "application/json")})
+            await resp.prepare(request)
+            async for chunk in up.content.iter_any():
+                await resp.write(chunk)
+            await resp.write_eof()
+            return resp
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+
+@pytest.fixture
+async def relayed(tmp_path: Path, llama_server: LlamaServer) -> AsyncIterator[tuple[Service, Relay]]:
+    """turnlog with a server tool module (``weather``), its upstream the model server behind a relay."""
+    relay = Relay(llama_server.url)
+    await relay.start()
+    tools = tmp_path / "tools"
+    tools.mkdir()
+    (tools / "weather.py").write_text(WEATHER_TOOL)
+    svc = await start_service(make_settings(tmp_path, relay.url, tools_dir=str(tools)), None)
+    try:
+        yield svc, relay
+    finally:
+        await stop_service(svc)
+        await relay.close()
+
+
+WEATHER_QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+async def test_native_tools_with_a_named_tool_choice(relayed: tuple[Service, Relay]) -> None:
+    """``chatml-function-calling`` with ``tool_choice`` naming the tool: the
+    model calls it (the server constrains the arguments to its schema), the
+    tool runs, its result goes to the next call, which answers: the loop ends."""
+    real, relay = relayed
+    choice = {"type": "function", "function": {"name": "get_weather"}}
+    body = {"model": MODEL_ID, "messages": WEATHER_QUESTION, "tool_ids": ["weather"], "tool_choice": choice, **GREEDY}
+    status, answer, headers = await real.post("/v1/chat/completions", body)
+    assert status == 200, answer
+    view = await real.turn(headers["X-Turn-Id"])
+    assert view["status"] == "completed" and view["finish_reason"] == "stop"
+    calls = [i for i in view["output"] if i["type"] == "function_call"]
+    outputs = [i for i in view["output"] if i["type"] == "function_call_output"]
+    assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
+    assert [o["output"] for o in outputs] == ["Paris: sunny and 21 degrees"]
+    first, second = relay.requests  # two model calls: the loop ended on an answer
+    assert first["tool_choice"] == choice and "tool_choice" not in second and second["tools"] == first["tools"]
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": calls[0]["call_id"], "content": "Paris: sunny and 21 degrees"}
+    assert answer["choices"][0]["message"]["content"] == view["content"] and view["content"].strip()
+
+
+def holds_json_object(text: str) -> bool:
+    decoder = json.JSONDecoder()
+    for start in (i for i, c in enumerate(text) if c == "{"):
+        try:
+            if isinstance(decoder.raw_decode(text, start)[0], dict):
+                return True
+        except ValueError:
+            pass
+    return False
+
+
+async def test_prompt_based_tools_with_a_model_that_answers_no_json(relayed: tuple[Service, Relay]) -> None:
+    """``function_calling: "default"``: the model is asked to pick tools as a
+    JSON object; SmolLM2-135M answers prose, so the turn answers without
+    tools and warns. (The selection call is sampled, the server's defaults:
+    should the model ever answer a JSON object, there is no warning.)"""
+    real, relay = relayed
+    body = {"model": MODEL_ID, "messages": WEATHER_QUESTION, "tool_ids": ["weather"], "params": {"function_calling": "default"}, **GREEDY}
+    status, answer, headers = await real.post("/v1/chat/completions", body)
+    assert status == 200, answer
+    view = await real.turn(headers["X-Turn-Id"])
+    assert view["status"] == "completed" and answer["choices"][0]["message"]["content"] == view["content"]
+    selection, main = relay.requests  # the selection, then the answer: no tool loop
+    assert "tools" not in selection and "tools" not in main and "get_weather" in selection["messages"][0]["content"]
+    [step] = [e["data"]["detail"] for e in await real.events(view["id"]) if e["type"] == "assembly.step" and e["data"]["step"] == "legacy_tools"]
+    warning = "tools were not used: the model's tool selection held no JSON object"
+    if holds_json_object(step["reply"]):
+        assert warning not in view["warnings"]
+    else:
+        assert step["calls"] == [] and view["warnings"] == [warning] and answer["turnlog"]["warnings"] == [warning]
+        assert main["messages"] == WEATHER_QUESTION  # no tool results went in

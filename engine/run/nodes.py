@@ -163,11 +163,14 @@ class RequestModel:
 def later_round_params(params: dict[str, Any]) -> dict[str, Any]:
     """The parameters of a model call after a tool round: a ``tool_choice``
     that forces a call (``required``, a named function) held for the first
-    call only and is ``auto`` now, or every round would call a tool again
-    until the round cap (the OpenAI Agents SDK resets it the same way)."""
+    call only, or every round would call a tool again until the round cap
+    (the OpenAI Agents SDK resets it the same way). It is left out rather
+    than set to ``auto``: the same for OpenAI (``auto`` is the default with
+    tools), and llama-cpp-python's ``chatml-function-calling`` refuses a
+    streamed ``auto`` but answers without one."""
     choice = params.get("tool_choice")
     if choice == "required" or isinstance(choice, dict):
-        return {**params, "tool_choice": "auto"}
+        return {k: v for k, v in params.items() if k != "tool_choice"}
     return params
 
 
