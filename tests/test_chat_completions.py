@@ -92,6 +92,13 @@ async def test_usage_counted_when_the_upstream_reports_none(service: Service) ->
             assert last.usage.model_dump(exclude_none=True) == expected
             assert (last.model_extra or {}).get("usage_estimated") is True and view["usage_estimated"] is True
 
+    # The Responses API served over the same upstream: its usage, marked too.
+    service.upstream.enqueue(Reply(chunks=["Hello", " world"], ignore_include_usage=True))
+    status, response, _ = await service.post("/v1/responses", {"model": "gpt-test", "input": "hello world"})
+    assert status == 200, response
+    assert {k: response["usage"][k] for k in ("input_tokens", "output_tokens", "total_tokens")} == {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11}
+    assert response["usage_estimated"] is True
+
 
 async def test_models_listing(service: Service) -> None:
     models = await client(service).models.list()
