@@ -151,7 +151,7 @@ class RequestModel:
                 return await ctx.fail(exc.message, exc.kind, status=exc.status)
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
-            full = ModelRequest(messages=state.messages, params=state.params, prefill=request.prefill)
+            full = ModelRequest(messages=state.messages, params=request.params, prefill=request.prefill)
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
