@@ -327,6 +327,13 @@ class ModelRequest:
 IdFactory = Callable[[str], str]
 
 
+class TokenCounter(Protocol):
+    """Counts a text's tokens in some fixed encoding (the adapters' is OpenAI's
+    ``cl100k_base``): usage for upstreams that report none."""
+
+    def count(self, text: str) -> int: ...
+
+
 class ModelClient(Protocol):
     """Calls a model: the live one goes to the upstream, ``verify``'s replays the log."""
 

@@ -14,6 +14,7 @@ pytest.register_assert_rewrite("tests.oracle")
 from tests.backends import POSTGRES, SERVICE_BACKENDS, Backend, backends_for, make_backend, parse_selection  # noqa: E402
 from tests.documents import EmbeddingServer  # noqa: E402
 from tests.harness import Service, make_settings, start_service, stop_service  # noqa: E402
+from tests.llama_server import llama_server  # noqa: F401, E402  (fixture: a real model server, session-scoped)
 from tests.pg import pg_url  # noqa: F401, E402  (fixture: a fresh PostgreSQL database)
 from tests.upstream import ScriptedUpstream  # noqa: E402
 

@@ -29,11 +29,16 @@ class Service:
     """A running turnlog with its upstream."""
 
     url: str  # http://127.0.0.1:PORT
-    upstream: ScriptedUpstream
+    scripted: ScriptedUpstream | None  # None: a real model server is the upstream
     settings: Settings
     runner: web.AppRunner
     http: aiohttp.ClientSession
     headers: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def upstream(self) -> ScriptedUpstream:
+        assert self.scripted is not None, "this service's upstream is not the scripted one"
+        return self.scripted
 
     @property
     def v1(self) -> str:
@@ -92,7 +97,7 @@ def make_settings(tmp_path: Path, upstream_url: str | None, **overrides: Any) ->
     return load_settings(None, **values)
 
 
-async def start_service(settings: Settings, upstream: ScriptedUpstream, **ports: Any) -> Service:
+async def start_service(settings: Settings, upstream: ScriptedUpstream | None, **ports: Any) -> Service:
     """Run the app on a free loopback port; ``ports`` plug outer-edge adapters
     (e.g. ``code_executor``) into ``create_app``."""
     app = create_app(settings, **ports)
@@ -102,7 +107,7 @@ async def start_service(settings: Settings, upstream: ScriptedUpstream, **ports:
     await site.start()
     port = runner.addresses[0][1]
     http = aiohttp.ClientSession()
-    return Service(url=f"http://127.0.0.1:{port}", upstream=upstream, settings=settings, runner=runner, http=http)
+    return Service(url=f"http://127.0.0.1:{port}", scripted=upstream, settings=settings, runner=runner, http=http)
 
 
 async def verify_all_turns(service: Service, scratch_dir: Path) -> int:

@@ -253,6 +253,21 @@ async def test_direct_tool_without_a_client_is_an_error_result(agent: Service) -
     assert out["status"] == "failed" and "no client is connected" in out["output"]
 
 
+@pytest.mark.parametrize("choice", [{"type": "function", "function": {"name": "add"}}, "required"])
+async def test_a_forced_tool_choice_holds_for_the_first_call_only(agent: Service, choice: object) -> None:
+    """Forced on every call, the model would call a tool each round until the
+    round cap; after the first round it is left out (OpenAI's default: ``auto``)."""
+    up = agent.upstream
+    up.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "f1")), Reply(text="It is 3."))
+    turn_id, body = await run(agent, tool_choice=choice)
+    assert choice == up.requests[0]["tool_choice"] and "tool_choice" not in up.requests[1]
+    assert up.requests[1]["tools"] == up.requests[0]["tools"]  # the model may still call one
+    assert body["choices"][0]["message"]["content"] == "It is 3."
+    view = await check_replay(agent, turn_id, body=body)
+    assert view["status"] == "completed"
+    assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["3"]
+
+
 async def test_three_iterations_replay_exactly(agent: Service) -> None:
     agent.upstream.enqueue(
         tool_reply(call("add", {"a": 1, "b": 1}, "i1"), text="one "),
@@ -342,6 +357,18 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     assert body["choices"][0]["message"]["content"] == "No tools needed."
     step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
     assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
+
+
+async def test_legacy_selection_without_json_answers_without_tools_and_warns(agent: Service) -> None:
+    # A small model answers the selection prompt with prose, not the JSON asked for.
+    agent.upstream.enqueue(Reply(text="You should check the weather in Paris, it is nice."), Reply(text="Hello."))
+    turn_id, body = await run(agent, params={"function_calling": "default"})
+    assert body["choices"][0]["message"]["content"] == "Hello."
+    warning = "tools were not used: the model's tool selection held no JSON object"
+    assert body["turnlog"]["warnings"] == [warning]
+    assert (await agent.turn(turn_id))["warnings"] == [warning]
+    step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
+    assert step["data"]["detail"]["calls"] == [] and "<source" not in agent.upstream.requests[1]["messages"][-1]["content"]
 
 
 async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:

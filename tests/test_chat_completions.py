@@ -60,6 +60,47 @@ async def test_non_streaming_with_the_openai_sdk(service: Service) -> None:
     assert sent["stream"] is True and sent["model"] == "gpt-test"
 
 
+async def test_usage_counted_when_the_upstream_reports_none(service: Service) -> None:
+    """An upstream that ignores ``stream_options.include_usage`` (llama-cpp-python's
+    server): the usage is counted with cl100k and marked as estimated."""
+    messages: list[Any] = [{"role": "user", "content": "hello world"}]
+    service.upstream.enqueue(Reply(chunks=["Hello", " world"], ignore_include_usage=True))
+    sdk = client(service)
+    completion = await sdk.chat.completions.create(model="gpt-test", messages=messages)
+    assert service.upstream.requests[-1]["messages"] == messages  # what was counted
+    # OpenAI's count for chat messages (3 per message, 3 for the reply): 3 + "user"
+    # (1) + "hello world" (2, tiktoken [15339, 1917]) + 3; the answer "Hello world" is [9906, 1917].
+    expected = {"prompt_tokens": 9, "completion_tokens": 2, "total_tokens": 11}
+    assert completion.usage is not None and completion.usage.model_dump(exclude_none=True) == expected
+    assert (completion.model_extra or {}).get("usage_estimated") is True
+    turn_id = completion.id.removeprefix("chatcmpl-")
+    view = await service.turn(turn_id)
+    assert {k: view["usage"][k] for k in expected} == expected and view["usage_estimated"] is True
+    [done] = [e for e in await service.events(turn_id) if e["type"] == "model.completed"]
+    assert done["data"]["usage"] == {**expected, "usage_estimated": True}
+
+    # Streamed, with the usage chunk asked for: the same, on that chunk; an
+    # upstream that reports usage (the scripted one's own numbers) is not marked.
+    for reports in (False, True):
+        service.upstream.enqueue(Reply(chunks=["Hello", " world"], ignore_include_usage=not reports))
+        stream = await sdk.chat.completions.create(model="gpt-test", messages=messages, stream=True, stream_options={"include_usage": True})
+        [last] = [chunk async for chunk in stream if chunk.usage is not None]
+        view = await service.turn(last.id.removeprefix("chatcmpl-"))
+        assert last.choices == [] and last.usage is not None
+        if reports:
+            assert "usage_estimated" not in (last.model_extra or {}) and "usage_estimated" not in view
+        else:
+            assert last.usage.model_dump(exclude_none=True) == expected
+            assert (last.model_extra or {}).get("usage_estimated") is True and view["usage_estimated"] is True
+
+    # The Responses API served over the same upstream: its usage, marked too.
+    service.upstream.enqueue(Reply(chunks=["Hello", " world"], ignore_include_usage=True))
+    status, response, _ = await service.post("/v1/responses", {"model": "gpt-test", "input": "hello world"})
+    assert status == 200, response
+    assert {k: response["usage"][k] for k in ("input_tokens", "output_tokens", "total_tokens")} == {"input_tokens": 9, "output_tokens": 2, "total_tokens": 11}
+    assert response["usage_estimated"] is True
+
+
 async def test_models_listing(service: Service) -> None:
     models = await client(service).models.list()
     assert {m.id for m in models.data} == {"gpt-test", "gpt-other"}

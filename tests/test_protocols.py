@@ -101,8 +101,9 @@ async def test_responses_expired_anchor_falls_back_to_the_full_transcript(respon
     up = responses.upstream
 
     up.enqueue(calls(("slow", {"seconds": 0.5}, "call_1")), Reply(text="It is 5."))
+    forced = {"type": "function", "function": {"name": "slow"}}  # for the first call only, the fallback's too
     request = asyncio.create_task(
-        responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+        responses.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "tool_choice": forced})
     )
     deadline = asyncio.get_running_loop().time() + 10
     while not up.response_ids:  # the first response is stored upstream...
@@ -114,6 +115,8 @@ async def test_responses_expired_anchor_falls_back_to_the_full_transcript(respon
     refused, retried = up.requests[1], up.requests[2]
     assert "previous_response_id" in refused
     assert "previous_response_id" not in retried
+    assert up.requests[0]["tool_choice"] == {"type": "function", "name": "slow"}
+    assert "tool_choice" not in refused and "tool_choice" not in retried
     roles = [i.get("role") or i["type"] for i in retried["input"]]
     assert roles == ["user", "function_call", "function_call_output"]
     events = await responses.events(headers["X-Turn-Id"])

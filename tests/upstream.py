@@ -36,8 +36,9 @@ Chat Completions streaming bytes, in order (each event is ``data: <compact JSON>
 3. content pieces as ``delta: {"content": …}``;
 4. ``tool_calls`` fragments (OpenAI shape, keyed by ``index``);
 5. a finish chunk ``delta: {}`` with ``finish_reason``;
-6. only if the request had ``stream_options.include_usage``: a usage chunk with
-   ``choices: []`` (and, as OpenAI does, ``"usage": null`` on every other chunk);
+6. only if the request had ``stream_options.include_usage`` (and the reply
+   does not ``ignore_include_usage``): a usage chunk with ``choices: []`` (and,
+   as OpenAI does, ``"usage": null`` on every other chunk);
 7. ``data: [DONE]``.
 
 Responses API streaming bytes (each event is ``event: <type>\\ndata: <compact
@@ -251,6 +252,9 @@ class Reply:
     usage: dict[str, Any] | None = None
     """Default: prompt_tokens ~ request chars / 4, completion_tokens = number of
     content + reasoning chunks sent."""
+    ignore_include_usage: bool = False
+    """Chat Completions stream: no usage chunk even when the request asks for
+    one (llama-cpp-python's server ignores ``stream_options.include_usage``)."""
     delay: float = 0.0
     """Seconds to wait before each content/reasoning chunk."""
     status: int = 200
@@ -659,7 +663,7 @@ class ScriptedUpstream:
     async def _stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
         plan = _Plan(body, reply, continues=self.resume == "continue")
         resp = await _prepare_sse(request)
-        include_usage = plan.include_usage
+        include_usage = plan.include_usage and not reply.ignore_include_usage
         comments = reply.comments
 
         async def send(choices: list[dict[str, Any]], usage: Any = None, *, last: bool = False) -> None:

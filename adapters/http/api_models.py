@@ -100,6 +100,7 @@ class ChatCompletion(_Open):
     model: str
     choices: list[Choice]
     usage: Usage | None = None
+    usage_estimated: bool | None = Field(default=None, description="Extension: `true` when turnlog counted the usage (cl100k): the upstream reported none.")
     turnlog: dict[str, Any] | None = Field(default=None, description="Extension: `status` when not completed, `warnings`.")
 
 
@@ -126,6 +127,7 @@ class ChatCompletionChunk(_Open):
     model: str
     choices: list[ChunkChoice]
     usage: Usage | None = None
+    usage_estimated: bool | None = Field(default=None, description="Extension: `true` when turnlog counted the usage (cl100k): the upstream reported none.")
     turnlog: dict[str, Any] | None = Field(default=None, description="Extension: tool progress (`item`), `status`, `warnings`, `sources`, …")
 
 
@@ -151,6 +153,7 @@ class Turn(_Open):
     reasoning_content: str | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    usage_estimated: bool | None = Field(default=None, description="Only when true: some of `usage` was counted by turnlog (cl100k): an upstream reported none.")
     response_ids: list[str]
     error: TurnError | None = None
     warnings: list[Any]

@@ -41,6 +41,7 @@ from adapters.http.auth import auth_middleware
 from adapters.http.context import SERVICES, Services
 from adapters.http.errors import draining_response, error_middleware
 from adapters.images import open_images
+from adapters.knowledge.chunking import Cl100kCounter
 from adapters.knowledge.files import FileKnowledge, KnowledgeSettings
 from adapters.knowledge.memories import Memories
 from adapters.live_pg import PgSignals
@@ -174,6 +175,7 @@ def create_app(
             observer=observers,
             tool_servers=mcp,
             owner_locks=open_owner_locks(settings.database_url),
+            tokens=Cl100kCounter(),
         )
         owners.append(supervisor)
         svc = Services(

@@ -76,7 +76,8 @@ class ChunkRenderer:
     def _usage_chunk(self, usage: dict[str, Any]) -> bytes:
         v = self.view
         head = {"id": completion_id(v.id), "object": "chat.completion.chunk", "created": int(v.created_at or 0), "model": v.model}
-        return _dumps({**head, "choices": [], "usage": usage}).encode()
+        estimated = {"usage_estimated": True} if v.usage_estimated else {}
+        return _dumps({**head, "choices": [], "usage": usage, **estimated}).encode()
 
     @staticmethod
     def _sse(pos: int, payloads: list[bytes]) -> bytes:
@@ -271,6 +272,8 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": view.finish_reason or "stop"}],
         "usage": _openai_usage(view.usage),
     }
+    if view.usage_estimated:  # counted by turnlog: the upstream reported no usage
+        body["usage_estimated"] = True
     extension: dict[str, Any] = {}
     # Answered with only background tasks left: the answer is complete.
     status = "completed" if view.state == "background" else view.status

@@ -409,6 +409,8 @@ class ResponsesRenderer:
         body = {**self._head, "status": status, "output": [dict(i) for i in self.output]}
         if status in ("completed", "incomplete", "failed", "cancelled"):
             body["usage"] = _usage(self.view.usage)
+            if self.view.usage_estimated:  # counted by turnlog: the upstream reported no usage
+                body["usage_estimated"] = True
             body["error"] = self._error
             body["incomplete_details"] = self._incomplete
             if status == "completed":

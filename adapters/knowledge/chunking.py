@@ -96,6 +96,14 @@ def tokenizer() -> Tokenizer:
         return _shared
 
 
+class Cl100kCounter:
+    """The engine's ``TokenCounter`` (usage for upstreams that report none):
+    the process's tokenizer, loaded on the first count, not at start."""
+
+    def count(self, text: str) -> int:
+        return tokenizer().count(text)
+
+
 def _pieces(text: str) -> list[str]:
     """``text`` cut at line breaks (else spaces) into pieces the wrapper accepts;
     BPE never merges across the whitespace it cuts at, so the ids are the same."""

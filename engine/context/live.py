@@ -64,7 +64,7 @@ from engine.settings import EngineSettings
 from engine.tools.approval import asks
 from engine.tools.builtin import wanted_builtins
 from engine.tools.calls import ToolContext, ToolHandle, filter_arguments
-from engine.tools.legacy import build_selection_request, parse_selection, tool_source
+from engine.tools.legacy import build_selection_request, first_json_object, parse_selection, tool_source
 
 
 class LiveAssembler:
@@ -210,7 +210,8 @@ class LiveAssembler:
         except UpstreamError as exc:
             # Tool selection is best effort: the answer goes on without tools.
             return {"model": name, "error": exc.message, "calls": [], "sources": []}
-        calls = parse_selection("".join(reply), set(handles))
+        text = "".join(reply)
+        calls = parse_selection(text, set(handles))
         sources: list[dict[str, Any]] = []
         ran: list[dict[str, Any]] = []
         turn = draft.turn
@@ -227,7 +228,10 @@ class LiveAssembler:
         # Tool results first, then the other sources (Open WebUI's order): the
         # source-context step numbers them all together, once per turn.
         draft.sources[:0] = sources
-        return {"model": name, "reply": "".join(reply), "calls": ran, "sources": sources}
+        detail: dict[str, Any] = {"model": name, "reply": text, "calls": ran, "sources": sources}
+        if first_json_object(text) is None:  # a small model's prose: the answer goes on without tools, and says so
+            detail["warning"] = "tools were not used: the model's tool selection held no JSON object"
+        return detail
 
     async def _selection_model(self, resolved: ResolvedModel, turn_model: str) -> tuple[str, ResolvedModel | None]:
         """The task model (``TURNLOG_TASK_MODEL``, else the turn's own) picks the tools, as in Open WebUI."""

@@ -69,6 +69,7 @@ __all__ = [
     "PieceKind",
     "TagKind",
     "TagSpec",
+    "USAGE_ESTIMATED",
     "merge_usage",
     "normalize_usage",
     "parse_chat_chunk",
@@ -1008,6 +1009,11 @@ def _first_count(usage: Mapping[str, Any], keys: Sequence[str]) -> int | float |
         if value:
             return value
     return None
+
+
+# Set (true) in a recorded usage that turnlog counted itself: the upstream
+# reported none (engine.run.usage).
+USAGE_ESTIMATED: Final = "usage_estimated"
 
 
 def normalize_usage(usage: dict[str, Any]) -> dict[str, Any]:

@@ -33,7 +33,7 @@ from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
 from engine.events import Event
-from engine.fold.accumulator import Accumulator, Piece, merge_usage, normalize_usage
+from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
 from engine.machine import STATUS_AFTER, TurnMachine
 from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
@@ -157,6 +157,7 @@ class TurnView:
         self.status = "running"
         self.error: dict[str, Any] | None = None
         self.usage: dict[str, Any] | None = None
+        self.usage_estimated = False  # some of ``usage`` was counted by turnlog, not reported
         self.response_ids: list[str] = []
         self.finish_reason: str | None = None
         self.warnings: list[str] = []
@@ -348,13 +349,19 @@ class TurnView:
             self.warnings.append(f"memories were not used: {data['detail']['error']}")
         elif step == "web_search_queries" and (data.get("detail") or {}).get("query_warning"):
             self.warnings.append(f"web search: {data['detail']['query_warning']}")
+        elif step == "legacy_tools" and (data.get("detail") or {}).get("warning"):
+            self.warnings.append(str(data["detail"]["warning"]))
         elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
             self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")
-        if data.get("usage"):
-            self.usage = merge_usage(self.usage, normalize_usage(data["usage"]))
+        usage = data.get("usage")
+        if usage:
+            if usage.get(USAGE_ESTIMATED) is True:
+                self.usage_estimated = True
+                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
+            self.usage = merge_usage(self.usage, normalize_usage(usage))
         if data.get("response_id"):
             self.response_ids.append(data["response_id"])
         # Text held back as a possible tag start is released now.
@@ -634,6 +641,8 @@ class TurnView:
             "created_at": self.created_at,
             "updated_at": self.updated_at,
         }
+        if self.usage_estimated:
+            view["usage_estimated"] = True
         if self.parent_turn_id is not None:
             view["parent_turn_id"] = self.parent_turn_id
             view["forked_at"] = self.forked_at

@@ -24,6 +24,7 @@ from engine.ports import (
     NoObserver,
     PayloadStore,
     TaskModel,
+    TokenCounter,
     ToolRunner,
     TurnObserver,
 )
@@ -47,6 +48,9 @@ class TurnPorts:
     task_model: TaskModel  # background tasks
     # Metrics and traces (engine.ports.TurnObserver); verify leaves it a no-op.
     observer: TurnObserver = field(default_factory=NoObserver)
+    # Usage for model calls whose upstream reports none (engine.run.usage);
+    # verify leaves it None: a re-run takes the recorded usage as it is.
+    tokens: TokenCounter | None = None
 
 
 class End:

@@ -67,6 +67,7 @@ from engine.protocols.model_events import (
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
 from engine.run.loop_state import LoopState
+from engine.run.usage import with_usage
 from engine.tools.approval import asks, rejected_output
 from engine.tools.builtin import run_code
 from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_sources, filter_arguments, not_found_message, parse_arguments
@@ -138,7 +139,8 @@ class RequestModel:
             return await ctx.fail(f"model {state.input.model!r} is not available", "model_not_found")
         prefill = (view.acc.content if self.resume and not view.round_closed else None) or None
         extra = dict(resolved.resume_params) if prefill and resolved.resume == "continue" else {}
-        params = {**state.params, **extra} if extra else state.params
+        base = state.params if state.iteration == 0 else later_round_params(state.params)
+        params = {**base, **extra} if extra else base
         # Write-ahead: durable before the request goes out.
         await ctx.record(
             ModelRequested(iteration=state.iteration, prefill=prefill, resumed=self.resume, api=resolved.api, resume_params=extra or None)
@@ -160,13 +162,27 @@ class RequestModel:
                 return await ctx.fail(exc.message, exc.kind, status=exc.status)
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
-            full = ModelRequest(messages=request.messages, params=params, prefill=request.prefill)
+            full = ModelRequest(messages=request.messages, params=request.params, prefill=request.prefill)
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
                 _upstream_failed(ctx, again.kind)
                 return await ctx.fail(again.message, again.kind, status=again.status)
         return Decide() if finished else END
+
+
+def later_round_params(params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of a model call after a tool round: a ``tool_choice``
+    that forces a call (``required``, a named function) held for the first
+    call only, or every round would call a tool again until the round cap
+    (the OpenAI Agents SDK resets it the same way). It is left out rather
+    than set to ``auto``: the same for OpenAI (``auto`` is the default with
+    tools), and llama-cpp-python's ``chatml-function-calling`` refuses a
+    streamed ``auto`` but answers without one."""
+    choice = params.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        return {k: v for k, v in params.items() if k != "tool_choice"}
+    return params
 
 
 def _upstream_failed(ctx: TurnContext, kind: str) -> None:
@@ -185,6 +201,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
     reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
+    if ctx.ports.tokens is not None:
+        reads = with_usage(reads, request, ctx.ports.tokens)
     async for events in _until_code_closed(ctx, reads) if cut else reads:
         # A read's consecutive chunks of one kind go out as one live message
         # (ctx.deltas); anything else in the read waits for those before it.

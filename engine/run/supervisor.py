@@ -43,6 +43,7 @@ from engine.ports import (
     OwnerLocks,
     PageFetcher,
     RemoteControl,
+    TokenCounter,
     ToolCatalog,
     ToolServers,
     TurnObserver,
@@ -108,6 +109,7 @@ class Supervisor:
         observer: TurnObserver | None = None,
         tool_servers: ToolServers | None = None,
         owner_locks: OwnerLocks | None = None,
+        tokens: TokenCounter | None = None,
     ) -> None:
         self.store = store
         self.blobs = blobs
@@ -130,6 +132,7 @@ class Supervisor:
         # the owner holds one: an owner without it is judged by its lease only).
         self.owner_locks = owner_locks
         self.owner = f"proc_{secrets.token_hex(6)}{LOCKED if owner_locks is not None else ''}"
+        self.tokens = tokens  # usage for upstreams that report none
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -341,6 +344,7 @@ class Supervisor:
             filters=self.filters,
             task_model=task_model,
             observer=self.observer,
+            tokens=self.tokens,
         )
 
     def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:
