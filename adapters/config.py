@@ -91,7 +91,7 @@ class Settings(BaseSettings):
     tools_dir: str | None = Field(default=None, description="a folder of server tool modules (`class Tools`; the file name is the tool id)")
     filters_dir: str | None = Field(
         default=None,
-        description="a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [docs/api.md](docs/api.md#filters)",
+        description="a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [filters](../guides/filters.md)",
     )
     max_tool_call_iterations: int = Field(default=256, description="agent-loop cap (`-1` = none)")
     responses_stateful: bool = Field(default=False, description="continue Responses API turns with `previous_response_id`")
@@ -356,7 +356,7 @@ class Settings(BaseSettings):
     # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
     tools: dict[str, ToolSettings] = Field(
         default_factory=dict,
-        description='per-tool settings, by tool id or function name: `approval = "ask"` makes every call of it wait for a person\'s decision ([Tool approval](#tool-approval)); as a variable, JSON: `{"ledger": {"approval": "ask"}}`',
+        description='per-tool settings, by tool id or function name: `approval = "ask"` makes every call of it wait for a person\'s decision ([tool approval](../guides/tool-approval.md)); as a variable, JSON: `{"ledger": {"approval": "ask"}}`',
     )
     # -- faults (README "Operating turnlog") ------------------------------------
     # Seconds a streaming client (SSE, WebSocket) may read nothing while data

@@ -162,7 +162,7 @@ def http_page(document: dict[str, Any]) -> str:
     return (
         HEADER
         + "# HTTP endpoints\n\n"
-        + f"The service's OpenAPI document ([openapi.json](openapi.json), served at `GET /openapi.json`) lists "
+        + "The service's OpenAPI document ([openapi.json](openapi.json), served at `GET /openapi.json`) lists "
         + f"{len(rows)} operations. Their request and response shapes are in the document; "
         + "what they do is in the [API reference](../api.md).\n\n"
         + "| Method | Path | Summary |\n|---|---|---|\n"
