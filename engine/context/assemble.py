@@ -11,44 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.context.extensions import EXTENSION_FIELDS, TURNLOG_PARAMS
 from engine.context.history import History, expand, reconcile, recorded_new
 from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
 
-# Request fields that are turnlog extensions, never forwarded upstream.
-EXTENSION_FIELDS = frozenset(
-    {
-        "chat_id",
-        "history",
-        "features",
-        "files",
-        "tool_ids",
-        "params",
-        "direct_tools",
-        "background_tasks",
-        "metadata",
-        "session_id",
-        "id",
-        "responses",  # what only the Responses API needs (adapters/http/responses_routes.py)
-    }
-)
 # Fields turnlog decides itself for the upstream call.
 CONTROLLED_FIELDS = frozenset({"model", "messages", "stream", "stream_options"})
-# Keys of ``params`` that steer turnlog and are not model parameters (behaviour spec §4.1).
-TURNLOG_PARAMS = frozenset(
-    {
-        "stream_response",
-        "stream_delta_chunk_size",
-        "function_calling",
-        "reasoning_tags",
-        "compact_token_threshold",
-        "system",
-        "note_id",
-        "tool_approval_mode",
-        "model_controls",
-        "max_tool_call_iterations",
-        "custom_params",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -85,6 +53,29 @@ def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str,
             continue
         merged[key] = value
     return merged
+
+
+def params_for_round(params: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """The model parameters of the call in tool round ``iteration`` (0: the
+    turn's first call). A forcing ``tool_choice`` (``"required"``, a named
+    tool) applies to the first call only and later rounds send ``"auto"``, as
+    the OpenAI Agents SDK does: forced on every round, the model could never
+    answer and the loop would run to its cap."""
+    if iteration == 0 or "tool_choice" not in params:
+        return params
+    relaxed = _relaxed_tool_choice(params["tool_choice"])
+    return params if relaxed is None else {**params, "tool_choice": relaxed}
+
+
+def _relaxed_tool_choice(choice: Any) -> Any:
+    """What replaces a forcing ``tool_choice`` after the first call; None when it does not force."""
+    if choice == "required":
+        return "auto"
+    if isinstance(choice, dict):
+        if choice.get("type") == "allowed_tools":  # a restriction: kept, only no longer required
+            return {**choice, "mode": "auto"} if choice.get("mode") == "required" else None
+        return "auto"  # a named function (Chat or Responses shape) or custom tool
+    return None
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
