@@ -272,6 +272,8 @@ class Reply:
     """Interleave ``: keep-alive`` SSE comment lines (SSE APIs only)."""
     response_id: str | None = None
     """The id of the response (Responses: instead of ``resp_…``; Chat: instead of ``chatcmpl-…``)."""
+    retry_after: str | None = None
+    """With ``status`` >= 400: sent as the ``Retry-After`` header (as OpenAI does with a 429)."""
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -611,7 +613,10 @@ class ScriptedUpstream:
             reply = self._queue.popleft() if self._queue else self.default
 
         if reply.status >= 400:
-            return error(reply.status, reply.error_message)
+            refusal = error(reply.status, reply.error_message)
+            if reply.retry_after is not None:
+                refusal.headers["Retry-After"] = reply.retry_after
+            return refusal
 
         transport = request.transport
         if transport is not None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
+from engine.context.assemble import params_for_round
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
 from engine.context.steps import snapshot
 from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
@@ -63,6 +64,7 @@ from engine.protocols.model_events import (
 )
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
+from engine.run.failures import failure_fields
 from engine.run.loop_state import LoopState
 from engine.tools.approval import asks, rejected_output
 from engine.tools.builtin import run_code
@@ -137,7 +139,7 @@ class RequestModel:
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
             messages=state.messages,
-            params=state.params,
+            params=params_for_round(state.params, state.iteration),
             prefill=prefill or None,
             previous_response_id=stateful[0] if stateful else None,
             input_items=stateful[1] if stateful else [],
@@ -147,15 +149,15 @@ class RequestModel:
         except UpstreamError as exc:
             if exc.kind != "previous_response_not_found" or not request.previous_response_id:
                 _upstream_failed(ctx, exc.kind)
-                return await ctx.fail(exc.message, exc.kind, status=exc.status)
+                return await ctx.fail(exc.message, exc.kind, status=exc.status, extra=failure_fields(exc, state.iteration))
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
-            full = ModelRequest(messages=state.messages, params=state.params, prefill=request.prefill)
+            full = ModelRequest(messages=state.messages, params=request.params, prefill=request.prefill)
             try:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
                 _upstream_failed(ctx, again.kind)
-                return await ctx.fail(again.message, again.kind, status=again.status)
+                return await ctx.fail(again.message, again.kind, status=again.status, extra=failure_fields(again, state.iteration))
         return Decide() if finished else END
 
 
