@@ -100,7 +100,9 @@ def turn_error(error: dict[str, Any]) -> TurnError:
     first model call is the client's own request: its status, message and
     param. 429: the client retries after ``Retry-After``. An upstream that
     cannot be reached: 503. Anything else (the operator's key refused, a
-    request turnlog built for a later round, a broken stream) is 502."""
+    request turnlog built for a later round, a broken stream) is a 502
+    ``upstream_error`` whose ``code`` says how; a failure that is not the
+    upstream's (an inlet filter raised) is a 502 whose ``type`` says what."""
     kind = str(error.get("type") or "upstream_error")
     message = str(error.get("message") or "the turn failed")
     status = error.get("status")
@@ -115,7 +117,10 @@ def turn_error(error: dict[str, Any]) -> TurnError:
         )
     if error.get("unreachable"):
         return TurnError(503, message, "service_unavailable_error", "upstream_unavailable", None, UPSTREAM_RETRY_AFTER)
-    return TurnError(502, message, "upstream_error", kind)
+    if kind.startswith("upstream_") or kind == "previous_response_not_found":
+        return TurnError(502, message, "upstream_error", kind)
+    # Not the upstream's (an inlet filter raised, ...): the type says what failed.
+    return TurnError(502, message, kind, str(status) if status is not None else None)
 
 
 def _text(value: Any) -> str | None:
