@@ -63,7 +63,7 @@ def test_the_accepted_fields_are_the_sdks() -> None:
 async def test_the_double_refuses_an_unknown_chat_field_as_openai_does(upstream: ScriptedUpstream) -> None:
     upstream.enqueue(Reply(text="never sent"))
     with pytest.raises(openai.BadRequestError) as caught:
-        await sdk(upstream.url).chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_approval": "ask"})  # type: ignore[arg-type]
+        await sdk(upstream.url).chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_approval": "ask"})
     assert caught.value.status_code == 400
     assert caught.value.body == {
         "message": "Unrecognized request argument supplied: tool_approval",
@@ -74,21 +74,17 @@ async def test_the_double_refuses_an_unknown_chat_field_as_openai_does(upstream:
     assert upstream.pending == 1  # recorded, no reply used up
     assert "tool_approval" in upstream.requests[-1]
     # Fields the vendor accepts pass, streaming or not.
-    done = await sdk(upstream.url).chat.completions.create(
-        model="gpt-test", messages=USER, temperature=0.2, seed=7, store=False, metadata={"a": "b"}  # type: ignore[arg-type]
-    )
+    done = await sdk(upstream.url).chat.completions.create(model="gpt-test", messages=USER, temperature=0.2, seed=7, store=False, metadata={"a": "b"})
     assert done.choices[0].message.content == "never sent"
-    stream = await sdk(upstream.url).chat.completions.create(
-        model="gpt-test", messages=USER, stream=True, stream_options={"include_usage": True}  # type: ignore[arg-type]
-    )
+    stream = await sdk(upstream.url).chat.completions.create(model="gpt-test", messages=USER, stream=True, stream_options={"include_usage": True})
     assert "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 
 
 async def test_the_double_refuses_an_unknown_responses_field(upstream: ScriptedUpstream) -> None:
     with pytest.raises(openai.BadRequestError) as caught:
         await sdk(upstream.url).responses.create(model="gpt-test", input="hi", extra_body={"chat_id": "c1"})
-    assert caught.value.body["param"] == "chat_id"  # type: ignore[index]
-    assert caught.value.body["message"] == "Unrecognized request argument supplied: chat_id"  # type: ignore[index]
+    assert caught.value.body["param"] == "chat_id"
+    assert caught.value.body["message"] == "Unrecognized request argument supplied: chat_id"
     done = await sdk(upstream.url).responses.create(model="gpt-test", input="hi", instructions="Be brief.", max_output_tokens=50)
     assert done.status == "completed"
 
@@ -223,7 +219,7 @@ async def test_a_clients_own_bad_field_is_its_400(svc: Service) -> None:
     client = sdk(svc.v1)
     svc.upstream.enqueue(Reply(text="never sent"))
     with pytest.raises(openai.BadRequestError) as caught:
-        await client.chat.completions.create(model="gpt-test", messages=USER, extra_body={"bogus_field": 1})  # type: ignore[arg-type]
+        await client.chat.completions.create(model="gpt-test", messages=USER, extra_body={"bogus_field": 1})
     assert caught.value.status_code == 400
     assert caught.value.body == {
         "message": "Unrecognized request argument supplied: bogus_field",
@@ -235,7 +231,7 @@ async def test_a_clients_own_bad_field_is_its_400(svc: Service) -> None:
 
 
 async def test_a_clients_own_bad_field_in_a_stream_is_the_same_error_object(svc: Service) -> None:
-    stream = await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER, stream=True, extra_body={"bogus_field": 1})  # type: ignore[arg-type]
+    stream = await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER, stream=True, extra_body={"bogus_field": 1})
     with pytest.raises(openai.APIError) as caught:
         async for _chunk in stream:
             pass
@@ -252,7 +248,7 @@ async def test_a_422_on_the_first_call_is_the_clients(svc: Service) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as caught:
         await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER, temperature=2)
     assert caught.value.status_code == 422
-    assert caught.value.body["message"] == "'temperature' must be <= 2"  # type: ignore[index]
+    assert caught.value.body["message"] == "'temperature' must be <= 2"
 
 
 async def test_a_400_on_a_later_round_is_a_502(svc: Service) -> None:
@@ -261,10 +257,10 @@ async def test_a_400_on_a_later_round_is_a_502(svc: Service) -> None:
         Reply(status=400, error_message="Invalid 'messages[2]': turnlog built it wrong"),
     )
     with pytest.raises(openai.InternalServerError) as caught:
-        await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_ids": ["clock"]})  # type: ignore[arg-type]
+        await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER, extra_body={"tool_ids": ["clock"]})
     assert caught.value.status_code == 502
-    assert caught.value.body["type"] == "upstream_error"  # type: ignore[index]
-    assert "turnlog built it wrong" in caught.value.body["message"]  # type: ignore[index]
+    assert caught.value.body["type"] == "upstream_error"
+    assert "turnlog built it wrong" in caught.value.body["message"]
 
 
 @pytest.mark.parametrize("status", [401, 403])
@@ -273,8 +269,8 @@ async def test_the_operators_key_refused_is_a_502(svc: Service, status: int) -> 
     with pytest.raises(openai.InternalServerError) as caught:
         await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER)
     assert caught.value.status_code == 502
-    assert caught.value.body["type"] == "upstream_error"  # type: ignore[index]
-    assert "Incorrect API key provided" in caught.value.body["message"]  # type: ignore[index]
+    assert caught.value.body["type"] == "upstream_error"
+    assert "Incorrect API key provided" in caught.value.body["message"]
 
 
 @pytest.mark.parametrize(("sent", "told"), [("17", "17"), ("0.2", "1"), (None, "5")], ids=["seconds", "rounded-up", "default"])
@@ -284,7 +280,7 @@ async def test_a_429_is_a_429_with_retry_after(svc: Service, sent: str | None, t
         await sdk(svc.v1).chat.completions.create(model="gpt-test", messages=USER)
     assert caught.value.status_code == 429
     assert caught.value.response.headers["Retry-After"] == told
-    assert "Rate limit reached" in caught.value.body["message"]  # type: ignore[index]
+    assert "Rate limit reached" in caught.value.body["message"]
 
 
 async def test_an_unreachable_upstream_is_a_503(tmp_path: Path, database_url: str, tools_dir: Path) -> None:
@@ -296,7 +292,7 @@ async def test_an_unreachable_upstream_is_a_503(tmp_path: Path, database_url: st
         with pytest.raises(openai.APIStatusError) as caught:
             await sdk(service.v1).chat.completions.create(model="gpt-test", messages=USER)
         assert caught.value.status_code == 503
-        assert caught.value.body["code"] == "upstream_unavailable"  # type: ignore[index]
+        assert caught.value.body["code"] == "upstream_unavailable"
         assert caught.value.response.headers["Retry-After"]
     finally:
         await stop_service(service)
@@ -307,8 +303,8 @@ async def test_the_responses_api_answers_the_clients_400(svc: Service) -> None:
     body = {"params": {"custom_params": {"bogus_field": 1}}}
     with pytest.raises(openai.BadRequestError) as caught:
         await sdk(svc.v1).responses.create(model="gpt-test", input="hi", extra_body=body)
-    assert caught.value.body["param"] == "bogus_field"  # type: ignore[index]
-    assert caught.value.body["message"] == "Unrecognized request argument supplied: bogus_field"  # type: ignore[index]
+    assert caught.value.body["param"] == "bogus_field"
+    assert caught.value.body["message"] == "Unrecognized request argument supplied: bogus_field"
 
 
 async def test_a_responses_stream_gets_the_error_event_then_failed(svc: Service) -> None:
@@ -316,7 +312,7 @@ async def test_a_responses_stream_gets_the_error_event_then_failed(svc: Service)
     stream = await sdk(svc.v1).responses.create(model="gpt-test", input="hi", stream=True, extra_body=body)
     events = [event async for event in stream]
     error = next(e for e in events if e.type == "error")
-    assert (error.param, error.message) == ("bogus_field", "Unrecognized request argument supplied: bogus_field")  # type: ignore[union-attr]
+    assert (error.param, error.message) == ("bogus_field", "Unrecognized request argument supplied: bogus_field")
     assert events[-1].type == "response.failed"
 
 
