@@ -215,6 +215,15 @@ async def test_auto_and_none_are_kept_on_every_round(svc: Service) -> None:
 # -- upstream errors, as the client sees them ------------------------------------------
 
 
+async def _verified_failed(service: Service, turn_id: str) -> dict[str, Any]:
+    """The failed turn's view, once a re-run of its engine recorded the same failure."""
+    status, result = await service.get(f"/v1/turns/{turn_id}/verify")
+    assert status == 200 and result["ok"], result
+    view = await service.turn(turn_id)
+    assert view["status"] == "failed", view
+    return view
+
+
 async def test_a_clients_own_bad_field_is_its_400(svc: Service) -> None:
     client = sdk(svc.v1)
     svc.upstream.enqueue(Reply(text="never sent"))
@@ -227,7 +236,7 @@ async def test_a_clients_own_bad_field_is_its_400(svc: Service) -> None:
         "param": "bogus_field",
         "code": None,
     }
-    assert caught.value.response.headers["X-Turn-Id"]
+    await _verified_failed(svc, caught.value.response.headers["X-Turn-Id"])
 
 
 async def test_a_clients_own_bad_field_in_a_stream_is_the_same_error_object(svc: Service) -> None:
@@ -281,6 +290,8 @@ async def test_a_429_is_a_429_with_retry_after(svc: Service, sent: str | None, t
     assert caught.value.status_code == 429
     assert caught.value.response.headers["Retry-After"] == told
     assert "Rate limit reached" in caught.value.body["message"]
+    view = await _verified_failed(svc, caught.value.response.headers["X-Turn-Id"])
+    assert view["error"]["status"] == 429
 
 
 async def test_an_unreachable_upstream_is_a_503(tmp_path: Path, database_url: str, tools_dir: Path) -> None:
