@@ -25,6 +25,7 @@ import pytest
 from openai.resources.chat.completions import AsyncCompletions
 from openai.resources.responses import AsyncResponses
 
+from engine.context.assemble import params_for_round
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 from tests.vendor_fields import CHAT_FIELDS, RESPONSES_FIELDS
@@ -210,6 +211,31 @@ async def test_auto_and_none_are_kept_on_every_round(svc: Service) -> None:
     status, data, _ = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["clock"], "tool_choice": "auto"})
     assert status == 200, data
     assert [r["tool_choice"] for r in svc.upstream.requests] == ["auto", "auto"]
+
+
+CHAT_ALLOWED = {"type": "allowed_tools", "allowed_tools": {"mode": "required", "tools": [{"type": "function", "function": {"name": "now"}}]}}
+RESPONSES_ALLOWED = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "now"}]}
+
+
+@pytest.mark.parametrize(
+    ("choice", "later"),
+    [
+        ("required", "auto"),
+        ({"type": "function", "function": {"name": "now"}}, "auto"),
+        ({"type": "function", "name": "now"}, "auto"),
+        ("auto", "auto"),
+        ("none", "none"),
+        (CHAT_ALLOWED, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": CHAT_ALLOWED["allowed_tools"]["tools"]}}),
+        (RESPONSES_ALLOWED, {**RESPONSES_ALLOWED, "mode": "auto"}),
+    ],
+)
+def test_params_for_round(choice: Any, later: Any) -> None:
+    params = {"tool_choice": choice, "temperature": 0.1}
+    assert params_for_round(params, 0) == params
+    assert params_for_round(params, 1) == {"tool_choice": later, "temperature": 0.1}
+    assert params_for_round(params, 3) == {"tool_choice": later, "temperature": 0.1}
+    assert params["tool_choice"] == choice  # the recorded params are not changed
+    assert params_for_round({"temperature": 0.1}, 2) == {"temperature": 0.1}
 
 
 # -- upstream errors, as the client sees them ------------------------------------------

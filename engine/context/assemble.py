@@ -73,9 +73,18 @@ def _relaxed_tool_choice(choice: Any) -> Any:
         return "auto"
     if isinstance(choice, dict):
         if choice.get("type") == "allowed_tools":  # a restriction: kept, only no longer required
-            return {**choice, "mode": "auto"} if choice.get("mode") == "required" else None
+            return _allowed_tools_auto(choice)
         return "auto"  # a named function (Chat or Responses shape) or custom tool
     return None
+
+
+def _allowed_tools_auto(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """An ``allowed_tools`` choice with mode ``auto`` (Chat nests it under
+    ``allowed_tools``, Responses does not); None when it does not require."""
+    nested = choice.get("allowed_tools")
+    if isinstance(nested, dict):
+        return {**choice, "allowed_tools": {**nested, "mode": "auto"}} if nested.get("mode") == "required" else None
+    return {**choice, "mode": "auto"} if choice.get("mode") == "required" else None
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
