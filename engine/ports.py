@@ -198,18 +198,42 @@ class BlobStore(Protocol):
 # -- the upstream model ------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class UpstreamErrorDetail:
+    """An upstream's HTTP error as it gave it: the error object's ``message``,
+    ``param`` and ``code``, and its ``Retry-After`` (seconds) if it sent one."""
+
+    message: str
+    param: str | None = None
+    code: str | None = None
+    retry_after: float | None = None
+
+
 class UpstreamError(Exception):
     """The upstream failed: HTTP error status, transport error, timeout, truncation.
 
     A plain exception class (not a frozen dataclass): Python sets
     ``__traceback__`` and ``__context__`` on what it raises."""
 
-    def __init__(self, message: str, kind: str = "upstream_error", status: int | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        kind: str = "upstream_error",
+        status: int | None = None,
+        *,
+        upstream: UpstreamErrorDetail | None = None,
+        unreachable: bool = False,
+    ) -> None:
         super().__init__(message)
         self.message = message
         # upstream_http_error | upstream_disconnected | upstream_timeout | upstream_truncated | ...
         self.kind = kind
         self.status = status
+        # What an HTTP error's body and headers said (its message, param, code, Retry-After).
+        self.upstream = upstream
+        # No connection could be made (refused, unresolvable, connect timeout):
+        # the upstream could not be asked at all.
+        self.unreachable = unreachable
 
     def __str__(self) -> str:
         return self.message

@@ -13,8 +13,10 @@ code:
   elsewhere, CRLF, Python-formatted JSON, tool calls, an in-stream error), the
   client's bytes — turn id and ``created`` blanked — equal ``*.expected``,
   written by the version before this change (commit 4596ed0) from the same
-  stream with this module's ``client_bytes``. A reconnect from the log gets the
-  same bytes, and every turn verifies (``stop_service``).
+  stream with this module's ``client_bytes`` (the error chunk since made the
+  whole OpenAI error object: ``code`` says how the upstream failed, and
+  ``param``). A reconnect from the log gets the same bytes, and every turn
+  verifies (``stop_service``).
 """
 
 from __future__ import annotations

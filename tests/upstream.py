@@ -71,6 +71,14 @@ not know is answered HTTP 400 ``{"error": {"message": "Previous response with id
 "code": "previous_response_not_found"}}``; the request is recorded but *no reply
 is used up*. ``forget_responses()`` simulates expiry.
 
+Request fields (``/v1/chat/completions``, ``/v1/responses``): a top-level field
+the vendor does not accept (the installed ``openai`` SDK's request types say
+which: ``tests.vendor_fields``) is answered as OpenAI answers it, HTTP 400
+``{"error": {"message": "Unrecognized request argument supplied: NAME", "type":
+"invalid_request_error", "param": "NAME", "code": null}}``; the request is
+recorded but *no reply is used up*. ``/api/chat`` ignores unknown fields, as
+Ollama does.
+
 Tool-call bookkeeping (``/v1/chat/completions``), checked as the Chat Completions
 API checks it, so a test sees the 400 a real upstream would give a malformed
 transcript: an assistant message with ``tool_calls`` must be followed at once by
@@ -187,6 +195,8 @@ from typing import Any
 
 from aiohttp import web
 
+from tests.vendor_fields import unknown_field_error
+
 __all__ = ["EMBEDDING_FAULTS", "FAULTS", "EmbeddingReply", "Reply", "ScriptedUpstream", "hashed_embedding"]
 
 FAULTS = ("disconnect", "truncate", "malformed", "hang")
@@ -270,6 +280,8 @@ class Reply:
     """Interleave ``: keep-alive`` SSE comment lines (SSE APIs only)."""
     response_id: str | None = None
     """The id of the response (Responses: instead of ``resp_…``; Chat: instead of ``chatcmpl-…``)."""
+    retry_after: str | None = None
+    """With ``status`` >= 400: sent as the ``Retry-After`` header (as OpenAI does with a 429)."""
 
     def __post_init__(self) -> None:
         if self.fault is not None and self.fault not in FAULTS:
@@ -587,19 +599,23 @@ class ScriptedUpstream:
         if not isinstance(body, dict):
             return error(400, "The request body must be a JSON object.")
         kind = _task_kind(body)
+        # A field the vendor does not accept: its 400, recorded, no reply used up.
+        refused = unknown_field_error(request.path, body)
         task_reply: Reply | None = None
         if kind is not None:
             self.task_requests.append(body)
             task_reply = next((r for k, r in self.task_replies if k == kind), None)
-            if task_reply is not None:
+            if task_reply is not None and refused is None:
                 self.task_replies.remove((kind, task_reply))
-            else:
+            elif task_reply is None:
                 task_reply = Reply(text=TASK_DEFAULTS[kind])
         else:
             self.requests.append(body)
             self.request_bodies.append(await request.read())
             self.request_headers.append(dict(request.headers))
             self.request_paths.append(request.path)
+        if refused is not None:
+            return web.json_response(refused, status=400)
 
         previous = body.get("previous_response_id") if request.path == "/v1/responses" else None
         if previous is not None and previous not in self.response_ids:
@@ -615,7 +631,10 @@ class ScriptedUpstream:
             reply = self._queue.popleft() if self._queue else self.default
 
         if reply.status >= 400:
-            return error(reply.status, reply.error_message)
+            refusal = error(reply.status, reply.error_message)
+            if reply.retry_after is not None:
+                refusal.headers["Retry-After"] = reply.retry_after
+            return refusal
 
         transport = request.transport
         if transport is not None:

@@ -13,7 +13,7 @@ from adapters.http.auth import USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
 from adapters.http.direct_sse import DirectSSE, Renderer
-from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, error_response, unavailable_response
+from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, turn_error, unavailable_response
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from adapters.http.stall import StallGuard
@@ -56,14 +56,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
             headers=headers,
         )
     if view.status == "failed":
-        error = view.error or {}
-        return error_response(
-            502,
-            error.get("message", "upstream failed"),
-            error.get("type", "upstream_error"),
-            str(error.get("status")) if error.get("status") else None,
-            headers=headers,
-        )
+        answer = turn_error(view.error or {})
+        return web.json_response(answer.body(), status=answer.status, headers={**headers, **answer.headers()})
     return web.json_response(completion_body(view), headers=headers)
 
 

@@ -8,6 +8,8 @@ logged with its traceback and still answered in the same shape.
 from __future__ import annotations
 
 import logging
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -67,6 +69,69 @@ def draining_response() -> web.Response:
     response = unavailable_response("this instance is shutting down; retry the request", "draining", DRAIN_RETRY_AFTER)
     response.force_close()
     return response
+
+
+#: Seconds a client is told to wait after an upstream's 429 or while it cannot be
+#: reached, when the upstream itself said nothing.
+UPSTREAM_RETRY_AFTER = 5
+
+
+@dataclass(frozen=True)
+class TurnError:
+    """A failed turn's answer to its client (HTTP status, the OpenAI error
+    object, ``Retry-After``), from the error its ``turn.failed`` recorded."""
+
+    status: int
+    message: str
+    type: str
+    code: str | None = None
+    param: str | None = None
+    retry_after: int | None = None
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.code, self.param)
+
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after is None else {"Retry-After": str(self.retry_after)}
+
+
+def turn_error(error: dict[str, Any]) -> TurnError:
+    """How a turn's failure is answered. An upstream's 400/422 on the turn's
+    first model call is the client's own request: its status, message and
+    param. 429: the client retries after ``Retry-After``. An upstream that
+    cannot be reached: 503. Anything else (the operator's key refused, a
+    request turnlog built for a later round, a broken stream) is a 502
+    ``upstream_error`` whose ``code`` says how; a failure that is not the
+    upstream's (an inlet filter raised) is a 502 whose ``type`` says what."""
+    kind = str(error.get("type") or "upstream_error")
+    message = str(error.get("message") or "the turn failed")
+    status = error.get("status")
+    found = error.get("upstream")
+    upstream: dict[str, Any] = found if isinstance(found, dict) else {}
+    if kind == "upstream_http_error" and status in (400, 422) and error.get("iteration") == 0:
+        own = str(upstream.get("message") or message)
+        return TurnError(status, own, "invalid_request_error", _text(upstream.get("code")), _text(upstream.get("param")))
+    if status == 429:
+        return TurnError(
+            429, message, "rate_limit_error", _text(upstream.get("code")) or "rate_limit_exceeded", None, _seconds(upstream.get("retry_after"))
+        )
+    if error.get("unreachable"):
+        return TurnError(503, message, "service_unavailable_error", "upstream_unavailable", None, UPSTREAM_RETRY_AFTER)
+    if kind.startswith("upstream_") or kind == "previous_response_not_found":
+        return TurnError(502, message, "upstream_error", kind)
+    # Not the upstream's (an inlet filter raised, ...): the type says what failed.
+    return TurnError(502, message, kind, str(status) if status is not None else None)
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _seconds(value: Any) -> int:
+    """A ``Retry-After`` in whole seconds (rounded up: never earlier than asked)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 86_400:
+        return max(1, math.ceil(value))
+    return UPSTREAM_RETRY_AFTER
 
 
 def not_found(what: str) -> ApiError:

@@ -15,6 +15,7 @@ from typing import Any
 
 import orjson
 
+from adapters.http.errors import turn_error
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
 from engine.fold.turn_view import TurnView
@@ -228,8 +229,8 @@ class ChunkRenderer:
             return [*payloads, self._chunk({}, finish="stop", extra={"turnlog": {"status": "cancelled"}})]
         if t == "turn.failed":
             self.done = True
-            error = event.data.get("error", {})
-            payload = {"error": {"message": error.get("message", "turn failed"), "type": error.get("type", "upstream_error"), "code": error.get("status")}}
+            # The object a request that failed before its stream would get as its body.
+            payload = turn_error(event.data.get("error") or {}).body()
             return [*payloads, _dumps(payload).encode()]
         return payloads
 

@@ -97,6 +97,16 @@ PARAMS: dict[str, str] = {
     "response_id": "A response id (`resp_<turn id>`).",
 }
 
+def _turn_failures() -> dict[int, Reply]:
+    """How a turn that failed upstream is answered (not streamed, not in the background)."""
+    return {
+        422: Reply("The upstream refused the turn's first model call with a 422: the client's own fields (its message and `param`; a 400 is answered 400 alike).", json_(m.ErrorResponse), TURN_HEADERS),
+        429: Reply("The upstream's rate limit: retry after `Retry-After` seconds.", json_(m.ErrorResponse), TURN_HEADERS),
+        502: Reply("The turn failed upstream (`upstream_error`, `code` says how) or in an inlet filter (the turn is recorded as `failed`).", json_(m.ErrorResponse), TURN_HEADERS),
+        503: Reply("The upstream cannot be reached (`upstream_unavailable`), with `Retry-After`.", json_(m.ErrorResponse), TURN_HEADERS),
+    }
+
+
 _TURN_ERRORS = (404, 409)
 _BODY = (400, 413)
 
@@ -114,7 +124,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 {"application/json": Media("json", m.ChatCompletion), "text/event-stream": SSE_CHUNKS},
                 TURN_HEADERS,
             ),
-            502: Reply("`stream: false`: the turn failed upstream (the turn is recorded as `failed`).", json_(m.ErrorResponse), TURN_HEADERS),
+            **_turn_failures(),
         },
         errors=(*_BODY, 404),
         body=json_(ChatRequest),
@@ -177,7 +187,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
                 "`stream: false`: the `response` (with `background: true` at once, `queued`); `stream: true`: its typed SSE events.",
                 {"application/json": Media("json", m.ResponseObject), "text/event-stream": SSE_RESPONSE_EVENTS},
                 TURN_HEADERS,
-            )
+            ),
+            **_turn_failures(),
         },
         errors=(*_BODY, 404, 409),
         body=json_(ResponsesRequest),

@@ -18,6 +18,7 @@ from typing import Any
 
 import orjson
 
+from adapters.http.errors import turn_error
 from engine.events import Event
 from engine.fold.turn_view import TurnView
 from engine.ports import LiveDeltas
@@ -469,8 +470,10 @@ class ResponsesRenderer:
             self._finish("cancelled", "response.incomplete")
         elif t == "turn.failed":
             self._close_item("incomplete")
-            error = event.data.get("error") or {}
-            self._error = {"code": "server_error", "message": str(error.get("message") or "the turn failed")}
+            answer = turn_error(event.data.get("error") or {})
+            self._error = {"code": answer.code or answer.type, "message": answer.message, "param": answer.param}
+            # The error object a request refused before its stream gets, then the failed response.
+            self._event("error", dict(self._error))
             self._finish("failed", "response.failed")
 
     def render(self, outs: list[Out]) -> bytes:

@@ -23,7 +23,7 @@ from adapters.http.auth import USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import serve_sse, start_turn
 from adapters.http.context import Services, services
-from adapters.http.errors import ApiError
+from adapters.http.errors import ApiError, turn_error
 from adapters.http.response_deletions import ResponseDeletions
 from adapters.http.responses_format import (
     RECORD_KEY,
@@ -196,7 +196,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     # stopped writing midway.
     history = actor.history()
     events = history if history is not None and not actor.lost else await svc.store.read(actor.turn_id)
-    obj, _ = _folded(actor.turn_id, events)
+    obj, view = _folded(actor.turn_id, events)
+    if view.status == "failed":
+        # As the Responses API answers a request it refuses: an error, not a response.
+        answer = turn_error(view.error or {})
+        return web.json_response(answer.body(), status=answer.status, headers={**headers, **answer.headers()})
     return web.json_response(obj, headers=headers)
 
 

@@ -27,7 +27,7 @@ from adapters.http.auth import USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
-from adapters.http.errors import ApiError
+from adapters.http.errors import ApiError, turn_error
 from adapters.http.schemas import parse_chat_request, parse_json
 from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
@@ -246,6 +246,8 @@ class Connection:
                                 await self._send_resumed(turn_id, item)
                             elif item.type == "tool.approval_requested":
                                 out.append(_encode({"type": "approval:request", "turn_id": turn_id, **approval_request(item)}))
+                            elif item.type == "turn.failed":
+                                out.append(_encode(_failed_message(turn_id, item)))
                         elif isinstance(item, LiveDeltas):
                             hold = False
                             if deltas:
@@ -280,6 +282,23 @@ class Connection:
     def close(self) -> None:
         for task in self.pumps.values():
             task.cancel()
+
+
+def _failed_message(turn_id: str, event: Event) -> dict[str, Any]:
+    """The ``error`` message of a failed turn: what an HTTP request for it is
+    answered (its status, the error object, ``retry_after``)."""
+    answer = turn_error(event.data.get("error") or {})
+    message: dict[str, Any] = {
+        "type": "error",
+        "turn_id": turn_id,
+        "message": answer.message,
+        "code": answer.code or answer.type,
+        "status": answer.status,
+        "param": answer.param,
+    }
+    if answer.retry_after is not None:
+        message["retry_after"] = answer.retry_after
+    return message
 
 
 def _deltas_option(message: dict[str, Any]) -> bool:

@@ -52,7 +52,7 @@ import aiohttp
 import orjson
 
 from adapters.providers.sse import SSEEvent
-from engine.ports import RawChunk, RawWarning, UpstreamError
+from engine.ports import RawChunk, RawWarning, UpstreamError, UpstreamErrorDetail
 
 __all__ = ["Framer", "HTTPProvider", "NDJSONLines", "error_text_from_obj", "truncate"]
 
@@ -199,11 +199,15 @@ class HTTPProvider:
         if isinstance(exc, aiohttp.ConnectionTimeoutError) or (
             isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)
         ):
-            return self._error("upstream_timeout", f"upstream connect timed out after {self.connect_timeout:g}s")
+            error = self._error("upstream_timeout", f"upstream connect timed out after {self.connect_timeout:g}s")
+            error.unreachable = True
+            return error
         if isinstance(exc, TimeoutError):
             return self._error("upstream_timeout", f"upstream sent nothing for {self.idle_timeout:g}s ({what})")
         if isinstance(exc, aiohttp.ClientConnectorError):
-            return self._error("upstream_disconnected", f"cannot connect to upstream: {exc}")
+            error = self._error("upstream_disconnected", f"cannot connect to upstream: {exc}")
+            error.unreachable = True
+            return error
         if isinstance(exc, aiohttp.ClientPayloadError):
             detail = "the response body ended before it was complete"
         elif isinstance(exc, aiohttp.ServerDisconnectedError):
@@ -229,7 +233,22 @@ class HTTPProvider:
         message = f"upstream returned HTTP {status}"
         if text:
             message += f": {truncate(text, MAX_MESSAGE)}"
-        return self._error(self._http_error_kind(status, body, text), message, status)
+        error = self._error(self._http_error_kind(status, body, text), message, status)
+        error.upstream = self._error_detail(body, text, resp.headers)
+        return error
+
+    def _error_detail(self, body: Any, text: str, headers: Any) -> UpstreamErrorDetail:
+        """The HTTP error as the upstream gave it (scrubbed like the message):
+        what a client's own bad request is answered with."""
+        err = body.get("error") if isinstance(body, dict) else None
+        err = err if isinstance(err, dict) else {}
+        param, code = err.get("param"), err.get("code")
+        return UpstreamErrorDetail(
+            message=self._scrub(truncate(text, MAX_MESSAGE)),
+            param=self._scrub(param) if isinstance(param, str) else None,
+            code=self._scrub(code) if isinstance(code, str) else None,
+            retry_after=retry_after_seconds(headers),
+        )
 
     def _stream_error(self, obj: dict[str, Any], kind: str = "upstream_error") -> UpstreamError:
         text = error_text_from_obj(obj) or json.dumps(obj)
@@ -408,6 +427,22 @@ def _parse(raw: bytes) -> Any:
         return loads(raw)
     except ValueError:
         return None
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """An HTTP ``Retry-After`` in seconds (OpenAI's ``retry-after-ms`` first);
+    None when absent or not a number (a date is not worth trusting)."""
+    for name, scale in (("retry-after-ms", 0.001), ("Retry-After", 1.0)):
+        value = headers.get(name) if headers is not None else None
+        if value is None:
+            continue
+        try:
+            seconds = float(value) * scale
+        except ValueError:
+            continue
+        if seconds >= 0 and seconds == seconds and seconds != float("inf"):
+            return seconds
+    return None
 
 
 def truncate(text: str, limit: int) -> str:

@@ -11,44 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from engine.context.extensions import EXTENSION_FIELDS, TURNLOG_PARAMS
 from engine.context.history import History, expand, reconcile, recorded_new
 from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
 
-# Request fields that are turnlog extensions, never forwarded upstream.
-EXTENSION_FIELDS = frozenset(
-    {
-        "chat_id",
-        "history",
-        "features",
-        "files",
-        "tool_ids",
-        "params",
-        "direct_tools",
-        "background_tasks",
-        "metadata",
-        "session_id",
-        "id",
-        "responses",  # what only the Responses API needs (adapters/http/responses_routes.py)
-    }
-)
 # Fields turnlog decides itself for the upstream call.
 CONTROLLED_FIELDS = frozenset({"model", "messages", "stream", "stream_options"})
-# Keys of ``params`` that steer turnlog and are not model parameters (behaviour spec §4.1).
-TURNLOG_PARAMS = frozenset(
-    {
-        "stream_response",
-        "stream_delta_chunk_size",
-        "function_calling",
-        "reasoning_tags",
-        "compact_token_threshold",
-        "system",
-        "note_id",
-        "tool_approval_mode",
-        "model_controls",
-        "max_tool_call_iterations",
-        "custom_params",
-    }
-)
 
 
 @dataclass(frozen=True)
@@ -85,6 +53,35 @@ def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str,
             continue
         merged[key] = value
     return merged
+
+
+def params_for_round(params: dict[str, Any], iteration: int) -> dict[str, Any]:
+    """The model parameters of the call in tool round ``iteration`` (0: the
+    turn's first call). A forcing ``tool_choice`` (``"required"``, a named
+    tool) applies to the first call only, as the OpenAI Agents SDK resets it:
+    forced on every round, the model could never answer and the loop would run
+    to its cap. Later rounds leave it out, which is ``auto`` wherever tools are
+    sent (OpenAI's default) and which servers that refuse an explicit streamed
+    ``auto`` (llama-cpp-python's) accept; an ``allowed_tools`` restriction is
+    kept with mode ``auto``."""
+    if iteration == 0 or "tool_choice" not in params:
+        return params
+    choice = params["tool_choice"]
+    if isinstance(choice, dict) and choice.get("type") == "allowed_tools":
+        relaxed = _allowed_tools_auto(choice)
+        return params if relaxed is None else {**params, "tool_choice": relaxed}
+    if choice == "required" or isinstance(choice, dict):  # a named function (Chat or Responses shape) or custom tool
+        return {k: v for k, v in params.items() if k != "tool_choice"}
+    return params
+
+
+def _allowed_tools_auto(choice: dict[str, Any]) -> dict[str, Any] | None:
+    """An ``allowed_tools`` choice with mode ``auto`` (Chat nests it under
+    ``allowed_tools``, Responses does not); None when it does not require."""
+    nested = choice.get("allowed_tools")
+    if isinstance(nested, dict):
+        return {**choice, "allowed_tools": {**nested, "mode": "auto"}} if nested.get("mode") == "required" else None
+    return {**choice, "mode": "auto"} if choice.get("mode") == "required" else None
 
 
 def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:

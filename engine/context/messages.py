@@ -22,25 +22,13 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from engine.context.extensions import TURNLOG_PARAMS
+
 Message = dict[str, Any]
 
 #: Spec §4.1: keys of ``params`` that steer Open WebUI / turnlog and are never
-#: model parameters. ``max_tool_call_iterations`` is turnlog's own addition
-#: (it steers the agent loop, see ``engine.context.assemble.TURNLOG_PARAMS``).
-OWUI_ONLY_PARAMS = frozenset(
-    {
-        "stream_response",
-        "stream_delta_chunk_size",
-        "function_calling",
-        "reasoning_tags",
-        "compact_token_threshold",
-        "system",
-        "note_id",
-        "tool_approval_mode",
-        "model_controls",
-        "max_tool_call_iterations",
-    }
-)
+#: model parameters: the one list, ``engine.context.extensions.TURNLOG_PARAMS``.
+OWUI_ONLY_PARAMS = TURNLOG_PARAMS
 
 #: Ollama ``/api/chat`` fields that live at the top level of the body, not in
 #: ``options`` (Ollama ignores them inside ``options``).

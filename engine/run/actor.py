@@ -31,6 +31,7 @@ import time
 from bisect import bisect_left
 from collections import deque
 from itertools import accumulate
+from typing import Any
 
 from engine.events import (
     Event,
@@ -330,13 +331,17 @@ class TurnActor:
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
 
-    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None) -> End:
+    async def fail(
+        self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None
+    ) -> End:
         if not self._view.terminal and not self._lost:
             error: dict[str, object] = {"message": message, "type": type}
             if status is not None:
                 error["status"] = status
             if code is not None:
                 error["code"] = code
+            if extra:
+                error.update(extra)
             await self.record(TurnFailed(error=error))
         return END
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.events import EventData
 from engine.fold.turn_view import TurnView
@@ -108,6 +108,8 @@ class TurnContext(Protocol):
         """Wait for the writer when delta windows pile up."""
         ...
 
-    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None) -> End:
+    async def fail(
+        self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None
+    ) -> End:
         """Record ``turn.failed`` (unless the turn already ended) and end."""
         ...

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal, Protocol
 
 from engine.blobs import BLOB_URL_PREFIX
+from engine.context.assemble import params_for_round
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
 from engine.context.steps import snapshot
 from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
@@ -66,6 +67,7 @@ from engine.protocols.model_events import (
 )
 from engine.protocols.responses import stateful_continuation_input
 from engine.run.context import END, End, TurnContext
+from engine.run.failures import failure_fields
 from engine.run.loop_state import LoopState
 from engine.run.usage import with_usage
 from engine.tools.approval import asks, rejected_output
@@ -139,7 +141,7 @@ class RequestModel:
             return await ctx.fail(f"model {state.input.model!r} is not available", "model_not_found")
         prefill = (view.acc.content if self.resume and not view.round_closed else None) or None
         extra = dict(resolved.resume_params) if prefill and resolved.resume == "continue" else {}
-        base = state.params if state.iteration == 0 else later_round_params(state.params)
+        base = params_for_round(state.params, state.iteration)
         params = {**base, **extra} if extra else base
         # Write-ahead: durable before the request goes out.
         await ctx.record(
@@ -159,7 +161,7 @@ class RequestModel:
         except UpstreamError as exc:
             if exc.kind != "previous_response_not_found" or not request.previous_response_id:
                 _upstream_failed(ctx, exc.kind)
-                return await ctx.fail(exc.message, exc.kind, status=exc.status)
+                return await ctx.fail(exc.message, exc.kind, status=exc.status, extra=failure_fields(exc, state.iteration))
             # The anchor expired upstream: send the whole transcript instead.
             await ctx.record(ModelFallback(reason=exc.message, previous_response_id=request.previous_response_id))
             full = ModelRequest(messages=request.messages, params=request.params, prefill=request.prefill)
@@ -167,22 +169,8 @@ class RequestModel:
                 finished = await _consume(ctx, resolved, full)
             except UpstreamError as again:
                 _upstream_failed(ctx, again.kind)
-                return await ctx.fail(again.message, again.kind, status=again.status)
+                return await ctx.fail(again.message, again.kind, status=again.status, extra=failure_fields(again, state.iteration))
         return Decide() if finished else END
-
-
-def later_round_params(params: dict[str, Any]) -> dict[str, Any]:
-    """The parameters of a model call after a tool round: a ``tool_choice``
-    that forces a call (``required``, a named function) held for the first
-    call only, or every round would call a tool again until the round cap
-    (the OpenAI Agents SDK resets it the same way). It is left out rather
-    than set to ``auto``: the same for OpenAI (``auto`` is the default with
-    tools), and llama-cpp-python's ``chatml-function-calling`` refuses a
-    streamed ``auto`` but answers without one."""
-    choice = params.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        return {k: v for k, v in params.items() if k != "tool_choice"}
-    return params
 
 
 def _upstream_failed(ctx: TurnContext, kind: str) -> None:

@@ -62,6 +62,7 @@ from engine.protocols.model_events import (
 )
 from engine.run.actor import TurnActor
 from engine.run.context import TurnPorts
+from engine.run.failures import recorded_upstream_error
 from engine.run.folded import Folded
 from engine.run.live import InProcessBus
 from engine.settings import EngineSettings
@@ -210,7 +211,7 @@ class RecordedModelClient:
                 if error.get("type") == "upstream_failed":
                     yield [StreamFailed(error.get("message", ""), error.get("code"))]
                     return
-                raise UpstreamError(error.get("message", ""), error.get("type", "upstream_error"), error.get("status"))
+                raise recorded_upstream_error(error)
             elif t in ("turn.cancel_requested", "turn.interrupted"):
                 script.on_external(event)
                 await asyncio.Event().wait()  # the actor is stopped from outside
