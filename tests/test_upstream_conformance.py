@@ -210,7 +210,9 @@ async def test_a_forcing_tool_choice_applies_to_the_first_call_only(svc: Service
         assert first["tool_choice"] == ("required" if choice == "required" else {"type": "function", "name": "now"})
     else:
         assert first["tool_choice"] == choice
-    assert second["tool_choice"] == "auto"
+    # Left out after the first call: auto wherever tools are sent (OpenAI's
+    # default), and what servers that refuse an explicit streamed auto accept.
+    assert "tool_choice" not in second and second["tools"]
 
 
 async def test_auto_and_none_are_kept_on_every_round(svc: Service) -> None:
@@ -227,9 +229,9 @@ RESPONSES_ALLOWED = {"type": "allowed_tools", "mode": "required", "tools": [{"ty
 @pytest.mark.parametrize(
     ("choice", "later"),
     [
-        ("required", "auto"),
-        ({"type": "function", "function": {"name": "now"}}, "auto"),
-        ({"type": "function", "name": "now"}, "auto"),
+        ("required", None),  # left out: auto wherever tools are sent
+        ({"type": "function", "function": {"name": "now"}}, None),
+        ({"type": "function", "name": "now"}, None),
         ("auto", "auto"),
         ("none", "none"),
         (CHAT_ALLOWED, {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": CHAT_ALLOWED["allowed_tools"]["tools"]}}),
@@ -239,8 +241,9 @@ RESPONSES_ALLOWED = {"type": "allowed_tools", "mode": "required", "tools": [{"ty
 def test_params_for_round(choice: Any, later: Any) -> None:
     params = {"tool_choice": choice, "temperature": 0.1}
     assert params_for_round(params, 0) == params
-    assert params_for_round(params, 1) == {"tool_choice": later, "temperature": 0.1}
-    assert params_for_round(params, 3) == {"tool_choice": later, "temperature": 0.1}
+    expected = {"temperature": 0.1} if later is None else {"tool_choice": later, "temperature": 0.1}
+    assert params_for_round(params, 1) == expected
+    assert params_for_round(params, 3) == expected
     assert params["tool_choice"] == choice  # the recorded params are not changed
     assert params_for_round({"temperature": 0.1}, 2) == {"temperature": 0.1}
 
