@@ -317,7 +317,7 @@ class Settings(BaseSettings):
     # unless this is set.
     code_allow_weak_sandbox: bool = Field(
         default=False,
-        description='let a deployment holding secrets (config file, receipt key, API keys) start when the sandbox has only its audit-hook fallback (docs/api.md, "Code execution")',
+        description='let a deployment holding secrets (config file, receipt key, API keys) start when the sandbox has only its audit-hook fallback ([code execution](../guides/code-execution.md))',
     )
     # The TOML file these settings were read from (`--config`): set by
     # load_settings, hidden from the sandbox with the other secret-bearing paths.

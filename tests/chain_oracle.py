@@ -1,4 +1,4 @@
-"""The hash chain computed the way docs/api.md documents it, with hashlib and
+"""The hash chain computed the way docs/guides/forks.md ("Receipts and the hash chain") documents it, with hashlib and
 the standard library's json alone: the oracle the chain tests hold every
 store, the migration and the exports to (it imports nothing of turnlog's).
 

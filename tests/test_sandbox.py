@@ -4,8 +4,8 @@ Nothing is mocked: each test starts the sandbox as the service would
 (``SandboxExecutor``, or the service built by ``create_app`` from its
 settings) and checks what the code could and could not do. The limits are
 small so that the stopping tests take seconds. As root (CI) the runs use
-other uids; as a normal user, a user namespace (see docs/api.md, "Code
-execution", for what each gives).
+other uids; as a normal user, a user namespace (see docs/guides/code-execution.md
+for what each gives).
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ async def _check_against_the_log(svc: Any, got: list[dict[str, Any]], text: str)
     """The client received every event of the log once, in seq order; each
     ``delta`` is the chunk the log holds at its position, in position order,
     and came before the event of its seq (a preview whose event went out
-    first is dropped: docs/api.md); the answer is ``text``."""
+    first is dropped: docs/reference/websocket.md); the answer is ``text``."""
     assert got[0]["type"] == "turn"
     turn_id = got[0]["turn_id"]
     logged = await svc.events(turn_id)

@@ -1,4 +1,4 @@
-"""Memories over HTTP: ``/v1/memories`` (docs/api.md, "Memories").
+"""Memories over HTTP: ``/v1/memories`` (docs/guides/memories.md).
 
 A thin layer over :class:`adapters.knowledge.memories.Memories`: it checks
 the body (a 400 that names the field), scopes everything to the caller

@@ -262,7 +262,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/ws"): Operation(
         "The WebSocket: chat, subscribe with a cursor, cancel, direct tool results",
         "websocket",
-        {101: Reply("Switching to the WebSocket protocol; the messages are JSON text (docs/api.md).")},
+        {101: Reply("Switching to the WebSocket protocol; the messages are JSON text (docs/reference/websocket.md).")},
         errors=(400,),
         query=m.WsQuery,
         description="A request that is not a WebSocket upgrade gets 400.",

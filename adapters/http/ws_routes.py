@@ -1,4 +1,4 @@
-"""``GET /v1/ws``: chat, subscribe with a cursor, cancel (docs/api.md, WebSocket).
+"""``GET /v1/ws``: chat, subscribe with a cursor, cancel (docs/reference/websocket.md).
 
 Each subscription is a pump task: durable events after the client's cursor from
 the log, then the live tail. ``event`` messages go out in seq order, exactly
