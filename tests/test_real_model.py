@@ -239,7 +239,8 @@ async def test_native_tools_with_a_named_tool_choice(relayed: tuple[Service, Rel
     status, answer, headers = await real.post("/v1/chat/completions", body)
     assert status == 200, answer
     view = await real.turn(headers["X-Turn-Id"])
-    assert view["status"] == "completed" and view["finish_reason"] == "stop"
+    # The loop ended on an answer (its end: the model's stop or max_tokens), not on another call.
+    assert view["status"] == "completed" and view["finish_reason"] in ("stop", "length")
     calls = [i for i in view["output"] if i["type"] == "function_call"]
     outputs = [i for i in view["output"] if i["type"] == "function_call_output"]
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [("get_weather", {"city": "Paris"})]
