@@ -24,8 +24,10 @@ import openai
 import pytest
 from aiohttp import web
 
+from tests.fault_clients import kept_text
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service
 from tests.llama_server import MODEL_ID, LlamaServer
+from tests.processes import Server, get_json, wait_for
 
 GREEDY: dict[str, Any] = {"temperature": 0, "seed": 7, "max_tokens": 24}
 QUESTION: list[Any] = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
@@ -282,3 +284,49 @@ async def test_prompt_based_tools_with_a_model_that_answers_no_json(relayed: tup
     else:
         assert step["calls"] == [] and view["warnings"] == [warning] and answer["turnlog"]["warnings"] == [warning]
         assert main["messages"] == WEATHER_QUESTION  # no tool results went in
+
+
+LONG_QUESTION: list[Any] = [{"role": "user", "content": "Count from 1 to 60, separated by commas."}]
+LONG = {"temperature": 0, "seed": 7, "max_tokens": 240}
+
+
+async def test_kill9_mid_answer_restarts_into_one_stored_answer(http: aiohttp.ClientSession, tmp_path: Path, llama_server: LlamaServer) -> None:
+    """``kill -9`` of turnlog mid-answer, then a restart on the same database:
+    the turn resumes in this upstream's mode, ``restart`` (its chat template
+    closes a partial assistant message, so it could not continue one). The
+    stored answer is the model's one greedy answer, not the partial followed
+    by a fresh one, and a client reading the turn from its start is told to
+    drop the superseded text."""
+    expected, _usage = await direct_answer(llama_server, LONG_QUESTION, **{k: v for k, v in LONG.items() if k != "temperature"})
+    env = {"TURNLOG_RESUME": json.dumps({"openai": "restart"}), "TURNLOG_LEASE_SECONDS": "60"}
+    db = tmp_path / "turnlog.db"
+    first = Server(db, llama_server.url, auto_resume=False, log_dir=tmp_path, env=env)
+    try:
+        await first.ready(http)
+        body = {"model": MODEL_ID, "messages": LONG_QUESTION, "stream": True, **LONG}
+        resp = await http.post(first.url + "/v1/chat/completions", json=body)
+        turn_id = resp.headers["X-Turn-Id"]
+        # Killed once some of the answer is durable, well before its end.
+        view = await wait_for(http, f"{first.url}/v1/turns/{turn_id}", lambda v: len(v["content"]) >= 12 or v["status"] != "running")
+        assert view["status"] == "running", "the answer ended before the kill: make it longer"
+        first.kill9()
+        resp.close()
+    finally:
+        first.stop()
+    partial = view["content"]
+    second = Server(db, llama_server.url, auto_resume=True, log_dir=tmp_path, env=env)
+    try:
+        await second.ready(http)
+        done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] in ("completed", "failed"), timeout=120)
+        assert done["status"] == "completed", done
+        assert done["content"] == expected, "one answer: the restarted call's, which is the model's greedy answer"
+        assert partial and expected.startswith(partial) and done["content"] != partial + expected
+        events = (await get_json(http, f"{second.url}/v1/turns/{turn_id}/events?limit=10000"))["events"]
+        [resumed] = [e for e in events if e["type"] == "turn.resumed"]
+        assert resumed["data"]["mode"] == "restart"
+        async with http.get(f"{second.url}/v1/turns/{turn_id}/stream") as stream:
+            raw = await stream.text()
+        assert '"mode":"restart"' in raw.replace(" ", "")
+        assert kept_text(raw) == expected  # a client applying the notice shows the stored answer only
+    finally:
+        second.stop()
