@@ -28,7 +28,7 @@ class Event(BaseModel):
     data: dict[str, Any]
 
     def public(self) -> dict[str, Any]:
-        """The shape clients see (API.md §3 events listing)."""
+        """The shape clients see in a turn's events listing."""
         return {"seq": self.seq, "type": self.type, "at": self.at, "data": self.data}
 
 
