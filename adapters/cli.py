@@ -1,4 +1,4 @@
-"""The ``turnlog`` command (API.md §1)."""
+"""The ``turnlog`` command (docs/reference/cli.md)."""
 
 from __future__ import annotations
 
@@ -245,7 +245,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tune_gc(settings.gc_gen0_threshold)
 
     app.on_startup.append(gc_after_startup)  # after the store and supervisor are up
-    # SIGTERM drains (API.md §9): adapters.http.serving. The backlog: aiohttp's
+    # SIGTERM drains: adapters.http.serving. The backlog: aiohttp's
     # default (128) overflows under a burst of connections and the kernel resets
     # them (bench thousands_sse).
     try:
