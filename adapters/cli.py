@@ -1,4 +1,4 @@
-"""The ``turnlog`` command (API.md §1)."""
+"""The ``turnlog`` command (docs/reference/cli.md)."""
 
 from __future__ import annotations
 
@@ -186,23 +186,21 @@ async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]], *
 def tune_gc(gen0_threshold: int) -> None:
     """Keep the cyclic garbage collector off the streaming path.
 
-    Measured with 200 concurrent streams (bench ``concurrent_paced``): with the
-    defaults, full collections walked every object imported at start and paused
-    the event loop for up to 100 ms, and young collections ran ~170 times a
-    second. Freezing what exists at start (modules, classes, settings) removes
+    With the defaults, under many concurrent streams, full collections walk
+    every object imported at start and pause the event loop, and young
+    collections run many times a second. Freezing what exists at start (modules, classes, settings) removes
     it from every later collection. A young collection walks every tracked
     object allocated since the last one and still alive — under load, mostly
     the state of the turns in flight (a few hundred objects each) — so its
-    pause grows with the threshold: 20,000 gave 6-11 ms pauses, several per
-    200-turn round, and an added p99 latency of 15-35 ms; 100,000 gave none in
-    two rounds (p99 2-5 ms) and ~40 ms pauses about every 2.5 s with 1,000 open
-    turns. Rare, longer pauses are the better trade for streaming.
+    pause grows with the threshold, but a threshold too low to give long pauses
+    gives frequent ones that add to every stream's tail latency. Rare, longer
+    pauses are the better trade for streaming.
     """
     gc.collect()
     gc.freeze()
     if gen0_threshold > 0:
-        # Full collections (every turn's live objects walked: 30 ms with 200
-        # streams) only every 100 middle ones instead of 10.
+        # Full collections (every turn's live objects walked) only every 100
+        # middle ones instead of 10.
         gc.set_threshold(gen0_threshold, 10, 100)
 
 
@@ -245,7 +243,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
         tune_gc(settings.gc_gen0_threshold)
 
     app.on_startup.append(gc_after_startup)  # after the store and supervisor are up
-    # SIGTERM drains (API.md §9): adapters.http.serving. The backlog: aiohttp's
+    # SIGTERM drains: adapters.http.serving. The backlog: aiohttp's
     # default (128) overflows under a burst of connections and the kernel resets
     # them (bench thousands_sse).
     try:

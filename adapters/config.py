@@ -472,7 +472,7 @@ class Settings(BaseSettings):
         return asyncio.new_event_loop()
 
     def check_startable(self) -> None:
-        """Refuse an unauthenticated service on a non-loopback address (API.md §1),
+        """Refuse an unauthenticated service on a non-loopback address,
         and settings that cannot work together."""
         from sqlalchemy.engine import make_url
 

@@ -1,4 +1,4 @@
-"""Load scenarios (issue 13): a burst of simultaneous turn starts, and thousands of streams.
+"""Load scenarios: a burst of simultaneous turn starts, and thousands of streams.
 
 * ``burst_starts``: N turns' requests (connections opened beforehand) leave the
   client in one pass of its event loop; each a paced stream (150 chunks at

@@ -300,12 +300,12 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
     return {
         "status": "ok",
         "checks": [
-            # Against the byte relay: informational (issue 13 withdrew that
-            # target: a relay that never parses is not a service's floor).
+            # Against the byte relay: informational only, since a relay that
+            # never parses is not a service's floor.
             check("chunks_per_s_ratio", ratio, ">=", 0.6, informational=True),
             # Against a relay that parses and re-serializes each chunk
             # (bench/floor.py /parse): the least work of any service that must
-            # see the tokens (issue 13: at least half of it).
+            # see the tokens; turnlog must reach at least half of it.
             check("chunks_per_s_ratio_vs_parsing_relay", ratio_parse, ">=", 0.5),
         ],
         "figures": {
@@ -779,7 +779,7 @@ def _log_bytes(ctx: Ctx, turn_id: str) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- tool loop (issue 3)
+# --------------------------------------------------------------------------- tool loop
 
 TOOLS_MODULE = '''"""A benchmark tool module (written by bench.scenarios.tool_loop)."""
 
@@ -899,7 +899,7 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
     }
 
 
-# --------------------------------------------------------------------------- postgres (issue 5)
+# --------------------------------------------------------------------------- postgres
 
 
 class _PgServer:
@@ -1069,7 +1069,7 @@ def _redact(url: str) -> str:
     return f"{scheme}//{userinfo.split(':', 1)[0]}:***@{tail}"
 
 
-# --------------------------------------------------------------------------- files and knowledge (issue 11)
+# --------------------------------------------------------------------------- files and knowledge
 
 
 def knowledge_ingest(ctx: Ctx) -> dict[str, Any]:
@@ -1178,7 +1178,7 @@ from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports 
 from bench.ragbench import rag_tool_loop, rag_ttfc  # noqa: E402 - likewise
 from bench.webfetch import web_fetch  # noqa: E402 - likewise
 
-# --------------------------------------------------------------------------- waiting turns (issue 15)
+# --------------------------------------------------------------------------- waiting turns
 
 
 def waiting_turns_rss(ctx: Ctx) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The fixed cost of a turn (issue 13): what starting and ending a turn costs,
+"""The fixed cost of a turn: what starting and ending a turn costs,
 apart from its chunks.
 
 * Scenario ``turn_cost``: tiny turns (5 chunks, unpaced) through a fresh

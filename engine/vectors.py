@@ -1,8 +1,7 @@
 """The vector-store port: embeddings in named collections, cosine search.
 
 Adapters: ``adapters.vectors.sqlite`` (exact cosine over an in-memory numpy
-matrix per collection, kept in step with the table; 9-12 ms a query over
-100,000 384-d items) and ``adapters.vectors.pgvector`` (PostgreSQL + pgvector,
+matrix per collection, kept in step with the table) and ``adapters.vectors.pgvector`` (PostgreSQL + pgvector,
 HNSW, and a metadata index for selective filters).
 Both pass ``tests/test_vectors.py``.
 

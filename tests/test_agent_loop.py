@@ -105,7 +105,7 @@ async def test_glued_json_arguments_become_separate_calls(agent: Service) -> Non
     outputs = [i["output"] for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call_output"]
     assert outputs == ["3", "7"]
     calls = [i for i in (await agent.turn(turn_id))["output"] if i["type"] == "function_call"]
-    assert len(calls) == 2 and len({c["call_id"] for c in calls}) == 2  # the glued call is replaced (Q4)
+    assert len(calls) == 2 and len({c["call_id"] for c in calls}) == 2  # the glued call is replaced, not kept
     await check_replay(agent, turn_id, body=body)
 
 
@@ -126,7 +126,7 @@ async def test_python_literal_unknown_tool_raising_tool_and_bad_json(agent: Serv
     assert out["c2"]["output"] == 'Error: Tool "teleport" not found.' and out["c2"]["status"] == "failed"
     assert "kaboom: test" in out["c3"]["output"] and out["c3"]["status"] == "failed"
     assert "could not be parsed" in out["c4"]["output"]
-    # what is replayed to the model is what ran: the filtered arguments (Q22)
+    # what is replayed to the model is what ran: the filtered arguments
     sent = agent.upstream.requests[1]["messages"][1]["tool_calls"]
     args = {c["id"]: json.loads(c["function"]["arguments"]) for c in sent}
     assert args["c1"] == {"a": 2, "b": 5}
@@ -161,7 +161,7 @@ async def test_iteration_cap_finalizes_instead_of_looping(agent: Service) -> Non
     assert view["status"] == "completed"
     assert "Tool-call limit reached" in raw and raw.rstrip().endswith("[DONE]")
     unanswered = [i for i in view["output"] if i["type"] == "function_call"][-1]
-    assert unanswered["status"] == "incomplete"  # Q21
+    assert unanswered["status"] == "incomplete"  # interrupted, not pretended complete
 
 
 async def test_empty_tool_calls_with_finish_reason_tool_calls_ends_the_loop(agent: Service) -> None:
@@ -185,7 +185,8 @@ async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service
     statuses = [(i["type"], i.get("status")) for i in items]
     assert ("function_call", "in_progress") in statuses
     assert ("function_call_output", "completed") in statuses
-    # each item is sent once per change, never twice in the same state (Q23)
+    # each item is sent once per change, never twice in the same state (Open WebUI
+    # emits every output_item.done of a round twice)
     by_id: dict[str, list[dict]] = {}
     for item in items:
         by_id.setdefault(item["id"], []).append(item)
@@ -356,7 +357,7 @@ async def test_legacy_empty_tool_calls_means_no_tools(agent: Service) -> None:
     turn_id, body = await run(agent, params={"function_calling": "default"})
     assert body["choices"][0]["message"]["content"] == "No tools needed."
     step = [e for e in await agent.events(turn_id) if e["type"] == "assembly.step"][0]
-    assert step["data"]["detail"]["calls"] == []  # Q27: never a call named None
+    assert step["data"]["detail"]["calls"] == []  # never a call named None
 
 
 async def test_legacy_selection_without_json_answers_without_tools_and_warns(agent: Service) -> None:

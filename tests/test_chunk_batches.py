@@ -1,4 +1,4 @@
-"""One fold per chunk, one live message per upstream read (issue 13, CPU per chunk).
+"""One fold per chunk, one live message per upstream read (CPU per chunk).
 
 The actor folds each chunk once and publishes a read's chunks as one
 ``LiveDeltas``; followers show the actor's pieces and fold a window's shown

@@ -1,4 +1,4 @@
-"""Plain text chunks as runs (issue 13, CPU per relayed chunk): the same bytes.
+"""Plain text chunks as runs (CPU per relayed chunk): the same bytes.
 
 The chat transport parses only the delta of chunks that match a learned
 template (``adapters.providers.chat_runs``), and text chunks travel as runs

@@ -4,8 +4,8 @@ engine.protocols.history, and the input mappings of engine.protocols.responses
 and engine.protocols.ollama.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
-tests/vectors/). Where turnlog deliberately differs (spec §15, or a part of the
-spec it leaves out) the test says so.
+tests/vectors/). Where turnlog deliberately differs (a quirk it fixes, or a part of
+Open WebUI it leaves out) the test says so.
 """
 
 from __future__ import annotations
@@ -101,7 +101,7 @@ def test_convert_output_to_messages_vectors(vector: dict[str, Any]) -> None:
 
 def test_process_messages_with_output_vector_without_file_context() -> None:
     # Deviation: turnlog does not implement include_file_context (the
-    # <attached_files> prefix of §8.2); files come in through turnlog's own
+    # <attached_files> prefix of history preparation); files come in through turnlog's own
     # assembly steps. Everything else matches the recording, and "files" is
     # still removed.
     vector = HISTORY_VECTORS["process_messages_with_output"]
@@ -130,12 +130,12 @@ def test_sanitize_tool_pairs_vector() -> None:
 @pytest.mark.parametrize(
     ("item_extra", "expected"),
     [
-        ({"arguments": "{not json"}, "{}"),  # Q22: Open WebUI replays the invalid string
+        ({"arguments": "{not json"}, "{}"),  # Open WebUI replays the invalid string
         ({"arguments": ""}, "{}"),
         ({"arguments": "[1, 2]"}, "{}"),  # valid JSON but not an object
         ({"arguments": '{"a":1}'}, '{"a":1}'),  # a valid object is kept verbatim
         ({"arguments": {"a": 1}}, '{"a": 1}'),
-        ({"arguments": '{"a": 1, "junk": 2}', "arguments_ran": {"a": 1}}, '{"a": 1}'),  # Q22: what ran
+        ({"arguments": '{"a": 1, "junk": 2}', "arguments_ran": {"a": 1}}, '{"a": 1}'),  # what ran, not the unfiltered arguments
         ({"arguments": "{bad", "arguments_ran": '{"a": 2}'}, '{"a": 2}'),
         ({"arguments": '{"a": 3}', "arguments_ran": "nonsense"}, '{"a": 3}'),
     ],
@@ -258,7 +258,7 @@ def test_reasoning_summary_used_when_no_content() -> None:
 
 
 # --------------------------------------------------------------------------
-# Q10: provider reasoning replayed for the Responses API
+# Provider reasoning replayed for the Responses API (Open WebUI drops it)
 # --------------------------------------------------------------------------
 
 
@@ -654,7 +654,8 @@ def test_responses_body_store_false_is_stateless() -> None:
 
 def test_q9_stateful_continuation_sends_only_outputs() -> None:
     # Open WebUI (responses_api_stateful) re-sends the round's assistant text and
-    # function_call (Q9); turnlog sends only the new outputs.
+    # function_call items the server already stores under previous_response_id;
+    # turnlog sends only the new outputs.
     round_output = [
         {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Think"}]},
         msg("Let me add.", id="msg_1"),

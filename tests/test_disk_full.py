@@ -1,4 +1,4 @@
-"""SQLite's disk full under a running turn (API.md §9 faults).
+"""SQLite's disk full under a running turn (docs/guides/drain-and-faults.md).
 
 The real fault: the database on a 16 MiB tmpfs of the test's own, which
 a filler file fills until the kernel answers ENOSPC (SQLite then says

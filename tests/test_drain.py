@@ -1,4 +1,4 @@
-"""Graceful drain on SIGTERM (API.md §9): 503 for new turns, running turns finish
+"""Graceful drain on SIGTERM: 503 for new turns, running turns finish
 or are released, and another instance resumes the released ones at once.
 
 The oracle is what the clients and the scripted upstream saw against each

@@ -1,4 +1,4 @@
-"""Every failure has a defined, recorded outcome (API.md §3 upstream faults)."""
+"""Every failure has a defined, recorded outcome (upstream faults)."""
 
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ async def test_disconnect_mid_stream_keeps_the_partial_output(service: Service) 
     assert view["status"] == "failed"
     assert view["error"]["type"] == "upstream_disconnected"
     assert view["content"] == "partial answer"
-    assert view["output"][0]["status"] == "incomplete"  # not pretended complete (Q21)
+    assert view["output"][0]["status"] == "incomplete"  # not pretended complete
 
 
 async def test_truncated_stream_fails(service: Service) -> None:

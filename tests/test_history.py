@@ -1,4 +1,4 @@
-"""A chat's history, whichever way the client sends it (API.md §8).
+"""A chat's history, whichever way the client sends it (docs/history.md).
 
 The oracle of every test is the exact list of messages the scripted upstream
 received: each earlier message exactly once, in order, with the tool calls and

@@ -1,12 +1,12 @@
-"""Tests for engine.tools.legacy (prompt-based tool selection, spec §5.5).
+"""Tests for engine.tools.legacy (prompt-based tool selection).
 
 The table-driven part runs the vectors recorded from Open WebUI 0.12.4 (copied
 into tests/vectors/). Each vector is checked end to end: the task-model
 messages (with the vector's own template the system message is byte-equal;
 with turnlog's default template only its structure is compared, the wording is
 ours by design), the calls parsed from the reply, and the sources made from
-running them. Where a vector records a quirk of §15 (Q27), the test asserts
-turnlog's fixed behaviour.
+running them. Where a vector records a quirk that turnlog fixes (``{"tool_calls": []}``
+read as one call named ``None``), the test asserts turnlog's fixed behaviour.
 """
 
 from __future__ import annotations
@@ -238,7 +238,7 @@ def test_inputs_not_mutated() -> None:
 @pytest.mark.parametrize(
     ("reply", "calls"),
     [
-        # Q18: the first complete object, not first "{" to last "}".
+        # The first complete object, not first "{" to last "}".
         pytest.param(
             '{"tool_calls": [{"name": "add", "parameters": {"a": 1, "b": 2}}]} and also {"note": {}}',
             [("add", {"a": 1, "b": 2})],
@@ -269,7 +269,7 @@ def test_inputs_not_mutated() -> None:
             [("add", {"a": 1, "b": 2}), ("add", {})],
             id="same_tool_twice",
         ),
-        # Q27
+        # An empty list means no tools, never a call named None.
         pytest.param('{"tool_calls": []}', [], id="q27_empty_list"),
         pytest.param('{"tool_calls": [], "name": "add"}', [], id="q27_empty_list_wins_over_name"),
         pytest.param('{"tool_calls": null}', [], id="tool_calls_null"),

@@ -209,7 +209,7 @@ async def test_image_and_resource_results(mcp_service: Service) -> None:
     assert poster["type"] == "image" and poster["url"]["mime"] == "image/png"
     async with mcp_service.http.get(mcp_service.url + poster["url"]["url"]) as resp:
         assert resp.status == 200 and await resp.read() == POSTER
-    # §7.3 for MCP: text parts are the text, image parts become image files.
+    # As Open WebUI processes MCP results: text parts are the text, image parts become image files.
     assert completed["p1"]["output"] == "a red pixel"
     assert completed["p1"]["images"] == [PIXEL_URL]
     assert completed["p1"]["files"] == [{"type": "image", "url": PIXEL_URL}]

@@ -1,7 +1,7 @@
-"""Tests for engine.context.memory: the ``User Context:`` block (spec §5.1, ≤0.8.x format).
+"""Tests for engine.context.memory: the ``User Context:`` block (Open WebUI's ≤0.8.x format).
 
 No vectors exist for it (the 0.8.x handler was not recorded); the cases are
-hand-written. Q25: Open WebUI 0.8.x appended ``User Context:\\n\\n`` even when
+hand-written. Open WebUI 0.8.x appended ``User Context:\\n\\n`` even when
 nothing matched; turnlog injects nothing.
 """
 

@@ -1,8 +1,8 @@
 """Tests for engine.context.messages: the message helpers and apply_params_to_form_data.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (copied into
-tests/vectors/). Where a vector records a quirk that turnlog fixes (spec §15),
-the table below gives turnlog's expected result and the test also checks that
+tests/vectors/). Where a vector records a quirk that turnlog fixes, the table
+below gives turnlog's expected result and the test also checks that
 it differs from the recording, naming the quirk.
 """
 
@@ -31,29 +31,29 @@ from tests.vectors_util import load_vectors
 HELPER_VECTORS = load_vectors("message_helpers.json")
 PARAM_VECTORS = load_vectors("apply_params_to_form_data.json")
 
-# Vectors whose recorded behaviour is a §15 quirk: name → (quirk, turnlog's result).
+# Vectors whose recorded behaviour is an Open WebUI quirk: name → (quirk label, turnlog's result).
 HELPER_FIXES: dict[str, tuple[str, Any]] = {
-    # Q24: Open WebUI checks only index 0 and inserts a duplicate system message;
+    # Open WebUI checks only index 0 and inserts a duplicate system message;
     # turnlog updates the system message wherever it is.
     "sys_not_first_creates_duplicate": (
         "Q24",
         [{"role": "user", "content": "hi"}, {"role": "system", "content": "CTX\nlate"}],
     ),
-    # Q16: Open WebUI adds the text to EVERY text part; turnlog edits the first only.
+    # Open WebUI adds the text to EVERY text part; turnlog edits the first only.
     "sys_list_content_every_text_part": (
         "Q16",
         [{"role": "system", "content": [{"type": "text", "text": "a\nCTX"}, {"type": "text", "text": "b"}]}],
     ),
-    # Q24 (merge side, misc.py:666): Open WebUI keeps only the first text part of
+    # The merge side of the duplicate system message: Open WebUI keeps only the first text part of
     # list-content system messages; turnlog keeps all of them.
     "merge_list_content_first_text_only": ("Q24", [{"role": "system", "content": "A\nA2\nB"}]),
-    # Q15: Open WebUI raises AttributeError on text:null; turnlog treats it as
+    # Open WebUI raises AttributeError on text:null; turnlog treats it as
     # empty (and, as nothing else would remain, leaves the message unchanged).
     "strip_text_none_raises": ("Q15", [{"role": "user", "content": [{"type": "text", "text": None}]}]),
 }
 
 PARAM_FIXES: dict[str, tuple[str, Any]] = {
-    # Q14: Open WebUI copies the raw string before converting, so the conversion
+    # Open WebUI copies the raw string before converting, so the conversion
     # never runs; turnlog converts first and sends the OpenAI object.
     "logit_bias_string_converted": ("Q14", {"model": "m", "logit_bias": {"50256": -100, "11": 5}}),
 }

@@ -5,9 +5,10 @@ of engine.protocols.common.
 
 Tool-call accumulation and splitting are driven by the vectors recorded from
 Open WebUI 0.12.4 (tests/vectors/chat_tool_call_accumulation.json,
-split_tool_calls.json). Where a vector records a quirk turnlog fixes (spec
-§15: Q1, Q2, Q4), the test asserts turnlog's behaviour, checks that it differs
-from the recording, and names the quirk. The Responses API vectors
+split_tool_calls.json). Where a vector records a quirk turnlog fixes (a
+fragment without an index dropped, a later name overwriting the first, a
+glued call kept beside its pieces), the test asserts turnlog's behaviour,
+checks that it differs from the recording, and names the quirk. The Responses API vectors
 (responses_stream_fold.json, Open WebUI's fold of events into output items)
 are replayed through ResponsesNormalizer, the production path.
 """
@@ -202,18 +203,18 @@ def test_accumulation_vector(vector: dict[str, Any]) -> None:
         assert _expected_calls(vector) == [call("<fc_1>", "add", "{}")]
         assert calls == [call("<call_1>", "add", "{}")]
     elif name == "missing_index_dropped":
-        # Q1: Open WebUI dropped the fragment (no call at all).
+        # Open WebUI dropped the fragment (no call at all).
         assert _expected_calls(vector) == []
         assert calls == [call("call_A", "add", "{}")]
         assert started == [ToolCallStarted("call_A", "add")]
     elif name == "name_repeated_overwrites":
-        # Q2: a later name never replaces the first one.
+        # A later name never replaces the first one.
         assert _expected_calls(vector) == [call("call_A", "add", "{}")]
         assert calls == [call("call_A", "ad", "{}")]
     elif name == "same_index_two_calls_BUG":
-        # Q2: the second id + name at index 0 starts a second call, so add's
+        # The second id + name at index 0 starts a second call, so add's
         # arguments stay with add. Open WebUI merged them, renamed the call to
-        # echo and split it into two echo calls (Q4: and kept the glued one).
+        # echo and split it into two echo calls (and kept the glued one).
         recorded = vector["expected"]["final_output_after_loop"]
         assert [i["name"] for i in recorded if i["type"] == "function_call"] == ["echo", "echo", "echo"]
         assert calls == [call("call_A", "add", '{"a":1,"b":2}'), call("call_B", "echo", '{"q":"x"}')]
@@ -233,7 +234,7 @@ def test_content_then_tool_call_keeps_order() -> None:
 
 
 # --------------------------------------------------------------------------
-# ChatToolCalls: Q1 / Q2 / ids
+# ChatToolCalls: fragments without an index, repeated indexes, ids
 # --------------------------------------------------------------------------
 
 
@@ -719,8 +720,7 @@ def test_responses_malformed_events_are_ignored(event: Any) -> None:
 # --------------------------------------------------------------------------
 # responses_stream_fold.json through the production path
 # --------------------------------------------------------------------------
-# Open WebUI builds its output items by folding every Responses event
-# (spec §6.4); the vectors record that fold. turnlog's production path is
+# Open WebUI builds its output items by folding every Responses event; the vectors record that fold. turnlog's production path is
 # ResponsesNormalizer → model events → the turn's fold, so each vector is
 # replayed here as events: what the recorded output says about text, reasoning,
 # calls, outcome, usage and the response id must come out as model events.
@@ -763,7 +763,7 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
         [ToolCall("call_1", "add", "{}", item_id="fc_1"), Finished(reason="tool_calls", status=None)],
     ),
     "output_text_delta_appends": ([_text_delta("Hel")], [], [TextDelta("lo"), END]),
-    # Q7 (padding parts typed "text", lost on replay) cannot happen: text is
+    # Open WebUI's padding parts typed "text" (lost on replay) cannot happen: text is
     # never stored in a part here, so the text is simply kept.
     "output_text_delta_without_part_creates_text_part": ([], [], [TextDelta("Hi"), END]),
     "delta_beyond_end_creates_item": ([], [], [TextDelta("x"), END]),
@@ -793,7 +793,7 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
         [{"type": "response.reasoning_text.delta", "output_index": 0, "content_index": 0, "delta": "a"}], [], [END]
     ),
     "output_item_done_out_of_range_appends": ([], [], [END]),  # a message without text
-    # The provider's final output wins: its reasoning item is kept for replay (Q10).
+    # The provider's final output wins: its reasoning item is kept for replay.
     "completed_with_output_replaces_all": (
         [],
         [],
@@ -805,13 +805,13 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
     "completed_with_empty_output_keeps_streamed": (
         [_text_delta("x")], [], [Finished(reason="stop", response_id="resp_2", usage=None, status="completed")]
     ),
-    # Q20: the failure is reported as one (Open WebUI: meta without a status).
+    # The failure is reported as one (Open WebUI: meta without a status).
     "failed": (
         [_text_delta("Hel")], [], [StreamFailed("boom", code="server_error", details={"code": "server_error", "message": "boom"})]
     ),
     "error_event": ([], [], [StreamFailed("slow", code="rate_limit", details={"type": "error", "code": "rate_limit", "message": "slow"})]),
     "in_progress_and_unknown_ignored": ([_text_delta("Hel")], [], [END]),
-    # Q20: response.incomplete ends the response with its reason (Open WebUI ignored it).
+    # response.incomplete ends the response with its reason (Open WebUI ignored it).
     "incomplete_not_handled": ([_text_delta("Hel")], [], [Finished(reason="length", status="incomplete")]),
     "sequence_reasoning_message_function_call": (
         [],
@@ -848,7 +848,7 @@ def test_fold_vector_through_the_normalizer(vector: dict[str, Any]) -> None:
     assert events + normalizer.finish() == expected
 
 
-# -- the final output against the stream (Q20) ---------------------------------------
+# -- the final output against the stream ---------------------------------------------
 
 
 def test_responses_text_only_in_the_final_output() -> None:

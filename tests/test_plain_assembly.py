@@ -1,4 +1,4 @@
-"""The assembly's short path for plain requests (issue 13): what it records and
+"""The assembly's short path for plain requests: what it records and
 what it sends upstream are exactly what the full pipeline records and sends.
 
 Each request runs twice through the real service: once as it is (the short

@@ -76,7 +76,8 @@ async def test_responses_stateful_sends_previous_response_id_and_only_new_items(
     view = await replay_equals_live(responses, done.id.removeprefix("chatcmpl-"), raw.http_response.json())
     ids = view["response_ids"]
     assert len(ids) == 3 and set(ids) <= set(up.response_ids)  # every response id is on the log
-    # the continuation carries the anchor and only the new tool output (Q9)
+    # the continuation carries the anchor and only the new tool output, not
+    # what the server already stores under previous_response_id
     assert second["previous_response_id"] == ids[0]
     assert second["input"] == [{"type": "function_call_output", "call_id": "call_1", "output": "5"}]
     assert third["previous_response_id"] == ids[1]

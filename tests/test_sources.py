@@ -1,8 +1,8 @@
 """Tests for engine.context.sources: <source> tags, the RAG template, numbering.
 
 Driven by the vectors recorded from Open WebUI 0.12.4 (tests/vectors/
-source_context.json and rag_template.json). Where a vector records a §15 quirk
-that turnlog fixes (Q12, Q13), the table gives turnlog's result and the test
+source_context.json and rag_template.json). Where a vector records a quirk
+that turnlog fixes (placeholders inside inserted text substituted), the table gives turnlog's result and the test
 checks that it differs from the recording. Two vectors record Open WebUI's own
 default template text; turnlog's ``DEFAULT_RAG_TEMPLATE`` says the same things
 in its own words, so for those the test checks the structure the spec fixes
@@ -31,12 +31,12 @@ SOURCE_VECTORS = load_vectors("source_context.json")
 RAG_VECTORS = load_vectors("rag_template.json")
 NOW = datetime(2025, 3, 14, 15, 9, 26, tzinfo=UTC)
 
-# rag_template vectors recording a §15 quirk: name → (quirk, turnlog's result).
+# rag_template vectors recording an Open WebUI quirk: name → (quirk label, turnlog's result).
 RAG_FIXES: dict[str, tuple[str, str]] = {
-    # Q12: Open WebUI leaves the template's own [query] literal and puts the
+    # Open WebUI leaves the template's own [query] literal and puts the
     # question into the [query] found inside the context; turnlog does the reverse.
     "query_placeholder_inside_context_INVERTED_BUG": ("Q12", "Q=REAL\n<context>doc says [query] literally</context>"),
-    # Q13: Open WebUI substitutes the {{CONTEXT}} found inside the inserted
+    # Open WebUI substitutes the {{CONTEXT}} found inside the inserted
     # context again (the context nests in itself); turnlog substitutes once.
     "context_placeholder_inside_context_BUG": ("Q13", "A x {{CONTEXT}} y B x {{CONTEXT}} y"),
 }

@@ -1,5 +1,5 @@
 """A client that starts a long, fast turn and then reads nothing (SSE and
-WebSocket; API.md §9 faults, README "Faults").
+WebSocket; docs/guides/drain-and-faults.md).
 
 Expected: the turn runs to its end and its whole answer is in the log (the
 turn writes the log, never waits for the socket); the stalled connection is
@@ -95,7 +95,7 @@ async def test_an_sse_client_that_reads_nothing_is_dropped_and_catches_up_from_t
 
 
 def _ws_frame(payload: bytes) -> bytes:
-    """A masked text frame (RFC 6455 §5.2), as a client must send it."""
+    """A masked text frame, as RFC 6455 requires a client to send it."""
     mask = os.urandom(4)
     head = bytearray([0x81])
     if len(payload) < 126:

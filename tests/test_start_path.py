@@ -1,4 +1,4 @@
-"""The start of a turn: what its hot path relies on (issue 13)."""
+"""The start of a turn: what its hot path relies on to stay cheap."""
 
 from __future__ import annotations
 

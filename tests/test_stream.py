@@ -2,7 +2,7 @@
 
 The fold and usage tests are driven by the vectors recorded from Open WebUI
 0.12.4 (copied into tests/vectors/ so a clean clone has them). Where a vector
-records a quirk that turnlog fixes (spec §15), the test asserts turnlog's
+records a quirk that turnlog fixes, the test asserts turnlog's
 behaviour *and* that it differs from the recording, naming the quirk.
 """
 
@@ -90,7 +90,7 @@ def renumber_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 #: Vectors whose recording differs from turnlog on purpose.
 SPECIAL_THINK = {
-    # Q3: Open WebUI leaks "Xb</think>Y" into the answer.
+    # Open WebUI leaks "Xb</think>Y" into the answer.
     "two_blocks_same_chunk_BUG",
     # Open WebUI burnt <msg_1> on a transient message holding "<thi"; turnlog
     # holds the partial tag back and never creates that item.
@@ -116,7 +116,7 @@ def test_think_tag_vector(vector: dict[str, Any]) -> None:
 
     name = vector["name"]
     if name == "two_blocks_same_chunk_BUG":
-        # Quirk Q3: the leftover after </think> is parsed again and only the
+        # The leftover after </think> is parsed again and only the
         # opening tag is removed, so both blocks come out, exactly as when
         # the same text arrives in two chunks.
         ours = THINK_BY_NAME["two_blocks_separate_chunks"]["expected"]["final_output"]
@@ -593,7 +593,7 @@ def test_parse_never_raises_on_random_dicts() -> None:
 # usage.json
 # --------------------------------------------------------------------------
 
-#: Q19: Open WebUI keeps the latest prompt/completion_tokens while summing
+#: Open WebUI keeps the latest prompt/completion_tokens while summing
 #: input/output_tokens; turnlog sums the aliases too.
 Q19_VECTORS = {"merge_two_rounds", "merge_with_details"}
 
@@ -607,7 +607,7 @@ def test_usage_vector(vector: dict[str, Any]) -> None:
         return
     result = merge_usage(spec["current"], spec["incoming"])
     if vector["name"] in Q19_VECTORS:
-        # Quirk Q19: the aliases follow the summed canonical fields.
+        # The aliases follow the summed canonical fields.
         ours = {**expected, "prompt_tokens": expected["input_tokens"], "completion_tokens": expected["output_tokens"]}
         assert result == ours
         assert result != expected

@@ -1,5 +1,5 @@
 """Tests for legacy code-interpreter blocks in engine.fold.accumulator.Accumulator
-(spec §6.2, §6.7, §6.8): ``<code_interpreter ...>CODE</code_interpreter>``
+(legacy function calling with the code interpreter on): ``<code_interpreter ...>CODE</code_interpreter>``
 in the streamed text, detected only with ``code_interpreter=True``."""
 
 from __future__ import annotations
@@ -103,7 +103,8 @@ def test_attributes_and_lang() -> None:
     (item,) = code_items(acc)
     assert item["attributes"] == {"type": "code", "lang": "javascript", "x": "1"}
     assert item["lang"] == "javascript"
-    # No type="code": still an item (the engine decides what to run, Q11).
+    # No type="code": still an item (the engine decides what to run; Open WebUI never ran it
+    # but re-prompted anyway).
     acc, _, _ = feed_all([f'<code_interpreter lang="python">1/0{END}'])
     assert code_items(acc)[0]["attributes"] == {"lang": "python"}
 
@@ -152,7 +153,7 @@ SAMPLES = [
     f"Let me compute.\n{START}\nprint(1 + 1)\n{END}\n\nDone.",
     f"{START}a = 1{END}",
     f"  {START}  a < b  {END}  after  ",
-    f"<code_interpreter>x</code_interpreter>{START}y{END}z",  # two blocks in one chunk (Q3)
+    f"<code_interpreter>x</code_interpreter>{START}y{END}z",  # two blocks in one chunk
     f"<think>plan</think>{START}code{END}<|begin_of_solution|>S<|end_of_solution|>",
     f"{START}print('<think>not a tag</think>'){END}",
     f"{START}never closes  ",

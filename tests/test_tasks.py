@@ -1,7 +1,7 @@
 """Tests for engine.context.tasks: task-model prompts and the parsing of their replies.
 
 No vectors were recorded for the background tasks; the cases are hand-written
-from the behaviour spec (§11, §5.2, §5.4), each expectation written out. Q18:
+from Open WebUI's documented behaviour, each expectation written out.
 Open WebUI takes the query JSON from the LAST ``{``, so a nested object breaks
 it; turnlog parses the first complete JSON object that has the key.
 """
@@ -253,7 +253,7 @@ def test_parse_follow_ups(reply: str, expected: list[str] | TaskFailure) -> None
     ("reply", "expected"),
     [
         ('{"queries": ["cat lifespan", "cat diet"]}', Queries(["cat lifespan", "cat diet"])),
-        # Q18: Open WebUI reads from the LAST "{" ('{}') and finds no queries.
+        # Open WebUI reads from the LAST "{" ('{}') and finds no queries.
         ('{"queries": ["cat lifespan"], "x": {}}', Queries(["cat lifespan"])),
         ('Thinking... {"reason": "needs data"} then {"queries": ["a"]}', Queries(["a"])),
         ('{"queries": [" a ", "a", "", 5, "b"]}', Queries(["a", "b"])),

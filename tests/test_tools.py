@@ -3,8 +3,9 @@ the tool-module loader (adapters.tools).
 
 The table-driven parts run the vectors recorded from Open WebUI 0.12.4 (copied
 into tests/vectors/). Entries that turnlog does not reproduce on purpose are
-listed below with the reason, never skipped silently; where a vector records a
-quirk of §15 (Q8, Q22), the test asserts turnlog's fixed behaviour and that it
+listed below with the reason, never skipped silently; where a vector records an
+Open WebUI quirk that turnlog fixes (a direct tool's 2-item list read as
+``(data, headers)``; unfiltered or invalid arguments replayed), the test asserts turnlog's fixed behaviour and that it
 differs from the recording.
 """
 
@@ -125,7 +126,7 @@ ARGUMENT_EXCLUDED = {
 }
 
 
-#: Q22: Open WebUI records the unfiltered arguments (python_literal_dict) or leaves invalid
+#: Open WebUI records the unfiltered arguments (python_literal_dict) or leaves invalid
 #: ones as they came (the rest); turnlog records what ran ("{}" when nothing could run).
 Q22_DIFFERS = {"python_literal_dict", "garbage", "trailing_garbage", "json_array", "json_null", "json_string"}
 
@@ -142,7 +143,7 @@ async def test_argument_parsing_vectors(v: dict[str, Any]) -> None:
 
     execution = await execute_tool_call(name, v["input"]["arguments"], handles, make_ctx())
 
-    # Q22: the recorded/replayed arguments are exactly what ran, always a JSON object.
+    # The recorded/replayed arguments are exactly what ran, always a JSON object.
     assert execution.arguments_json == json.dumps(expected["params_passed_to_tool"])
     assert isinstance(json.loads(execution.arguments_json), dict)
     if expected["arguments_after"] != execution.arguments_json:
@@ -202,7 +203,7 @@ async def test_parameter_filtering_vectors(v: dict[str, Any]) -> None:
     assert handle.calls == [expected["params_passed_to_tool"]]
     assert filter_arguments(spec, json.loads(v["input"]["arguments"])) == expected["params_passed_to_tool"]
     assert execution.arguments == expected["params_passed_to_tool"]
-    # Q22: Open WebUI replays the unfiltered arguments; turnlog replays what ran.
+    # Open WebUI replays the unfiltered arguments; turnlog replays what ran.
     assert execution.arguments_json == json.dumps(expected["params_passed_to_tool"])
     assert execution.result.text == normalize_result(expected["raw_result"], spec.name).text
 
@@ -283,7 +284,8 @@ def test_duck_typed_html_response_with_bytes_body() -> None:
 
 
 def test_response_envelope_for_json_only_tools() -> None:
-    """Q8 fix: a direct/client tool that means (body, headers) says so explicitly."""
+    """A direct/client tool that means (body, headers) says so explicitly: a
+    genuine 2-item list stays a list."""
     value = {"__turnlog_response__": {"body": "<i>hi</i>", "headers": {"Content-Disposition": "inline", "Content-Type": "text/html"}}}
     result = normalize_result(value, "d", direct=True)
     assert result.embeds == ["<i>hi</i>"]

@@ -3,7 +3,7 @@
 The scripted upstream refuses, as OpenAI does, any top-level request field the
 vendor does not accept (the fields come from the installed ``openai`` SDK's
 request types). Against it: no turnlog extension field reaches an upstream;
-an upstream's error is answered to the client as API.md's error rules say
+an upstream's error is answered to the client as the error rules of docs/reference/basics.md say
 (checked through real HTTP with the ``openai`` SDK, over SSE, the Responses
 API and the WebSocket); a forcing ``tool_choice`` is sent on the first model
 call only. Oracles: the SDK's own signatures and exceptions, what the upstream

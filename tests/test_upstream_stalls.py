@@ -1,6 +1,6 @@
-"""Upstreams that stall or trickle, and a client that reads nothing (API.md §3
-upstream faults, §9): the right timeout fires, memory per turn stays bounded,
-and the outcome is recorded in the log."""
+"""Upstreams that stall or trickle, and a client that reads nothing (upstream
+faults, docs/guides/drain-and-faults.md): the right timeout fires, memory per
+turn stays bounded, and the outcome is recorded in the log."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""WebSocket frames written together (issue 13, ``thousands_ws``).
+"""WebSocket frames written together (the ``thousands_ws`` bench scenario).
 
 The oracle for "fewer writes" is the client's kernel: ``TCP_INFO``'s
 ``tcpi_data_segs_in`` counts the data segments that reached the client's

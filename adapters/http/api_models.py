@@ -4,7 +4,7 @@ The handlers build their answers as dicts (the hot paths serialize by hand);
 these models describe those dicts for ``GET /openapi.json``
 (``adapters.http.openapi``), and the fuzz tests check the live answers
 against them, so a handler that drifts from its model fails a test. Models
-allow extra fields: the API grows by adding fields (API.md), and an older
+allow extra fields: the API grows by adding fields, and an older
 client must keep parsing.
 """
 
@@ -32,7 +32,7 @@ class ErrorDetail(_Open):
 
 
 class ErrorResponse(BaseModel):
-    """Every error, in the OpenAI shape (API.md §7)."""
+    """Every error, in the OpenAI shape."""
 
     error: ErrorDetail
 
@@ -140,7 +140,7 @@ class TurnError(_Open):
 
 
 class Turn(_Open):
-    """The turn as projected from its log (API.md §3)."""
+    """The turn as projected from its log (docs/reference/turns.md)."""
 
     id: str
     object: Literal["turn"] = "turn"

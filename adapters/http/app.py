@@ -243,6 +243,6 @@ def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:
 async def health(request: web.Request) -> web.Response:
     services = request.app.get(SERVICES)
     if services is not None and services.supervisor.draining:
-        # A load balancer stops sending new requests here (API.md §9, drain).
+        # A load balancer stops sending new requests here while running turns finish.
         return draining_response()
     return web.json_response({"ok": True})

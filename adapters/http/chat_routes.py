@@ -1,4 +1,4 @@
-"""``POST /v1/chat/completions`` and ``GET /v1/models`` (API.md §2)."""
+"""``POST /v1/chat/completions`` and ``GET /v1/models`` (docs/reference/chat-completions.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Live SSE output written from the turn actor's publish (``engine.run.follow.DirectOutput``).
 
 Without it every streamed chunk wakes the handler's task (one event-loop hop
-and task switch per chunk); with 200 concurrent paced streams that hop was
-most of the added latency (bench ``concurrent_paced``: p50 3-4 ms -> ~1 ms).
+and task switch per chunk); with many concurrent paced streams that hop is
+most of the latency turnlog adds.
 """
 
 from __future__ import annotations

@@ -54,7 +54,7 @@ STORE_RETRY_AFTER = 2
 
 
 def unavailable_response(message: str, code: str, retry_after: int, headers: dict[str, str] | None = None) -> web.Response:
-    """503 in the OpenAI error shape, with ``Retry-After`` (API.md §9)."""
+    """503 in the OpenAI error shape, with ``Retry-After``: the client may retry then."""
     return error_response(
         503, message, "service_unavailable_error", code, headers={**(headers or {}), "Retry-After": str(retry_after)}
     )

@@ -1,5 +1,5 @@
 """The OpenAI Responses API shapes of a turn: the request mapped onto a turn
-request, the ``response`` object and its typed SSE events (API.md §11).
+request, the ``response`` object and its typed SSE events (docs/guides/responses-api.md).
 
 A response is a turn (``resp_<turn_id>``). Its SSE events are derived from the
 turn's stream output (the chunks and events a follower yields at their stream

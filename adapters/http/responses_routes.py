@@ -1,4 +1,4 @@
-"""``/v1/responses``: the OpenAI Responses API over turns (API.md §11).
+"""``/v1/responses``: the OpenAI Responses API over turns (docs/guides/responses-api.md).
 
 A response is a turn: ``POST`` maps the body onto a turn request (the input
 items become messages, ``instructions`` the system message, function ``tools``
@@ -83,7 +83,7 @@ class ResponsesRequest(BaseModel):
     top_p: float | None = None
     max_output_tokens: int | None = Field(default=None, ge=1)
     parallel_tool_calls: bool | None = None
-    # turnlog's extensions (API.md §2)
+    # turnlog's extensions, as on /v1/chat/completions
     tool_ids: list[str] | None = None
     features: dict[str, bool] | None = None
     files: list[dict[str, Any]] | None = None

@@ -31,7 +31,7 @@ class Message(BaseModel):
 
 
 class ChatRequest(BaseModel):
-    """An OpenAI Chat Completions body plus turnlog's extensions (API.md §2)."""
+    """An OpenAI Chat Completions body plus turnlog's extensions (docs/reference/chat-completions.md)."""
 
     model_config = ConfigDict(extra="allow")
 
@@ -47,7 +47,7 @@ class ChatRequest(BaseModel):
     direct_tools: list[dict[str, Any]] | None = None
     background_tasks: dict[str, bool] | None = None
     # "client": the messages are the whole history (an edited conversation);
-    # "server" or absent: reconciled with the chat's stored history (API.md §8).
+    # "server" or absent: reconciled with the chat's stored history (docs/history.md).
     history: Literal["client", "server"] | None = None
     tools: list[dict[str, Any]] | None = None
 

@@ -1,4 +1,4 @@
-"""``turnlog serve``'s process loop: listen, then drain on SIGTERM (API.md §9).
+"""``turnlog serve``'s process loop: listen, then drain on SIGTERM (docs/guides/drain-and-faults.md).
 
 ``aiohttp.web.run_app`` stops listening at the first SIGTERM, so a client that
 starts a turn during a restart gets a refused connection and the running turns

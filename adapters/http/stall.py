@@ -1,4 +1,4 @@
-"""Dropping a client that stopped reading (API.md §9, faults).
+"""Dropping a client that stopped reading (docs/guides/drain-and-faults.md).
 
 A streaming client (SSE or WebSocket) that reads nothing never slows its turn:
 the turn writes the log, not the socket. What such a client costs is bounded

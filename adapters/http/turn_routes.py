@@ -1,4 +1,4 @@
-"""Turns and chats as projections of the log (API.md §3)."""
+"""Turns and chats as projections of the log (docs/reference/turns.md)."""
 
 from __future__ import annotations
 

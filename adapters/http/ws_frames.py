@@ -24,7 +24,7 @@ follows a delta window later), so that alone still made two writes per
 chunk. A frame added with ``hold`` (the pump's ``model.delta`` events, whose
 text the client already has from the ``delta`` messages) waits for the
 connection's next message, the next chunk's ``delta``, and goes out with it,
-at most ``HOLD_SECONDS`` later: ~1.2 instead of ~2.2 writes per chunk
+at most ``HOLD_SECONDS`` later: about one write per chunk instead of two
 (bench ``thousands_ws``, ``strace -c``).
 """
 

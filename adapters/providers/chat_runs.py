@@ -134,7 +134,7 @@ class TemplateRuns:
         while data[last - 1 : last] in _BLANKS:
             last -= 1
         head, tail = data[:first], data[last:]
-        expected = orjson.loads(orjson.dumps(obj))  # a deep copy of JSON data: 0.9 µs, copy.deepcopy 5.9 µs
+        expected = orjson.loads(orjson.dumps(obj))  # a deep copy of JSON data, ~6x cheaper than copy.deepcopy
         expected["choices"][0]["delta"] = {"content": "x"}
         try:
             if orjson.loads(head + _PROBE + tail) != expected:

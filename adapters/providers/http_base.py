@@ -30,9 +30,9 @@ each network read goes whole to a *framer* (``_post_stream``): ``SSEParser``
 (``adapters.providers.sse``) for the OpenAI transports, ``NDJSONLines`` for
 Ollama. ``_post_stream`` yields one *list* per network read (the events or lines
 that read completed), so the per-item work is a plain ``for`` loop with no
-coroutine resumption per item. Measured over loopback against ``async for line
-in response.content`` (``readline``): the same CPU when each read carries one
-event, ~1.6x cheaper per event when reads carry many (a fast upstream, or a
+coroutine resumption per item. Against ``async for line in response.content``
+(``readline``) it costs the same CPU when each read carries one event and
+less per event when reads carry many (a fast upstream, or a
 consumer that fell behind). There is no line-length limit (``readline`` raises
 ``LineTooLong`` above 128 KiB, which a large tool-call or image chunk can
 exceed). ``_sse_items`` decodes the ``data`` of each SSE event as one JSON

@@ -25,18 +25,15 @@ blank line; whether the stream ended *properly* is the transport's call, made
 from the events themselves (finish reason, terminal event).
 
 Why not a library: ``aiohttp-sse-client`` reconnects and buffers on its own
-(see above). The pure decoders were measured against this parser on the same
-body (20,000 chat chunks, each payload then given to ``orjson.loads``, reads of
-64 KiB / 1 KiB / 200 B): ``httpx-sse`` 0.4.3 (its ``SSELineDecoder`` and
-``SSEDecoder``, which work on ``str``: every read is decoded first) took
-2.4x / 2.0x / 1.6x the time per event, ``sseclient-py`` 1.9.0 (a sync
-generator, ``str`` too) 3.6x / 2.8x / 1.8x. This parser stays on ``bytes``,
+(see above). The pure decoders work on ``str`` (``httpx-sse``'s
+``SSELineDecoder``/``SSEDecoder``; ``sseclient-py``, a sync generator), so every
+read is decoded first, and they take up to twice the time per event or more on
+the same body. This parser stays on ``bytes``,
 splits a read with C-level ``split`` and hands ``data`` to ``orjson`` as is.
 
 The hot path: a typical read holds many ``data: {json}\\n\\n`` events (see
 ``SSEParser`` for the per-line work); a read with no CR is never copied for
-line endings. Measured with ``python -m bench --scenarios long_answer``: no
-slower than the ``data:``-only loop it replaced.
+line endings.
 """
 
 from __future__ import annotations

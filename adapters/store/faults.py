@@ -3,7 +3,7 @@
 A PostgreSQL restart or network cut, a connection pool that cannot hand out a
 connection in time, a SQLite file that is locked past its busy timeout or whose
 disk is full: none is the client's fault nor a bug, and each passes. The HTTP
-layer answers them 503 with ``Retry-After`` (API.md §9) instead of a 500, and a
+layer answers them 503 with ``Retry-After`` instead of a 500, and a
 running turn whose write failed is interrupted and resumed from what is durable
 once the store is back. Anything else (a constraint violation, a missing table)
 is a bug and stays a 500.

@@ -295,8 +295,8 @@ class SqlEventStore:
         # windows, which no caller awaits) is not begun sooner than that after
         # the previous commit began, so that it takes the windows sealed
         # meanwhile along. A commit's cost is mostly per transaction (a
-        # one-event commit ~400 µs of CPU, ~50 µs per event in a commit of
-        # 32: ``python -m bench.storebench gather --dir D``), and thousands of
+        # one-event commit costs as much CPU as eight events of a batch of 32,
+        # ``python -m bench.storebench gather --dir D``), and thousands of
         # slow streams each seal about one window per chunk. Any other
         # request (a start, a durable record, a release) ends the wait.
         self._gather = gather
@@ -718,10 +718,8 @@ class SqlEventStore:
         Why not a task on the event loop that hands each batch to the thread:
         the loop then decides the next batch only once it has run the previous
         one's callback, which a loop busy with a burst of turn starts runs
-        tens of milliseconds late (60-100 ms between two commits in a 200-turn
-        burst here, while the starts queued meanwhile waited), and under
-        thousands of streams a commit's p99 was 250-500 ms against 100-250 ms
-        now (bench/README.md, "Where a burst's starts wait"). The queue is a deque: the
+        tens of milliseconds late while the starts queued meanwhile wait, and
+        under thousands of streams that doubles a commit's tail latency. The queue is a deque: the
         loop appends, this thread pops from the other end, each one step
         under the GIL; ``threading.Event`` wakes the thread when it waits.
         """

@@ -45,8 +45,8 @@ ROWS_PER_INSERT = 1000 if sqlite3.sqlite_version_info >= (3, 32, 0) else 199
 #: statement text whatever their count), as ONE row: a JSON object id ->
 #: token. Not a row per turn: the sqlite3 module releases the GIL around the
 #: step of each row it fetches, and taking it back from a busy event loop
-#: thread can cost up to the switch interval (5 ms); a full batch at 2,000
-#: streams fenced ~1,000 turns. No lock needed: the writer holds the write
+#: thread can cost up to the switch interval (5 ms), and a full batch under
+#: thousands of streams fences about a thousand turns. No lock needed: the writer holds the write
 #: lock from BEGIN IMMEDIATE on.
 SELECT_FENCING = "SELECT json_group_object(id, fencing) FROM turns WHERE id IN (SELECT value FROM json_each(?))"
 

@@ -10,9 +10,9 @@ raises on the server or outlives its timeout becomes an error result — the
 engine records the result either way, so a replay never calls the server.
 
 What a call returns is the MCP ``content`` list (text, image, audio, resource
-parts), which ``engine.tools.calls.normalize_result`` processes as the
-behaviour spec §7.3 says for MCP; arguments are not filtered by the tool's
-schema (§7.2, the MCP bypass): the server validates them.
+parts), which ``engine.tools.calls.normalize_result`` processes as
+Open WebUI processes MCP results; arguments are not filtered by the tool's
+schema (as Open WebUI does for MCP): the server validates them.
 
 The session speaks the initialize handshake (``mode="legacy"``): the protocol
 every streamable-HTTP MCP server answers, with a server-side session
@@ -106,7 +106,7 @@ def _describe(exc: BaseException) -> str:
 
 
 def _content(result: Any) -> list[dict[str, Any]]:
-    """The ``content`` parts in MCP's wire shape (what §7.3 processes); a
+    """The ``content`` parts in MCP's wire shape (what ``normalize_result`` processes); a
     ``resource_link`` is a resource with only its uri."""
     parts: list[dict[str, Any]] = []
     for block in result.content:

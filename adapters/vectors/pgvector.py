@@ -28,8 +28,7 @@ JSON equality). The planner picks one of two plans:
 * for a selective filter (the chunks of a few files), the GIN index on
   ``metadata`` (``jsonb_path_ops``, migration 0006) gives the matching rows,
   which are sorted by exact distance. Without it, a filter matching 100 of
-  100,000 chunks made the iterative scan walk much of the graph: p90 143 ms;
-  with it p50 2-4 ms, p90 3-7 ms (``python -m bench --scenarios vector_query``).
+  100,000 chunks makes the iterative scan walk much of the graph.
 
 ``score`` is ``1 - (embedding <=> query)``, the cosine similarity.
 
@@ -37,11 +36,8 @@ Vectors travel in pgvector's binary form: ``pgvector.asyncpg.register_vector``
 installs the codec on every connection of the store's engine (a ``connect``
 hook), so an upsert sends each vector as ``4 + 4·dim`` bytes of float32 (a
 ``vector[]`` parameter) instead of ~20 characters of decimal text per
-component, formatted by Python and parsed by the server. Upserting 10,000
-384-d vectors in batches of 500 (``python -m bench.vectorbench codec``, see
-bench/README.md): client CPU 2.5-3.0 s -> 0.41-0.46 s, wall time 10.2-11.9 s
--> 8.0 s (the rest is the server's HNSW inserts); query latency unchanged
-(p50 ~1.7 ms, dominated by the round trip and SQLAlchemy).
+component, formatted by Python and parsed by the server: the client's CPU
+per upsert falls to about a sixth (``python -m bench.vectorbench codec``).
 """
 
 from __future__ import annotations

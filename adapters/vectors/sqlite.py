@@ -9,11 +9,9 @@ the first query and kept in step with every upsert and delete:
 * the unit vectors as one float32 matrix (row ``i`` is item ``ids[i]``; a
   delete moves the last row into the hole), so the cosine similarities of a
   query with all items are one matrix-vector product: ``numpy.einsum``, whose
-  single-threaded SIMD loop measured ~8 ms for 100,000 384-d rows here, where
-  OpenBLAS's ``sgemv`` (``matrix @ q``) took 13-16 ms and, with its threads,
-  waited for a second core on a busy machine. A query over 100,000 chunks
-  takes 9-12 ms (p50, ``python -m bench --scenarios vector_query``); the
-  previous pure-Python loop took seconds. Memory: ``4·dim`` bytes per item
+  single-threaded SIMD loop is faster than OpenBLAS's ``sgemv``
+  (``matrix @ q``), which with its threads waits for a second core on a busy
+  machine. Memory: ``4·dim`` bytes per item
   (150 MB for 100,000 384-d items), plus the ids;
 * for each metadata key used in a filter, the rows of each of its values
   (built the first time a filter names the key, from the table), so a filter

@@ -86,7 +86,7 @@ def _allowed_tools_auto(choice: dict[str, Any]) -> dict[str, Any] | None:
 
 def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
     """Prepend the model's system prompt to the system message wherever it is
-    (not only at index 0: quirk Q24), or insert one at the front."""
+    (not only at index 0, where Open WebUI looks), or insert one at the front."""
     if not system:
         return messages
     return add_or_update_system_message(system, list(messages), append=False)

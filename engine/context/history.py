@@ -1,4 +1,4 @@
-"""Reconciling a chat's stored history with the messages a client sends (API.md §8).
+"""Reconciling a chat's stored history with the messages a client sends (docs/history.md).
 
 A client that names a ``chat_id`` may send only its new messages, or the whole
 conversation it keeps itself (Open WebUI, OpenAI SDK apps). Its copy is not the

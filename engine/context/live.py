@@ -119,7 +119,7 @@ class LiveAssembler:
         history, chat_turns = History(), 0
         if turn.request.get("chat_id"):  # a chat the client names may have earlier turns
             views = [w for w in await chat_turn_views(self._store, turn.chat_id, before=turn.created_at) if w.id != turn.id]
-            # A Responses API upstream takes its own reasoning items back (Q10).
+            # A Responses API upstream takes its own reasoning items back (Open WebUI drops them).
             reasoning = REASONING_RESPONSES if resolved is not None and resolved.api == "responses" else None
             history, chat_turns = stored_history(views, reasoning_format=reasoning), len(views)
         draft = Draft(turn=turn, profile=_profile(resolved), request=dict(turn.request))

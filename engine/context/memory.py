@@ -1,4 +1,4 @@
-"""The user's memories as model context (behaviour spec §5.1, the ≤0.8.x format).
+"""The user's memories as model context (Open WebUI's ≤0.8.x format).
 
 Pure functions, no I/O. The caller searches the user's memories with the last
 user message as the query (``MemorySearch.search(user, query, k)``, k =
@@ -10,7 +10,8 @@ message::
     1. [2024-05-01] Likes green tea
     2. [Unknown Date] Lives in Lyon
 
-Unlike Open WebUI 0.8.x (quirk Q25) nothing is injected when nothing matched.
+Unlike Open WebUI 0.8.x nothing is injected when nothing matched (pinned by
+tests/test_memory_block.py::test_q25_nothing_matched_gives_no_block).
 Dates are UTC (Open WebUI used the server's local time zone).
 """
 
@@ -41,7 +42,7 @@ def memory_date(created_at: float | None) -> str:
 def memory_block(hits: Sequence[MemoryHit]) -> str | None:
     """``User Context:`` and one line ``N. [date] memory`` per hit, in the given
     order; hits whose content is blank are left out (and not numbered). None
-    when no memory is left (Q25: Open WebUI injected an empty block)."""
+    when no memory is left (Open WebUI injected an empty block)."""
     lines = [HEADER]
     for hit in hits:
         content = hit.content.strip()

@@ -1,17 +1,18 @@
-"""Chat-message helpers used by context assembly (behaviour spec §4.1–4.3).
+"""Chat-message helpers used by context assembly, after Open WebUI's.
 
 Pure functions over OpenAI Chat Completions messages. Unlike Open WebUI's
 helpers they never mutate their input: every function returns a new list (the
 messages it edits are copied; the others are shared). The places where turnlog
-deliberately differs from Open WebUI 0.12.4 (spec §15) are marked with the
-quirk number:
+deliberately differs from Open WebUI 0.12.4 (each pinned by a vector override
+in tests/test_messages.py::test_message_helper_vectors or
+tests/test_messages.py::test_apply_params_vectors):
 
-* Q14 ``apply_params_to_form_data`` converts ``logit_bias`` before the generic
+* ``apply_params_to_form_data`` converts ``logit_bias`` before the generic
   copy, so the conversion actually happens.
-* Q15 ``strip_empty_content_blocks`` treats ``text: null`` as empty (no crash).
-* Q16 ``update_message_content`` edits ONE text part of list content (the
+* ``strip_empty_content_blocks`` treats ``text: null`` as empty (no crash).
+* ``update_message_content`` edits ONE text part of list content (the
   first), not every one.
-* Q24 ``add_or_update_system_message`` finds a system message at any index and
+* ``add_or_update_system_message`` finds a system message at any index and
   keeps its list parts; ``merge_system_messages`` keeps every text part of a
   list-content system message, not only the first.
 """
@@ -26,7 +27,7 @@ from engine.context.extensions import TURNLOG_PARAMS
 
 Message = dict[str, Any]
 
-#: Spec §4.1: keys of ``params`` that steer Open WebUI / turnlog and are never
+#: Keys of ``params`` that steer Open WebUI / turnlog and are never
 #: model parameters: the one list, ``engine.context.extensions.TURNLOG_PARAMS``.
 OWUI_ONLY_PARAMS = TURNLOG_PARAMS
 
@@ -57,7 +58,7 @@ def update_message_content(message: Message, text: str, append: bool = True) -> 
     """A copy of ``message`` with ``text`` added after (``append``) or before its content.
 
     String content becomes ``old\\ntext`` / ``text\\nold``. With list content
-    only the FIRST text part is edited (Open WebUI edits every text part, Q16);
+    only the FIRST text part is edited (Open WebUI edits every text part);
     a list without a text part gets one (at the end when appending, at the
     front when prepending). Missing/None content becomes ``text``.
     """
@@ -97,14 +98,14 @@ def _all_text(content: Any) -> str:
 
 
 # --------------------------------------------------------------------------
-# Message editing (spec §4.2)
+# Message editing
 # --------------------------------------------------------------------------
 
 
 def add_or_update_system_message(text: str, messages: list[Message], append: bool = False) -> list[Message]:
-    """Add ``text`` to the first system message wherever it is (Q24: Open WebUI
+    """Add ``text`` to the first system message wherever it is (Open WebUI
     looks only at index 0 and otherwise inserts a duplicate), by default
-    PREPENDING it; list parts are kept (one text part edited, Q16). Without a
+    PREPENDING it; list parts are kept (one text part edited). Without a
     system message a new one is inserted at index 0."""
     out = list(messages)
     for i, message in enumerate(out):
@@ -177,7 +178,7 @@ def get_last_user_message(messages: list[Message]) -> str | None:
 
 
 # --------------------------------------------------------------------------
-# System merge and empty blocks (spec §4.3)
+# System merge and empty blocks
 # --------------------------------------------------------------------------
 
 
@@ -186,8 +187,8 @@ def merge_system_messages(messages: list[Message]) -> list[Message]:
 
     The system texts are joined with ``\\n`` (empty ones dropped); the other
     messages keep their order. Unlike Open WebUI, a list-content system message
-    contributes ALL of its text parts (Open WebUI keeps only the first; the
-    quirk behind Q24), and its non-text parts are kept after the text. With no
+    contributes ALL of its text parts (Open WebUI keeps only the first, which
+    loses the parts of the duplicate it inserted), and its non-text parts are kept after the text. With no
     system text and no other parts the system messages are simply removed.
     """
     texts: list[str] = []
@@ -222,7 +223,7 @@ def _is_empty_text_part(part: Any) -> bool:
 def strip_empty_content_blocks(messages: list[Message]) -> list[Message]:
     """Drop empty or whitespace-only ``text`` parts from list content, unless
     that would leave the list empty (then the message is unchanged). String
-    content is untouched. ``text: null`` counts as empty (Open WebUI raises, Q15)."""
+    content is untouched. ``text: null`` counts as empty (Open WebUI raises)."""
     out: list[Message] = []
     for message in messages:
         content = message.get("content")
@@ -235,7 +236,7 @@ def strip_empty_content_blocks(messages: list[Message]) -> list[Message]:
 
 
 # --------------------------------------------------------------------------
-# Model params (spec §4.1)
+# Model params
 # --------------------------------------------------------------------------
 
 
@@ -314,7 +315,7 @@ def apply_params_to_form_data(form_data: Mapping[str, Any], model: Mapping[str, 
       keys (``OWUI_ONLY_PARAMS``).
     * ``custom_params``: string values are JSON-decoded when possible and
       deep-merged into the params.
-    * ``logit_bias`` is converted to an object first (Q14: Open WebUI copies the
+    * ``logit_bias`` is converted to an object first (Open WebUI copies the
       raw string and then skips the conversion); unparseable values are dropped.
     * Ollama models (``owned_by == "ollama"``): ``options = {**params,
       **existing_options}`` (existing options win); ``format``, ``keep_alive``

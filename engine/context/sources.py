@@ -1,6 +1,6 @@
 """Retrieved sources as model context: ``<source>`` tags, the RAG template, citation numbers.
 
-Pure functions, no I/O (behaviour spec §4.4). A *source* is Open WebUI's shape,
+Pure functions, no I/O. A *source* is Open WebUI's shape,
 ``{"source": {"id", "name", "type", ...}, "document": [text, ...],
 "metadata": [{"source", "name", "url"?, ...}, ...], "distances"?: [...]}``:
 document ``i`` goes with metadata ``i``. Each document is cited by a number
@@ -9,14 +9,17 @@ document ``i`` goes with metadata ``i``. Each document is cited by a number
 so documents of one file share a number, and passing the ``source_ids`` of an
 earlier call keeps the numbers of a turn stable across calls.
 
-Where turnlog deliberately differs from Open WebUI 0.12.4 (spec §15):
+Where turnlog deliberately differs from Open WebUI 0.12.4:
 
-* Q12, Q13: ``rag_template`` substitutes every placeholder in ONE pass over the
+* ``rag_template`` substitutes every placeholder in ONE pass over the
   template, so a ``[query]`` or ``{{CONTEXT}}`` written inside the retrieved
   context (or the query) stays as it is, and the template's own ``[query]`` gets
-  the question.
+  the question (Open WebUI's ``[query]`` protection is inverted and it
+  substitutes a ``{{CONTEXT}}`` inside the context again; pinned by
+  tests/test_sources.py::test_rag_template_vectors).
 * ``apply_source_context`` edits the LAST USER message wherever it is (not only
-  when it is the last message) and only its first text part (Q16).
+  when it is the last message) and only its first text part (Open WebUI
+  edits every text part).
 
 Kept as Open WebUI does it: the ``name`` attribute and the body are not
 escaped (only the operator-chosen extra metadata attributes are).
@@ -221,7 +224,7 @@ def rag_template(template: str | None, context: str, query: str, *, now: datetim
 
     ``[context]``/``{{CONTEXT}}`` → ``context``, ``[query]``/``{{QUERY}}`` →
     ``query``, and the date/user variables of ``date_variables``. One pass over
-    the template: nothing inserted is ever substituted again (Q12, Q13).
+    the template: nothing inserted is ever substituted again.
     """
     if not template or not template.strip():
         template = DEFAULT_RAG_TEMPLATE

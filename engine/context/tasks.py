@@ -1,6 +1,6 @@
 """Task-model prompts and their replies: titles, tags, follow-ups, search queries.
 
-Pure functions, no I/O (behaviour spec §11, §5.2, §5.4). A task is one
+Pure functions, no I/O, after Open WebUI's background tasks. A task is one
 non-streamed request to the task model whose only message is a user message
 holding the rendered template (``task_request``); the reply's text goes to the
 task's parser, which returns the typed result or a ``TaskFailure`` saying why
@@ -16,13 +16,15 @@ Template variables (``render_task_template``): ``{{MESSAGES}}``,
 ``:start:n``, ``:end:n``, ``:middletruncate:n``), and the date/user variables of
 ``engine.context.sources.date_variables``. Messages render as ``ROLE: content``
 lines. All variables are substituted in one pass, so chat text that contains a
-placeholder is never substituted (the fix of Q13, applied here too).
+placeholder is never substituted (as in ``rag_template``; Open WebUI substitutes
+placeholders inside inserted text again).
 
 Where turnlog deliberately differs from Open WebUI 0.12.4:
 
-* Q18: a reply's JSON is the first complete JSON object that has the expected
+* A reply's JSON is the first complete JSON object that has the expected
   key (never the text from the last ``{``), so ``{"queries": [...], "x": {}}``
-  and a reply with prose or a second object around the answer both parse.
+  and a reply with prose or a second object around the answer both parse
+  (pinned by tests/test_tasks.py::test_parse_queries).
 * ``parse_queries``: a reply that holds JSON without a usable ``queries`` list
   is a failure (the caller then searches for the user message), not an empty
   list that silently skips the search; a reply with no JSON at all is used
@@ -317,7 +319,7 @@ def json_objects(text: str) -> Iterator[dict[str, Any]]:
 
 def reply_field(reply: str, key: str) -> tuple[bool, Any]:
     """``(True, value)`` of ``key`` in the first complete JSON object of ``reply``
-    that has it (Q18); ``(False, None)`` when none has it."""
+    that has it; ``(False, None)`` when none has it."""
     for obj in json_objects(reply if isinstance(reply, str) else ""):
         if key in obj:
             return True, obj[key]
@@ -399,7 +401,8 @@ def parse_follow_ups(reply: str) -> list[str] | TaskFailure:
 
 
 def parse_queries(reply: str) -> Queries | TaskFailure:
-    """Search queries from a query-generation reply (spec §5.2, §5.4, Q18 fixed).
+    """Search queries from a query-generation reply (the first complete JSON object
+    with ``queries``, not Open WebUI's last ``{``).
 
     * ``{"queries": [...]}`` (the first complete object that has the key): the
       strings, trimmed, blank ones, non-strings and repeats dropped;
@@ -445,7 +448,7 @@ def query_warning(result: Queries | TaskFailure, queries: Sequence[str]) -> str 
 
 
 def retrieval_queries(result: Queries | TaskFailure, user_message: str | None) -> list[str]:
-    """Files/RAG (§5.4): the generated queries; when there are none (a failure or
+    """Files/RAG: the generated queries; when there are none (a failure or
     an empty list) the user message is the query."""
     if isinstance(result, Queries) and result.queries:
         return list(result.queries)
@@ -453,7 +456,7 @@ def retrieval_queries(result: Queries | TaskFailure, user_message: str | None) -
 
 
 def web_search_queries(result: Queries | TaskFailure, user_message: str | None) -> list[str]:
-    """Web search (§5.2): the generated queries (an empty list: no search); on a
+    """Web search: the generated queries (an empty list: no search); on a
     failure the user message is the query."""
     if isinstance(result, Queries):
         return list(result.queries)

@@ -1,9 +1,8 @@
 """Pure folding of an upstream Chat Completions stream into output items.
 
 Open WebUI stores an assistant answer as a list of Responses-API-shaped output
-items (behaviour spec §1.1) and builds that list while the provider streams
-(§6.3), cutting reasoning/solution blocks out of the text with tag detection
-(§6.7). turnlog records the raw chunks durably and *re-runs this fold* on
+items and builds that list while the provider streams, cutting
+reasoning/solution blocks out of the text with tag detection. turnlog records the raw chunks durably and *re-runs this fold* on
 replay, so everything here is deterministic and free of I/O, clocks and random
 ids: item ids come from an injected ``id_factory`` and no timing fields
 (``started_at``/``ended_at``/``duration``) are produced.
@@ -16,15 +15,20 @@ Three parts:
   into items, plus the :class:`Piece` stream a live client should be shown.
 * :func:`normalize_usage` / :func:`merge_usage` — the usage bookkeeping.
 
-Deliberate differences from Open WebUI 0.12.4 (spec §15 and below):
+Deliberate differences from Open WebUI 0.12.4:
 
-* Q3: after a block closes, the leftover text is parsed again in the same call
-  and only the opening tag is removed, so two blocks in one chunk both work.
-* Q7: every text part is ``output_text``.
-* Q19: merging usage sums the ``prompt_tokens``/``completion_tokens`` aliases
-  too, so they always agree with ``input_tokens``/``output_tokens``.
-* Q21: :meth:`Accumulator.mark_incomplete` marks interrupted items
-  ``incomplete`` instead of pretending they completed.
+* After a block closes, the leftover text is parsed again in the same call
+  and only the opening tag is removed, so two blocks in one chunk both work
+  (Open WebUI leaks the second block into the answer; pinned by
+  tests/test_stream.py::test_think_tag_vector).
+* Every text part is ``output_text`` (Open WebUI pads with ``text`` parts,
+  which its history replay then cannot read).
+* Merging usage sums the ``prompt_tokens``/``completion_tokens`` aliases
+  too, so they always agree with ``input_tokens``/``output_tokens`` (pinned by
+  tests/test_stream.py::test_merge_usage_sums_aliases_across_rounds_q19).
+* :meth:`Accumulator.mark_incomplete` marks interrupted items
+  ``incomplete`` instead of pretending they completed (pinned by
+  tests/test_stream.py::test_mark_incomplete_keeps_finished_items_completed).
 * The fold does not depend on how the provider cut the text into chunks.
   Open WebUI shows a possible partial tag (``"<thi"``) and retracts it later,
   and it left-strips the text after a closing tag only when it arrives in the
@@ -37,12 +41,12 @@ Deliberate differences from Open WebUI 0.12.4 (spec §15 and below):
   tries the tags in list order, so a later ``<think>`` could beat an earlier
   ``<reason>``).
 * Inside an open block only its own end tag is looked for; other start tags in
-  it are literal text (with Q3 this is what "remove only the first start tag"
-  means).
+  it are literal text (this is what "remove only the first start tag" means
+  when the leftover is parsed again).
 * Attribute text in a start tag (``<think type="x">``) is limited to
   :data:`ATTRIBUTE_LIMIT` characters on one line, so that a stray ``<think ``
   in prose holds back at most that much text from a live client.
-* Legacy code-interpreter blocks (``code_interpreter=True``, §6.7/§6.8) are
+* Legacy code-interpreter blocks (``code_interpreter=True``) are
   items of type ``code_interpreter`` (Open WebUI: ``open_webui:code_interpreter``;
   history conversion accepts both). Reading does not stop at
   ``</code_interpreter>``: text after it goes to a new message item, as
@@ -97,7 +101,7 @@ class ChunkParts:
     content: str | None = None
     reasoning: str | None = None
     #: Raw ``delta.tool_calls`` fragments, untouched: their accumulation by
-    #: index/id is a separate concern (spec §6.5, quirks Q1/Q2).
+    #: index/id is a separate concern (``ChatToolCalls`` in ``engine.protocols.chat``).
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -120,11 +124,11 @@ def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
     """Split one parsed Chat Completions chunk into its meaningful parts.
 
     Never raises, whatever the dict holds: a provider bug must not abort a turn
-    (Open WebUI skips what it cannot read, §6.3). Only the first choice is
+    (Open WebUI skips what it cannot read too). Only the first choice is
     read (turnlog always requests ``n=1``). A choice without a ``delta`` but
     with a ``message`` dict is read from the message, because some gateways
     send whole messages in stream chunks. ``usage`` also absorbs llama.cpp's
-    top-level ``timings`` (spec §6.3 step 6), with ``usage`` keys winning.
+    top-level ``timings``, with ``usage`` keys winning.
     """
     if not isinstance(chunk, dict):
         return ChunkParts()
@@ -181,7 +185,7 @@ def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
 #: tag pair.
 TagKind = Literal["reasoning", "solution", "code_interpreter"]
 
-#: Spec §6.2: the default reasoning tag pairs.
+#: The default reasoning tag pairs (Open WebUI's set).
 DEFAULT_REASONING_TAGS: Final[tuple[tuple[str, str], ...]] = (
     ("<think>", "</think>"),
     ("<thinking>", "</thinking>"),
@@ -193,10 +197,10 @@ DEFAULT_REASONING_TAGS: Final[tuple[tuple[str, str], ...]] = (
     ("◁think▷", "◁/think▷"),
 )
 
-#: Spec §6.2: solution tags are always detected.
+#: Solution tags are always detected, whatever the reasoning tag setting.
 SOLUTION_TAGS: Final[tuple[tuple[str, str], ...]] = (("<|begin_of_solution|>", "<|end_of_solution|>"),)
 
-#: Spec §6.2/§6.7: detected only in legacy function calling with the code
+#: Detected only in legacy function calling with the code
 #: interpreter feature on (``Accumulator(code_interpreter=True)``).
 CODE_INTERPRETER_TAGS: Final[tuple[tuple[str, str], ...]] = (("<code_interpreter>", "</code_interpreter>"),)
 
@@ -220,7 +224,7 @@ class TagSpec:
 
     @property
     def takes_attributes(self) -> bool:
-        """``<name>`` tags may carry ``key="value"`` attributes (§6.7);
+        """``<name>`` tags may carry ``key="value"`` attributes;
         other spellings (``◁think▷``) are matched literally."""
         return len(self.start) > 2 and self.start.startswith("<") and self.start.endswith(">")
 
@@ -275,7 +279,7 @@ def _with_text_part(
 
 
 def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, str]) -> tuple[dict[str, Any], _Buf]:
-    """Spec §1.1 (``open_webui:code_interpreter``): the block's text is ``code``;
+    """Open WebUI's ``open_webui:code_interpreter`` item: the block's text is ``code``;
     ``output`` stays None until the engine has run it."""
     item: dict[str, Any] = {
         "type": "code_interpreter",
@@ -292,7 +296,7 @@ def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, s
 
 
 def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
-    """Spec §6.2: ``False`` disables, a 2-element list replaces the set.
+    """``False`` disables, a 2-element list replaces the set (Open WebUI's setting).
 
     Anything else (``None``, ``True``, a malformed list) means the defaults,
     because the value comes from user-supplied request params and a bad value
@@ -314,7 +318,7 @@ def _scanners(reasoning: tuple[tuple[str, str], ...], code_interpreter: bool) ->
     """An accumulator's two scanners, built once per tag set (every view of
     every turn makes an accumulator: its specs and their hashes are not
     rebuilt each time). Once native reasoning exists, reasoning tags are
-    literal text (§6.7); solution and code-interpreter tags are still detected."""
+    literal text; solution and code-interpreter tags are still detected."""
     reasoning_specs = [TagSpec("reasoning", s, e) for s, e in reasoning]
     other_specs = [TagSpec("solution", s, e) for s, e in SOLUTION_TAGS]
     if code_interpreter:
@@ -495,7 +499,7 @@ _NATIVE_SPEC: Final[TagSpec] = TagSpec("reasoning", "<think>", "</think>")
 class Accumulator:
     """Folds one model response (raw ``delta.content`` chunks and native
     reasoning text) into output items the way Open WebUI's streaming handler
-    and tag parser do (spec §6.3, §6.7), minus the quirks listed in the module
+    and tag parser do, minus the quirks listed in the module
     docstring.
 
     Use: call :meth:`feed_text` / :meth:`feed_reasoning` per chunk and show the
@@ -504,7 +508,7 @@ class Accumulator:
     Feeding after any of these three raises ``RuntimeError``.
 
     With ``code_interpreter=True`` (legacy function calling with the code
-    interpreter feature on, §6.2) ``<code_interpreter ...>`` blocks become
+    interpreter feature on) ``<code_interpreter ...>`` blocks become
     ``code_interpreter`` items; :attr:`pending_code` is a finished block the
     engine should run and :meth:`set_code_output` stores its result. With
     ``stop_after_code=True`` as well, the input ends at the first block's
@@ -560,7 +564,7 @@ class Accumulator:
             return []
         self._raw.append(text)
         if self._native_open:
-            # §6.3: content after native reasoning closes it; a new message follows.
+            # Content after native reasoning closes it; a new message follows.
             self._close_native()
         out: list[Piece] = []
         pending = self._pending
@@ -617,7 +621,7 @@ class Accumulator:
         return True
 
     def feed_reasoning(self, text: str) -> list[Piece]:
-        """Fold native reasoning text (``reasoning_content`` & co., §6.3).
+        """Fold native reasoning text (``reasoning_content`` & co.).
 
         The first native text creates a reasoning item marked
         ``attributes.type == "reasoning_content"``: appended and in progress
@@ -678,7 +682,7 @@ class Accumulator:
         return out
 
     def finish(self, *, strip: bool = True) -> None:
-        """Normal end of stream, spec §6.3 step 7 and §6.9 step 1.
+        """Normal end of stream.
 
         The last message item is stripped and removed if that empties it; an
         empty output gets one empty message item back (so a turn always has
@@ -723,8 +727,8 @@ class Accumulator:
 
     def mark_incomplete(self) -> None:
         """Cancellation or failure: keep everything received (held-back text
-        included) and mark every item still in progress ``incomplete`` (Q21:
-        an interrupted item must not look completed). Items that had already
+        included) and mark every item still in progress ``incomplete`` (an
+        interrupted item must not look completed, unlike in Open WebUI). Items that had already
         ended stay ``completed``. Terminal, like :meth:`finish`."""
         if self._state == "done":
             return
@@ -753,7 +757,7 @@ class Accumulator:
     @property
     def content(self) -> str:
         """Every ``delta.content`` chunk joined raw, tags included: Open
-        WebUI's ``content`` string (§6.9 step 5). Native reasoning is not in it."""
+        WebUI's ``content`` string. Native reasoning is not in it."""
         if len(self._raw) > 1:
             self._raw[:] = ["".join(self._raw)]
         return self._raw[0] if self._raw else ""
@@ -825,7 +829,7 @@ class Accumulator:
         """Classify ``s`` (held-back tail + new chunk): text, tags, block text.
 
         Loops instead of stopping after a closing tag, so the leftover is
-        parsed in the same call (Q3). Only ``s`` is scanned, never the text
+        parsed in the same call (two blocks in one chunk both work). Only ``s`` is scanned, never the text
         already stored in items.
         """
         self._pending = ""
@@ -884,7 +888,7 @@ class Accumulator:
             block.item["status"] = "completed"
             if self._stop_after_code and block.spec.kind == "code_interpreter":
                 self.code_closed = True
-        # §6.7: the text after the end tag is left-stripped.
+        # As in Open WebUI, the text after the end tag is left-stripped.
         self._drop_lead_ws = True
 
     def _cut(self, rest: str) -> None:
@@ -1064,7 +1068,7 @@ def merge_usage(current: dict[str, Any] | None, incoming: dict[str, Any] | None)
     several calls per turn).
 
     Canonical tokens, cost keys and ``*_tokens_details`` maps are summed;
-    other provider keys take the latest value. Unlike Open WebUI (Q19),
+    other provider keys take the latest value. Unlike Open WebUI,
     ``prompt_tokens``/``completion_tokens`` are set to the summed input/output
     so the aliases never disagree with the canonical fields.
     """

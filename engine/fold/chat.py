@@ -68,7 +68,7 @@ def answer_of(view: TurnView, reasoning_format: str | None = None) -> Answer | N
     brings the ``tool`` messages that answer them. A turn with no output (failed
     early) has no answer. ``reasoning_format``: as ``convert_output_to_messages``
     takes it (``"responses"`` for a Responses API upstream, which takes its own
-    reasoning items back: Q10).
+    reasoning items back; Open WebUI drops them).
     """
     if not view.output and not view.content:
         return None

@@ -328,7 +328,7 @@ class TurnView:
             self.calls[item["call_id"]] = item
             self.round_calls.append(item)
         elif item.get("type") == "reasoning" and has_provider_reasoning(item):
-            # Q10: the provider's own reasoning item (its id, its encrypted
+            # The provider's own reasoning item (its id, its encrypted
             # content) goes with the reasoning the stream showed, so that a
             # Responses API upstream gets it back in continuations.
             for mine in reversed(self.acc.output):

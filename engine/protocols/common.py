@@ -18,10 +18,12 @@ clock, and every id that the provider did not supply comes from the injected
 ``id_factory(prefix)`` (prefix ``"call"``), in a fixed order.
 
 Deliberate differences from Open WebUI 0.12.4 shared by the protocols (the
-Chat-only ones, Q1/Q2, are in ``engine.protocols.chat``):
+Chat-only ones, about fragments without an index and repeated indexes, are in
+``engine.protocols.chat``):
 
-* Q4: :func:`split_tool_calls` (§7.1) returns the pieces in place of the
-  glued call; the glued call is not kept anywhere.
+* :func:`split_tool_calls` returns the pieces in place of the glued call; the
+  glued call is not kept anywhere (Open WebUI keeps it as a call without a
+  result; pinned by tests/test_normalize.py::test_q4_glued_call_is_replaced_by_its_pieces).
 * Ids (:class:`CallIds`): a call without a provider id gets
   ``id_factory("call")`` (Open WebUI: random ``fc_<hex>``). A provider id that
   is already taken — by an earlier call of the same stream or by
@@ -204,7 +206,7 @@ def named_calls(calls: Iterable[ToolCall]) -> tuple[list[ToolCall], list[StreamW
 
 
 # --------------------------------------------------------------------------
-# Splitting glued arguments (§7.1)
+# Splitting glued arguments
 # --------------------------------------------------------------------------
 
 
@@ -232,12 +234,12 @@ def split_json_values(text: str) -> list[str] | None:
 
 
 def split_tool_calls(calls: Sequence[ToolCall], id_factory: IdFactory) -> list[ToolCall]:
-    """Spec §7.1: a call whose arguments are several concatenated JSON values
+    """A call whose arguments are several concatenated JSON values
     (``{"q":"A"}{"q":"B"}``, some models' way of asking for parallel calls)
     becomes one call per value, in order, each with a fresh id from
     ``id_factory("call")`` (also its ``item_id``) and the exact value text as
     arguments. Calls with zero or one value, or with anything undecodable,
-    are returned unchanged (the same object). Q4: the glued call is replaced,
+    are returned unchanged (the same object). The glued call is replaced,
     not kept.
     """
     result: list[ToolCall] = []

@@ -1,27 +1,28 @@
 """History: stored output items → Chat Completions messages, the engine's canonical transcript.
 
-A turn's answer is stored as output items (§1.1: ``message``,
+A turn's answer is stored as output items (Open WebUI's: ``message``,
 ``function_call``, ``function_call_output``, ``reasoning``, code-interpreter
 items); the model is shown a transcript of Chat Completions messages, whatever
 protocol the upstream speaks. This module is that protocol-neutral step, pure
-functions (behaviour spec §8); the protocol modules (``chat``, ``responses``,
+functions, as Open WebUI converts history; the protocol modules (``chat``, ``responses``,
 ``ollama``) map the transcript onto their wire format.
 
-* ``convert_output_to_messages`` turns an assistant turn's output items (§1.1)
+* ``convert_output_to_messages`` turns an assistant turn's output items
   into Chat Completions messages (assistant / tool / user-with-images);
 * ``process_messages_with_output`` and ``sanitize_tool_pairs`` prepare a whole
-  chat history (§8.2);
+  chat history;
 * ``for_model`` shows tool-result images to the model.
 
 Keys turnlog reads on stored items beyond Open WebUI's:
 
 * ``function_call.arguments_ran`` — the (filtered) arguments the tool was
   actually called with, as an object or a JSON object string. When present it
-  is what gets replayed to the model (Q22: Open WebUI replays the unfiltered
-  arguments). Without it the stored ``arguments`` are replayed when they are a
-  valid JSON object, else ``"{}"`` (Q22: Open WebUI replays invalid JSON as is).
+  is what gets replayed to the model (Open WebUI replays the unfiltered
+  arguments; pinned by tests/test_convert.py::test_q22_replayed_arguments). Without it the stored ``arguments`` are replayed when they are a
+  valid JSON object, else ``"{}"`` (Open WebUI replays invalid JSON as is, which
+  some providers reject).
 * ``reasoning.encrypted_content`` / a provider id ``rs_…`` — a Responses API
-  reasoning item the provider can take back (Q10, see ``REASONING_RESPONSES``
+  reasoning item the provider can take back (see ``REASONING_RESPONSES``
   and ``engine.protocols.responses``).
 
 Reasoning replay (``reasoning_format``):
@@ -32,7 +33,7 @@ Reasoning replay (``reasoning_format``):
     ``<start_tag>text<end_tag>`` becomes part of the assistant content;
 ``"thinking"`` / ``"reasoning_content"``
     a top-level field of the assistant message (Ollama / llama.cpp);
-``"responses"`` (turnlog, Q10)
+``"responses"`` (turnlog only)
     for Responses API upstreams (stateless continuations and history):
     reasoning items carrying provider data are kept, in their original order
     together with the items that followed them, as Responses input items under
@@ -69,16 +70,18 @@ __all__ = [
 ]
 
 #: A call is replayed only if its ``function_call`` item has one of these
-#: statuses and an output with the same ``call_id`` exists (§8.1).
+#: statuses and an output with the same ``call_id`` exists (as in Open WebUI).
 REPLAYABLE_CALL_STATUSES = frozenset({"completed", "failed", "rejected"})
 #: Turnlog's code-interpreter item type, and Open WebUI's.
 CODE_INTERPRETER_TYPES = frozenset({"code_interpreter", "open_webui:code_interpreter"})
-#: The ``reasoning_format`` that keeps provider reasoning items for the Responses API (Q10).
+#: The ``reasoning_format`` that keeps provider reasoning items for the Responses API
+#: (Open WebUI does not replay them; pinned by
+#: tests/test_convert.py::test_q10_responses_reasoning_kept_in_order_with_ids).
 REASONING_RESPONSES = "responses"
 REASONING_FORMATS = frozenset({"think_tags", "thinking", "reasoning_content", REASONING_RESPONSES})
 #: The text of the user message that carries tool images when they are flattened.
 TOOL_IMAGES_PROMPT = "Here are the images from the tool results above. Please analyze them."
-#: Keys of stored chat messages that are bookkeeping, never sent upstream (§8.2).
+#: Keys of stored chat messages that are bookkeeping, never sent upstream.
 BOOKKEEPING_KEYS = frozenset({"id", "output", "model", "contextSummary", "usage", "meta", "files"})
 
 
@@ -89,7 +92,7 @@ BOOKKEEPING_KEYS = frozenset({"id", "output", "model", "contextSummary", "usage"
 
 def _text_of_parts(parts: Any, types: Iterable[str] = ("output_text", "text")) -> str:
     """Concatenated text of content parts of the given types (``text`` is read
-    too: Q7 — Open WebUI pads with ``text`` parts and then cannot read them)."""
+    too: Open WebUI pads with ``text`` parts and then cannot read them)."""
     if isinstance(parts, str):
         return parts
     if not isinstance(parts, list):
@@ -99,7 +102,7 @@ def _text_of_parts(parts: Any, types: Iterable[str] = ("output_text", "text")) -
 
 
 def replay_arguments(item: Mapping[str, Any]) -> str:
-    """The arguments string replayed for a ``function_call`` item (Q22).
+    """The arguments string replayed for a ``function_call`` item: what ran, always a JSON object.
 
     ``arguments_ran`` (what the tool actually ran with) wins; then the stored
     ``arguments`` if they are a valid JSON object; else ``"{}"``.
@@ -147,7 +150,7 @@ def _replayable_details(details: Any) -> list[Any]:
 
 
 def _code_interpreter_text(item: Mapping[str, Any]) -> str:
-    """``<code_interpreter>`` + ``<code_interpreter_output>`` blocks (§8.1). The
+    """``<code_interpreter>`` + ``<code_interpreter_output>`` blocks. The
     output is stdout, else the result, else (turnlog) stderr so the model sees
     its error; no output block when there is no output yet."""
     code = item.get("code") or ""
@@ -163,7 +166,7 @@ def _code_interpreter_text(item: Mapping[str, Any]) -> str:
 
 
 # --------------------------------------------------------------------------
-# Output items → Chat Completions messages (§8.1)
+# Output items → Chat Completions messages
 # --------------------------------------------------------------------------
 
 
@@ -200,11 +203,11 @@ def convert_output_to_messages(
     reasoning_format: str | None = None,
     flatten_tool_images: bool = False,
 ) -> list[dict[str, Any]]:
-    """Chat Completions messages for a list of output items (spec §8.1).
+    """Chat Completions messages for a list of output items.
 
     * A call is replayed only if its ``function_call`` has status
       completed/failed/rejected AND an output with the same ``call_id`` exists;
-      otherwise both halves are dropped. Arguments follow Q22
+      otherwise both halves are dropped. Arguments are what ran
       (``replay_arguments``); ``provider_function`` restores the model's call.
     * Consecutive text, reasoning and calls gather into ONE assistant message
       (texts joined with ``\\n``; whitespace-only texts skipped). A run of tool
@@ -375,7 +378,7 @@ class _OutputConverter:
 
 
 # --------------------------------------------------------------------------
-# History preparation (§8.2)
+# History preparation
 # --------------------------------------------------------------------------
 
 
@@ -438,7 +441,7 @@ def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def process_messages_with_output(
     messages: list[dict[str, Any]], *, reasoning_format: str | None = None
 ) -> list[dict[str, Any]]:
-    """Prepare a stored chat history for the model (spec §8.2).
+    """Prepare a stored chat history for the model.
 
     Assistant messages with a non-empty ``output`` are expanded with
     ``convert_output_to_messages`` (their ``content`` is ignored); every other

@@ -1,7 +1,8 @@
 """What ``turn.failed`` keeps of an upstream's failure, and back.
 
 Beyond its message and kind, the recorded error says what a client's answer is
-derived from (API.md's error rules, applied by the HTTP layer): the upstream's
+derived from (the error rules in docs/reference/basics.md, applied by the HTTP
+layer): the upstream's
 HTTP status, its own error object (message, param, code) and ``Retry-After``,
 whether the upstream could be reached at all, and the tool round of the call
 (a 400 on the turn's first call is the client's own request; on a later round

@@ -16,9 +16,9 @@ together.
 
 **Under load the windows stretch.** A loop that runs its timers late is
 saturated, and every window it seals costs it the same again (an event, a
-store append, a commit's callback, a durable message to each follower): at
-2,000 paced streams a window per chunk was ~30 µs of the loop's ~245 µs per
-chunk. A caller may allow its window a longer bound (``stretch_to``); the
+store append, a commit's callback, a durable message to each follower): with
+thousands of paced streams a window per chunk is about an eighth of the
+loop's time per chunk. A caller may allow its window a longer bound (``stretch_to``); the
 clock then adds ``STRETCH`` times its recent lateness beyond ``SLACK`` to the
 interval, up to that bound. Shown chunks are not delayed (they are published
 before their window is sealed), only their durability; an idle loop keeps
@@ -42,8 +42,8 @@ MAX_TICK: Final = 0.005
 SLACK: Final = 0.005
 #: Seconds of window per second of lateness beyond ``SLACK``: 20 ms late gives
 #: 0.65 s windows with a 50 ms interval (two chunks of a 2 chunks/s stream
-#: share one); from ~29 ms late, the bound. 10 was tried first: a saturated
-#: loop's timers ran ~10-30 ms late, which left most windows one chunk long.
+#: share one); from ~29 ms late, the bound. A saturated loop's timers run
+#: ~10-30 ms late, and a smaller factor leaves most windows one chunk long.
 STRETCH: Final = 40.0
 #: How much each fired grid point moves the lateness the clock keeps
 #: (an exponentially weighted mean over its last ~10 timers).

@@ -641,7 +641,7 @@ class Reinject:
     async def run(self, ctx: TurnContext) -> Node | End:
         view, state = ctx.view, ctx.state
         round_items = for_model(view.round_output())
-        # A Responses API upstream takes its own reasoning items back (Q10).
+        # A Responses API upstream takes its own reasoning items back (Open WebUI drops them).
         reasoning = REASONING_RESPONSES if state.last_api == "responses" else None
         messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True, reasoning_format=reasoning)
         previous: str | None = None

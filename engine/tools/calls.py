@@ -4,12 +4,14 @@ Pure code with no I/O of its own: a tool is reached through a ``ToolHandle``
 (a module method, a tool server, the browser), and ``execute_tool_call`` only
 decides what the model asked for, what actually ran and what goes back to the
 model. It follows Open WebUI's ``execute_tool_call`` / ``process_tool_result``
-(behaviour spec §7.2–§7.6) with the quirks of §15 fixed:
+with two of its quirks fixed:
 
-* Q8: a direct tool's genuine 2-item list is a list, never ``(data, headers)``;
-  only an explicit Python tuple or the ``{"__turnlog_response__": …}`` envelope is.
-* Q22: the arguments replayed to the model are exactly the (filtered) arguments
-  the tool ran with, always as a valid JSON object.
+* A direct tool's genuine 2-item list is a list, never ``(data, headers)``;
+  only an explicit Python tuple or the ``{"__turnlog_response__": …}`` envelope is
+  (pinned by tests/test_tools.py::test_process_tool_result_vectors).
+* The arguments replayed to the model are exactly the (filtered) arguments
+  the tool ran with, always as a valid JSON object (Open WebUI replays the
+  unfiltered ones; pinned by tests/test_tools.py::test_parameter_filtering_vectors).
 
 A timeout is the engine's business (it wraps the call in ``asyncio.timeout``);
 ``timeout_result`` gives the result to record then.
@@ -77,7 +79,7 @@ class ToolSpec:
     idempotent: bool = False
     timeout: float | None = None
     # False for MCP tools: the server validates its own arguments, so every key
-    # the model wrote reaches it (behaviour spec §7.2 step 6, the MCP bypass).
+    # the model wrote reaches it (as Open WebUI bypasses filtering for MCP).
     filter_parameters: bool = True
 
     def openai_tool(self) -> dict[str, Any]:
@@ -292,7 +294,8 @@ def _from_data_headers(data: Any, headers: Any, tool_name: str, embeds: list[str
 
 
 def _envelope(value: Any) -> tuple[Any, Any] | None:
-    """``(body, headers)`` from an explicit tuple or the JSON envelope, else None (Q8)."""
+    """``(body, headers)`` from an explicit tuple or the JSON envelope, else None: a
+    genuine 2-item list is not ``(body, headers)``."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
         return value[0], value[1]
     if isinstance(value, dict) and len(value) == 1 and isinstance(value.get(RESPONSE_ENVELOPE), dict):
@@ -374,7 +377,7 @@ def normalize_result(value: Any, tool_name: str, *, direct: bool = False) -> Too
     """What a tool returned → the text for the model, files, embeds, images, status.
 
     ``direct`` is accepted for parity with Open WebUI but changes nothing: a
-    browser tool's 2-item list is a list (Q8). ``(body, headers)`` comes only
+    browser tool's 2-item list is a list. ``(body, headers)`` comes only
     from a Python tuple whose second item is a mapping, or from the
     ``{"__turnlog_response__": {"body", "headers"}}`` envelope.
     """
@@ -603,7 +606,7 @@ class Execution:
     ``arguments`` are the filtered arguments the tool ran with (for an unknown
     tool, the parsed ones; ``None`` when they could not be parsed), and
     ``arguments_json`` their ``json.dumps``: what the output item and the
-    history replay show (Q22), always a JSON object. ``error`` is set when the
+    history replay show (what ran), always a JSON object. ``error`` is set when the
     call failed before or inside the tool (bad arguments, unknown tool, an
     exception); a tool that *returns* an error only has ``result.status`` failed.
     """
@@ -620,7 +623,7 @@ async def execute_tool_call(
     tools: Mapping[str, ToolHandle],
     ctx: ToolContext,
 ) -> Execution:
-    """Parse, look up, filter, call, normalize (spec §7.2 order).
+    """Parse, look up, filter, call, normalize (Open WebUI's order).
 
     Only ``Exception`` is caught: cancellation (and the engine's timeout) passes
     through.

@@ -6,14 +6,14 @@ Pure code with no I/O. Before the main call, when ``function_calling`` is
 (``parse_selection``), runs them like any other tool (``engine.tools.calls``) and
 turns each non-empty result into a source (``tool_source``) that is later
 rendered into the prompt as RAG context. It follows Open WebUI's
-``chat_completion_tools_handler`` (behaviour spec §5.5) with the quirks of §15
-fixed:
+``chat_completion_tools_handler`` with two of its quirks fixed:
 
-* Q18: the reply's JSON is the FIRST complete JSON object in it, not the text
+* The reply's JSON is the FIRST complete JSON object in it, not the text
   from the first ``{`` to the last ``}`` (which breaks as soon as the model adds
-  a second object or a stray brace after it).
-* Q27: ``{"tool_calls": []}`` means "no tools"; it never becomes one call
-  named ``None``.
+  a second object or a stray brace after it; pinned by
+  tests/test_legacy_tools.py::test_parse_selection).
+* ``{"tool_calls": []}`` means "no tools"; it never becomes one call
+  named ``None`` (pinned by tests/test_legacy_tools.py::test_vector_no_tools_is_q27_fixed).
 
 What the caller still does (as Open WebUI does it): send the request with
 ``stream: false`` and ``metadata.task = TASK``; keep only the parameters a
@@ -116,7 +116,7 @@ def build_selection_request(
     messages: list[dict[str, Any]],
     template: str | None = None,
 ) -> list[dict[str, Any]]:
-    """The task-model messages (spec §5.5): a system message with the rendered
+    """The task-model messages, as Open WebUI builds them: a system message with the rendered
     template, then a user message with the history and the query."""
     return [
         {"role": "system", "content": render_template(template, specs)},
@@ -138,7 +138,7 @@ _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
 def first_json_object(text: str) -> dict[str, Any] | None:
-    """The first complete JSON object in ``text`` (Q18).
+    """The first complete JSON object in ``text`` (not first ``{`` to last ``}``).
 
     Decoding starts at the first ``{``; when no complete object starts there,
     the next ``{`` is tried, and so on. None when there is none.
@@ -161,7 +161,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
 
     Accepted: ``{"tool_calls": [{"name", "parameters"}, ...]}`` or a single
     ``{"name", "parameters"}`` object. An empty ``tool_calls`` list means no
-    tools (Q27). Names not in ``known`` are ignored, parameters that are not an
+    tools (never a call named ``None``). Names not in ``known`` are ignored, parameters that are not an
     object become ``{}``, anything unreadable gives ``[]``. The same tool may be
     chosen more than once.
     """
@@ -195,7 +195,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
 
 
 def tool_source(tool_id: str, name: str, parameters: dict[str, Any], result_text: str) -> dict[str, Any]:
-    """A tool result as a RAG source (spec §5.5), named ``<tool_id>/<name>``.
+    """A tool result as a RAG source, named ``<tool_id>/<name>``.
 
     ``parameters`` should be what the tool ran with (after filtering). Open
     WebUI makes a source only of a non-empty result; that check is the caller's.
