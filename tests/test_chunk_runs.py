@@ -288,15 +288,13 @@ def _random_payload(rng: random.Random) -> RawChunk | RawRun | RawWarning:
         return RawChunk(rng.choice(chunks))
     if kind < 0.75:
         return RawWarning("not JSON", "data: {")
-    template = rng.choice(
-        [
-            {"id": rng.choice(["c1", None]), "choices": [{"index": 0, "delta": {}, "finish_reason": None}]},
-            {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-            {"choices": [{"index": 0, "delta": {}}], "usage": {"total_tokens": 3}},
-            {"choices": [{"index": 0, "delta": {}}, {"index": 1, "delta": {}}]},
-        ]
-    )
-    return RawRun(template, [rng.choice(["p", "q", "rs"]) for _ in range(rng.randint(1, 4))])
+    templates: list[dict[str, Any]] = [
+        {"id": rng.choice(["c1", None]), "choices": [{"index": 0, "delta": {}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 0, "delta": {}}], "usage": {"total_tokens": 3}},
+        {"choices": [{"index": 0, "delta": {}}, {"index": 1, "delta": {}}]},
+    ]
+    return RawRun(rng.choice(templates), [rng.choice(["p", "q", "rs"]) for _ in range(rng.randint(1, 4))])
 
 
 def test_a_read_normalizes_as_its_payloads_one_by_one() -> None:
