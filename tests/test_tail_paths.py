@@ -101,9 +101,11 @@ async def test_a_missed_live_event_and_a_wake_up_read_the_log() -> None:
     actor, tailed, _ = await started(store, bus)
     await unpublished(actor, "a ")  # seq 4
     await actor.window(["b "])  # seq 5, live: 4 is missing
+    bus.publish(actor.turn_id, LiveRequest({"type": "execute:tool"}))  # after the gap, in the same batch
     got = await asyncio.wait_for(tailed.__anext__(), 5)
     assert seqs([got]) == [4, 5]
     assert [(d.seq, d.text) for d in got if isinstance(d, LiveDelta)] == [(5, "b ")]
+    assert isinstance(got[-1], LiveRequest) and len(got) == 4
     await unpublished(actor, "c ")  # seq 6, appended "elsewhere"
     bus.wake(actor.turn_id)
     assert seqs([await asyncio.wait_for(tailed.__anext__(), 5)]) == [6]

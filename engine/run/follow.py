@@ -254,7 +254,7 @@ async def tail(
     event counts as yielded.
     """
     # The loop below is the per-chunk path (a queued or awaited message, then
-    # ``_Tail.live``); each rarer branch is one ``_Tail`` method.
+    # ``_Tail.live``, synchronous); each rarer branch is one ``_Tail`` method.
     t = _Tail(store, join(turn_id), turn_id, after, poll_seconds)
     sub = t.sub
     t.install(sink, event_sink)
@@ -286,7 +286,10 @@ async def tail(
                         continue  # the sink took them
                     messages = settled
             t.idle_reads = t.quiet = 0
-            yield await t.live(messages)
+            out = t.live(messages)
+            if t.rest is not None:
+                out = await t.read_on(out)
+            yield out
             while t.more and not t.done:
                 yield await t.reread()
     finally:
@@ -315,6 +318,10 @@ class _Tail:
         # log every second.
         self.idle_reads = 0
         self.quiet = 0
+        # Live messages left for after a read of the log (``live``), and
+        # whether a wake-up among them asked for it (or was read already).
+        self.rest: list[LiveMessage] | None = None
+        self.woken = False
 
     def install(self, sink: Callable[[LiveMessage], bool] | None, event_sink: Callable[[Event], bool] | None) -> None:
         """Give the subscription its sink: ``sink`` for live messages and,
@@ -362,20 +369,25 @@ class _Tail:
         """The chunks of the actor's open window whose event was not yielded."""
         return [d for d in self.joined.window if d.seq > self.last]
 
-    async def live(self, messages: list[LiveMessage]) -> list[Tailed]:
-        """What live messages bring, in order: events past the last seq (the
-        log's, when one is missing), chunks whose event was not yielded, requests."""
+    def live(self, messages: list[LiveMessage]) -> list[Tailed]:
+        """What live messages bring, in order: events past the last seq, chunks
+        whose event was not yielded, requests. Synchronous (it runs per
+        chunk): a message that needs the log (a wake-up, an event past the
+        next seq) leaves the messages to take after the read in ``rest``, for
+        ``read_on``."""
         out: list[Tailed] = []
-        if any(item is WAKE for item in messages):
+        if not self.woken and any(item is WAKE for item in messages):
             # Appended elsewhere: the log has it (and this process's own
-            # live items are in the log too).
-            out.extend(await self.reread())
+            # live items are in the log too); read it before them all.
+            self.rest = messages
+            self.woken = True
+            return out
         for item in messages:
             if isinstance(item, LiveEvent):
                 if item.event.seq > self.last + 1:  # missed something: the log has it
-                    out.extend(await self.reread())
-                else:
-                    out.extend(self.durable([item.event]))
+                    self.rest = messages[next(i for i, m in enumerate(messages) if m is item) + 1 :]
+                    return out
+                out.extend(self.durable([item.event]))
             elif isinstance(item, LiveDeltas):
                 if item.seq > self.last:
                     out.append(item)
@@ -388,6 +400,22 @@ class _Tail:
                 out.append(item)
             if self.done:
                 break
+        return out
+
+    async def read_on(self, out: list[Tailed]) -> list[Tailed]:
+        """Read the log for ``live``, then go on with the messages it left."""
+        # After a missed event, nothing more once the read ended the turn (as
+        # after any message); a wake-up's read comes before all the messages.
+        check_done = not self.woken
+        self.woken = True  # the messages' wake-ups are read: not again
+        while self.rest is not None:
+            rest, self.rest = self.rest, None
+            out.extend(await self.reread())
+            if check_done and self.done:
+                break
+            check_done = True
+            out.extend(self.live(rest))
+        self.woken = False
         return out
 
     async def settle(self) -> list[LiveMessage] | None:
