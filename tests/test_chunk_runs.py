@@ -266,6 +266,85 @@ async def test_a_run_reaches_the_normalizer_as_one_text_run() -> None:
     assert events == [TextDelta("x"), UsageReport({"total_tokens": 3}), TextDelta("y"), UsageReport({"total_tokens": 3})]
 
 
+def _random_payload(rng: random.Random) -> RawChunk | RawRun | RawWarning:
+    """A payload of one read: per-token text chunks and the chunks next to
+    them that are not (role, refusal, reasoning, tool calls, usage, timings,
+    a finish, an error, two choices, ``[DONE]``), a non-JSON line, or a run
+    whose template takes the per-token path or not."""
+    text = rng.choice(["x", "yz", "", None, 5])
+    chunks: list[Any] = [
+        {"id": rng.choice(["c1", "c2", None, 3]), "choices": [{"index": 0, "delta": {"content": text}}]},
+        {"choices": [{"delta": {"role": "assistant", "content": rng.choice(["", "hi"])}}]},
+        {"choices": [{"delta": {"content": "t", "refusal": None}, "finish_reason": rng.choice([None, "stop"])}]},
+        {"choices": [{"delta": {"reasoning_content": "r", "content": rng.choice(["", "c"])}}]},
+        {"choices": [{"delta": {"tool_calls": [{"index": 0, "id": "call_a", "function": {"name": "f", "arguments": "{}"}}]}}]},
+        {"choices": [], "usage": {"total_tokens": 1}},
+        {"choices": [{"delta": {"content": "u"}}], "usage": {"total_tokens": 2}},
+        {"choices": [{"delta": {"content": "v"}}], "timings": {"predicted_n": 1}},
+        {"error": {"message": "boom"}},
+        {"choices": [{"delta": {"content": "w"}}, {"delta": {"content": "w2"}}]},
+        "[DONE]",
+    ]
+    kind = rng.random()
+    if kind < 0.6:
+        return RawChunk(rng.choice(chunks))
+    if kind < 0.75:
+        return RawWarning("not JSON", "data: {")
+    templates: list[dict[str, Any]] = [
+        {"id": rng.choice(["c1", None]), "choices": [{"index": 0, "delta": {}, "finish_reason": None}]},
+        {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        {"choices": [{"index": 0, "delta": {}}], "usage": {"total_tokens": 3}},
+        {"choices": [{"index": 0, "delta": {}}, {"index": 1, "delta": {}}]},
+    ]
+    return RawRun(rng.choice(templates), [rng.choice(["p", "q", "rs"]) for _ in range(rng.randint(1, 4))])
+
+
+def test_a_read_normalizes_as_its_payloads_one_by_one() -> None:
+    """``ChatNormalizer.feed_read`` (the per-token chunk taken inline, the rest
+    handed on) gives what ``feed`` gives for each payload in turn (a run
+    expanded, a non-JSON line a warning in its place), and leaves the same
+    response id, finish reason and usage; with ``runs``, the same events once
+    its text runs are spread into a delta each, no run empty."""
+    from engine.protocols.chat import ChatNormalizer
+    from engine.protocols.model_events import ModelEvent, StreamWarning, TextDelta, TextRun
+
+    def ids() -> Any:
+        n = iter(range(10**6))
+        return lambda kind: f"{kind}_{next(n)}"
+
+    def one_by_one(normalizer: ChatNormalizer, raws: list[Any]) -> list[ModelEvent]:
+        events: list[ModelEvent] = []
+        for raw in raws:
+            if isinstance(raw, RawWarning):
+                events.append(StreamWarning(raw.message, raw.raw))
+            elif isinstance(raw, RawRun):
+                for text in raw.texts:
+                    chunk = json.loads(json.dumps(raw.template))
+                    chunk["choices"][0]["delta"] = {"content": text}
+                    events.extend(normalizer.feed(chunk))
+            else:
+                events.extend(normalizer.feed(raw.data))
+        return events
+
+    def spread(events: list[ModelEvent]) -> list[ModelEvent]:
+        return [d for e in events for d in ([TextDelta(t) for t in e.texts] if isinstance(e, TextRun) else [e])]
+
+    def state(normalizer: ChatNormalizer) -> tuple[Any, ...]:
+        return normalizer.response_id, normalizer.finish_reason, normalizer.usage, normalizer.finish()
+
+    rng = random.Random(33)
+    for _ in range(3000):
+        reads = [[_random_payload(rng) for _ in range(rng.randint(0, 8))] for _ in range(rng.randint(1, 3))]
+        expected, by_read, by_run = ChatNormalizer(ids()), ChatNormalizer(ids()), ChatNormalizer(ids())
+        for raws in reads:
+            want = one_by_one(expected, raws)
+            assert by_read.feed_read(raws) == want, raws
+            with_runs = by_run.feed_read(raws, runs=True)
+            assert spread(with_runs) == want, raws
+            assert all(e.texts for e in with_runs if isinstance(e, TextRun)), raws
+        assert state(by_read) == state(by_run) == state(expected)
+
+
 def test_folding_a_run_in_one_step_is_folding_its_chunks_one_by_one() -> None:
     """``Accumulator.feed_plain`` either refuses (nothing folded) or leaves the
     accumulator as ``feed_text`` per chunk would, each chunk shown as itself."""

@@ -261,7 +261,7 @@ class ChatNormalizer:
         upstream brings a thousand per read, and per chunk a call, a list and
         an extend cost as much as the test itself. With ``runs``, consecutive
         ones come as one ``TextRun`` (a list of their texts), not a
-        ``TextDelta`` each.
+        ``TextDelta`` each. Anything else goes to ``_feed_other``.
         """
         events: list[ModelEvent] = []
         append = events.append
@@ -272,65 +272,63 @@ class ChatNormalizer:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
         response_id = self.response_id
         for raw in raws:
-            if not isinstance(raw, RawChunk):
-                if isinstance(raw, RawRun):
-                    if self._run_is_plain(raw.template):
-                        if response_id is None and type(raw.template.get("id")) is str:
-                            response_id = self.response_id = raw.template["id"]
-                        if runs:
-                            run.extend(raw.texts)
-                        else:
-                            events.extend([TextDelta(text) for text in raw.texts])
-                        continue
-                    if run:
-                        append(TextRun(run))
-                        run = []
-                        add = run.append
-                    for chunk in _expand(raw):
-                        events.extend(self.feed(chunk))
-                    response_id = self.response_id
-                    continue
-                if run:  # a RawWarning
-                    append(TextRun(run))
-                    run = []
-                    add = run.append
-                append(StreamWarning(raw.message, raw.raw))
-                continue
-            chunk = raw.data
-            # ``feed``'s fast path, its tests ordered for the text chunk:
-            # anything else (a role-only chunk too) takes ``feed``.
-            if type(chunk) is dict:
-                choices = chunk.get("choices")
-                if type(choices) is list and len(choices) == 1:
-                    choice = choices[0]
-                    if type(choice) is dict:
-                        delta = choice.get("delta")
-                        if type(delta) is dict:
-                            content = delta.get("content")
-                            if (
-                                type(content) is str
-                                and content
-                                and (len(delta) == 1 or delta.keys() <= plain)
-                                and not choice.get("finish_reason")
-                                and not chunk.get("usage")
-                                and not chunk.get("timings")
-                            ):
-                                if response_id is None and type(chunk.get("id")) is str:
-                                    response_id = self.response_id = chunk["id"]
-                                if runs:
-                                    add(content)
-                                else:
-                                    append(TextDelta(content))
-                                continue
-            if run:
-                append(TextRun(run))
-                run = []
-                add = run.append
-            events.extend(self.feed(chunk))
+            if isinstance(raw, RawChunk):
+                chunk = raw.data
+                # ``feed``'s fast path, its tests ordered for the text chunk:
+                # anything else (a role-only chunk too) takes ``feed``.
+                if type(chunk) is dict:
+                    choices = chunk.get("choices")
+                    if type(choices) is list and len(choices) == 1:
+                        choice = choices[0]
+                        if type(choice) is dict:
+                            delta = choice.get("delta")
+                            if type(delta) is dict:
+                                content = delta.get("content")
+                                if (
+                                    type(content) is str
+                                    and content
+                                    and (len(delta) == 1 or delta.keys() <= plain)
+                                    and not choice.get("finish_reason")
+                                    and not chunk.get("usage")
+                                    and not chunk.get("timings")
+                                ):
+                                    if response_id is None and type(chunk.get("id")) is str:
+                                        response_id = self.response_id = chunk["id"]
+                                    if runs:
+                                        add(content)
+                                    else:
+                                        append(TextDelta(content))
+                                    continue
+            run = self._feed_other(raw, events, run, runs)
+            add = run.append
             response_id = self.response_id
         if run:
             append(TextRun(run))
         return events
+
+    def _feed_other(self, raw: RawChunk | RawWarning | RawRun, events: list[ModelEvent], run: list[str], runs: bool) -> list[str]:
+        """``feed_read`` for a payload off its per-token path: a run of chunks
+        (plain ones join the open text run), a warning or any other chunk (each
+        closes the open text run first). Returns the text run left open."""
+        if isinstance(raw, RawRun) and self._run_is_plain(raw.template):
+            if self.response_id is None and type(raw.template.get("id")) is str:
+                self.response_id = raw.template["id"]
+            if runs:
+                run.extend(raw.texts)
+            else:
+                events.extend([TextDelta(text) for text in raw.texts])
+            return run
+        if run:
+            events.append(TextRun(run))
+            run = []
+        if isinstance(raw, RawChunk):
+            events.extend(self.feed(raw.data))
+        elif isinstance(raw, RawRun):
+            for chunk in _expand(raw):
+                events.extend(self.feed(chunk))
+        else:
+            events.append(StreamWarning(raw.message, raw.raw))
+        return run
 
     @staticmethod
     def _run_is_plain(template: dict[str, Any]) -> bool:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
@@ -541,51 +541,16 @@ class ResponsesNormalizer:
         kind = event.get("type")
         if not isinstance(kind, str):
             return []
-        if kind in _LIFECYCLE_START:
-            return self._lifecycle(event)
+        # The text delta (the per-token event) is taken here; every other
+        # kind goes to its handler in one lookup.
         if kind in _TEXT_DELTAS:
             delta = event.get("delta")
             if isinstance(delta, str) and delta:
                 self._text.append(delta)
                 return [TextDelta(delta)]
             return []
-        if kind in _REASONING_DELTAS:
-            return self._reasoning(event, kind)
-        if kind == "response.output_item.added":
-            return self._item_added(event)
-        if kind == "response.function_call_arguments.delta":
-            delta = event.get("delta")
-            if isinstance(delta, str) and delta:
-                self._call_for(event).deltas.append(delta)
-            return []
-        if kind == "response.function_call_arguments.done":
-            call = self._call_for(event)
-            arguments = event.get("arguments")
-            if isinstance(arguments, str):
-                call.final_arguments = arguments
-            name = nonempty_str(event.get("name"))
-            if name and not call.name:
-                call.name = name
-            return []
-        if kind == "response.output_item.done":
-            return self._item_done(event)
-        if kind == "response.completed":
-            return self._completed(event)
-        if kind == "response.incomplete":
-            return self._incomplete(event)
-        if kind == "response.failed":
-            return self._failed(event)
-        if kind == "error":
-            self._terminal = True
-            code = event.get("code")
-            return [
-                StreamFailed(
-                    message=error_message(event),
-                    code=code if isinstance(code, str) else None,
-                    details=copy.deepcopy(event),
-                )
-            ]
-        return []
+        handler = _HANDLERS.get(kind)
+        return handler(self, event) if handler is not None else []
 
     def finish(self) -> list[ModelEvent]:
         if self._finished:
@@ -609,7 +574,8 @@ class ResponsesNormalizer:
         self.response_id = response_id
         return [ResponseStarted(response_id)]
 
-    def _reasoning(self, event: Mapping[str, Any], kind: str) -> list[ModelEvent]:
+    def _reasoning(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        kind: str = event["type"]
         delta = event.get("delta")
         if not isinstance(delta, str) or not delta:
             return []
@@ -640,6 +606,22 @@ class ResponsesNormalizer:
             return []
         call.announced = True
         return [ToolCallStarted(call_id=call.call_id, name=call.name)]
+
+    def _arguments_delta(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        delta = event.get("delta")
+        if isinstance(delta, str) and delta:
+            self._call_for(event).deltas.append(delta)
+        return []
+
+    def _arguments_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+        call = self._call_for(event)
+        arguments = event.get("arguments")
+        if isinstance(arguments, str):
+            call.final_arguments = arguments
+        name = nonempty_str(event.get("name"))
+        if name and not call.name:
+            call.name = name
+        return []
 
     def _item_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:
         item = event.get("item")
@@ -750,6 +732,17 @@ class ResponsesNormalizer:
         message = error_message(error) if error else "The response failed."
         return [StreamFailed(message=message, code=code if isinstance(code, str) else None, details=details)]
 
+    def _error(self, event: dict[str, Any]) -> list[ModelEvent]:
+        self._terminal = True
+        code = event.get("code")
+        return [
+            StreamFailed(
+                message=error_message(event),
+                code=code if isinstance(code, str) else None,
+                details=copy.deepcopy(event),
+            )
+        ]
+
     # -- calls ---------------------------------------------------------------
 
     def _call_for(self, event: Mapping[str, Any], item: Mapping[str, Any] | None = None) -> _ResponsesCall:
@@ -818,6 +811,22 @@ class ResponsesNormalizer:
         for call in self._calls:
             events.extend(self._emit(call, None))
         return events
+
+
+#: ``ResponsesNormalizer.feed``'s handler for each event kind but the text
+#: deltas (other kinds give nothing).
+_HANDLERS: Final[dict[str, Callable[[ResponsesNormalizer, dict[str, Any]], list[ModelEvent]]]] = {
+    **dict.fromkeys(_LIFECYCLE_START, ResponsesNormalizer._lifecycle),
+    **dict.fromkeys(_REASONING_DELTAS, ResponsesNormalizer._reasoning),
+    "response.output_item.added": ResponsesNormalizer._item_added,
+    "response.function_call_arguments.delta": ResponsesNormalizer._arguments_delta,
+    "response.function_call_arguments.done": ResponsesNormalizer._arguments_done,
+    "response.output_item.done": ResponsesNormalizer._item_done,
+    "response.completed": ResponsesNormalizer._completed,
+    "response.incomplete": ResponsesNormalizer._incomplete,
+    "response.failed": ResponsesNormalizer._failed,
+    "error": ResponsesNormalizer._error,
+}
 
 
 def _response_of(event: Mapping[str, Any]) -> dict[str, Any]:

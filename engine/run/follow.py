@@ -253,149 +253,219 @@ async def tail(
     that renders nothing cost more than the chunk itself); taken by it, the
     event counts as yielded.
     """
-    joined = join(turn_id)
-    sub = joined.subscription
-    last = after
-    done = False
-
-    def durable(events: list[Event]) -> list[Tailed]:
-        nonlocal last, done
-        out: list[Tailed] = []
-        for event in events:
-            if event.seq <= last or done:
-                continue
-            out.append(event)
-            last = event.seq
-            done = event.type in TERMINAL_TYPES
-        return out
-
-    more = False  # the last read filled its batch: the log may hold more
-
-    async def reread() -> list[Tailed]:
-        # Shared with the turn's other followers at the same seq, one batch at
-        # a time (engine.run.catchup); the caller reads on while ``more``.
-        nonlocal more
-        batch = await read_batch(store, turn_id, last)
-        more = is_full(batch)
-        return durable(batch)
-
-    # Re-reads in a row that found nothing, and quiet spells since the last
-    # one: a turn that stays quiet is re-read after 1, 2, then every
-    # QUIET_READS_MAX spells (heartbeats still every spell), so thousands of
-    # quiet followers (turns waiting for a slow model) do not each read the
-    # log every second.
-    idle_reads = quiet = 0
-    if sink is not None:
-        sub.sink = sink
-        if event_sink is not None:
-
-            def take(message: LiveMessage) -> bool:
-                nonlocal last
-                if type(message) is not LiveEvent:
-                    return sink(message)
-                event = message.event
-                if event.seq != last + 1 or done or event.type != "model.delta" or not event_sink(event):
-                    return False
-                last = event.seq
-                return True
-
-            sub.sink = take
+    # The loop below is the per-chunk path (a queued or awaited message, then
+    # ``_Tail.live``, synchronous); each rarer branch is one ``_Tail`` method.
+    t = _Tail(store, join(turn_id), turn_id, after, poll_seconds)
+    sub = t.sub
+    t.install(sink, event_sink)
     try:
-        history = joined.history
-        first = durable(history) if history is not None else await reread()
-        while more and not done:
+        first = await t.catch_up()
+        while t.more and not t.done:
             yield first
-            first = await reread()
-        first.extend(d for d in joined.window if d.seq > last)
+            first = await t.reread()
+        first.extend(t.window())
         yield first
-        loop = asyncio.get_running_loop()
-        while not done:
+        time = asyncio.get_running_loop().time
+        while not t.done:
             messages = sub.drain()
             if not messages:
-                asked = loop.time()
+                asked = time()
                 message = await sub.get(poll_seconds)
-                if message is None:
-                    if sub.closed:
-                        return
-                    if not sub.lagged:
-                        # The timer may have fired only because this loop fell
-                        # behind (timers run before the publisher's pending
-                        # I/O): after one more pass, a turn that still moves
-                        # is no quiet spell. Re-reading the log for every
-                        # follower at once would deepen the lag (bench
-                        # thousands_ws: the read pool ran dry).
-                        seen = sub.received
-                        await asyncio.sleep(0)
-                        if sub.received != seen and not sub.lagged and not sub.closed:
-                            messages = sub.drain()
-                            if not messages:
-                                idle_reads = quiet = 0
-                                continue  # the sink took them
-                    if not messages:
+                if message is not None:
+                    messages = [message, *sub.drain()]
+                else:
+                    settled = await t.settle()
+                    if settled is None:  # a quiet spell, or the end
                         if sub.closed:
                             return
-                        quiet += 1
-                        # A timer half a period late: this loop is behind, so
-                        # the spell says nothing about the turn (its chunks
-                        # wait in the loop's queue), and a re-read now would
-                        # queue behind every other follower's for many
-                        # seconds, delivering nothing meanwhile (bench
-                        # thousands_ws: reads of 2,000 followers took up to
-                        # 32 s). Re-read once the loop keeps time again.
-                        behind = loop.time() - asked > 1.5 * poll_seconds
-                        if behind:
-                            quiet -= 1
-                        if not sub.lagged and (behind or quiet < min(2**idle_reads, QUIET_READS_MAX)):
-                            yield []  # a heartbeat
-                            continue
-                        if sub.lagged:
-                            sub.reset()
-                            found = await reread()
-                        else:
-                            async with QuietRead() as ok:
-                                if ok:
-                                    found = await reread()
-                            if not ok:
-                                yield []  # enough safety-net reads run: next spell
-                                continue
-                        quiet = 0
-                        idle_reads = 0 if found else idle_reads + 1
-                        yield found
-                        while more and not done:
-                            yield await reread()
+                        yield await t.quiet_spell(asked)
+                        while t.more and not t.done:
+                            yield await t.reread()
                         continue
-                else:
-                    messages = [message, *sub.drain()]
-            idle_reads = quiet = 0
-            out: list[Tailed] = []
-            if any(item is WAKE for item in messages):
-                # Appended elsewhere: the log has it (and this process's own
-                # live items are in the log too).
-                out.extend(await reread())
-            for item in messages:
-                if isinstance(item, LiveEvent):
-                    if item.event.seq > last + 1:  # missed something: the log has it
-                        out.extend(await reread())
-                    else:
-                        out.extend(durable([item.event]))
-                elif isinstance(item, LiveDeltas):
-                    if item.seq > last:
-                        out.append(item)
-                    elif item.texts is None:  # a window's chunks whose event was yielded already
-                        out.extend(d for d in item.deltas if d.seq > last)
-                elif isinstance(item, LiveDelta):
-                    if item.seq > last:
-                        out.append(item)
-                elif isinstance(item, LiveRequest):
-                    out.append(item)
-                if done:
-                    break
+                    if not settled:
+                        continue  # the sink took them
+                    messages = settled
+            t.idle_reads = t.quiet = 0
+            out = t.live(messages)
+            if t.rest is not None:
+                out = await t.read_on(out)
             yield out
-            while more and not done:
-                yield await reread()
+            while t.more and not t.done:
+                yield await t.reread()
     finally:
         sub.sink = None
         sub.close()
+
+
+class _Tail:
+    """One ``tail``'s state: where it is in the turn's log (the last seq
+    yielded, whether that was terminal, whether the log may hold more) and
+    its quiet-spell counters."""
+
+    def __init__(self, store: EventStore, joined: Joined, turn_id: str, after: int, poll_seconds: float) -> None:
+        self.store = store
+        self.joined = joined
+        self.sub = joined.subscription
+        self.turn_id = turn_id
+        self.poll_seconds = poll_seconds
+        self.last = after  # the seq of the last durable event yielded
+        self.done = False  # a terminal event was yielded
+        self.more = False  # the last read filled its batch: the log may hold more
+        # Re-reads in a row that found nothing, and quiet spells since the last
+        # one: a turn that stays quiet is re-read after 1, 2, then every
+        # QUIET_READS_MAX spells (heartbeats still every spell), so thousands of
+        # quiet followers (turns waiting for a slow model) do not each read the
+        # log every second.
+        self.idle_reads = 0
+        self.quiet = 0
+        # Live messages left for after a read of the log (``live``), and
+        # whether a wake-up among them asked for it (or was read already).
+        self.rest: list[LiveMessage] | None = None
+        self.woken = False
+
+    def install(self, sink: Callable[[LiveMessage], bool] | None, event_sink: Callable[[Event], bool] | None) -> None:
+        """Give the subscription its sink: ``sink`` for live messages and,
+        with ``event_sink``, the next durable ``model.delta`` to that."""
+        if sink is None:
+            return
+        if event_sink is None:
+            self.sub.sink = sink
+            return
+
+        def take(message: LiveMessage) -> bool:
+            if type(message) is not LiveEvent:
+                return sink(message)
+            event = message.event
+            if event.seq != self.last + 1 or self.done or event.type != "model.delta" or not event_sink(event):
+                return False
+            self.last = event.seq  # taken: it counts as yielded
+            return True
+
+        self.sub.sink = take
+
+    def durable(self, events: list[Event]) -> list[Tailed]:
+        out: list[Tailed] = []
+        for event in events:
+            if event.seq <= self.last or self.done:
+                continue
+            out.append(event)
+            self.last = event.seq
+            self.done = event.type in TERMINAL_TYPES
+        return out
+
+    async def reread(self) -> list[Tailed]:
+        # Shared with the turn's other followers at the same seq, one batch at
+        # a time (engine.run.catchup); the caller reads on while ``more``.
+        batch = await read_batch(self.store, self.turn_id, self.last)
+        self.more = is_full(batch)
+        return self.durable(batch)
+
+    async def catch_up(self) -> list[Tailed]:
+        """The first batch: the actor's history when it still holds it, else the log's."""
+        history = self.joined.history
+        return self.durable(history) if history is not None else await self.reread()
+
+    def window(self) -> list[LiveDelta]:
+        """The chunks of the actor's open window whose event was not yielded."""
+        return [d for d in self.joined.window if d.seq > self.last]
+
+    def live(self, messages: list[LiveMessage]) -> list[Tailed]:
+        """What live messages bring, in order: events past the last seq, chunks
+        whose event was not yielded, requests. Synchronous (it runs per
+        chunk): a message that needs the log (a wake-up, an event past the
+        next seq) leaves the messages to take after the read in ``rest``, for
+        ``read_on``."""
+        out: list[Tailed] = []
+        if not self.woken and any(item is WAKE for item in messages):
+            # Appended elsewhere: the log has it (and this process's own
+            # live items are in the log too); read it before them all.
+            self.rest = messages
+            self.woken = True
+            return out
+        for item in messages:
+            if isinstance(item, LiveEvent):
+                if item.event.seq > self.last + 1:  # missed something: the log has it
+                    self.rest = messages[next(i for i, m in enumerate(messages) if m is item) + 1 :]
+                    return out
+                out.extend(self.durable([item.event]))
+            elif isinstance(item, LiveDeltas):
+                if item.seq > self.last:
+                    out.append(item)
+                elif item.texts is None:  # a window's chunks whose event was yielded already
+                    out.extend(d for d in item.deltas if d.seq > self.last)
+            elif isinstance(item, LiveDelta):
+                if item.seq > self.last:
+                    out.append(item)
+            elif isinstance(item, LiveRequest):
+                out.append(item)
+            if self.done:
+                break
+        return out
+
+    async def read_on(self, out: list[Tailed]) -> list[Tailed]:
+        """Read the log for ``live``, then go on with the messages it left."""
+        # After a missed event, nothing more once the read ended the turn (as
+        # after any message); a wake-up's read comes before all the messages.
+        check_done = not self.woken
+        self.woken = True  # the messages' wake-ups are read: not again
+        while self.rest is not None:
+            rest, self.rest = self.rest, None
+            out.extend(await self.reread())
+            if check_done and self.done:
+                break
+            check_done = True
+            out.extend(self.live(rest))
+        self.woken = False
+        return out
+
+    async def settle(self) -> list[LiveMessage] | None:
+        """The poll timer fired with nothing queued: what came in one more pass
+        of the loop (empty if the sink took it all), or None for a quiet spell
+        (or a lagged or closed subscription)."""
+        sub = self.sub
+        if sub.closed or sub.lagged:
+            return None
+        # The timer may have fired only because this loop fell behind (timers
+        # run before the publisher's pending I/O): after one more pass, a turn
+        # that still moves is no quiet spell. Re-reading the log for every
+        # follower at once would deepen the lag (bench thousands_ws: the read
+        # pool ran dry).
+        seen = sub.received
+        await asyncio.sleep(0)
+        if sub.received == seen or sub.lagged or sub.closed:
+            return None
+        messages = sub.drain()
+        if not messages:
+            self.idle_reads = self.quiet = 0
+        return messages
+
+    async def quiet_spell(self, asked: float) -> list[Tailed]:
+        """A poll period without messages (``asked``: when the wait began): a
+        heartbeat (``[]``) or what a re-read of the log found."""
+        sub = self.sub
+        self.quiet += 1
+        # A timer half a period late: this loop is behind, so the spell says
+        # nothing about the turn (its chunks wait in the loop's queue), and a
+        # re-read now would queue behind every other follower's for many
+        # seconds, delivering nothing meanwhile (bench thousands_ws: reads of
+        # 2,000 followers took up to 32 s). Re-read once the loop keeps time again.
+        behind = asyncio.get_running_loop().time() - asked > 1.5 * self.poll_seconds
+        if behind:
+            self.quiet -= 1
+        if not sub.lagged and (behind or self.quiet < min(2**self.idle_reads, QUIET_READS_MAX)):
+            return []  # a heartbeat
+        if sub.lagged:
+            sub.reset()
+            found = await self.reread()
+        else:
+            async with QuietRead() as ok:
+                if ok:
+                    found = await self.reread()
+            if not ok:
+                return []  # enough safety-net reads run: next spell
+        self.quiet = 0
+        self.idle_reads = 0 if found else self.idle_reads + 1
+        return found
 
 
 async def follow(
