@@ -182,7 +182,7 @@ def _upstream_failed(ctx: TurnContext, kind: str) -> None:
 
 async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequest) -> bool:
     """Fold one model response into the turn; False if the turn failed."""
-    usage: dict[str, Any] | None = None
+    response = _Response()
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
     cut = ctx.view.code_interpreter and ctx.view.code_cut
@@ -221,50 +221,9 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
             if run:
                 ctx.deltas(run_kind, run)
                 run = []
-            if isinstance(event, TextDelta):
-                if event.text and streamed is not None:
-                    await streamed.delta("text", event.text)
-            elif isinstance(event, ReasoningDelta):
-                if event.text and streamed is not None:
-                    await streamed.delta("reasoning", event.text)
-            elif isinstance(event, ToolCall):
-                item = {
-                    "type": "function_call",
-                    "id": event.item_id or event.call_id,
-                    "call_id": event.call_id,
-                    "name": event.name,
-                    "arguments": event.arguments,
-                    "status": "completed",
-                }
-                if event.provider_id:
-                    item["provider_call_id"] = event.provider_id
-                await ctx.record(ModelItem(item=item))
-            elif isinstance(event, ProviderItem):
-                # An image the model made (a base64 item) goes to the blob store:
-                # the log and clients carry its URL.
-                item = await ctx.ports.payloads.externalize(event.item, limit=ctx.settings.inline_limit)
-                await ctx.record(ModelItem(item=item))
-            elif isinstance(event, UsageReport):
-                usage = event.usage
-            elif isinstance(event, StreamWarning):
-                raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
-                await ctx.record(ModelWarning(message=event.message, raw=raw))
-            elif isinstance(event, StreamFailed):
-                _upstream_failed(ctx, "upstream_failed")
-                await ctx.fail(event.message, "upstream_failed", code=event.code)
-                return False
-            elif isinstance(event, Finished):
-                await ctx.record(
-                    ModelCompleted(finish_reason=event.reason, usage=event.usage or usage, response_id=event.response_id, status=event.status)
-                )
-                observe(
-                    ctx.ports.observer.model_call_ended,
-                    ctx.turn_id,
-                    finish_reason=event.reason,
-                    usage=event.usage or usage,
-                    response_id=event.response_id,
-                )
-                return True
+            ended = await _other_event(ctx, event, streamed, response)
+            if ended is not None:
+                return ended
         if run:
             ctx.deltas(run_kind, run)
         if ctx.writes_behind():
@@ -272,6 +231,59 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     _upstream_failed(ctx, "upstream_truncated")
     await ctx.fail("the model stream ended without finishing", "upstream_truncated")
     return False
+
+
+@dataclass
+class _Response:
+    """What one model response has reported so far, besides its events."""
+
+    usage: dict[str, Any] | None = None
+
+
+async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFilters | None, response: _Response) -> bool | None:
+    """One event of a read that is not a plain text chunk (those are batched
+    in ``_consume``'s loop). True or False: the response ended (False: the
+    turn failed); None: read on."""
+    if isinstance(event, TextDelta | ReasoningDelta):
+        if event.text and streamed is not None:
+            await streamed.delta("text" if isinstance(event, TextDelta) else "reasoning", event.text)
+    elif isinstance(event, ToolCall):
+        await ctx.record(ModelItem(item=_call_item(event)))
+    elif isinstance(event, ProviderItem):
+        # An image the model made (a base64 item) goes to the blob store:
+        # the log and clients carry its URL.
+        item = await ctx.ports.payloads.externalize(event.item, limit=ctx.settings.inline_limit)
+        await ctx.record(ModelItem(item=item))
+    elif isinstance(event, UsageReport):
+        response.usage = event.usage
+    elif isinstance(event, StreamWarning):
+        raw = event.raw if isinstance(event.raw, str) or event.raw is None else json.dumps(event.raw)[:500]
+        await ctx.record(ModelWarning(message=event.message, raw=raw))
+    elif isinstance(event, StreamFailed):
+        _upstream_failed(ctx, "upstream_failed")
+        await ctx.fail(event.message, "upstream_failed", code=event.code)
+        return False
+    elif isinstance(event, Finished):
+        usage = event.usage or response.usage
+        await ctx.record(ModelCompleted(finish_reason=event.reason, usage=usage, response_id=event.response_id, status=event.status))
+        observe(ctx.ports.observer.model_call_ended, ctx.turn_id, finish_reason=event.reason, usage=usage, response_id=event.response_id)
+        return True
+    return None
+
+
+def _call_item(event: ToolCall) -> dict[str, Any]:
+    """The ``function_call`` output item of a tool call the model made."""
+    item: dict[str, Any] = {
+        "type": "function_call",
+        "id": event.item_id or event.call_id,
+        "call_id": event.call_id,
+        "name": event.name,
+        "arguments": event.arguments,
+        "status": "completed",
+    }
+    if event.provider_id:
+        item["provider_call_id"] = event.provider_id
+    return item
 
 
 #: Events of a response that carry its answer (dropped after a code block's end).
@@ -435,50 +447,12 @@ class RunTools:
         runs: list[tuple[dict[str, Any], dict[str, Any], ToolHandle | None]] = []
         started: list[EventData] = [self.batch] if self.batch is not None else []
         for call in batch.get("calls", []):
-            call_id, name = call["call_id"], call["name"]
-            if call_id in done:
+            if call["call_id"] in done:
                 continue  # its result is on the log: never run it again
-            if call_id in state.substitutes:
-                # A fork was given this call's output: recorded, not run.
-                output = state.substitutes[call_id]
-                started.append(ToolCompleted(call_id=call_id, name=name, output=output, substituted=True))
-                continue
-            decision = state.decisions.get(call_id)
-            if decision is not None and not decision.get("approve"):
-                started.append(_failed(call_id, name, rejected_output(name, decision.get("reason"))))
-                continue
-            attempt = 1
-            if call_id in started_before:
-                previous = started_before[call_id]
-                if not previous.get("idempotent"):
-                    started.append(_failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)))
-                    continue
-                attempt = previous.get("attempt", 1) + 1
-            if call.get("kind") == "code":
-                runs.append((call, json.loads(call["arguments"]), None))
-                started.append(ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt))
-                continue
-            handle = _runnable(ctx, name)
-            parsed = parse_arguments(call.get("arguments"), name)
-            if isinstance(parsed, ArgumentError):
-                started.append(_failed(call_id, name, parsed.message))
-                continue
-            if handle is None:
-                started.append(_failed(call_id, name, not_found_message(name)))
-                continue
-            args = filter_arguments(handle.spec, parsed)
-            runs.append((call, args, handle))
-            started.append(
-                ToolStarted(
-                    call_id=call_id,
-                    name=name,
-                    arguments=json.dumps(args, ensure_ascii=False),
-                    kind=handle.spec.kind,
-                    tool_id=handle.spec.tool_id,
-                    idempotent=handle.spec.idempotent,
-                    attempt=attempt,
-                )
-            )
+            event, run = _plan_call(ctx, call, started_before)
+            started.append(event)
+            if run is not None:
+                runs.append(run)
         if started:
             await ctx.record(*started)  # write-ahead: durable before any tool runs
             _observe_tools(ctx, started)
@@ -489,6 +463,49 @@ class RunTools:
         if batch.get("client_calls"):
             return Finalize("tool_calls")
         return Reinject()
+
+
+def _plan_call(
+    ctx: TurnContext, call: dict[str, Any], started_before: dict[str, Any]
+) -> tuple[EventData, tuple[dict[str, Any], dict[str, Any], ToolHandle | None] | None]:
+    """What a call of a batch becomes: its write-ahead ``tool.started`` and
+    what to run, or the result it gets without running (a fork's substitute,
+    a rejection, an interruption of a call that is not idempotent, arguments
+    that do not parse, an unknown tool)."""
+    state = ctx.state
+    call_id, name = call["call_id"], call["name"]
+    if call_id in state.substitutes:
+        # A fork was given this call's output: recorded, not run.
+        return ToolCompleted(call_id=call_id, name=name, output=state.substitutes[call_id], substituted=True), None
+    decision = state.decisions.get(call_id)
+    if decision is not None and not decision.get("approve"):
+        return _failed(call_id, name, rejected_output(name, decision.get("reason"))), None
+    attempt = 1
+    if call_id in started_before:
+        previous = started_before[call_id]
+        if not previous.get("idempotent"):
+            return _failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)), None
+        attempt = previous.get("attempt", 1) + 1
+    if call.get("kind") == "code":
+        code_started = ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt)
+        return code_started, (call, json.loads(call["arguments"]), None)
+    handle = _runnable(ctx, name)
+    parsed = parse_arguments(call.get("arguments"), name)
+    if isinstance(parsed, ArgumentError):
+        return _failed(call_id, name, parsed.message), None
+    if handle is None:
+        return _failed(call_id, name, not_found_message(name)), None
+    args = filter_arguments(handle.spec, parsed)
+    tool_started = ToolStarted(
+        call_id=call_id,
+        name=name,
+        arguments=json.dumps(args, ensure_ascii=False),
+        kind=handle.spec.kind,
+        tool_id=handle.spec.tool_id,
+        idempotent=handle.spec.idempotent,
+        attempt=attempt,
+    )
+    return tool_started, (call, args, handle)
 
 
 def _observe_tools(ctx: TurnContext, recorded: Sequence[EventData]) -> None:
