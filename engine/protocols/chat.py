@@ -11,20 +11,20 @@ kept, and the other protocols' bodies are derived from it.
 This module is everything specific to it:
 
 * :class:`ChatToolCalls` — accumulation of ``delta.tool_calls`` fragments
-  (behaviour spec §6.5), with quirks Q1/Q2 fixed;
+  as Open WebUI accumulates them, with the two quirks below fixed;
 * :class:`ChatNormalizer` — chunks → ``engine.protocols.model_events``;
 * :func:`request_body` — the wire body.
 
 Deliberate differences from Open WebUI 0.12.4 in tool-call accumulation (the
-ones shared with the other protocols, Q4 and ids, are in
+ones shared with the other protocols, glued JSON and ids, are in
 ``engine.protocols.common``):
 
-* Q1: a tool-call fragment without ``index`` is never dropped. It continues
+* A tool-call fragment without ``index`` is never dropped. It continues
   the call with the same provider ``id`` if it has an id (a new call if no
   call has that id), else the last call, else it starts a new call. A later
   fragment that has an ``index`` but no id and no name continues a call that
   was started without an index.
-* Q2: at an index that already has a named call, a fragment carrying both a
+* At an index that already has a named call, a fragment carrying both a
   non-empty ``id`` different from that call's and a non-empty ``name`` starts
   a new call (it is the first fragment of another call). A different id
   *without* a name is treated as a continuation (Open WebUI's "later id
@@ -74,7 +74,7 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
 
 
 # --------------------------------------------------------------------------
-# Tool-call fragments (§6.5)
+# Tool-call fragments
 # --------------------------------------------------------------------------
 
 
@@ -89,13 +89,13 @@ class _ChatCall:
 
 
 class ChatToolCalls:
-    """Accumulates Chat Completions ``delta.tool_calls`` fragments (§6.5).
+    """Accumulates Chat Completions ``delta.tool_calls`` fragments.
 
     Fragments are keyed by ``index``; ``id``/``type``/``function.name`` come in
     the first fragment of a call, ``function.arguments`` arrive as string
     fragments that are concatenated (non-string arguments are serialized with
     :func:`arguments_text`). Parallel calls interleave by index. See the module
-    docstring for the Q1/Q2 rules.
+    docstring for the rules on fragments without an index and on a second call at one index.
     """
 
     def __init__(self, id_factory: IdFactory, *, reserved_ids: Iterable[str] = ()) -> None:
@@ -124,7 +124,7 @@ class ChatToolCalls:
             name = nonempty_str(function.get("name"))
             call = self._route(fragment, name)
             if name and not call.name:
-                call.name = name  # Q2: an existing name is never replaced
+                call.name = name  # an existing name is never replaced
             text = arguments_text(function.get("arguments"))
             if text:
                 call.arguments.append(text)
@@ -134,7 +134,7 @@ class ChatToolCalls:
         return started
 
     def finish(self) -> list[ToolCall]:
-        """The complete calls in order of appearance, split (§7.1), without
+        """The complete calls in order of appearance, glued JSON split, without
         the ones that never got a name (``warnings`` says which). Calling it
         again returns the same list (no new ids are drawn)."""
         if self._result is None:
@@ -161,15 +161,15 @@ class ChatToolCalls:
             if call is None:
                 last = self._calls[-1] if self._calls else None
                 if last is not None and last.index is None and provider_id is None and name is None:
-                    # Q1: the call began with fragments that had no index.
+                    # The call began with fragments that had no index.
                     last.index = index
                     self._by_index[index] = last
                     return last
                 return self._new(provider_id, index)
             if provider_id and name and call.name and provider_id != call.provider_id:
-                return self._new(provider_id, index)  # Q2: another call at the same index
+                return self._new(provider_id, index)  # another call at the same index
             return call
-        # Q1: no index.
+        # No index.
         if provider_id:
             for call in self._calls:
                 if call.provider_id == provider_id:

@@ -15,10 +15,10 @@ knows the Responses shapes:
 
 * :func:`request_body` — the wire body of a call: the Chat Completions body
   (``engine.protocols.chat``) mapped by :func:`responses_body` /
-  :func:`to_responses_input` (§6.6), or, for a stateful continuation, the
+  :func:`to_responses_input`, or, for a stateful continuation, the
   ``previous_response_id`` and the items of :func:`stateful_continuation_input`
-  (Q9);
-* reasoning items (Q10): :func:`has_provider_reasoning`,
+  (only the round's new tool outputs);
+* reasoning items the provider takes back: :func:`has_provider_reasoning`,
   :func:`responses_reasoning_item`, :func:`is_local_id` — used by
   ``history`` for the ``"responses"`` reasoning format, whose
   ``responses_items`` :func:`to_responses_input` replays. A Responses API
@@ -84,7 +84,7 @@ __all__ = [
     "tool_output_value",
 ]
 
-#: Chat Completions body keys the Responses API does not take (§6.6).
+#: Chat Completions body keys the Responses API does not take.
 RESPONSES_DROPPED_KEYS = frozenset(
     {"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"}
 )
@@ -105,7 +105,7 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
 
 
 # --------------------------------------------------------------------------
-# Chat Completions → Responses API (§6.6 adapter mapping)
+# Chat Completions → Responses API
 # --------------------------------------------------------------------------
 
 
@@ -215,7 +215,7 @@ def _replay_items(message: Mapping[str, Any], store: bool) -> list[Item]:
 def to_responses_input(
     messages: list[dict[str, Any]], *, store: bool = True
 ) -> tuple[str | None, list[dict[str, Any]]]:
-    """Chat messages → (``instructions``, Responses ``input`` items) (§6.6).
+    """Chat messages → (``instructions``, Responses ``input`` items).
 
     * system → ``instructions`` (the LAST system message wins; list content: its
       text parts joined with ``\\n``);
@@ -226,7 +226,7 @@ def to_responses_input(
       has text), followed by one ``function_call {call_id, name, arguments}``
       per tool call; an assistant message carrying ``responses_items``
       (reasoning format ``"responses"``) replays those items instead, in their
-      original order, reasoning included (Q10);
+      original order, reasoning included;
     * tool → ``function_call_output {call_id, output}``.
 
     ``store=False`` (the provider keeps nothing): reasoning items without
@@ -304,7 +304,7 @@ def _responses_text_format(response_format: Any) -> dict[str, Any] | None:
 
 
 def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> dict[str, Any]:
-    """A Chat Completions request body as a Responses API body (§6.6).
+    """A Chat Completions request body as a Responses API body.
 
     ``messages`` → ``instructions`` + ``input`` (``to_responses_input``);
     ``max_tokens``/``max_completion_tokens`` → ``max_output_tokens`` (the latter
@@ -350,13 +350,13 @@ def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> d
 def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``input`` of a stateful tool-loop continuation (``previous_response_id``).
 
-    Only the round's new ``function_call_output`` items (Q9: Open WebUI also
+    Only the round's new ``function_call_output`` items (Open WebUI also
     re-sends the round's assistant text and calls, which the provider already
     stores under ``previous_response_id``), in output order, one per call. An
     output is sent only when its call is a ``function_call`` of the same round
     (the provider's response knows nothing else); the ``instructions`` are the
     caller's to set. A call whose id turnlog replaced answers under the
-    provider's (``provider_call_id``); the pieces of a split call (§7.1) share
+    provider's (``provider_call_id``); the pieces of a split call (glued JSON) share
     it, and their results go back joined, as the one output of that call.
     """
     # The provider knows its own call id, where turnlog replaced it.
@@ -391,7 +391,7 @@ def _joined_output(first: str | list[Item], second: str | list[Item]) -> str | l
 
 
 # --------------------------------------------------------------------------
-# Reasoning items (Q10)
+# Reasoning items the provider takes back
 # --------------------------------------------------------------------------
 
 
@@ -399,14 +399,14 @@ _LOCAL_ID = re.compile(r"(?:msg|r|fc|fco|ci|cc|call)_[0-9a-f]{24}")
 
 
 def is_local_id(value: Any) -> bool:
-    """An id turnlog made itself (``prefix_`` + 24 hex, spec §1.1), as opposed to
+    """An id turnlog made itself (``prefix_`` + 24 hex), as opposed to
     a provider's item id (OpenAI's are longer), which a stored-response replay
     may reference."""
     return isinstance(value, str) and _LOCAL_ID.fullmatch(value) is not None
 
 
 def has_provider_reasoning(item: Mapping[str, Any]) -> bool:
-    """A reasoning item the provider can take back (Q10): it has
+    """A reasoning item the provider can take back: it has
     ``encrypted_content`` or a provider id (``rs_…``)."""
     if item.get("type") != "reasoning":
         return False
@@ -487,10 +487,10 @@ class ResponsesNormalizer:
       its ``output_item.done`` → ``ToolCall`` (the done item is authoritative;
       ``item_id`` = the item's ``fc_…`` id). A call is emitted once.
     * ``response.output_item.done`` of a ``reasoning`` item → ``ProviderItem``
-      (a deep copy), so encrypted reasoning can be replayed (Q10).
+      (a deep copy), so encrypted reasoning can be replayed.
     * ``response.completed`` and ``response.incomplete``: the final
       ``response.output`` wins over the stream where the stream lacks
-      something (as in Open WebUI's fold, Q20): a ``reasoning`` item never
+      something (as in Open WebUI's fold): a ``reasoning`` item never
       sent → ``ProviderItem``; message text (``output_text``/``refusal``
       parts, in order) that continues the streamed text → a ``TextDelta`` with
       the rest (a server that puts text only in done events or in the final
@@ -771,7 +771,7 @@ class ResponsesNormalizer:
 
     def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> list[ModelEvent]:
         """The call, once: split when its arguments are glued JSON values
-        (§7.1, as on Chat Completions), or a warning when it has no name."""
+        (glued JSON, as on Chat Completions), or a warning when it has no name."""
         if call.emitted:
             return []
         if item is not None:

@@ -428,8 +428,8 @@ class _Tail:
         # The timer may have fired only because this loop fell behind (timers
         # run before the publisher's pending I/O): after one more pass, a turn
         # that still moves is no quiet spell. Re-reading the log for every
-        # follower at once would deepen the lag (bench thousands_ws: the read
-        # pool ran dry).
+        # follower at once would deepen the lag (thousands of followers would
+        # drain the read pool).
         seen = sub.received
         await asyncio.sleep(0)
         if sub.received == seen or sub.lagged or sub.closed:
@@ -447,8 +447,8 @@ class _Tail:
         # A timer half a period late: this loop is behind, so the spell says
         # nothing about the turn (its chunks wait in the loop's queue), and a
         # re-read now would queue behind every other follower's for many
-        # seconds, delivering nothing meanwhile (bench thousands_ws: reads of
-        # 2,000 followers took up to 32 s). Re-read once the loop keeps time again.
+        # seconds, delivering nothing meanwhile (with 2,000 followers, up to
+        # 32 s). Re-read once the loop keeps time again.
         behind = asyncio.get_running_loop().time() - asked > 1.5 * self.poll_seconds
         if behind:
             self.quiet -= 1
