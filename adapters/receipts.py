@@ -180,8 +180,11 @@ def verify_file(data: bytes, public_key: Any | None = None) -> FileVerdict:
         if tuple(obj) != _EVENT_KEYS:
             return _fail(f"not an event line (keys {', '.join(_EVENT_KEYS)})", number)
         types_ok = (
-            isinstance(obj["turn_id"], str) and type(obj["seq"]) is int and isinstance(obj["type"], str)
-            and type(obj["at"]) in (int, float) and isinstance(obj["data"], dict)
+            isinstance(obj["turn_id"], str)
+            and type(obj["seq"]) is int
+            and isinstance(obj["type"], str)
+            and type(obj["at"]) in (int, float)
+            and isinstance(obj["data"], dict)
             and (obj["hash"] is None or isinstance(obj["hash"], str))
         )
         if not types_ok:
@@ -205,7 +208,9 @@ def verify_file(data: bytes, public_key: Any | None = None) -> FileVerdict:
     if type(count) is not int:
         return _fail("the receipt's event count is not an integer", 1, turn_id=turn_id)
     if count > len(events):
-        missing = Damage(len(events) + 1, "deleted", f"seq {len(events) + 1} missing: the receipt covers {count} events, the file has {len(events)}", len(events))
+        missing = Damage(
+            len(events) + 1, "deleted", f"seq {len(events) + 1} missing: the receipt covers {count} events, the file has {len(events)}", len(events)
+        )
         return _fail(missing.message, first_event_line + len(events), turn_id=turn_id, events=len(events), damage=missing)
     if count < len(events):
         extra = events[count]

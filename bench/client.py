@@ -419,9 +419,7 @@ async def run_phase(phase: dict[str, Any], deadline: float) -> dict[str, Any]:
         conns = [_Conn(host, port) for _ in range(max(1, min(int(phase.get("concurrency", 1)), total)))]
         await asyncio.wait_for(asyncio.gather(*(c.get() for c in conns)), timeout=max(1.0, deadline - time.monotonic()))
         connect = iter(conns).__next__
-    results, wall, timed_out, _tasks = await run_workers(
-        phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), connect
-    )
+    results, wall, timed_out, _tasks = await run_workers(phase, deadline, total, lambda conn, _i: one_stream(conn, request, state), connect)
     streams = [r if r is not None else {"error": "not run", "n": 0, "done": False} for r in results]
     for r in streams:
         r.pop("t0", None)

@@ -85,9 +85,7 @@ class WriteAhead:
             batch = [self.pending.popleft() for _ in range(min(len(self.pending), _MAX_ROWS))]
             try:
                 self.db.execute("BEGIN IMMEDIATE")
-                self.db.execute(
-                    "INSERT INTO requests (body) VALUES " + ", ".join(["(?)"] * len(batch)), [b for b, _ in batch]
-                )
+                self.db.execute("INSERT INTO requests (body) VALUES " + ", ".join(["(?)"] * len(batch)), [b for b, _ in batch])
                 self.db.execute("COMMIT")
             except sqlite3.Error as exc:
                 if self.db.in_transaction:
@@ -136,9 +134,7 @@ def make_app(upstream: str) -> web.Application:
         return await relay(request, body)
 
     async def relay(request: web.Request, body: bytes) -> web.StreamResponse:
-        async with holder["s"].post(
-            base + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
-        ) as up:
+        async with holder["s"].post(base + "/chat/completions", data=body, headers={"Content-Type": "application/json"}) as up:
             resp = web.StreamResponse(
                 status=up.status,
                 headers={"Content-Type": up.headers.get("Content-Type", "text/event-stream"), "Cache-Control": "no-cache"},
@@ -152,9 +148,7 @@ def make_app(upstream: str) -> web.Application:
     async def chat_parsed(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         loads, dumps = orjson.loads, orjson.dumps
-        async with holder["s"].post(
-            base + "/chat/completions", data=body, headers={"Content-Type": "application/json"}
-        ) as up:
+        async with holder["s"].post(base + "/chat/completions", data=body, headers={"Content-Type": "application/json"}) as up:
             resp = web.StreamResponse(status=up.status, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
             await resp.prepare(request)
             pending = b""

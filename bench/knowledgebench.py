@@ -175,10 +175,7 @@ async def build_kb(kb: FileKnowledge, user: str, n_chunks: int, dim: int, with_v
         model = embedder.model if with_vectors else None
         await tables.plan(file_id, len(chunks), 130 * len(chunks), 700 * len(chunks), model)
         if with_vectors and kb.vectors is not None:
-            items = [
-                VectorItem(vector_id(file_id, c.seq), embedder.vector(c.text), "", {"file_id": file_id, "user_id": user, "seq": c.seq})
-                for c in chunks
-            ]
+            items = [VectorItem(vector_id(file_id, c.seq), embedder.vector(c.text), "", {"file_id": file_id, "user_id": user, "seq": c.seq}) for c in chunks]
             for i in range(0, len(items), 1000):
                 await kb.vectors.upsert(vector_collection(embedder.model), items[i : i + 1000])
         assert await tables.finish_ready(file_id, chunks)

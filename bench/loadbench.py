@@ -252,9 +252,7 @@ def _thousands_database() -> str | None:
 
 
 def _fresh_turnlog(ctx: Ctx, name: str) -> tuple[Any, str]:
-    proc, v1 = ctx.procs.start_turnlog(
-        name, ctx.upstream_v1, ctx.workdir / f"{name}.db", database_url=_thousands_database()
-    )
+    proc, v1 = ctx.procs.start_turnlog(name, ctx.upstream_v1, ctx.workdir / f"{name}.db", database_url=_thousands_database())
     warm = [phase("_warmup", v1, body(5, rate=100.0), requests=40, concurrency=20)]
     ctx.procs.run_client({"phases": warm, "timeout_s": 60}, name=f"c-{name}-warm")
     return proc, v1

@@ -291,10 +291,16 @@ class OwuiSession:
 
     async def new_chat(self, model: str) -> tuple[str, float]:
         t = time.monotonic()
-        chat = {"title": "bench", "models": [model], "params": {}, "history": {"messages": {}, "currentId": None},
-                "messages": [], "tags": [], "timestamp": int(time.time() * 1000)}
-        async with self.http.post(self.base + "/api/v1/chats/new", data=json.dumps({"chat": chat, "folder_id": None}),
-                                  headers=self.headers) as resp:
+        chat = {
+            "title": "bench",
+            "models": [model],
+            "params": {},
+            "history": {"messages": {}, "currentId": None},
+            "messages": [],
+            "tags": [],
+            "timestamp": int(time.time() * 1000),
+        }
+        async with self.http.post(self.base + "/api/v1/chats/new", data=json.dumps({"chat": chat, "folder_id": None}), headers=self.headers) as resp:
             text = await resp.read()
             if resp.status != 200:
                 raise RuntimeError(f"POST /api/v1/chats/new: HTTP {resp.status}: {text[:300]!r}")
@@ -314,8 +320,15 @@ class OwuiSession:
             "id": assistant_id,
             "session_id": self.sid,
             "parent_id": None,
-            "user_message": {"id": user_id, "parentId": None, "childrenIds": [], "role": "user", "content": PROMPT,
-                             "models": [model], "timestamp": int(time.time())},
+            "user_message": {
+                "id": user_id,
+                "parentId": None,
+                "childrenIds": [],
+                "role": "user",
+                "content": PROMPT,
+                "models": [model],
+                "timestamp": int(time.time()),
+            },
             "features": {},
             "variables": {},
             **extra,

@@ -122,8 +122,10 @@ class OpenWebUI:
         self.base = f"http://127.0.0.1:{port}"
         t0 = time.monotonic()
         self.proc, _ = self.ctx.procs.spawn(
-            "openwebui", [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=owui_env(data, self.ctx.upstream_v1), stdout_pipe=False,
+            "openwebui",
+            [str(exe), "serve", "--host", "127.0.0.1", "--port", str(port)],
+            env=owui_env(data, self.ctx.upstream_v1),
+            stdout_pipe=False,
         )
         deadline = t0 + timeout
         while True:  # /ready: 200 once its startup (migrations, config, ...) is complete
@@ -173,20 +175,23 @@ class OpenWebUI:
         ids = [m.get("id") for m in (models.get("data") or [])] if isinstance(models, dict) else []
         if MODEL not in ids:
             raise BenchError(f"Open WebUI does not list the bench upstream's model {MODEL!r}: {ids[:10]}")
-        tool = {"id": TOOL_ID, "name": "bench tools", "content": tools_module,
-                "meta": {"description": "benchmark tool: noop() returns ok at once"}}
+        tool = {"id": TOOL_ID, "name": "bench tools", "content": tools_module, "meta": {"description": "benchmark tool: noop() returns ok at once"}}
         created = self.api("POST", "/api/v1/tools/create", tool)
         if not isinstance(created, dict) or created.get("id") != TOOL_ID:
             raise BenchError(f"Open WebUI did not create the bench tool: {str(created)[:300]}")
 
 
 def run_owui_client(
-    ctx: Ctx, python: str, spec: dict[str, Any], *, name: str,
-    on_event: Callable[[dict[str, Any]], None] | None = None, grace: float = 30.0,
+    ctx: Ctx,
+    python: str,
+    spec: dict[str, Any],
+    *,
+    name: str,
+    on_event: Callable[[dict[str, Any]], None] | None = None,
+    grace: float = 30.0,
 ) -> dict[str, Any]:
     """``bench/owui_client.py`` under Open WebUI's python (``Procs.run_client``)."""
-    return ctx.procs.run_client(spec, name=name, on_event=on_event, grace=grace, argv=[python, str(CLIENT)],
-                                env={"PYTHONPATH": ""})
+    return ctx.procs.run_client(spec, name=name, on_event=on_event, grace=grace, argv=[python, str(CLIENT)], env={"PYTHONPATH": ""})
 
 
 def _meters(*meters: Any) -> Callable[[dict[str, Any]], None]:
@@ -196,6 +201,7 @@ def _meters(*meters: Any) -> Callable[[dict[str, Any]], None]:
                 m.on_event(ev)
             except (OSError, ValueError, IndexError):  # a process gone: no CPU figure
                 pass
+
     return on_event
 
 
@@ -256,10 +262,13 @@ def _probe(ctx: Ctx, owui: OpenWebUI) -> None:
     """Both paths, 7 chunks: checks that Open WebUI forwards the bench fields upstream
     (the counts would be the default 20 otherwise) and that the full path works."""
     n = 7
-    spec = {"timeout_s": 60, "phases": [
-        _plain(owui, "plain", {**_body(n)}),
-        _full(owui, "full", {"bench_chunks": n}),
-    ]}
+    spec = {
+        "timeout_s": 60,
+        "phases": [
+            _plain(owui, "plain", {**_body(n)}),
+            _full(owui, "full", {"bench_chunks": n}),
+        ],
+    }
     res = run_owui_client(ctx, owui.python, spec, name="c-owui-probe")
     by = {p["name"]: p["streams"][0] for p in res["phases"]}
     if res.get("error") or len(by) != 2:
@@ -279,8 +288,7 @@ def _body(n: int, **kw: Any) -> dict[str, Any]:
 
 
 def _plain(owui: OpenWebUI, name: str, body: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    return {"name": name, "kind": "sse", "url": owui.base + "/api/chat/completions",
-            "headers": {"Authorization": f"Bearer {owui.token}"}, "body": body, **kw}
+    return {"name": name, "kind": "sse", "url": owui.base + "/api/chat/completions", "headers": {"Authorization": f"Bearer {owui.token}"}, "body": body, **kw}
 
 
 def _full(owui: OpenWebUI, name: str, fields: dict[str, Any], **kw: Any) -> dict[str, Any]:
@@ -315,8 +323,7 @@ def _long_answer(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], li
         phases.append(_full(owui, f"full{i}", _full_fields(b), announce=True))
     assert owui.proc is not None
     m_owui, m_turn = sc.CpuMeter(owui.proc.pid), sc.CpuMeter(ctx.turnlog_pid)
-    res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": 600}, name="c-owui-long",
-                          on_event=_meters(m_owui, m_turn))
+    res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": 600}, name="c-owui-long", on_event=_meters(m_owui, m_turn))
     if res.get("error"):
         raise BenchError(f"long answer: {res['error']}")
     by = {p["name"]: p["streams"][0] for p in res["phases"]}
@@ -379,13 +386,14 @@ def _tool_loop(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], list
     tools_dir.mkdir(exist_ok=True)
     (tools_dir / "bench_tools.py").write_text(sc.TOOLS_MODULE)
     proc, v1 = ctx.procs.start_turnlog(
-        "turnlog-tools-owui", ctx.upstream_v1, ctx.workdir / "turnlog-tools-owui.db",
+        "turnlog-tools-owui",
+        ctx.upstream_v1,
+        ctx.workdir / "turnlog-tools-owui.db",
         extra_env={"TURNLOG_TOOLS_DIR": str(tools_dir)},
     )
     try:
         turn_body = {**sc.body(answer), "bench_tool_rounds": rounds_n, "tool_ids": [TOOL_ID]}
-        owui_fields = {"bench_chunks": answer, "bench_tool_rounds": rounds_n, "tool_ids": [TOOL_ID],
-                       "params": {"function_calling": "native"}}
+        owui_fields = {"bench_chunks": answer, "bench_tool_rounds": rounds_n, "tool_ids": [TOOL_ID], "params": {"function_calling": "native"}}
 
         def floor_body(k: int) -> dict[str, Any]:
             return {**sc.body(answer), "bench_tool_rounds": rounds_n, "messages": sc._tool_history(k), "tools": [sc.NOOP_SPEC]}
@@ -404,8 +412,7 @@ def _tool_loop(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], list
         stats0 = http_json("GET", ctx.up_root + "/bench/stats")
         assert owui.proc is not None
         m_owui = sc.CpuMeter(owui.proc.pid)
-        res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": 300}, name="c-owui-tools",
-                              on_event=_meters(m_owui))
+        res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": 300}, name="c-owui-tools", on_event=_meters(m_owui))
         stats1 = http_json("GET", ctx.up_root + "/bench/stats")
     finally:
         ctx.procs.stop(proc)
@@ -484,12 +491,9 @@ def _concurrent(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], lis
     timeout = 120 + 4 * chunks / rate
     kw = {"requests": turns, "concurrency": turns, "ramp_s": ramp, "stamps": True, "announce": True}
     plans = [
-        ("turnlog", [sc.phase("_warmup", ctx.turnlog_v1, warm, requests=20, concurrency=20),
-                     sc.phase("turnlog", ctx.turnlog_v1, b, **kw)]),
-        ("full", [_full(owui, "_warmup", _full_fields(warm), requests=20, concurrency=20),
-                  _full(owui, "full", _full_fields(b), **kw)]),
-        ("plain", [_plain(owui, "_warmup", warm, requests=20, concurrency=20),
-                   _plain(owui, "plain", b, **kw)]),
+        ("turnlog", [sc.phase("_warmup", ctx.turnlog_v1, warm, requests=20, concurrency=20), sc.phase("turnlog", ctx.turnlog_v1, b, **kw)]),
+        ("full", [_full(owui, "_warmup", _full_fields(warm), requests=20, concurrency=20), _full(owui, "full", _full_fields(b), **kw)]),
+        ("plain", [_plain(owui, "_warmup", warm, requests=20, concurrency=20), _plain(owui, "plain", b, **kw)]),
     ]
     out: dict[str, dict[str, Any]] = {}
     cpu: dict[str, float] = {}
@@ -498,8 +502,7 @@ def _concurrent(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], lis
         pid = ctx.turnlog_pid if who == "turnlog" else owui.proc.pid
         meter = sc.CpuMeter(pid)
         try:
-            res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": timeout}, name=f"c-owui-paced-{who}",
-                                  on_event=_meters(meter))
+            res = run_owui_client(ctx, owui.python, {"phases": phases, "timeout_s": timeout}, name=f"c-owui-paced-{who}", on_event=_meters(meter))
         finally:
             try:  # end whatever a timed-out phase left streaming upstream
                 http_json("POST", ctx.up_root + "/bench/release", {})
@@ -538,11 +541,13 @@ def _concurrent(ctx: Ctx, owui: OpenWebUI, sc: Any) -> tuple[dict[str, Any], lis
     ratio = f50 / t50 if f50 and t50 else None
     figs["ttfc_p50_ratio_full_path"] = _r(ratio, 3)
     figs["ttfc_p50_ratio_plain_api"] = _r(p50 / t50, 3) if p50 and t50 else None
-    figs["note"] = ("ttfc = request sent -> first content chunk (full path: the completion POST -> first "
-                    "response.output_text.delta event; its chats are made before the timed part), percentiles "
-                    "over the turns that got one (a failed turn is counted in failed, not in ttfc_s); "
-                    "latency = client arrival - upstream write time (stamp in the chunk); one socket.io "
-                    "connection (one user) carries every full-path turn; ratios = Open WebUI / turnlog")
+    figs["note"] = (
+        "ttfc = request sent -> first content chunk (full path: the completion POST -> first "
+        "response.output_text.delta event; its chats are made before the timed part), percentiles "
+        "over the turns that got one (a failed turn is counted in failed, not in ttfc_s); "
+        "latency = client arrival - upstream write time (stamp in the chunk); one socket.io "
+        "connection (one user) carries every full-path turn; ratios = Open WebUI / turnlog"
+    )
     return figs, [
         sc.check("concurrent_ttfc_p50_ratio", ratio, ">=", 5.0),
         sc.check("turnlog_failed_turns", float(figs["turnlog"]["failed"]), "<=", 0.0),

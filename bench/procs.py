@@ -95,7 +95,12 @@ class Procs:
         return env
 
     def spawn(
-        self, name: str, argv: list[str], *, env: dict[str, str] | None = None, stdout_pipe: bool = True,
+        self,
+        name: str,
+        argv: list[str],
+        *,
+        env: dict[str, str] | None = None,
+        stdout_pipe: bool = True,
         drop_env_prefix: str | None = None,
     ) -> tuple[subprocess.Popen[bytes], _Lines | None]:
         if self._closed:
@@ -138,8 +143,14 @@ class Procs:
         return proc, url
 
     def start_turnlog(
-        self, name: str, upstream_v1: str, db_path: Path, timeout: float = 60.0, *,
-        database_url: str | None = None, extra_env: dict[str, str] | None = None,
+        self,
+        name: str,
+        upstream_v1: str,
+        db_path: Path,
+        timeout: float = 60.0,
+        *,
+        database_url: str | None = None,
+        extra_env: dict[str, str] | None = None,
     ) -> tuple[subprocess.Popen[bytes], str]:
         """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off.
 

@@ -91,10 +91,7 @@ def document(words: int = 4000, seed: int = 11) -> str:
 
 def _multipart(field: str, filename: str, content_type: str, data: bytes) -> tuple[bytes, str]:
     boundary = "bench" + uuid.uuid4().hex
-    head = (
-        f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\n'
-        f"Content-Type: {content_type}\r\n\r\n"
-    ).encode()
+    head = (f'--{boundary}\r\nContent-Disposition: form-data; name="{field}"; filename="{filename}"\r\nContent-Type: {content_type}\r\n\r\n').encode()
     return head + data + f"\r\n--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
 
 
@@ -128,7 +125,9 @@ def rag_turnlog(ctx: Ctx) -> dict[str, Any]:
     db = ctx.workdir / "turnlog-rag.db"
     db.unlink(missing_ok=True)
     proc, v1 = ctx.procs.start_turnlog(
-        "turnlog-rag", ctx.upstream_v1, db,
+        "turnlog-rag",
+        ctx.upstream_v1,
+        db,
         extra_env={
             "TURNLOG_EMBEDDING_ENGINE": "openai",
             "TURNLOG_EMBEDDING_MODEL": EMBEDDING_MODEL,
@@ -145,8 +144,11 @@ def rag_turnlog(ctx: Ctx) -> dict[str, Any]:
         "v1": v1,
         "file_id": info["id"],
         "file": {
-            "bytes": info.get("bytes"), "chunks": info.get("chunks"), "tokens": info.get("tokens"),
-            "embedding_model": info.get("embedding_model"), "ingest_s": round(time.monotonic() - t0, 3),
+            "bytes": info.get("bytes"),
+            "chunks": info.get("chunks"),
+            "tokens": info.get("tokens"),
+            "embedding_model": info.get("embedding_model"),
+            "ingest_s": round(time.monotonic() - t0, 3),
         },
     }
     ctx.cache["rag"] = state
@@ -280,9 +282,7 @@ def rag_ttfc(ctx: Ctx) -> dict[str, Any]:
             "plain_ttfc_p50_ms": round(plain_p50, 3),  # type: ignore[arg-type]
             "upstream_embedding_and_task_ms": round(up_ms, 3),  # type: ignore[arg-type]
             "added_ms": round(added, 3),
-            "upstream_call_ms_round0": {
-                f"{j}:{rec['kind']}": round(call_ms(0, j), 3) for j, rec in enumerate(calls)
-            },
+            "upstream_call_ms_round0": {f"{j}:{rec['kind']}": round(call_ms(0, j), 3) for j, rec in enumerate(calls)},
             "upstream_server_ms_probe": {f"{j}:{rec['kind']}": rec["server_ms"] for j, rec in enumerate(calls)},
             "added_ms_per_round": [round(x, 3) for x in per_round],
             "rag_turn_steps_ms": steps,

@@ -94,8 +94,13 @@ def calibrate() -> dict[str, float]:
     of two runs compare only as well as their yardsticks agree; ratios to the floor
     do not need it."""
     chunk = json.dumps(
-        {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "bench",
-         "choices": [{"index": 0, "delta": {"content": " fox"}, "logprobs": None, "finish_reason": None}]}
+        {
+            "id": "chatcmpl-x",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "bench",
+            "choices": [{"index": 0, "delta": {"content": " fox"}, "logprobs": None, "finish_reason": None}],
+        }
     ).encode()
     loads = json.loads
     best_json = best_loop = float("inf")
@@ -127,9 +132,7 @@ class Servers:
             upstream_proc, ctx.upstream_v1 = ctx.procs.start_url_server("upstream", [py, "-m", "bench.upstream", "--port", "0"])
             ctx.upstream_pid = upstream_proc.pid
         if not ctx.floor_v1:
-            floor_proc, ctx.floor_v1 = ctx.procs.start_url_server(
-                "floor", [py, "-m", "bench.floor", "--upstream", ctx.upstream_v1, "--port", "0"]
-            )
+            floor_proc, ctx.floor_v1 = ctx.procs.start_url_server("floor", [py, "-m", "bench.floor", "--upstream", ctx.upstream_v1, "--port", "0"])
             ctx.floor_pid = floor_proc.pid
         if self.turnlog_proc is None or self.turnlog_proc.poll() is not None:
             if self.turnlog_proc is not None:
@@ -190,17 +193,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json-out", help="also write the JSON to this file")
     p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during ttfc, long_answer and concurrent_paced into DIR")
     p.add_argument(
-        "--openwebui", metavar="VENV",
+        "--openwebui",
+        metavar="VENV",
         help="also run the openwebui scenario: Open WebUI (installed in the virtualenv VENV) as a peer, beside turnlog",
     )
     p.add_argument("--keep", action="store_true", help="keep the work directory (databases, logs)")
     p.add_argument(
-        "--turnlog-env", action="append", default=[], metavar="KEY=VALUE",
-        help="a setting for the turnlog under test, e.g. TURNLOG_FLUSH_INTERVAL=0.02 (repeatable); "
-        "TURNLOG_* variables of the environment are not passed on",
+        "--turnlog-env",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a setting for the turnlog under test, e.g. TURNLOG_FLUSH_INTERVAL=0.02 (repeatable); TURNLOG_* variables of the environment are not passed on",
     )
     p.add_argument(
-        "--quiet-wait", type=float, default=30.0, metavar="S",
+        "--quiet-wait",
+        type=float,
+        default=30.0,
+        metavar="S",
         help="before each scenario wait up to S s for the host to be idle (default 30; no wait with --quick)",
     )
     args = p.parse_args(argv)
@@ -252,9 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                 t0 = time.monotonic()
                 cpu0 = _busy_snapshot(procs)
                 r = fn(ctx)
-                r["host"] = {"derived_from": "long_answer"} if derived else {
-                    "idle_wait": quiet, "busy_cores_during": _busy_since(cpu0, procs)
-                }
+                r["host"] = {"derived_from": "long_answer"} if derived else {"idle_wait": quiet, "busy_cores_during": _busy_since(cpu0, procs)}
             except BenchError as exc:
                 r = {"status": "error", "error": str(exc)}
             except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError, RuntimeError) as exc:

@@ -28,9 +28,16 @@ from bench.client import percentiles
 async def floor_once() -> float:
     started = time.perf_counter()
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-I", "-S", "-c", "print(1)",
-        stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
-        env={"PATH": "/usr/bin:/bin"}, start_new_session=True,
+        sys.executable,
+        "-I",
+        "-S",
+        "-c",
+        "print(1)",
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env={"PATH": "/usr/bin:/bin"},
+        start_new_session=True,
     )
     out, _ = await proc.communicate(b"")
     if out != b"1\n":

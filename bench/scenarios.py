@@ -162,8 +162,22 @@ class Profiler:
         self.out = self.ctx.profile_dir / f"{self.name}.txt"
         self.proc, _ = self.ctx.procs.spawn(
             f"py-spy-{self.name}",
-            [exe, "record", "--pid", str(self.pid), "--format", "raw", "--function", "--threads", "--nonblocking",
-             "--rate", "250", "-o", str(self.out), *os.environ.get("BENCH_PYSPY_EXTRA", "").split()],
+            [
+                exe,
+                "record",
+                "--pid",
+                str(self.pid),
+                "--format",
+                "raw",
+                "--function",
+                "--threads",
+                "--nonblocking",
+                "--rate",
+                "250",
+                "-o",
+                str(self.out),
+                *os.environ.get("BENCH_PYSPY_EXTRA", "").split(),
+            ],
             stdout_pipe=False,
         )
         time.sleep(0.5)  # attach
@@ -226,16 +240,13 @@ def summarize_profile(path: Path, top: int = 15) -> dict[str, Any]:
     def short(frame: str) -> str:
         return frame.replace(sys.prefix, "<venv>").replace(str(Path(__file__).resolve().parent.parent) + "/", "")
 
-    skip = ("run_app", "run_forever", "run_until_complete", "_run_once", "_run_code", "_run_module_as_main",
-            "<module>", "main (adapters/cli.py", "cmd_serve")
+    skip = ("run_app", "run_forever", "run_until_complete", "_run_once", "_run_code", "_run_module_as_main", "<module>", "main (adapters/cli.py", "cmd_serve")
     return {
         "file": str(path),
         "samples": total,
         "threads": {k: round(v / total, 3) for k, v in threads.most_common()},
         "main_self": [[short(f), round(c / main_total, 4)] for f, c in self_c.most_common(top)] if main_total else [],
-        "main_inclusive": [
-            [short(f), round(c / main_total, 4)] for f, c in incl.most_common(top + 12) if not f.startswith(skip)
-        ][:top] if main_total else [],
+        "main_inclusive": [[short(f), round(c / main_total, 4)] for f, c in incl.most_common(top + 12) if not f.startswith(skip)][:top] if main_total else [],
     }
 
 
@@ -285,8 +296,13 @@ def long_answer(ctx: Ctx) -> dict[str, Any]:
     meter = CpuMeter(ctx.turnlog_pid)
     with Profiler(ctx, "long_answer", ctx.turnlog_pid):
         by, rates = interleaved_long_answers(
-            ctx, {"floor": ctx.floor_v1, "parse": parse_v1, "turnlog": ctx.turnlog_v1}, n, pairs,
-            name="c-long", announce="turnlog", on_event=meter.on_event,
+            ctx,
+            {"floor": ctx.floor_v1, "parse": parse_v1, "turnlog": ctx.turnlog_v1},
+            n,
+            pairs,
+            name="c-long",
+            announce="turnlog",
+            on_event=meter.on_event,
         )
     floor, parse, turn = rates["floor"], rates["parse"], rates["turnlog"]
     ratio = need(med(turn)) / need(med(floor))
@@ -339,9 +355,7 @@ def cpu_per_chunk(ctx: Ctx) -> dict[str, Any]:
         "figures": {
             "cpu_us_per_chunk": spread(us, digits=2),
             "chunks_per_run": c["chunks"],
-            "cores_busy_during_run": spread(
-                [u * c["chunks"] / 1e6 / w for u, w in zip(us, c["turnlog_wall_s"])], digits=2
-            ),
+            "cores_busy_during_run": spread([u * c["chunks"] / 1e6 / w for u, w in zip(us, c["turnlog_wall_s"])], digits=2),
             "source": "the process CPU-time clock (clock_gettime of clock_getcpuclockid(pid), ns, all threads), utime+stime as fallback",
         },
     }
@@ -466,9 +480,7 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
         if prof:
             prof.__enter__()
         try:
-            res = ctx.procs.run_client(
-                {"phases": phases, "timeout_s": 60 + 3 * chunks / rate}, name=f"c-paced-{name}", on_event=meter.on_event
-            )
+            res = ctx.procs.run_client({"phases": phases, "timeout_s": 60 + 3 * chunks / rate}, name=f"c-paced-{name}", on_event=meter.on_event)
         finally:
             if prof:
                 prof.__exit__(None, None, None)
@@ -482,14 +494,16 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
         fs = out[f"floor{i}"]["agg"].get("latency_ms_steady", {})
         ts = out[f"turnlog{i}"]["agg"].get("latency_ms_steady", {})
         t_ttfc_i = [r["ttfc"] for r in out[f"turnlog{i}"]["streams"] if r.get("ttfc") is not None]
-        per_round.append({
-            "added_p50_ms": tl.get("p50", nan) - fl.get("p50", nan),
-            "added_p99_ms": tl.get("p99", nan) - fl.get("p99", nan),
-            "turnlog_ttfc_p50_s": percentiles(t_ttfc_i).get("p50", nan),
-            "steady_added_p50_ms": ts.get("p50", nan) - fs.get("p50", nan),
-            "steady_added_p99_ms": ts.get("p99", nan) - fs.get("p99", nan),
-            "steady_chunks_turnlog": ts.get("n", 0),
-        })
+        per_round.append(
+            {
+                "added_p50_ms": tl.get("p50", nan) - fl.get("p50", nan),
+                "added_p99_ms": tl.get("p99", nan) - fl.get("p99", nan),
+                "turnlog_ttfc_p50_s": percentiles(t_ttfc_i).get("p50", nan),
+                "steady_added_p50_ms": ts.get("p50", nan) - fs.get("p50", nan),
+                "steady_added_p99_ms": ts.get("p99", nan) - fs.get("p99", nan),
+                "steady_chunks_turnlog": ts.get("n", 0),
+            }
+        )
     f, t = out["floor0"], out["turnlog0"]
     fl, tl = f["agg"].get("latency_ms", {}), t["agg"].get("latency_ms", {})
     t_streams = [r for i in range(rounds) for r in out[f"turnlog{i}"]["streams"]]
@@ -536,8 +550,7 @@ def concurrent_paced(ctx: Ctx) -> dict[str, Any]:
             # CPU per relayed chunk when every chunk arrives alone (paced): the
             # per-wakeup cost, which batching hides in the long-answer scenario.
             "cpu_us_per_chunk_paced": {
-                who: round(1e6 * need(med([cpu[f"{who}{i}"] for i in range(rounds)])) / (turns * chunks), 1)
-                for who in ("floor", "turnlog")
+                who: round(1e6 * need(med([cpu[f"{who}{i}"] for i in range(rounds)])) / (turns * chunks), 1) for who in ("floor", "turnlog")
             },
             "note": "latency = client arrival - upstream write time of the same chunk (time.monotonic stamp carried "
             "in the content); *_steady: only chunks that arrived once every turn of the round had started",
@@ -601,16 +614,13 @@ def open_turns_rss(ctx: Ctx) -> dict[str, Any]:
                 growth = (statistics.median(during) - statistics.median(before)) / state["open"]
                 figures["retained_after_end_kb_per_turn"] = round((statistics.median(after) - statistics.median(before)) / turns, 2)
             else:
-                figures["wave2_growth_over_wave1_after_kb_per_turn"] = round(
-                    (statistics.median(during) - figures["rss_after_kb"]) / state["open"], 2
-                )
+                figures["wave2_growth_over_wave1_after_kb_per_turn"] = round((statistics.median(during) - figures["rss_after_kb"]) / state["open"], 2)
     finally:
         ctx.procs.stop(proc)
     figures["failed_turns"] = len(failed)
     figures["failures_sample"] = failed[:3]
     figures["note"] = (
-        "VmRSS of the turnlog process (fresh instance, warmed up with 40 turns) before vs while all turns are open "
-        "(each streamed >= 1 chunk), / open turns"
+        "VmRSS of the turnlog process (fresh instance, warmed up with 40 turns) before vs while all turns are open (each streamed >= 1 chunk), / open turns"
     )
     return {"status": "ok", "checks": [check("rss_kb_per_open_turn", growth, "<=", 150.0)], "figures": figures}
 
@@ -773,9 +783,7 @@ def _log_bytes(ctx: Ctx, turn_id: str) -> dict[str, Any]:
         "ratio": round(total / answer, 3) if answer else None,
         "events": sum(c for _, c, _ in rows),
         "by_type": {t: {"events": c, "bytes": b} for t, c, b in sorted(rows)},
-        "delta_bytes_per_answer_byte": round(
-            sum(b for t, _, b in rows if t == "model.delta") / answer, 3
-        ) if answer else None,
+        "delta_bytes_per_answer_byte": round(sum(b for t, _, b in rows if t == "model.delta") / answer, 3) if answer else None,
     }
 
 
@@ -825,7 +833,9 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
     tools_dir.mkdir(exist_ok=True)
     (tools_dir / "bench_tools.py").write_text(TOOLS_MODULE)
     proc, v1 = ctx.procs.start_turnlog(
-        "turnlog-tools", ctx.upstream_v1, ctx.workdir / "turnlog-tools.db",
+        "turnlog-tools",
+        ctx.upstream_v1,
+        ctx.workdir / "turnlog-tools.db",
         extra_env={"TURNLOG_TOOLS_DIR": str(tools_dir)},
     )
     try:
@@ -870,10 +880,7 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
 
     floor_round_ms = [floor_sum_ms(i) for i in range(rounds)]
     turn_ms = [r["total"] * 1000 for i in range(rounds) for r in by[f"turnlog{i}"]]
-    per_round_added = [
-        (statistics.median(r["total"] * 1000 for r in by[f"turnlog{i}"]) - floor_round_ms[i]) / rounds_n
-        for i in range(rounds)
-    ]
+    per_round_added = [(statistics.median(r["total"] * 1000 for r in by[f"turnlog{i}"]) - floor_round_ms[i]) / rounds_n for i in range(rounds)]
     added = (need(med(turn_ms)) - need(med(floor_round_ms))) / rounds_n
     cpu_ms = [meter.spent.get(f"turnlog{i}", float("nan")) / runs_per_round * 1000 for i in range(rounds)]
     return {
@@ -885,9 +892,7 @@ def tool_loop(ctx: Ctx) -> dict[str, Any]:
             "rounds": rounds,
             "turnlog_turn_ms": spread(turn_ms, digits=2),
             "floor_upstream_work_ms": spread(floor_round_ms, digits=2),
-            "floor_call_ms_by_k_round0": [
-                round(statistics.median(r["total"] for r in by[f"floor0_k{k}"]) * 1000, 3) for k in range(rounds_n + 1)
-            ],
+            "floor_call_ms_by_k_round0": [round(statistics.median(r["total"] for r in by[f"floor0_k{k}"]) * 1000, 3) for k in range(rounds_n + 1)],
             "added_ms_per_iteration_per_round": [round(x, 3) for x in per_round_added],
             "turnlog_ttfb_ms": spread([r["ttfb"] * 1000 for i in range(rounds) for r in by[f"turnlog{i}"] if r.get("ttfb")], digits=2),
             "turnlog_cpu_ms_per_turn": spread(cpu_ms, digits=2),
@@ -920,7 +925,12 @@ class _PgServer:
         self.started = True  # from here on, always try to stop it
         r = subprocess.run(
             [str(self.script), "start", str(self.dir), str(port)],
-            cwd=str(ROOT), env=self.env(), capture_output=True, text=True, timeout=180, stdin=subprocess.DEVNULL,
+            cwd=str(ROOT),
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            stdin=subprocess.DEVNULL,
         )
         lines = r.stdout.strip().splitlines()
         url = lines[-1].strip() if lines else ""
@@ -935,7 +945,12 @@ class _PgServer:
         try:
             subprocess.run(
                 [str(self.script), "stop", str(self.dir), "immediate"],
-                cwd=str(ROOT), env=self.env(), capture_output=True, text=True, timeout=90, stdin=subprocess.DEVNULL,
+                cwd=str(ROOT),
+                env=self.env(),
+                capture_output=True,
+                text=True,
+                timeout=90,
+                stdin=subprocess.DEVNULL,
             )
         except (OSError, subprocess.SubprocessError) as exc:
             print(f"[bench] postgres: stopping the test server failed: {exc}", file=sys.stderr, flush=True)
@@ -970,18 +985,14 @@ def postgres(ctx: Ctx) -> dict[str, Any]:
             "concurrent_appenders": r["turns"],
             "events_per_appender": r["events_per_turn"],
             "appends_per_commit": spread([x["appends_per_commit"] for x in r["runs"]], digits=1),
-            "durability": r["synchronous"] + (
-                "; scripts/pg-test-server: fsync=on, synchronous_commit=on" if source != "TURNLOG_BENCH_POSTGRES_URL" else ""
-            ),
+            "durability": r["synchronous"] + ("; scripts/pg-test-server: fsync=on, synchronous_commit=on" if source != "TURNLOG_BENCH_POSTGRES_URL" else ""),
         }
 
         # (b) long answer through turnlog on PostgreSQL, beside turnlog on SQLite and the floor
         n, pairs = 20_000, 3
         proc, pg_v1 = ctx.procs.start_turnlog("turnlog-pg", ctx.upstream_v1, ctx.workdir / "unused.db", database_url=url)
         try:
-            by, rates = interleaved_long_answers(
-                ctx, {"floor": ctx.floor_v1, "pg": pg_v1, "sqlite": ctx.turnlog_v1}, n, pairs, name="c-long-pg"
-            )
+            by, rates = interleaved_long_answers(ctx, {"floor": ctx.floor_v1, "pg": pg_v1, "sqlite": ctx.turnlog_v1}, n, pairs, name="c-long-pg")
         finally:
             ctx.procs.stop(proc)
         floor, pg, lite = rates["floor"], rates["pg"], rates["sqlite"]
@@ -1029,8 +1040,7 @@ def vector_query(ctx: Ctx) -> dict[str, Any]:
 
     def record(backend: str, r: dict[str, Any], target: float) -> None:
         figures[backend] = {
-            key: r[key]
-            for key in ("ingest_s", "ingest_items_per_s", "first_query_ms", "first_filtered_query_ms", "unfiltered", "file_filtered")
+            key: r[key] for key in ("ingest_s", "ingest_items_per_s", "first_query_ms", "first_filtered_query_ms", "unfiltered", "file_filtered")
         }
         for mode in ("unfiltered", "file_filtered"):
             checks.append(check(f"{backend}_{mode}_p50_ms", r[mode]["p50"], "<=", target))
@@ -1250,6 +1260,7 @@ def waiting_turns_rss(ctx: Ctx) -> dict[str, Any]:
         "reached tool.approval_requested (non-streaming clients, answered when the turn waits)"
     )
     return {"status": "ok", "checks": [check("waiting_turns_rss_growth_mb", growth_mb, "<=", 20.0)], "figures": figures}
+
 
 # name -> (function, needs the shared servers, runs in --quick)
 SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {

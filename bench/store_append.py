@@ -41,8 +41,14 @@ async def run(url: str, turns: int, per_turn: int, engine_kwargs: dict, async_wr
     for t in range(turns):
         tid = f"bench-{run_id}-{t}"
         rec = TurnRecord(
-            id=tid, chat_id=f"chat-{run_id}-{t % 10}", user_id="bench", model="m",
-            status="running", created_at=now, updated_at=now, owner="bench",
+            id=tid,
+            chat_id=f"chat-{run_id}-{t % 10}",
+            user_id="bench",
+            model="m",
+            status="running",
+            created_at=now,
+            updated_at=now,
+            owner="bench",
         )
         started = Event(turn_id=tid, seq=1, type="turn.started", at=now, data={"v": 1})
         tokens[tid] = await store.start_turn(rec, [started], lease_seconds=60)
@@ -51,7 +57,10 @@ async def run(url: str, turns: int, per_turn: int, engine_kwargs: dict, async_wr
         token = tokens[tid]
         for seq in range(2, per_turn + 2):
             event = Event(
-                turn_id=tid, seq=seq, type="model.delta", at=time.time(),
+                turn_id=tid,
+                seq=seq,
+                type="model.delta",
+                at=time.time(),
                 data={"v": 1, "kind": "text", "pos": seq, "text": "Hello, wörld! ", "lens": [7, 7]},
             )
             await store.append([event], fencing=token)
@@ -79,7 +88,8 @@ def main() -> None:
     p.add_argument("--events", type=int, default=100, help="events per turn")
     p.add_argument("--synchronous", default="FULL", help="SQLite PRAGMA synchronous")
     p.add_argument(
-        "--async-writer", action="store_true",
+        "--async-writer",
+        action="store_true",
         help="SQLite: run group commits through aiosqlite (run_sync) instead of the writer thread",
     )
     args = p.parse_args()

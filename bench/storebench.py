@@ -78,8 +78,14 @@ async def _open_turns(store: Any, turns: int) -> dict[str, int]:
 
     async def start(t: int, tid: str) -> int:
         rec = TurnRecord(
-            id=tid, chat_id=f"chat-{run_id}-{t % 10}", user_id="bench", model="m",
-            status="running", created_at=now, updated_at=now, owner="bench",
+            id=tid,
+            chat_id=f"chat-{run_id}-{t % 10}",
+            user_id="bench",
+            model="m",
+            status="running",
+            created_at=now,
+            updated_at=now,
+            owner="bench",
         )
         started = Event(turn_id=tid, seq=1, type="turn.started", at=now, data={"v": 1})
         return int(await store.start_turn(rec, [started], lease_seconds=600))
@@ -96,7 +102,10 @@ async def _append_run(store: Any, tokens: dict[str, int], per_turn: int) -> dict
         token = tokens[tid]
         for seq in range(2, per_turn + 2):
             event = Event(
-                turn_id=tid, seq=seq, type="model.delta", at=time.time(),
+                turn_id=tid,
+                seq=seq,
+                type="model.delta",
+                at=time.time(),
                 data={"v": 1, "kind": "text", "pos": seq, "text": " the quick", "lens": [4, 6]},
             )
             await store.append([event], fencing=token)
@@ -112,9 +121,13 @@ async def _append_run(store: Any, tokens: dict[str, int], per_turn: int) -> dict
     for tid in list(tokens)[:3]:
         assert [e.seq for e in await store.read(tid)] == list(range(1, per_turn + 2))
     return {
-        "events": total, "seconds": elapsed, "events_per_s": total / elapsed,
+        "events": total,
+        "seconds": elapsed,
+        "events_per_s": total / elapsed,
         "cpu_us_per_event": cpu * 1e6 / total,
-        "commits": batches, "appends_per_commit": total / max(1, batches), "chain_reads": chain_reads,
+        "commits": batches,
+        "appends_per_commit": total / max(1, batches),
+        "chain_reads": chain_reads,
     }
 
 
@@ -196,20 +209,22 @@ async def bench_chain(url: str, turns: int, per_turn: int, rounds: int) -> dict[
     on, off = runs[True], runs[False]
     ratios = [a["events_per_s"] / b["events_per_s"] for a, b in zip(on, off)]
     cpu_ratios = [b["cpu_us_per_event"] / a["cpu_us_per_event"] for a, b in zip(on, off)]
-    pooled = (sum(r["events"] for r in on) / sum(r["seconds"] for r in on)) / (
-        sum(r["events"] for r in off) / sum(r["seconds"] for r in off)
-    )
+    pooled = (sum(r["events"] for r in on) / sum(r["seconds"] for r in on)) / (sum(r["events"] for r in off) / sum(r["seconds"] for r in off))
     cpu_on = statistics.median(r["cpu_us_per_event"] for r in on)
     cpu_off = statistics.median(r["cpu_us_per_event"] for r in off)
     # The chain's own work per event, timed alone: the data's sorted encoding
     # (the unchained store encodes it too, unsorted) and the link.
     sample = [
         Event(
-            turn_id=f"bench-chain-{t}", seq=2, type="model.delta", at=time.time(),
+            turn_id=f"bench-chain-{t}",
+            seq=2,
+            type="model.delta",
+            at=time.time(),
             data={"v": 1, "kind": "text", "pos": 2, "text": " the quick", "lens": [4, 6]},
         )
         for t in range(1000)
     ]
+
     # Thread CPU, the best of 5: what the work costs, not what a neighbour took.
     def timed(chain: bool) -> float:
         best = float("inf")
@@ -332,8 +347,14 @@ async def bench_replay(url: str, n_events: int, chunks_per_event: int, repeat: i
         built, answer = build_turn(turn_id, n_events, chunks_per_event)
         now = time.time()
         rec = TurnRecord(
-            id=turn_id, chat_id="chat-bench", user_id="bench", model="bench",
-            status="running", created_at=now, updated_at=now, owner="bench",
+            id=turn_id,
+            chat_id="chat-bench",
+            user_id="bench",
+            model="bench",
+            status="running",
+            created_at=now,
+            updated_at=now,
+            owner="bench",
         )
         token = await store.start_turn(rec, built[:1], lease_seconds=600)
         for i in range(1, len(built), 500):

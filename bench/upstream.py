@@ -81,9 +81,36 @@ from aiohttp import web
 
 MODELS = ["bench", "bench-fast", "bench-paced"]
 DEFAULT_TOKENS = [
-    "The", " quick", " brown", " fox", " jumps", " over", " the", " lazy", " dog", ".",
-    " It", " was", " a", " bright", " cold", " day", " in", " April", ",", " and",
-    " the", " clocks", " were", " striking", " thirteen", ".", " Call", " me", " Ishmael", "!",
+    "The",
+    " quick",
+    " brown",
+    " fox",
+    " jumps",
+    " over",
+    " the",
+    " lazy",
+    " dog",
+    ".",
+    " It",
+    " was",
+    " a",
+    " bright",
+    " cold",
+    " day",
+    " in",
+    " April",
+    ",",
+    " and",
+    " the",
+    " clocks",
+    " were",
+    " striking",
+    " thirteen",
+    ".",
+    " Call",
+    " me",
+    " Ishmael",
+    "!",
 ]
 DEFAULT_CHUNKS = 20
 BLOCK = 64 * 1024
@@ -112,17 +139,22 @@ class Upstream:
 
     async def models(self, request: web.Request) -> web.Response:
         now = int(time.time())
-        return web.json_response(
-            {"object": "list", "data": [{"id": m, "object": "model", "created": now, "owned_by": "bench"} for m in MODELS]}
-        )
+        return web.json_response({"object": "list", "data": [{"id": m, "object": "model", "created": now, "owned_by": "bench"} for m in MODELS]})
 
     async def release(self, request: web.Request) -> web.Response:
         return web.json_response({"released": self.pacer.release()})
 
     async def stats(self, request: web.Request) -> web.Response:
         return web.json_response(
-            {"active": self.active, "started": self.started, "completed": self.completed, "aborted": self.aborted,
-             "tool_calls": self.tool_calls, "task_calls": self.task_calls, "embedding_calls": self.embedding_calls}
+            {
+                "active": self.active,
+                "started": self.started,
+                "completed": self.completed,
+                "aborted": self.aborted,
+                "tool_calls": self.tool_calls,
+                "task_calls": self.task_calls,
+                "embedding_calls": self.embedding_calls,
+            }
         )
 
     async def record(self, request: web.Request) -> web.Response:
@@ -136,9 +168,7 @@ class Upstream:
 
     def _record(self, kind: str, raw: bytes, body: Any, t0: float) -> None:
         if self.recording is not None:
-            self.recording.append(
-                {"kind": kind, "bytes": len(raw), "server_ms": round((time.perf_counter() - t0) * 1000, 3), "body": body}
-            )
+            self.recording.append({"kind": kind, "bytes": len(raw), "server_ms": round((time.perf_counter() - t0) * 1000, 3), "body": body})
 
     async def embeddings(self, request: web.Request) -> web.Response:
         t0 = time.perf_counter()
@@ -165,8 +195,7 @@ class Upstream:
                 vector = base64.b64encode(struct.pack(f"<{dim}f", *vector)).decode()
             data.append({"object": "embedding", "index": i, "embedding": vector})
         tokens = sum(max(1, len(_WORD.findall(t))) for t in inputs)
-        out = {"object": "list", "data": data, "model": str(body.get("model") or "bench-embed"),
-               "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+        out = {"object": "list", "data": data, "model": str(body.get("model") or "bench-embed"), "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
         resp = web.Response(body=_dumps(out).encode(), content_type="application/json")
         self.embedding_calls += 1
         self._record("embeddings", raw, body, t0)
@@ -241,9 +270,7 @@ class Upstream:
             await resp.write(big)
         await resp.write(cycle * (rest // k) + b"".join(per_token[: rest % k]) + c.tail(n))
 
-    async def _paced(
-        self, request: web.Request, resp: web.StreamResponse, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool
-    ) -> None:
+    async def _paced(self, request: web.Request, resp: web.StreamResponse, c: _Chunks, n: int, rate: float, tokens: list[str], stamp: bool) -> None:
         await resp.write(c.role())  # through aiohttp: sends the headers (buffered until the first write)
         transport = request.transport
         if transport is None or transport.is_closing():
@@ -444,9 +471,7 @@ def _plan(body: dict[str, Any], model: str) -> tuple[int, float]:
 
 
 def _error(status: int, message: str) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}, status=status
-    )
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "param": None, "code": None}}, status=status)
 
 
 def make_app() -> web.Application:

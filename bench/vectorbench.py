@@ -162,9 +162,14 @@ async def bench_query(url: str, n: int, dim: int, per_file: int, count: int, k: 
             await store.query("kb", qs[0].tolist(), k, filter={"file_id": file_ids[-1]})
             first_filtered_ms = (time.perf_counter() - t0) * 1000
             result: dict[str, Any] = {
-                "backend": make_url(db_url).get_backend_name(), "n": n, "dim": dim, "k": k,
-                "chunks_per_file": per_file, "queries": count,
-                "ingest_s": round(ingest_s, 2), "ingest_items_per_s": round(n / ingest_s),
+                "backend": make_url(db_url).get_backend_name(),
+                "n": n,
+                "dim": dim,
+                "k": k,
+                "chunks_per_file": per_file,
+                "queries": count,
+                "ingest_s": round(ingest_s, 2),
+                "ingest_items_per_s": round(n / ingest_s),
                 "first_query_ms": round(load_ms, 1),
                 "first_filtered_query_ms": round(first_filtered_ms, 1),
             }
@@ -206,9 +211,13 @@ async def bench_codec(url: str, n: int, dim: int, count: int) -> dict[str, Any]:
         finally:
             await store.close()
     return {
-        "backend": make_url(url).get_backend_name(), "n": n, "dim": dim,
-        "upsert_s": round(upsert_s, 3), "upsert_items_per_s": round(n / upsert_s),
-        "upsert_client_cpu_s": round(upsert_cpu, 3), "query_ms": percentiles(ms),
+        "backend": make_url(url).get_backend_name(),
+        "n": n,
+        "dim": dim,
+        "upsert_s": round(upsert_s, 3),
+        "upsert_items_per_s": round(n / upsert_s),
+        "upsert_client_cpu_s": round(upsert_cpu, 3),
+        "query_ms": percentiles(ms),
         "query_client_cpu_ms": round(query_cpu / len(qs) * 1000, 3),
     }
 

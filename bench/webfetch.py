@@ -41,13 +41,14 @@ WORDS = "event log turn model stream tool result chunk replay fold cancel resume
 
 def article(i: int, kb: int) -> str:
     """About ``kb`` KB of article-like HTML, different for each ``i``."""
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Page {i}</title>"
-             "<style>body{font:14px sans-serif}</style><script>var analytics = {};</script></head><body>"]
+    parts = [
+        f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>Page {i}</title>"
+        "<style>body{font:14px sans-serif}</style><script>var analytics = {};</script></head><body>"
+    ]
     n = 0
     while sum(map(len, parts)) < kb * 1024:
         words = " ".join(WORDS[(i + n + k) % len(WORDS)] for k in range(60))
-        parts.append(f"<h2>Section {n}</h2><p>{words} <a href='/page/{n}'>more</a></p>"
-                     f"<ul><li>{WORDS[n % len(WORDS)]}</li><li><b>{i}</b>.{n}</li></ul>")
+        parts.append(f"<h2>Section {n}</h2><p>{words} <a href='/page/{n}'>more</a></p><ul><li>{WORDS[n % len(WORDS)]}</li><li><b>{i}</b>.{n}</li></ul>")
         n += 1
     parts.append("</body></html>")
     return "".join(parts)
@@ -122,9 +123,7 @@ def web_fetch(ctx: Ctx) -> dict[str, Any]:
     rounds = 3 if ctx.quick else 7
     server, url = ctx.procs.start_url_server("webfetch-pages", [sys.executable, "-m", "bench.webfetch", "serve"])
     try:
-        proc, lines = ctx.procs.spawn(
-            "webfetch-drive", [sys.executable, "-m", "bench.webfetch", "drive", "--url", url, "--rounds", str(rounds)]
-        )
+        proc, lines = ctx.procs.spawn("webfetch-drive", [sys.executable, "-m", "bench.webfetch", "drive", "--url", url, "--rounds", str(rounds)])
         assert lines is not None
         deadline = time.monotonic() + 120
         result = None

@@ -105,10 +105,7 @@ def is_blob_ref(value: Any) -> bool:
 def is_base64_key(key: str) -> bool:
     """Whether a bare base64 string under ``key`` may be externalized."""
     k = key.lower()
-    return (
-        k in ("data", "base64", "b64", "b64_json", "b64json", "bytes_base64")
-        or k.endswith(("_b64", "_base64", "_b64_json", "-b64", "-base64"))
-    )
+    return k in ("data", "base64", "b64", "b64_json", "b64json", "bytes_base64") or k.endswith(("_b64", "_base64", "_b64_json", "-b64", "-base64"))
 
 
 def decode_base64(text: str) -> bytes | None:
@@ -214,10 +211,7 @@ class Blobs:
                 return value
             return await self._string(value, key, siblings, done)
         if isinstance(value, Mapping):
-            return {
-                k: await self._walk(v, limit, k if isinstance(k, str) else None, value, done)
-                for k, v in value.items()
-            }
+            return {k: await self._walk(v, limit, k if isinstance(k, str) else None, value, done) for k, v in value.items()}
         if isinstance(value, (list, tuple)):
             # Items of a list inherit its key: {"b64_json": ["...", "..."]}.
             return [await self._walk(v, limit, key, siblings, done) for v in value]

@@ -189,13 +189,12 @@ def check(
         if seq < expected:
             if seq == expected - 1:
                 return _result(i, prev, Damage(seq, "inserted", f"seq {seq} appears twice: an event was inserted", i))
-            return _result(
-                i, prev, Damage(seq, "reordered", f"seq {seq} comes after seq {expected - 1}: events are out of order", i)
-            )
+            return _result(i, prev, Damage(seq, "reordered", f"seq {seq} comes after seq {expected - 1}: events are out of order", i))
         if seq > expected:
             gap = f"seq {expected}" if seq == expected + 1 else f"seqs {expected}-{seq - 1}"
             return _result(
-                i, prev,
+                i,
+                prev,
                 Damage(expected, "deleted", f"{gap} missing: deleted (the log goes from seq {expected - 1} to seq {seq})", i),
             )
         computed = link(prev, event.canonical())

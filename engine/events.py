@@ -455,9 +455,7 @@ def _model_requested_v1(data: dict[str, Any]) -> dict[str, Any]:
 UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
     ("model.requested", 1): _model_requested_v1,
 }
-CURRENT_VERSION: dict[str, int] = {
-    cls.TYPE: cls.model_fields["v"].default for cls in EVENT_TYPES.values()
-}
+CURRENT_VERSION: dict[str, int] = {cls.TYPE: cls.model_fields["v"].default for cls in EVENT_TYPES.values()}
 
 
 def upcast(event: Event) -> Event:

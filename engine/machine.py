@@ -82,14 +82,8 @@ TERMINAL_STATUSES = frozenset({"completed", "cancelled", "failed"})
 
 _INTERNAL: dict[str, frozenset[str]] = {t: frozenset(src) for t, src, dest in TRANSITIONS if dest is None}
 _CHANGING = {t for t, _, dest in TRANSITIONS if dest is not None}
-_DEST: dict[tuple[str, str], str] = {
-    (source, t): dest for t, sources, dest in TRANSITIONS if dest is not None for source in sources
-}
-_MACHINE_TRANSITIONS = [
-    {"trigger": "on_" + t.replace(".", "_"), "source": src, "dest": dest}
-    for t, src, dest in TRANSITIONS
-    if dest is not None
-]
+_DEST: dict[tuple[str, str], str] = {(source, t): dest for t, sources, dest in TRANSITIONS if dest is not None for source in sources}
+_MACHINE_TRANSITIONS = [{"trigger": "on_" + t.replace(".", "_"), "source": src, "dest": dest} for t, src, dest in TRANSITIONS if dest is not None]
 
 
 class IllegalTransition(Exception):

@@ -361,9 +361,7 @@ class TokenCounter(Protocol):
 class ModelClient(Protocol):
     """Calls a model: the live one goes to the upstream, ``verify``'s replays the log."""
 
-    def stream(
-        self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory, *, runs: bool = False
-    ) -> AsyncGenerator[list[ModelEvent], None]:
+    def stream(self, resolved: ResolvedModel, request: ModelRequest, id_factory: IdFactory, *, runs: bool = False) -> AsyncGenerator[list[ModelEvent], None]:
         """The response's events, in order, a list per network read (never empty):
         a fast stream's reads carry hundreds of chunks, and the consumer then
         pays one async step per read instead of one per chunk. With ``runs``,
@@ -397,9 +395,7 @@ class NoTools:
 class ToolRunner(Protocol):
     """Runs one call of a tool within its timeout (``verify``'s answers from the log)."""
 
-    async def run(
-        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
-    ) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         """The result and, if the call failed, the error text."""
         ...
 

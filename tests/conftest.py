@@ -51,9 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: the test reads the SQLite file itself")
-    config.addinivalue_line(
-        "markers", "backends(*names): the backends the test can run on (tests/backends.py)"
-    )
+    config.addinivalue_line("markers", "backends(*names): the backends the test can run on (tests/backends.py)")
     try:
         parse_selection(config.getoption("backend"))
     except ValueError as exc:

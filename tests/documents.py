@@ -30,10 +30,28 @@ from engine.ports import EmbeddingError
 
 DIM = 64
 CONCEPTS = {
-    "car": 0, "cars": 0, "automobile": 0, "automobiles": 0, "vehicle": 0, "vehicles": 0, "sedan": 0,
-    "banana": 1, "bananas": 1, "fruit": 1, "fruits": 1, "mango": 1, "apple": 1,
-    "ocean": 2, "sea": 2, "marine": 2, "waves": 2, "tide": 2,
-    "violin": 3, "music": 3, "orchestra": 3, "symphony": 3,
+    "car": 0,
+    "cars": 0,
+    "automobile": 0,
+    "automobiles": 0,
+    "vehicle": 0,
+    "vehicles": 0,
+    "sedan": 0,
+    "banana": 1,
+    "bananas": 1,
+    "fruit": 1,
+    "fruits": 1,
+    "mango": 1,
+    "apple": 1,
+    "ocean": 2,
+    "sea": 2,
+    "marine": 2,
+    "waves": 2,
+    "tide": 2,
+    "violin": 3,
+    "music": 3,
+    "orchestra": 3,
+    "symphony": 3,
 }
 _WORD = re.compile(r"[a-z0-9]+")
 
@@ -161,9 +179,7 @@ def pdf(pages: Sequence[Sequence[str]]) -> bytes:
         for line in lines:
             ops += [f"{_pdf_string(line)} Tj", "T*"]
         ops.append("ET")
-        objects.append(
-            f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {5 + 2 * i} 0 R >>".encode()
-        )
+        objects.append(f"<< /Type /Page /Parent 2 0 R /MediaBox [0 0 612 792] /Resources << /Font << /F1 3 0 R >> >> /Contents {5 + 2 * i} 0 R >>".encode())
         objects.append(_stream("\n".join(ops)))
     return _assemble(objects)
 
@@ -192,7 +208,9 @@ def form(filename: str, data: bytes, content_type: str | None, *, purpose: str |
     return body
 
 
-async def upload(http: aiohttp.ClientSession, base: str, filename: str, data: bytes, content_type: str | None = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+async def upload(
+    http: aiohttp.ClientSession, base: str, filename: str, data: bytes, content_type: str | None = None, headers: dict[str, str] | None = None
+) -> tuple[int, Any]:
     async with http.post(f"{base}/v1/files", data=form(filename, data, content_type), headers=headers or {}) as resp:
         return resp.status, await resp.json()
 

@@ -207,16 +207,12 @@ def event_spans(events: list[dict[str, Any]]) -> list[Span]:
 async def read_stream(service: Service, turn_id: str, *, after: int = 0, include_usage: bool = False) -> str:
     """The SSE body a client reconnecting with ``Last-Event-ID: after`` gets."""
     query = "?include_usage=true" if include_usage else ""
-    async with service.http.get(
-        f"{service.v1}/turns/{turn_id}/stream{query}", headers={**service.headers, "Last-Event-ID": str(after)}
-    ) as resp:
+    async with service.http.get(f"{service.v1}/turns/{turn_id}/stream{query}", headers={**service.headers, "Last-Event-ID": str(after)}) as resp:
         assert resp.status == 200, await resp.text()
         return await resp.text()
 
 
-async def check_stream_against_log(
-    service: Service, turn_id: str, raw: str, *, include_usage: bool = False
-) -> ClientStream:
+async def check_stream_against_log(service: Service, turn_id: str, raw: str, *, include_usage: bool = False) -> ClientStream:
     """What the client was sent (``raw``, from the first position on) against the
     fold of every prefix of the log: at the position where event SEQ ends, the
     client's text, reasoning, item snapshots, finish and status are those of

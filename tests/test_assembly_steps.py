@@ -120,7 +120,9 @@ async def test_unsupported_names_what_is_not_configured_or_not_possible() -> Non
 
 
 def test_request_refs_and_the_attached_knowledge_listing() -> None:
-    refs = request_refs({"files": [{"type": "file", "id": "a"}, {"type": "collection", "id": "k", "context": "full"}, {"id": 3}, "x", {"type": "file", "id": "a"}]})
+    refs = request_refs(
+        {"files": [{"type": "file", "id": "a"}, {"type": "collection", "id": "k", "context": "full"}, {"id": 3}, "x", {"type": "file", "id": "a"}]}
+    )
     assert refs == [FileRef("file", "a"), FileRef("collection", "k", full=True)]
     assert attached_knowledge([FileRef("collection", "k1")]) == '<attached_knowledge>\n<knowledge type="collection" id="k1"/>\n</attached_knowledge>'
 
@@ -164,7 +166,7 @@ async def test_source_context_in_the_system_message() -> None:
     d.sources = [SOURCE]
     await SourceContext("C: {{CONTEXT}}", system_context=True).run(d)
     assert d.messages[1] == {"role": "user", "content": "q"}
-    assert d.messages[0]["content"].startswith("S\nC: <source id=\"1\"")
+    assert d.messages[0]["content"].startswith('S\nC: <source id="1"')
 
 
 async def test_system_messages_merged_first_and_empty_blocks_stripped() -> None:

@@ -38,17 +38,14 @@ async def test_auth_required_and_users_isolated(authed: tuple[Service, str, str]
     status, body, _ = await as_user(svc, "tl-wrong").post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
     assert status == 401 and body["error"]["code"] == "invalid_api_key"
 
-    status, body, headers = await as_user(svc, alice).post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": "chat-alice"}
-    )
+    status, body, headers = await as_user(svc, alice).post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": "chat-alice"})
     assert status == 200, body
     turn_id = headers["X-Turn-Id"]
     assert (await as_user(svc, alice).get(f"/v1/turns/{turn_id}"))[0] == 200
     assert (await as_user(svc, alice).get("/v1/chats/chat-alice"))[0] == 200
 
     as_user(svc, bob)
-    for path in (f"/v1/turns/{turn_id}", f"/v1/turns/{turn_id}/events", f"/v1/turns/{turn_id}/replay",
-                 f"/v1/turns/{turn_id}/stream", "/v1/chats/chat-alice"):
+    for path in (f"/v1/turns/{turn_id}", f"/v1/turns/{turn_id}/events", f"/v1/turns/{turn_id}/replay", f"/v1/turns/{turn_id}/stream", "/v1/chats/chat-alice"):
         status, body = await svc.get(path)
         assert status == 404 and body["error"]["type"] == "not_found_error", path
     assert (await svc.post(f"/v1/turns/{turn_id}/cancel"))[0] == 404

@@ -54,9 +54,7 @@ async def test_a_request_is_committed_before_it_goes_upstream(
     lock = sqlite3.connect(journal["path"], isolation_level=None)
     lock.execute("BEGIN IMMEDIATE")
     called.clear()
-    late = asyncio.ensure_future(
-        client.post("/durable/v1/chat/completions", data=b'{"late":1}', headers={"Content-Type": "application/json"})
-    )
+    late = asyncio.ensure_future(client.post("/durable/v1/chat/completions", data=b'{"late":1}', headers={"Content-Type": "application/json"}))
     try:
         await asyncio.wait_for(called.wait(), 0.5)
     except TimeoutError:

@@ -279,12 +279,16 @@ async def test_concurrent_puts_and_appends(store: Store, user: str) -> None:
     turn_id = f"t-{uuid.uuid4().hex[:10]}"
     now = 1_800_000_000.0
     record = TurnRecord(
-        id=turn_id, chat_id=f"c-{turn_id}", user_id=user, model="m", status="running",
-        created_at=now, updated_at=now, owner="w1",
+        id=turn_id,
+        chat_id=f"c-{turn_id}",
+        user_id=user,
+        model="m",
+        status="running",
+        created_at=now,
+        updated_at=now,
+        owner="w1",
     )
-    fencing = await store.start_turn(
-        record, [Event(turn_id=turn_id, seq=1, type="turn.started", at=now, data={})], lease_seconds=30
-    )
+    fencing = await store.start_turn(record, [Event(turn_id=turn_id, seq=1, type="turn.started", at=now, data={})], lease_seconds=30)
     payloads = [os.urandom(5000) for _ in range(20)]
 
     async def put(i: int) -> str:
@@ -354,6 +358,7 @@ async def test_migration_0002_downgrades(tmp_path: Path) -> None:
     try:
         cfg = alembic_config(url)
         async with engine.begin() as conn:
+
             def down(sync: Any) -> None:
                 cfg.attributes["connection"] = sync
                 command.downgrade(cfg, "0001")
@@ -391,9 +396,7 @@ def _with_blob_routes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture
-async def authed(
-    tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[tuple[Service, dict[str, str], dict[str, str]]]:
+async def authed(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Service, dict[str, str], dict[str, str]]]:
     _with_blob_routes(monkeypatch)
     svc = await start_service(make_settings(tmp_path, upstream.url, auth="on"), upstream)
     try:

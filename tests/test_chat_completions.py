@@ -46,9 +46,7 @@ async def test_streaming_with_the_openai_sdk(service: Service) -> None:
 async def test_non_streaming_with_the_openai_sdk(service: Service) -> None:
     service.upstream.enqueue(Reply(text="The answer is 42."))
     sdk = client(service)
-    raw = await sdk.chat.completions.with_raw_response.create(
-        model="gpt-test", messages=[{"role": "user", "content": "question"}]
-    )
+    raw = await sdk.chat.completions.with_raw_response.create(model="gpt-test", messages=[{"role": "user", "content": "question"}])
     completion = raw.parse()
     assert completion.choices[0].message.content == "The answer is 42."
     assert completion.choices[0].finish_reason == "stop"

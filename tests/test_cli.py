@@ -52,8 +52,7 @@ def test_a_read_only_command_never_creates_the_database(tmp_path: Path, command:
     out = turnlog(db, *command)
     assert out.returncode == 1 and out.stdout == ""
     assert out.stderr.strip() == (
-        f"turnlog: database sqlite+aiosqlite:///{db} does not exist (no file {db}); "
-        "set TURNLOG_DATABASE_URL or --database-url to the service's database"
+        f"turnlog: database sqlite+aiosqlite:///{db} does not exist (no file {db}); set TURNLOG_DATABASE_URL or --database-url to the service's database"
     )
     assert list(db.parent.iterdir()) == []
 
@@ -72,7 +71,9 @@ def test_a_read_only_command_names_a_missing_postgres_database() -> None:
 @pytest.mark.sqlite_only
 async def test_turns_commands_and_replay(service: Service, tmp_path: Path) -> None:
     service.upstream.enqueue(Reply(text="cli answer"))
-    status, _, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "chat_id": "chat-cli"})
+    status, _, headers = await service.post(
+        "/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "chat_id": "chat-cli"}
+    )
     assert status == 200
     turn_id = headers["X-Turn-Id"]
     db = tmp_path / "turnlog.db"
@@ -172,9 +173,9 @@ def test_a_config_file_takes_tables_beside_its_turnlog_table_and_names_mistakes(
     assert settings.port == 9001 and settings.models["gpt-x"].system == "Be brief." and settings.filters == {"shout": {"suffix": "?!"}}
 
     twice = tmp_path / "twice.toml"
-    twice.write_text('port = 1\n[turnlog]\nport = 2\n')
+    twice.write_text("port = 1\n[turnlog]\nport = 2\n")
     typo = tmp_path / "typo.toml"
-    typo.write_text('[turnlog]\nprot = 9001\n')
+    typo.write_text("[turnlog]\nprot = 9001\n")
     for path, said in ((twice, "port set both at the top level and under [turnlog]"), (typo, "unknown setting(s) prot")):
         out = turnlog(tmp_path / "x.db", "--config", str(path), "migrate")
         assert out.returncode == 2 and said in out.stderr, out.stderr

@@ -46,9 +46,7 @@ def msg(text: str, id: str = "msg_1") -> dict[str, Any]:
     }
 
 
-def call(
-    call_id: str, name: str = "add", arguments: Any = '{"a": 1}', status: str | None = "completed", **extra: Any
-) -> dict[str, Any]:
+def call(call_id: str, name: str = "add", arguments: Any = '{"a": 1}', status: str | None = "completed", **extra: Any) -> dict[str, Any]:
     return {
         "type": "function_call",
         "id": extra.pop("id", call_id),
@@ -108,9 +106,7 @@ def test_process_messages_with_output_vector_without_file_context() -> None:
     expected = copy.deepcopy(vector["expected"])
     assert expected[1]["content"].startswith("<attached_files>")
     expected[1]["content"] = "q"
-    got = process_messages_with_output(
-        copy.deepcopy(vector["input"]["messages"]), reasoning_format=vector["input"]["reasoning_format"]
-    )
+    got = process_messages_with_output(copy.deepcopy(vector["input"]["messages"]), reasoning_format=vector["input"]["reasoning_format"])
     assert got == expected
 
 
@@ -162,9 +158,7 @@ def test_terminal_statuses_replayed(status: str) -> None:
 
 @pytest.mark.parametrize("status", ["pending", "queued", "requires_approval", "incomplete", "in_progress"])
 def test_non_terminal_statuses_dropped(status: str) -> None:
-    assert convert_output_to_messages([call("c", status=status), result("c"), msg("x")]) == [
-        {"role": "assistant", "content": "x"}
-    ]
+    assert convert_output_to_messages([call("c", status=status), result("c"), msg("x")]) == [{"role": "assistant", "content": "x"}]
 
 
 def test_turnlog_code_interpreter_type_and_outputs() -> None:
@@ -215,9 +209,7 @@ def test_flattened_images_of_a_run_follow_all_its_tool_messages() -> None:
 
 
 def test_duplicate_output_replayed_once_and_text_parts_joined() -> None:
-    got = convert_output_to_messages(
-        [call("a"), result("a", {"type": "input_text", "text": "second"}, text="first"), result("a", text="again")]
-    )
+    got = convert_output_to_messages([call("a"), result("a", {"type": "input_text", "text": "second"}, text="first"), result("a", text="again")])
     assert got == [
         {
             "role": "assistant",
@@ -245,9 +237,7 @@ def test_context_compaction_item_skipped() -> None:
 
 
 def test_thinking_only_message_kept() -> None:
-    assert convert_output_to_messages([reasoning()], reasoning_format="thinking") == [
-        {"role": "assistant", "content": "", "thinking": "plan"}
-    ]
+    assert convert_output_to_messages([reasoning()], reasoning_format="thinking") == [{"role": "assistant", "content": "", "thinking": "plan"}]
 
 
 def test_reasoning_summary_used_when_no_content() -> None:
@@ -296,9 +286,7 @@ def test_q10_responses_reasoning_kept_in_order_with_ids() -> None:
         },
         {"type": "function_call", "call_id": "call_1", "name": "add", "arguments": '{"a":1,"b":2}', "id": "fc_1"},
     ]
-    instructions, items = to_responses_input(
-        [{"role": "system", "content": "SYS"}, {"role": "user", "content": "hi"}, *got]
-    )
+    instructions, items = to_responses_input([{"role": "system", "content": "SYS"}, {"role": "user", "content": "hi"}, *got])
     assert instructions == "SYS"
     assert [i["type"] for i in items] == ["message", "reasoning", "message", "function_call", "function_call_output"]
     assert items[-1] == {"type": "function_call_output", "call_id": "call_1", "output": "3"}
@@ -550,9 +538,7 @@ def test_stateless_continuation_matches_open_webui_payload() -> None:
         {
             "role": "assistant",
             "content": "Let me add.",
-            "tool_calls": [
-                {"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
-            ],
+            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "3"},
     ]
@@ -739,9 +725,7 @@ def test_ollama_messages() -> None:
 
 
 def test_ollama_from_converted_output() -> None:
-    chat = convert_output_to_messages(
-        [reasoning(), call("c", arguments='{"a": 2}'), result("c", text="2"), msg("two")], reasoning_format="thinking"
-    )
+    chat = convert_output_to_messages([reasoning(), call("c", arguments='{"a": 2}'), result("c", text="2"), msg("two")], reasoning_format="thinking")
     assert ollama_messages(chat) == [
         {
             "role": "assistant",

@@ -40,7 +40,9 @@ async def start_and_kill(http: aiohttp.ClientSession, tmp_path: Path, upstream: 
     first = Server(db, upstream.url, auto_resume=False, env=env)
     try:
         await first.ready(http)
-        resp = await http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "count"}], "stream": True})
+        resp = await http.post(
+            first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "count"}], "stream": True}
+        )
         turn_id = resp.headers["X-Turn-Id"]
         seen = ""
         async for chunk in resp.content.iter_any():
@@ -133,9 +135,7 @@ async def verifies_without_modes(db: Path, turn_id: str) -> None:
     assert result.ok, result.diff
 
 
-async def test_kill9_then_auto_resume_on_restart(
-    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, resume: dict[str, str]
-) -> None:
+async def test_kill9_then_auto_resume_on_restart(http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, resume: dict[str, str]) -> None:
     upstream.enqueue(Reply(text=TEXT, chunk_size=8, delay=0.01), Reply(text=TEXT, chunk_size=8))
     turn_id, _, db = await start_and_kill(http, tmp_path, upstream, resume)
     second = Server(db, upstream.url, auto_resume=True, env=resume)
@@ -161,8 +161,15 @@ async def test_kill9_then_auto_resume_on_restart(
     ],
 )
 async def test_kill9_between_tool_started_and_completed(
-    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch,
-    module: str, tool: str, expect_runs: int, expect_output: str, resume: dict[str, str],
+    http: aiohttp.ClientSession,
+    tmp_path: Path,
+    upstream: ScriptedUpstream,
+    monkeypatch: pytest.MonkeyPatch,
+    module: str,
+    tool: str,
+    expect_runs: int,
+    expect_output: str,
+    resume: dict[str, str],
 ) -> None:
     from tests.tools_fixtures import write_tools
 
@@ -179,7 +186,9 @@ async def test_kill9_between_tool_started_and_completed(
     first = Server(db, upstream.url, auto_resume=True, env=resume)
     try:
         await first.ready(http)
-        pending = asyncio.create_task(http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "go"}], "tool_ids": [module]}))
+        pending = asyncio.create_task(
+            http.post(first.url + "/v1/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "go"}], "tool_ids": [module]})
+        )
         await wait_for_output(tool_log, "the tool's start")  # the tool runs: kill the process now
         first.kill9()
         with pytest.raises(aiohttp.ClientError):

@@ -101,9 +101,7 @@ Proof the shaped dough in the fridge for 12 hours before baking.
 """
 
 
-async def test_demo_answers_task_prompts_at_once_and_a_file_is_retrieved(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
-) -> None:
+async def test_demo_answers_task_prompts_at_once_and_a_file_is_retrieved(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     """Files in prompt mode ask the task model for search queries, and a chat's
     first turn for a title, tags and follow-ups: the demo answers each at once
     with the JSON asked for, built from the user's message (the answer itself
@@ -117,7 +115,8 @@ async def test_demo_answers_task_prompts_at_once_and_a_file_is_retrieved(
         said = "How long should the dough proof? Count to 5"
         started = time.monotonic()
         status, data, headers = await svc.post(
-            "/v1/chat/completions", {**ask(said), "params": {"function_calling": "default"}, "chat_id": "chat-demo-files", "files": [{"type": "file", "id": body["id"]}]}
+            "/v1/chat/completions",
+            {**ask(said), "params": {"function_calling": "default"}, "chat_id": "chat-demo-files", "files": [{"type": "file", "id": body["id"]}]},
         )
         assert status == 200, data
         view = await svc.wait_status(headers["X-Turn-Id"], "completed", "failed")

@@ -130,9 +130,7 @@ async def test_openai_embedder_runs_batches_concurrently_within_its_bound(upstre
         (EmbeddingReply(fault="hang"), r"timed out: nothing received for 0\.3s"),
     ],
 )
-async def test_openai_embedder_failures_are_embedding_errors_without_the_key(
-    upstream: ScriptedUpstream, reply: EmbeddingReply, message: str
-) -> None:
+async def test_openai_embedder_failures_are_embedding_errors_without_the_key(upstream: ScriptedUpstream, reply: EmbeddingReply, message: str) -> None:
     upstream.enqueue_embeddings(reply)
     async with OpenAIEmbedder(upstream.url, "m", api_key=KEY, read_timeout=0.3) as embedder:
         with pytest.raises(EmbeddingError, match=message) as info:
@@ -160,7 +158,14 @@ async def test_openai_embedder_bad_bodies_and_unreachable_servers(tmp_path: Path
         {"error": {"message": "no such model"}},
         [1, 2],
     ]
-    expected = ["repeated or out-of-range index 0", "different lengths", "non-numeric", "no 'embedding' list", "answered an error: no such model", "no 'data' list"]
+    expected = [
+        "repeated or out-of-range index 0",
+        "different lengths",
+        "non-numeric",
+        "no 'embedding' list",
+        "answered an error: no such model",
+        "no 'data' list",
+    ]
 
     async def handler(request: web.Request) -> web.Response:
         return web.json_response(answers.pop(0))
@@ -198,7 +203,15 @@ def test_open_embedder_follows_the_settings() -> None:
     assert isinstance(e, OpenAIEmbedder)
     assert (e.base_url, e.model, e.batch_size, e._api_key) == (openai_up, "text-embedding-3-small", 7, KEY)
     # Another host: the OpenAI upstream's key is not sent there.
-    e = open_embedder(Settings(embedding_engine="openai", openai_base_url=openai_up, openai_api_key=SecretStr(KEY), embedding_base_url="http://127.0.0.1:11434/v1", embedding_model="nomic-embed-text"))
+    e = open_embedder(
+        Settings(
+            embedding_engine="openai",
+            openai_base_url=openai_up,
+            openai_api_key=SecretStr(KEY),
+            embedding_base_url="http://127.0.0.1:11434/v1",
+            embedding_model="nomic-embed-text",
+        )
+    )
     assert isinstance(e, OpenAIEmbedder) and e._api_key is None and e.model == "nomic-embed-text"
     e = open_embedder(Settings(embedding_engine="openai", embedding_base_url="http://h/v1", embedding_api_key=SecretStr("k2")))
     assert isinstance(e, OpenAIEmbedder) and e._api_key == "k2"

@@ -330,9 +330,7 @@ async def test_think_tags_every_prefix_of_the_log_is_what_clients_were_shown(one
     assert [len(e["data"]["lens"]) for e in deltas] == [1] * len(THINK_CHUNKS)
     await check_stream_against_log(service, view["id"], await read_stream(service, view["id"]))
     # Streamed: what the client was sent live, at every prefix of the log.
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
         raw = await resp.text()
         turn_id = resp.headers["X-Turn-Id"]
     stream = await check_stream_against_log(service, turn_id, raw)

@@ -88,9 +88,7 @@ async def test_idle_upstream_times_out_into_failed(service: Service, tmp_path) -
 
 async def test_cancel_mid_stream_saves_the_prefix_before_acknowledging(service: Service) -> None:
     service.upstream.enqueue(Reply(text="one two three four five six", chunk_size=4, pause_after=3))
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
         turn_id = resp.headers["X-Turn-Id"]
         await asyncio.wait_for(service.upstream.paused.wait(), 5)
         status, body, _ = await service.post(f"/v1/turns/{turn_id}/cancel")
@@ -122,9 +120,7 @@ async def test_client_disconnect_never_cancels_the_turn(service: Service) -> Non
     assert view["content"] == "keeps going after the client left"
 
 
-async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_a_gap(
-    upstream: Any, pg_url: str, tmp_path: Any
-) -> None:
+async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_a_gap(upstream: Any, pg_url: str, tmp_path: Any) -> None:
     # A real fault: PostgreSQL ends every session of the service while a turn
     # streams. The delta window in flight fails; later windows of that owner
     # must not land after it (a gap). The owner stops, and the turn is
@@ -138,9 +134,7 @@ async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_
     try:
         service.upstream.enqueue(Reply(text="first part of the answer, " * 8, chunk_size=4, pause_after=12))
         service.upstream.enqueue(Reply(text="and the resumed rest."))
-        resp = await service.http.post(
-            service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-        )
+        resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
         turn_id = resp.headers["X-Turn-Id"]
         await asyncio.wait_for(service.upstream.paused.wait(), 5)
         # The 12 chunks sent before the pause are durable (their windows committed).
@@ -151,8 +145,7 @@ async def test_database_connections_dropped_mid_stream_the_turn_resumes_without_
         admin = await asyncpg.connect(pg_url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
             ended = await admin.fetchval(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
-                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
             )
         finally:
             await admin.close()

@@ -57,7 +57,10 @@ async def world() -> AsyncIterator[World]:
     async def search(request: web.Request) -> web.Response:
         state["w"].searches.append(request.query.get("q", ""))
         base = state["w"].url
-        results = [{"title": "Bread hours", "url": base + "/page/bread", "content": "opening hours"}, {"title": "Cats", "url": base + "/page/cats", "content": "cat facts"}]
+        results = [
+            {"title": "Bread hours", "url": base + "/page/bread", "content": "opening hours"},
+            {"title": "Cats", "url": base + "/page/cats", "content": "cat facts"},
+        ]
         return web.json_response({"query": request.query.get("q"), "results": results})
 
     async def page(request: web.Request) -> web.Response:
@@ -97,9 +100,7 @@ def more_settings() -> dict[str, Any]:
 
 
 @pytest.fixture
-async def featured(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, world: World, more_settings: dict[str, Any]
-) -> AsyncIterator[Service]:
+async def featured(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, world: World, more_settings: dict[str, Any]) -> AsyncIterator[Service]:
     settings = make_settings(
         tmp_path,
         upstream.url,
@@ -157,9 +158,7 @@ async def test_legacy_web_search_with_an_echoed_template_searches_the_user_messa
     up = featured.upstream
     up.task_replies.append(("queries", Reply(text='{"queries": ["query1", "query2"]}')))
     up.enqueue(Reply(text="It opens at 7 [1]."))
-    status, data, headers = await featured.post(
-        "/v1/chat/completions", body("When does the bakery open?", features={"web_search": True}, params=LEGACY)
-    )
+    status, data, headers = await featured.post("/v1/chat/completions", body("When does the bakery open?", features={"web_search": True}, params=LEGACY))
     assert status == 200, data
     assert world.searches == ["When does the bakery open?"]
     (warning,) = (await featured.turn(headers["X-Turn-Id"]))["warnings"]
@@ -229,7 +228,11 @@ async def test_an_image_in_the_user_message_is_edited_and_sent_to_the_model_inli
     # gets it as a data URI, and image generation edits it
     featured.upstream.enqueue(Reply(text="first"), Reply(text="Made it blue."))
     status, _, _ = await featured.post("/v1/chat/completions", body("Draw a red cat", features={"image_generation": True}, params=LEGACY))
-    url = next(e["data"]["detail"]["files"][0]["url"] for e in await featured.events((await featured.services.store.list_turns(limit=1))[0].id) if e["data"].get("step") == "image_generation")
+    url = next(
+        e["data"]["detail"]["files"][0]["url"]
+        for e in await featured.events((await featured.services.store.list_turns(limit=1))[0].id)
+        if e["data"].get("step") == "image_generation"
+    )
     content = [{"type": "text", "text": "Make it blue"}, {"type": "image_url", "image_url": {"url": url}}]
     request = {"model": "gpt-test", "messages": [{"role": "user", "content": content}], "features": {"image_generation": True}, "params": LEGACY}
     status, data, _ = await featured.post("/v1/chat/completions", request)

@@ -75,7 +75,14 @@ async def test_inlet_rewrites_messages_and_adds_a_param(tmp_path: Path) -> None:
 
 async def test_priority_then_id_order(tmp_path: Path) -> None:
     # Valves.priority (Open WebUI's), the class attribute as fallback, 0 by default; ties by id.
-    write(tmp_path, "b_low", tracer("from pydantic import BaseModel\nclass Filter:\n    class Valves(BaseModel):\n        priority: int = -1\n    def __init__(self):\n        self.valves = self.Valves()\n"))
+    write(
+        tmp_path,
+        "b_low",
+        tracer(
+            "from pydantic import BaseModel\nclass Filter:\n    class Valves(BaseModel):\n        priority: int = -1\n"
+            "    def __init__(self):\n        self.valves = self.Valves()\n"
+        ),
+    )
     write(tmp_path, "a_attr", tracer("class Filter:\n    priority = 5\n"))
     write(tmp_path, "z_default", tracer("class Filter:\n    pass\n"))
     write(tmp_path, "c_default", tracer("class Filter:\n    pass\n"))

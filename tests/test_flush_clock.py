@@ -145,9 +145,7 @@ def test_no_interval_seals_at_once(delay: float) -> None:
     assert fired == [7]
 
 
-async def test_a_paced_streams_windows_are_sealed_by_time_on_the_service(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
-) -> None:
+async def test_a_paced_streams_windows_are_sealed_by_time_on_the_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     """Chunks 1.5 s apart with a 0.3 s interval: each chunk is a window of its
     own, sealed (its ``model.delta``'s ``at``) about 0.3 s after the client got
     the chunk: not at once, and not only when the next chunk comes; the last
@@ -158,7 +156,9 @@ async def test_a_paced_streams_windows_are_sealed_by_time_on_the_service(
         chunks = ["one ", "two ", "three"]
         upstream.enqueue(Reply(chunks=chunks, delay=1.5))
         received: list[tuple[float, str]] = []
-        async with svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}) as resp:
+        async with svc.http.post(
+            svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}
+        ) as resp:
             assert resp.status == 200
             turn_id = resp.headers["X-Turn-Id"]
             async for line in resp.content:
@@ -268,9 +268,7 @@ async def _stream_with_a_busy_loop(
     upstream share it): what the client received, the turn's windows, and the
     window the service's ``/metrics`` reported before and at the end of the load."""
     await asyncio.to_thread(tmp_path.mkdir)
-    settings = make_settings(
-        tmp_path, upstream.url, database_url=database_url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0
-    )
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, flush_interval=0.02, flush_max_interval=max_interval, lease_seconds=60.0)
     svc = await start_service(settings, upstream)
     loop = asyncio.get_running_loop()
     hogging = True
@@ -285,7 +283,9 @@ async def _stream_with_a_busy_loop(
         upstream.enqueue(Reply(chunks=[f"c{i} " for i in range(24)], delay=0.05))
         loop.call_soon(hog)
         received: list[str] = []
-        async with svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}) as resp:
+        async with svc.http.post(
+            svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "stream": True}
+        ) as resp:
             assert resp.status == 200
             turn_id = resp.headers["X-Turn-Id"]
             async for line in resp.content:
@@ -302,9 +302,7 @@ async def _stream_with_a_busy_loop(
         await stop_service(svc)
 
 
-async def test_on_a_busy_service_windows_stretch_and_keep_every_chunk(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
-) -> None:
+async def test_on_a_busy_service_windows_stretch_and_keep_every_chunk(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     """The same stream on a loop kept busy: with windows allowed up to 1 s, its
     24 chunks go in at most half as many windows; with the stretch off
     (``flush_max_interval`` at the interval), about one window per chunk. Either

@@ -151,8 +151,21 @@ async def test_fork_at_the_second_batch_with_a_substituted_output(agent: Service
     started = {e["data"]["call_id"] for e in live if e["type"] == "tool.started"}
     assert started == {"c2b"}, "a substituted call is not run"
     substituted = [e["data"] for e in live if e["type"] == "tool.completed" and e["data"]["call_id"] == "c2a"]
-    assert substituted == [{"v": 1, "call_id": "c2a", "name": "add", "output": "42", "status": "completed", "files": [],
-                            "embeds": [], "images": [], "sources": [], "error": None, "substituted": True}]
+    assert substituted == [
+        {
+            "v": 1,
+            "call_id": "c2a",
+            "name": "add",
+            "output": "42",
+            "status": "completed",
+            "files": [],
+            "embeds": [],
+            "images": [],
+            "sources": [],
+            "error": None,
+            "substituted": True,
+        }
+    ]
     outputs = [(i["call_id"], i["output"]) for i in view["output"] if i["type"] == "function_call_output"]
     assert outputs == [("c1", "3"), ("c2a", "42"), ("c2b", "11")]
 
@@ -164,10 +177,7 @@ async def test_fork_at_the_second_batch_with_a_substituted_output(agent: Service
     # forged substituted output does not: the re-run records what turn.forked says.
     stored = await agent.services.store.read(fork_id)
     assert (await verify_events(stored, tmp_path / "verify-ok")).ok
-    forged = [
-        e.model_copy(update={"data": {**e.data, "output": "41"}}) if e.type == "tool.completed" and e.data.get("substituted") else e
-        for e in stored
-    ]
+    forged = [e.model_copy(update={"data": {**e.data, "output": "41"}}) if e.type == "tool.completed" and e.data.get("substituted") else e for e in stored]
     result = await verify_events(forged, tmp_path / "verify-forged")
     assert not result.ok and any('"41"' in line for line in result.diff), result.diff
 
@@ -256,9 +266,7 @@ async def test_fork_refusals_name_the_problem(agent: Service) -> None:
 
 async def test_fork_in_the_background_phase_is_refused(service: Service) -> None:
     service.upstream.enqueue(Reply(text="titled"))
-    status, data, headers = await service.post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": "chat-bg"}
-    )
+    status, data, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": "chat-bg"})
     assert status == 200, data
     turn_id = headers["X-Turn-Id"]
     await service.wait_status(turn_id, "completed")
@@ -441,19 +449,23 @@ async def test_a_fork_s_chat_goes_on_with_the_history_the_parent_saw(service: Se
     status, shown = await service.get(f"/v1/chats/{view['chat_id']}")
     assert status == 200, shown
     assert [m["content"] for m in shown["messages"]] == [
-        "My name is Ada.", "Hello Ada.", "What is my name?", "Ada, says the other model.",
+        "My name is Ada.",
+        "Hello Ada.",
+        "What is my name?",
+        "Ada, says the other model.",
     ]
     # ...and its next turn is sent all of it, as a turn of the parent's chat would be.
     up.enqueue(Reply(text="Still Ada."))
     more = [{"role": "user", "content": "And now?"}]
-    status, data, headers = await service.post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": more, "chat_id": view["chat_id"]}
-    )
+    status, data, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": more, "chat_id": view["chat_id"]})
     assert status == 200, data
     await service.wait_status(headers["X-Turn-Id"], "completed")
     assert [(m["role"], m["content"]) for m in up.requests[-1]["messages"]] == [
-        ("user", "My name is Ada."), ("assistant", "Hello Ada."), ("user", "What is my name?"),
-        ("assistant", "Ada, says the other model."), ("user", "And now?"),
+        ("user", "My name is Ada."),
+        ("assistant", "Hello Ada."),
+        ("user", "What is my name?"),
+        ("assistant", "Ada, says the other model."),
+        ("user", "And now?"),
     ]
     # The parent's chat is unchanged by all this.
     status, theirs = await service.get(f"/v1/chats/{chat}")

@@ -79,9 +79,7 @@ class Client:
 
     async def send(self, *new: dict[str, Any], **kw: Any) -> Any:
         messages: list[Any] = [*self.kept, *new] if self.style == "full" else list(new)
-        completion = await self.sdk.chat.completions.create(
-            model="gpt-test", messages=messages, extra_body=self.extra, **kw
-        )
+        completion = await self.sdk.chat.completions.create(model="gpt-test", messages=messages, extra_body=self.extra, **kw)
         self.kept = [*self.kept, *new, completion.choices[0].message.model_dump(exclude_none=True)]
         return completion
 
@@ -262,9 +260,7 @@ async def test_scripted_upstream_rejects_unanswered_tool_calls(upstream: Scripte
         for messages, message, param in cases:
             async with http.post(f"{upstream.url}/chat/completions", json={"model": "gpt-test", "messages": messages}) as resp:
                 assert resp.status == 400
-                assert await resp.json() == {
-                    "error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}
-                }
+                assert await resp.json() == {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}
         assert upstream.pending == 1  # no scripted reply was used up
         ok = [user("q"), call, {"role": "tool", "tool_call_id": "sv1", "content": "3"}, {"role": "tool", "tool_call_id": "cl1", "content": "42"}]
         async with http.post(f"{upstream.url}/chat/completions", json={"model": "gpt-test", "messages": ok}) as resp:

@@ -77,8 +77,12 @@ async def images() -> AsyncIterator[ImagesServer]:
         auth = request.headers.get("Authorization", "")
         if auth != f"Bearer {KEY}":
             shown = auth.removeprefix("Bearer ") or "(none)"
-            return _error(401, f"Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys.",
-                          "invalid_request_error", "invalid_api_key")
+            return _error(
+                401,
+                f"Incorrect API key provided: {shown}. You can find your API key at https://platform.openai.com/account/api-keys.",
+                "invalid_request_error",
+                "invalid_api_key",
+            )
         return None
 
     def answer(model: str, n: int, size: str, rgb: tuple[int, int, int], prompt: str) -> web.Response:

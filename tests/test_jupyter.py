@@ -53,10 +53,15 @@ class JupyterServer:
             "IPYTHONDIR": str(folder / "ipython"),
         }
         args = [
-            sys.executable, "-m", "jupyter_server",
+            sys.executable,
+            "-m",
+            "jupyter_server",
             f"--IdentityProvider.token={TOKEN}",
-            "--ServerApp.ip=127.0.0.1", "--ServerApp.port=0", "--ServerApp.port_retries=0",
-            f"--ServerApp.root_dir={folder / 'root'}", "--ServerApp.open_browser=False",
+            "--ServerApp.ip=127.0.0.1",
+            "--ServerApp.port=0",
+            "--ServerApp.port_retries=0",
+            f"--ServerApp.root_dir={folder / 'root'}",
+            "--ServerApp.open_browser=False",
             "--ServerApp.terminals_enabled=False",
         ]
         if os.geteuid() == 0:
@@ -199,9 +204,7 @@ class socket_closed_port:
 
 @pytest.fixture
 async def service_with_jupyter(tmp_path: Path, upstream: ScriptedUpstream, jupyter: JupyterServer) -> AsyncIterator[Service]:
-    settings = make_settings(
-        tmp_path, upstream.url, code_executor="jupyter", jupyter_url=jupyter.url, jupyter_token=TOKEN, code_timeout=5.0
-    )
+    settings = make_settings(tmp_path, upstream.url, code_executor="jupyter", jupyter_url=jupyter.url, jupyter_token=TOKEN, code_timeout=5.0)
     svc = await start_service(settings, upstream)
     try:
         yield svc
@@ -215,7 +218,12 @@ async def test_a_code_turn_runs_on_the_kernel(service_with_jupyter: Service) -> 
         Reply(chunks=['<code_interpreter type="code" lang="python">\nimport sys\nprint(sys.version_info[0])\n</code_interpreter>']),
         Reply(text="Python 3."),
     )
-    body = {"model": "gpt-test", "messages": [{"role": "user", "content": "which python?"}], "params": {"function_calling": "default"}, "features": {"code_interpreter": True}}
+    body = {
+        "model": "gpt-test",
+        "messages": [{"role": "user", "content": "which python?"}],
+        "params": {"function_calling": "default"},
+        "features": {"code_interpreter": True},
+    }
     status, answer, headers = await svc.post("/v1/chat/completions", body)
     assert status == 200, answer
     view = await svc.turn(headers["X-Turn-Id"])

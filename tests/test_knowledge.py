@@ -289,7 +289,10 @@ async def test_describe_waits_for_processing_files(tmp_path: Path, upstream: Scr
         refs = [FileRef("file", file_id), FileRef("collection", coll["id"]), FileRef("file", "file-gone"), FileRef("collection", "kb-gone")]
         infos = await knowledge(svc).describe("local", refs, wait=0.2)
         assert [(i.status, i.name) for i in infos] == [
-            ("processing", "held.md"), ("processing", "waiting room"), ("missing", "file-gone"), ("missing", "kb-gone")
+            ("processing", "held.md"),
+            ("processing", "waiting room"),
+            ("missing", "file-gone"),
+            ("missing", "kb-gone"),
         ]
         # Released while describe waits: it returns on the ingestion's notification, not at its deadline.
         waiter = asyncio.create_task(knowledge(svc).describe("local", refs[:2], wait=30))

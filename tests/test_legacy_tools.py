@@ -35,8 +35,6 @@ from tests.vectors_util import load_vectors
 # --------------------------------------------------------------------------
 
 
-
-
 VECTORS = load_vectors("legacy_tool_calling.json")
 
 # The recorder's tools (the vector records them only inside the rendered prompt;
@@ -150,9 +148,7 @@ def test_default_template_asks_for_the_json_shape() -> None:
 
 
 def test_empty_template_falls_back_to_default() -> None:
-    assert build_selection_request(SPECS, [{"role": "user", "content": "x"}], "") == build_selection_request(
-        SPECS, [{"role": "user", "content": "x"}]
-    )
+    assert build_selection_request(SPECS, [{"role": "user", "content": "x"}], "") == build_selection_request(SPECS, [{"role": "user", "content": "x"}])
 
 
 def test_openai_tool_wrapper_is_unwrapped() -> None:
@@ -273,9 +269,7 @@ def test_inputs_not_mutated() -> None:
         pytest.param('{"tool_calls": []}', [], id="q27_empty_list"),
         pytest.param('{"tool_calls": [], "name": "add"}', [], id="q27_empty_list_wins_over_name"),
         pytest.param('{"tool_calls": null}', [], id="tool_calls_null"),
-        pytest.param(
-            '{"tool_calls": {"name": "echo", "parameters": {"q": "1"}}}', [("echo", {"q": "1"})], id="tool_calls_object"
-        ),
+        pytest.param('{"tool_calls": {"name": "echo", "parameters": {"q": "1"}}}', [("echo", {"q": "1"})], id="tool_calls_object"),
         # Names and parameters
         pytest.param(
             '{"tool_calls": [{"name": "rm", "parameters": {}}, {"name": "echo", "parameters": {"q": "y"}}]}',

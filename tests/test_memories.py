@@ -99,9 +99,7 @@ async def embeddings() -> AsyncIterator[EmbeddingServer]:
 
 
 @pytest.fixture
-async def embedded_service(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embeddings: EmbeddingServer
-) -> AsyncIterator[Service]:
+async def embedded_service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embeddings: EmbeddingServer) -> AsyncIterator[Service]:
     embedder = HttpEmbedder(embeddings.url, "concepts-1")
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream, embedder=embedder)
     try:
@@ -320,9 +318,7 @@ async def test_embedding_failures(embedded_service: Service, embeddings: Embeddi
     assert status == 200 and [h["id"] for h in await query(svc, "kitten", k=1)] == [kept["id"]]
 
 
-async def test_memories_without_vectors_are_embedded_at_first_search(
-    service: Service, embeddings: EmbeddingServer, database_url: str
-) -> None:
+async def test_memories_without_vectors_are_embedded_at_first_search(service: Service, embeddings: EmbeddingServer, database_url: str) -> None:
     """Memories written with no embedder (or under another model) get their
     vectors when an embedder first searches them: no migration step."""
     old = [await add(service, text) for text in ("I have two cats", "I drive a car", "I like espresso")]

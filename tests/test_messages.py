@@ -177,9 +177,7 @@ def test_replace_system_message_content() -> None:
         {"role": "system", "content": "new"},
         {"role": "system", "content": "b"},
     ]
-    assert replace_system_message_content("new", [{"role": "user", "content": "u"}]) == [
-        {"role": "user", "content": "u"}
-    ]
+    assert replace_system_message_content("new", [{"role": "user", "content": "u"}]) == [{"role": "user", "content": "u"}]
     assert msgs[1]["content"] == "old"
 
 
@@ -189,20 +187,14 @@ def test_set_last_user_message_content_variants() -> None:
         {"role": "user", "content": "N"},
     ]
     image = {"type": "image_url", "image_url": {"url": "u"}}
-    assert set_last_user_message_content("N", [{"role": "user", "content": [image]}]) == [
-        {"role": "user", "content": [{"type": "text", "text": "N"}, image]}
-    ]
-    assert set_last_user_message_content("N", [{"role": "assistant", "content": "a"}]) == [
-        {"role": "assistant", "content": "a"}
-    ]
+    assert set_last_user_message_content("N", [{"role": "user", "content": [image]}]) == [{"role": "user", "content": [{"type": "text", "text": "N"}, image]}]
+    assert set_last_user_message_content("N", [{"role": "assistant", "content": "a"}]) == [{"role": "assistant", "content": "a"}]
 
 
 def test_get_last_user_message_variants() -> None:
     assert get_last_user_message([]) is None
     assert get_last_user_message([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]) == "x"
-    assert (
-        get_last_user_message([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]) is None
-    )
+    assert get_last_user_message([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]) is None
 
 
 # --------------------------------------------------------------------------
@@ -270,9 +262,7 @@ def test_logit_bias_unparseable_is_not_sent() -> None:
 
 
 def test_logit_bias_body_wins() -> None:
-    got = apply_params_to_form_data(
-        {"model": "m", "logit_bias": {"1": 1}, "params": {"logit_bias": "2:2"}}, {"id": "m"}
-    )
+    got = apply_params_to_form_data({"model": "m", "logit_bias": {"1": 1}, "params": {"logit_bias": "2:2"}}, {"id": "m"})
     assert got == {"model": "m", "logit_bias": {"1": 1}}
 
 

@@ -46,8 +46,6 @@ from tests.vectors_util import load_vectors
 # --------------------------------------------------------------------------
 
 
-
-
 def counter_ids() -> Callable[[str], str]:
     """The placeholder ids the vectors use: <call_1>, <call_2>, ..."""
     counters: dict[str, int] = defaultdict(int)
@@ -466,6 +464,7 @@ def test_chat_feed_after_finish_raises() -> None:
 # ResponsesNormalizer
 # --------------------------------------------------------------------------
 
+
 def run_responses(events: Iterable[Any]) -> list[Any]:
     normalizer = ResponsesNormalizer(counter_ids())
     out: list[Any] = []
@@ -609,9 +608,7 @@ def test_responses_completed_flushes_pending_calls_before_finished() -> None:
 
 def test_responses_completed_emits_calls_only_in_the_final_output() -> None:
     final_call = {"type": "function_call", "id": "fc_7", "call_id": "call_7", "name": "f", "arguments": {"x": 1}}
-    events = run_responses(
-        [{"type": "response.completed", "response": {"id": "r", "output": [final_call], "usage": {"input_tokens": 1}}}]
-    )
+    events = run_responses([{"type": "response.completed", "response": {"id": "r", "output": [final_call], "usage": {"input_tokens": 1}}}])
     assert events == [
         ToolCall("call_7", "f", '{"x": 1}', item_id="fc_7"),
         Finished(reason="tool_calls", response_id="r", usage={"input_tokens": 1}, status="completed"),
@@ -773,15 +770,9 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
     # other kind; the delta's own type says what it is, so it is kept.
     "reasoning_delta_on_message_ignored": ([_text_delta("Hel")], [], [ReasoningDelta("x"), END]),
     "text_delta_on_reasoning_ignored": ([], [], [TextDelta("x"), END]),
-    "function_call_arguments_delta": (
-        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
-    ),
-    "function_call_arguments_done": (
-        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
-    ),
-    "output_item_done_replaces": (
-        _FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]
-    ),
+    "function_call_arguments_delta": (_FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]),
+    "function_call_arguments_done": (_FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]),
+    "output_item_done_replaces": (_FC_PARTIAL, [], [ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"), Finished(reason="tool_calls", status=None)]),
     # The final text wins: the part of it never streamed arrives with the final output.
     "output_text_done_overwrites_part": (
         [_text_delta("Hel")],
@@ -789,9 +780,7 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
         [TextDelta("lo"), Finished(reason="stop", response_id="resp_1", status="completed")],
     ),
     # The final reasoning text is not copied: the streamed text stands.
-    "reasoning_text_done_marks_completed": (
-        [{"type": "response.reasoning_text.delta", "output_index": 0, "content_index": 0, "delta": "a"}], [], [END]
-    ),
+    "reasoning_text_done_marks_completed": ([{"type": "response.reasoning_text.delta", "output_index": 0, "content_index": 0, "delta": "a"}], [], [END]),
     "output_item_done_out_of_range_appends": ([], [], [END]),  # a message without text
     # The provider's final output wins: its reasoning item is kept for replay.
     "completed_with_output_replaces_all": (
@@ -802,13 +791,9 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
             Finished(reason="stop", response_id="resp_1", usage={"input_tokens": 3, "output_tokens": 2}, status="completed"),
         ],
     ),
-    "completed_with_empty_output_keeps_streamed": (
-        [_text_delta("x")], [], [Finished(reason="stop", response_id="resp_2", usage=None, status="completed")]
-    ),
+    "completed_with_empty_output_keeps_streamed": ([_text_delta("x")], [], [Finished(reason="stop", response_id="resp_2", usage=None, status="completed")]),
     # The failure is reported as one (Open WebUI: meta without a status).
-    "failed": (
-        [_text_delta("Hel")], [], [StreamFailed("boom", code="server_error", details={"code": "server_error", "message": "boom"})]
-    ),
+    "failed": ([_text_delta("Hel")], [], [StreamFailed("boom", code="server_error", details={"code": "server_error", "message": "boom"})]),
     "error_event": ([], [], [StreamFailed("slow", code="rate_limit", details={"type": "error", "code": "rate_limit", "message": "slow"})]),
     "in_progress_and_unknown_ignored": ([_text_delta("Hel")], [], [END]),
     # response.incomplete ends the response with its reason (Open WebUI ignored it).
@@ -955,6 +940,7 @@ def test_responses_full_stream_final_message_matches_the_stream() -> None:
 # --------------------------------------------------------------------------
 # OllamaNormalizer
 # --------------------------------------------------------------------------
+
 
 def _ollama_line(created_at: str, **message: Any) -> dict[str, Any]:
     return {

@@ -513,9 +513,7 @@ def test_json_lines_of_records_about_a_turn_outside_its_task() -> None:
         current_turn.reset(token)
 
 
-async def test_gc_pauses_are_timed_per_generation_and_unhooked_at_stop(
-    database_url: str, tmp_path: Path, upstream: ScriptedUpstream
-) -> None:
+async def test_gc_pauses_are_timed_per_generation_and_unhooked_at_stop(database_url: str, tmp_path: Path, upstream: ScriptedUpstream) -> None:
     hooks_before = list(gc.callbacks)
     service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
     try:

@@ -84,9 +84,7 @@ def test_start_with_relative_paths_inside_a_closed_directory() -> None:
     env.pop("EMBEDDED_POSTGRES_DIR", None)
 
     def script(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            ["bash", str(SCRIPT), *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120
-        )
+        return subprocess.run(["bash", str(SCRIPT), *args], cwd=repo, env=env, capture_output=True, text=True, timeout=120)
 
     started = False
     try:

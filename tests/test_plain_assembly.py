@@ -85,9 +85,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     return answers
 
 
-async def test_plain_requests_record_and_send_the_same_by_either_path(
-    service: Service, taken: list[bool], monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_plain_requests_record_and_send_the_same_by_either_path(service: Service, taken: list[bool], monkeypatch: pytest.MonkeyPatch) -> None:
     short = await _run(service, "short")
     assert taken == [True] * len(PLAIN)  # every one of them took the short path
 

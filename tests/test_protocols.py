@@ -159,7 +159,9 @@ async def test_responses_glued_json_arguments_become_separate_calls(responses: S
     assert [i["output"] for i in view["output"] if i["type"] == "function_call_output"] == ["5", "9"]
 
 
-async def test_responses_call_without_a_name_is_dropped_with_a_recorded_warning(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str) -> None:
+async def test_responses_call_without_a_name_is_dropped_with_a_recorded_warning(
+    tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest.MonkeyPatch, database_url: str
+) -> None:
     svc = await _service(tmp_path, upstream, monkeypatch, database_url, openai_api_mode="responses")
     try:
         upstream.enqueue(calls(("add", {"a": 2, "b": 3}, "call_1"), ("", {"a": 4}, "call_2")), Reply(text="5."))

@@ -85,11 +85,7 @@ async def collect_error(provider: OllamaProvider, body: dict = BODY) -> tuple[li
 
 
 def contents(items: list) -> list[str]:
-    return [
-        i.data["message"]["content"]
-        for i in items
-        if isinstance(i, RawChunk) and not i.data.get("done") and i.data.get("message", {}).get("content")
-    ]
+    return [i.data["message"]["content"] for i in items if isinstance(i, RawChunk) and not i.data.get("done") and i.data.get("message", {}).get("content")]
 
 
 def free_port() -> int:

@@ -187,10 +187,16 @@ async def test_crlf_and_lines_split_across_reads(raw_server) -> None:
     payload = (
         b": hello\r\n\r\n"
         b"event: message\r\nid: 1\r\nretry: 1000\r\n"
-        + b"data: " + json.dumps(chunk("h\u00e9llo \u2603"), ensure_ascii=False).encode() + b"\r\n\r\n"
-        + b"data:" + json.dumps(chunk(" w\u00f6rld")).encode() + b"\r\n\r\n"
+        + b"data: "
+        + json.dumps(chunk("h\u00e9llo \u2603"), ensure_ascii=False).encode()
+        + b"\r\n\r\n"
+        + b"data:"
+        + json.dumps(chunk(" w\u00f6rld")).encode()
+        + b"\r\n\r\n"
         + b"data: {broken\r\n\r\n"
-        + b"data: " + json.dumps(chunk(finish="stop")).encode() + b"\r\n\r\n"
+        + b"data: "
+        + json.dumps(chunk(finish="stop")).encode()
+        + b"\r\n\r\n"
         + b"data: [DONE]\r\n\r\n"
     )
 
@@ -301,9 +307,7 @@ async def test_many_concurrent_streams(upstream: ScriptedUpstream) -> None:
 # -- faults ------------------------------------------------------------------------
 
 
-async def test_malformed_line_is_a_warning_and_stream_continues(
-    upstream: ScriptedUpstream, provider: OpenAIChatProvider
-) -> None:
+async def test_malformed_line_is_a_warning_and_stream_continues(upstream: ScriptedUpstream, provider: OpenAIChatProvider) -> None:
     upstream.enqueue(Reply(chunks=["a", "b", "c"], fault="malformed", fault_after=2))
     items = await collect_mixed(provider)
     kinds = [type(i).__name__ for i in items]
@@ -547,8 +551,16 @@ async def test_standalone_process(tmp_path: Path) -> None:
     script = tmp_path / "script.json"
     script.write_text(json.dumps([{"chunks": ["from ", "a ", "process"]}, {"status": 503}]))
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "tests.upstream", "--port", "0", "--script", str(script),
-        cwd=ROOT, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT)},
+        sys.executable,
+        "-m",
+        "tests.upstream",
+        "--port",
+        "0",
+        "--script",
+        str(script),
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     try:
         assert proc.stdout is not None
@@ -594,9 +606,7 @@ async def test_official_openai_sdk_parses_the_stream(upstream: ScriptedUpstream)
         assert (role, text, finish) == ("assistant", "Hello there!", "stop")
         assert usage is not None and usage.completion_tokens == 3
 
-        stream = await client.chat.completions.create(
-            model="gpt-test", messages=[{"role": "user", "content": "weather?"}], stream=True
-        )
+        stream = await client.chat.completions.create(model="gpt-test", messages=[{"role": "user", "content": "weather?"}], stream=True)
         args, name, call_id = "", None, None
         async for ch in stream:
             assert ch.usage is None

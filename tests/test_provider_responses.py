@@ -200,10 +200,7 @@ async def test_tool_call_stream(upstream: ScriptedUpstream, provider: OpenAIResp
     assert first["id"].startswith("fc_") and first["call_id"] == "call_1" and first["name"] == "get_weather"
     assert first["arguments"] == "" and first["status"] == "in_progress"
     assert added[1]["item"]["call_id"].startswith("call_") and added[1]["output_index"] == 1
-    args = "".join(
-        i.data["delta"] for i in items
-        if i.data["type"] == "response.function_call_arguments.delta" and i.data["item_id"] == first["id"]
-    )
+    args = "".join(i.data["delta"] for i in items if i.data["type"] == "response.function_call_arguments.delta" and i.data["item_id"] == first["id"])
     assert json.loads(args) == {"city": "Paris"}
     assert len(deltas(items, "response.function_call_arguments.delta")) > 2  # streamed in fragments
     done = [i.data for i in items if i.data["type"] == "response.function_call_arguments.done"]
@@ -294,7 +291,8 @@ async def test_a_type_given_only_by_the_event_line(raw_server) -> None:
     payload = (
         b"event: response.output_text.delta\n"
         b'data: {"item_id": "msg_1", "output_index": 0, "content_index": 0, "delta": "a"}\n\n'
-        b"event: response.output_text.done\n" + delta("b", 1).split(b"\n", 1)[1]
+        b"event: response.output_text.done\n"
+        + delta("b", 1).split(b"\n", 1)[1]
         + b'event: response.completed\ndata: {"response": {"id": "resp_raw", "status": "completed", "output": []}}\n\n'
     )
     async with OpenAIResponsesProvider(await raw_server(sse_handler(payload)), KEY) as p:
@@ -565,13 +563,21 @@ async def test_model_events_when_text_and_reasoning_come_only_in_the_final_outpu
     """A server that streams only the lifecycle: the answer and the reasoning
     item are taken from response.completed (the turn used to end empty)."""
     reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan."}]}
-    message = {"type": "message", "id": "msg_1", "role": "assistant", "status": "completed",
-               "content": [{"type": "output_text", "text": "Only here.", "annotations": []}]}
+    message = {
+        "type": "message",
+        "id": "msg_1",
+        "role": "assistant",
+        "status": "completed",
+        "content": [{"type": "output_text", "text": "Only here.", "annotations": []}],
+    }
     stream = [
         {"type": "response.created", "sequence_number": 0, "response": {"id": "resp_q", "status": "in_progress", "output": []}},
         {"type": "response.reasoning_summary_text.delta", "sequence_number": 1, "output_index": 0, "summary_index": 0, "delta": "Plan."},
-        {"type": "response.completed", "sequence_number": 2,
-         "response": {"id": "resp_q", "status": "completed", "output": [reasoning, message], "usage": {"input_tokens": 2}}},
+        {
+            "type": "response.completed",
+            "sequence_number": 2,
+            "response": {"id": "resp_q", "status": "completed", "output": [reasoning, message], "usage": {"input_tokens": 2}},
+        },
     ]
     assert await model_events(await raw_server(sse_handler(sse_events(stream)))) == [
         ResponseStarted("resp_q"),
@@ -586,9 +592,7 @@ async def test_model_events_when_text_and_reasoning_come_only_in_the_final_outpu
 
 
 async def test_complete(upstream: ScriptedUpstream, provider: OpenAIResponsesProvider) -> None:
-    upstream.enqueue(
-        Reply(text="All done.", reasoning=["hmm"], tool_calls=[{"name": "f", "arguments": {"x": 1}, "id": "call_9"}])
-    )
+    upstream.enqueue(Reply(text="All done.", reasoning=["hmm"], tool_calls=[{"name": "f", "arguments": {"x": 1}, "id": "call_9"}]))
     body = {**BODY, "stream": True, "stream_options": {"include_obfuscation": False}}
     result = await provider.complete(body)
     assert result["object"] == "response" and result["status"] == "completed" and result["error"] is None
@@ -682,9 +686,7 @@ async def test_official_openai_sdk_parses_the_stream(upstream: ScriptedUpstream)
         assert response.usage is not None and response.usage.output_tokens == 5
         first_id = response.id
 
-        stream = await client.responses.create(
-            model="gpt-test", input="weather?", previous_response_id=first_id, stream=True
-        )
+        stream = await client.responses.create(model="gpt-test", input="weather?", previous_response_id=first_id, stream=True)
         events = [e async for e in stream]
         args = "".join(e.delta for e in events if isinstance(e, ResponseFunctionCallArgumentsDeltaEvent))
         last = events[-1]

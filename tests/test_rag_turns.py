@@ -76,9 +76,7 @@ async def test_sources_go_into_the_last_user_message_once(rag: Service) -> None:
     await add(rag, "bikes.md", OTHER)  # not named by the request: never retrieved
     rag.upstream.task_replies.append(("queries", Reply(text='{"queries": ["dough proofing time fridge"]}')))
     rag.upstream.enqueue(Reply(text="12 hours in the fridge [1]."))
-    status, data, headers = await rag.post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]}
-    )
+    status, data, headers = await rag.post("/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]})
     assert status == 200, data
     (sent,) = rag.upstream.requests
     messages = sent["messages"]
@@ -126,9 +124,7 @@ async def test_a_three_round_tool_loop_carries_the_sources_once_per_request(rag:
     await check_stream_against_log(rag, turn_id, raw)
 
 
-async def test_rag_system_context_puts_the_sources_in_the_system_message(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
-) -> None:
+async def test_rag_system_context_puts_the_sources_in_the_system_message(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, rag_system_context=True), upstream)
     try:
         guide = await add(svc, "guide.md", GUIDE)
@@ -139,7 +135,7 @@ async def test_rag_system_context_puts_the_sources_in_the_system_message(
         # the user message only lists the attached file (for the model's file tools)
         attached = f'<attached_files>\n<file type="file" id="{guide}"/>\n</attached_files>\n\n'
         assert messages[1] == {"role": "user", "content": [{"type": "text", "text": attached}, {"type": "text", "text": "How long should the dough proof?"}]}
-        assert messages[0]["content"].startswith("Answer briefly.") and "<source id=\"1\" name=\"guide.md\"" in messages[0]["content"]
+        assert messages[0]["content"].startswith("Answer briefly.") and '<source id="1" name="guide.md"' in messages[0]["content"]
     finally:
         await stop_service(svc)
 
@@ -161,9 +157,7 @@ async def test_full_context_sends_the_whole_document_without_queries(rag: Servic
 
 async def test_files_that_cannot_be_used_are_said_and_the_turn_goes_on(rag: Service) -> None:
     rag.upstream.enqueue(Reply(text="answer without files"))
-    status, data, _ = await rag.post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": "file_nobody"}]}
-    )
+    status, data, _ = await rag.post("/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": "file_nobody"}]})
     assert status == 200 and data["choices"][0]["message"]["content"] == "answer without files"
     assert data["turnlog"]["warnings"] == ["file file_nobody was not used: no such file"]
     assert "<source" not in json.dumps(rag.upstream.requests[-1]["messages"])
@@ -175,9 +169,7 @@ async def test_an_echoed_query_template_falls_back_to_the_user_message_with_a_wa
     guide = await add(rag, "guide.md", GUIDE)
     rag.upstream.task_replies.append(("queries", Reply(text='{"queries": ["query1", "query2"]}')))
     rag.upstream.enqueue(Reply(text="12 hours."))
-    status, data, headers = await rag.post(
-        "/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]}
-    )
+    status, data, headers = await rag.post("/v1/chat/completions", {"model": "gpt-test", "messages": question(), "files": [{"type": "file", "id": guide}]})
     assert status == 200, data
     assert "Proof the shaped dough in the fridge for 12 hours" in user_text(rag.upstream.requests[-1]["messages"][-1])
     events = await rag.events(headers["X-Turn-Id"])
@@ -196,9 +188,7 @@ class Tools:
 """
 
 
-async def test_tool_citations_rebuild_the_context_from_its_snapshot_with_stable_ids(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str
-) -> None:
+async def test_tool_citations_rebuild_the_context_from_its_snapshot_with_stable_ids(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     tools = tmp_path / "tools"
     tools.mkdir()
     (tools / "web.py").write_text(FETCH_TOOL)
@@ -216,6 +206,7 @@ async def test_tool_citations_rebuild_the_context_from_its_snapshot_with_stable_
         assert status == 200, data
         first, second = (r["messages"] for r in upstream.requests)
         before, after = user_text(first[1]), user_text(second[1])
+
         def heads(text: str) -> list[str]:
             return [" ".join(b.split(">")[0].split()[:2]) for b in source_blocks(text)]
 
@@ -252,6 +243,11 @@ async def test_each_turns_files_are_listed_with_its_own_user_message(rag: Servic
     # prompt-based function calling: no file tools, no listing
     status, _, _ = await rag.post(
         "/v1/chat/completions",
-        {"model": "gpt-test", "messages": [{"role": "user", "content": "q"}], "files": [{"type": "file", "id": first}], "params": {"function_calling": "default"}},
+        {
+            "model": "gpt-test",
+            "messages": [{"role": "user", "content": "q"}],
+            "files": [{"type": "file", "id": first}],
+            "params": {"function_calling": "default"},
+        },
     )
     assert status == 200 and "<attached_files>" not in json.dumps(rag.upstream.requests[-1]["messages"])

@@ -78,7 +78,9 @@ async def test_plain_and_streamed_chat_answer_what_the_server_answers(real: Serv
     assert cl100k_close(usage["prompt_tokens"], server_usage["prompt_tokens"]), (usage, server_usage)
     assert cl100k_close(usage["completion_tokens"], server_usage["completion_tokens"]), (usage, server_usage)
 
-    async with real.http.post(real.v1 + "/chat/completions", json={"model": MODEL_ID, "messages": QUESTION, "stream": True, "stream_options": {"include_usage": True}, **GREEDY}) as resp:
+    async with real.http.post(
+        real.v1 + "/chat/completions", json={"model": MODEL_ID, "messages": QUESTION, "stream": True, "stream_options": {"include_usage": True}, **GREEDY}
+    ) as resp:
         assert resp.status == 200
         raw = await resp.text()
         turn_id = resp.headers["X-Turn-Id"]

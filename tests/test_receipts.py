@@ -39,9 +39,7 @@ def turnlog(url: str, *args: str, stdin: bytes | None = None, **env_extra: str) 
     env = {**os.environ, "TURNLOG_DATABASE_URL": url}
     env.pop("TURNLOG_RECEIPT_KEY", None)
     env.update(env_extra)
-    return subprocess.run(
-        [sys.executable, "-m", "adapters.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    return subprocess.run([sys.executable, "-m", "adapters.cli", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
 
 
 async def turnlog_async(url: str, *args: str, **env_extra: str) -> subprocess.CompletedProcess[str]:
@@ -52,8 +50,14 @@ async def turnlog_async(url: str, *args: str, **env_extra: str) -> subprocess.Co
     env.pop("TURNLOG_RECEIPT_KEY", None)
     env.update(env_extra)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "adapters.cli", *args, cwd=ROOT, env=env,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        sys.executable,
+        "-m",
+        "adapters.cli",
+        *args,
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
     )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
@@ -156,9 +160,7 @@ async def test_every_event_is_chained_as_documented(service: Service, database_u
 
 @pytest.mark.backends(SQLITE, POSTGRES)
 @pytest.mark.parametrize("kind", list(TAMPERS))
-async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
-    kind: str, upstream: ScriptedUpstream, database_url: str, tmp_path: Path
-) -> None:
+async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(kind: str, upstream: ScriptedUpstream, database_url: str, tmp_path: Path) -> None:
     service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
     try:
         turn_id = await run_turn(service, "one two three four five six")
@@ -167,9 +169,7 @@ async def test_a_damaged_log_gets_a_verdict_naming_its_first_bad_seq(
 
         # CLI: one line naming the seq and the kind, exit 1
         reads = [("turns", "show", turn_id), ("turns", "events", turn_id), ("replay", turn_id), ("export", turn_id)]
-        verify, as_json, intact_verify, *outs = await turnlog_all(
-            database_url, ("verify", turn_id), ("verify", turn_id, "--json"), ("verify", intact), *reads
-        )
+        verify, as_json, intact_verify, *outs = await turnlog_all(database_url, ("verify", turn_id), ("verify", turn_id, "--json"), ("verify", intact), *reads)
         assert verify.returncode == 1 and verify.stdout == ""
         assert verify.stderr.startswith(f"turnlog: turn {turn_id} does not verify: {kind}: seq {TAMPERED_SEQ}"), verify.stderr
         assert len(verify.stderr.splitlines()) == 1
@@ -276,14 +276,10 @@ def _key_file(path: Path) -> tuple[Path, Ed25519PrivateKey]:
 
 
 @pytest.mark.backends(SQLITE, POSTGRES)
-async def test_export_verifies_offline_and_fails_after_a_one_byte_change(
-    upstream: ScriptedUpstream, database_url: str, tmp_path: Path
-) -> None:
+async def test_export_verifies_offline_and_fails_after_a_one_byte_change(upstream: ScriptedUpstream, database_url: str, tmp_path: Path) -> None:
     key_path, key = _key_file(tmp_path / "receipt.pem")
     other_path, _ = _key_file(tmp_path / "other.pem")
-    service = await start_service(
-        make_settings(tmp_path, upstream.url, database_url=database_url, receipt_key=str(key_path)), upstream
-    )
+    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, receipt_key=str(key_path)), upstream)
     try:
         turn_id = await run_turn(service, "an answer worth a receipt ✓")
         status, receipt = await service.get(f"/v1/turns/{turn_id}/receipt")
@@ -355,7 +351,9 @@ async def test_export_verifies_offline_and_fails_after_a_one_byte_change(
         assert out.returncode == 1, (position, out.stdout)
         assert expect in out.stderr and "Traceback" not in out.stderr, (position, out.stderr)
     assert cut.returncode == 1 and json.loads(cut.stdout)["damage"] == {
-        "seq": len(rows), "kind": "deleted", "message": f"seq {len(rows)} missing: the receipt covers {len(rows)} events, the file has {len(rows) - 1}",
+        "seq": len(rows),
+        "kind": "deleted",
+        "message": f"seq {len(rows)} missing: the receipt covers {len(rows)} events, the file has {len(rows) - 1}",
     }
 
 

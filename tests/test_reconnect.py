@@ -157,9 +157,7 @@ async def test_a_stalled_client_gets_every_chunk_in_order(service: Service) -> N
     # then wait for it) and must still get the whole answer, once, in order.
     lines = [f"{i:06d} " + "y" * 1992 + "\n" for i in range(3000)]  # ~6 MB, one line per chunk
     service.upstream.enqueue(Reply(chunks=lines))
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
         assert resp.status == 200
         first = await resp.content.readany()
         # Stop reading until the upstream has streamed everything (the turn ended).
@@ -177,9 +175,7 @@ async def test_direct_and_queued_output_interleave_in_order(service: Service) ->
     await stream_paced(service, [f"c{i} " for i in range(40)])
 
 
-async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
-    service: Service, monkeypatch: Any, caplog: Any
-) -> None:
+async def test_a_failing_direct_write_falls_back_without_touching_the_turn(service: Service, monkeypatch: Any, caplog: Any) -> None:
     # A bug (or an unexpected error) in the direct SSE path runs inside the
     # actor's publish: it must neither reach the actor nor lose output.
     from adapters.http import direct_sse
@@ -202,9 +198,7 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(
     assert turn["status"] == "completed" and turn["content"] == "".join(chunks)
 
 
-async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the_log(
-    service: Service, monkeypatch: Any
-) -> None:
+async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the_log(service: Service, monkeypatch: Any) -> None:
     from engine.run import follow as follow_mod
 
     calls = {"n": 0}
@@ -230,9 +224,7 @@ async def stream_paced(service: Service, chunks: list[str]) -> tuple[str, str]:
     chunk once, in order, with increasing ids, and the ``[DONE]``. Returns
     ``(turn_id, body)``."""
     service.upstream.enqueue(Reply(chunks=chunks, delay=0.005))
-    async with service.http.post(
-        service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}
-    ) as resp:
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
         turn_id = resp.headers["X-Turn-Id"]
         body = (await resp.read()).decode()
     assert sse_text(body) == "".join(chunks)

@@ -255,9 +255,7 @@ async def kill_when_paused(http: aiohttp.ClientSession, first: Server, upstream:
     upstream.release()  # the dead process's upstream stream ends; ``paused`` is clear again
 
 
-async def start_second(
-    http: aiohttp.ClientSession, db: Path, upstream: ScriptedUpstream, turn_id: str, mode: str, env: dict[str, str]
-) -> Server:
+async def start_second(http: aiohttp.ClientSession, db: Path, upstream: ScriptedUpstream, turn_id: str, mode: str, env: dict[str, str]) -> Server:
     """The next process adopts the turn and resumes it; ``running``: it is paused
     mid-answer, ``completed``: it has finished."""
     second = Server(db, upstream.url, auto_resume=True, env=env)
@@ -284,6 +282,7 @@ def expected_notices(name: str, restart: bool) -> int:
 
 async def read_until(resp: aiohttp.ClientResponse, buf: str, done: Any) -> str:
     """Read SSE until ``done(complete messages)``."""
+
     async def go(buf: str) -> str:
         while not done(sse_messages(buf[: buf.rfind("\n\n") + 2])):
             chunk = await resp.content.readany()
@@ -488,11 +487,7 @@ async def test_websocket_resubscribe_after_kill9_shows_exactly_the_stored_answer
             # shows the re-generated text live.
             target = resumed_text(restart, RESUMED_PAUSE)
             for _cursor, shown, ws, got in clients.values():
-                got.extend(
-                    await ws_messages_until(
-                        ws, lambda ms, s=shown: ws_text(ms, WsShown(durable=s.durable, seq=s.seq)).content == target and bool(ms)
-                    )
-                )
+                got.extend(await ws_messages_until(ws, lambda ms, s=shown: ws_text(ms, WsShown(durable=s.durable, seq=s.seq)).content == target and bool(ms)))
             upstream.release()
         done = await wait_for(http, f"{second.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
         assert done["content"] == TEXT

@@ -46,9 +46,7 @@ async def _both_answer(a: Server, b: Server) -> None:
         starts.add(found.group(1))
 
 
-async def test_two_processes_serve_one_port_and_one_log(
-    pg_url: str, tmp_path: Path, upstream: ScriptedUpstream, http: aiohttp.ClientSession
-) -> None:
+async def test_two_processes_serve_one_port_and_one_log(pg_url: str, tmp_path: Path, upstream: ScriptedUpstream, http: aiohttp.ClientSession) -> None:
     (tmp_path / "a").mkdir()
     (tmp_path / "b").mkdir()
     a = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "a", TURNLOG_REUSE_PORT="true")
@@ -56,9 +54,7 @@ async def test_two_processes_serve_one_port_and_one_log(
     try:
         await a.ready(http)
         # The second binds the same port while the first listens on it.
-        b = Server(
-            pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "b", args=("--port", str(a.port)), TURNLOG_REUSE_PORT="true"
-        )
+        b = Server(pg_url, upstream.url, auto_resume=True, log_dir=tmp_path / "b", args=("--port", str(a.port)), TURNLOG_REUSE_PORT="true")
         await _both_answer(a, b)
 
         # Turns through the shared port complete, whichever process runs them,
@@ -89,9 +85,7 @@ TEXT = "".join(f"tok{i:03d} " for i in range(60))  # 60 chunks of 8 characters
 PAUSE_AT = 10
 
 
-async def test_a_draining_process_leaves_new_connections_to_the_other(
-    pg_url: str, tmp_path: Path, http: aiohttp.ClientSession
-) -> None:
+async def test_a_draining_process_leaves_new_connections_to_the_other(pg_url: str, tmp_path: Path, http: aiohttp.ClientSession) -> None:
     """A keeps a turn running through its drain (a long drain); meanwhile every
     new connection to the port reaches B, and A's 503 closes the connection
     a client kept alive to it. Without the drain closing A's listening socket,
@@ -164,8 +158,6 @@ def test_reuse_port_is_refused_on_sqlite(tmp_path: Path) -> None:
         "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 't.db'}",
         "TURNLOG_REUSE_PORT": "true",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "adapters.cli", "serve", "--port", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
-    )
+    done = subprocess.run([sys.executable, "-m", "adapters.cli", "serve", "--port", "0"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode != 0
     assert "TURNLOG_REUSE_PORT needs PostgreSQL" in done.stderr + done.stdout

@@ -356,7 +356,7 @@ async def service_with_sandbox(tmp_path: Path, upstream: ScriptedUpstream, datab
 async def code_turn(svc: Service, code: str) -> dict[str, Any]:
     """A legacy code-interpreter turn running ``code``; the turn's code item."""
     svc.upstream.enqueue(
-        Reply(chunks=["Running it.\n<code_interpreter type=\"code\" lang=\"python\">\n", code, "\n</code_interpreter>"]),
+        Reply(chunks=['Running it.\n<code_interpreter type="code" lang="python">\n', code, "\n</code_interpreter>"]),
         Reply(text="Done."),
     )
     status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "run"}], **LEGACY})
@@ -368,9 +368,7 @@ async def code_turn(svc: Service, code: str) -> dict[str, Any]:
 
 
 @pytest.mark.sqlite_only
-async def test_code_turns_run_in_the_sandbox_and_the_service_stays_healthy(
-    service_with_sandbox: Service, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_code_turns_run_in_the_sandbox_and_the_service_stays_healthy(service_with_sandbox: Service, monkeypatch: pytest.MonkeyPatch) -> None:
     svc = service_with_sandbox
     monkeypatch.setenv("TURNLOG_OPENAI_API_KEY", "sk-secret")
     db_file = svc.settings.database_url.split("///", 1)[1]

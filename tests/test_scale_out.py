@@ -87,7 +87,9 @@ async def test_cancel_sent_to_b_stops_the_turn_on_a(pair: tuple[Server, Server],
     assert [e["type"] for e in events][-2:] == ["turn.cancel_requested", "turn.cancelled"]
 
 
-async def test_kill9_of_a_then_b_adopts_and_completes(pair: tuple[Server, Server], upstream: ScriptedUpstream, http: aiohttp.ClientSession, pg_url: str) -> None:
+async def test_kill9_of_a_then_b_adopts_and_completes(
+    pair: tuple[Server, Server], upstream: ScriptedUpstream, http: aiohttp.ClientSession, pg_url: str
+) -> None:
     a, b = pair
     upstream.enqueue(Reply(text=TEXT, chunk_size=8, delay=0.01), Reply(text=TEXT, chunk_size=8))
     turn_id, resp = await start_turn(http, a)

@@ -116,5 +116,10 @@ def test_engine_never_imports_adapters() -> None:
 def test_no_type_ignore_in_engine() -> None:
     """engine/ is typed strictly: a port that mypy cannot follow gets a better
     type, not a silenced error."""
-    found = [f"{path.relative_to(ROOT)}:{n}" for path in (ROOT / "engine").rglob("*.py") for n, line in enumerate(path.read_text().splitlines(), 1) if "type: ignore" in line]
+    found = [
+        f"{path.relative_to(ROOT)}:{n}"
+        for path in (ROOT / "engine").rglob("*.py")
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if "type: ignore" in line
+    ]
     assert found == []

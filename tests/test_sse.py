@@ -57,11 +57,7 @@ def test_spec_example_space_after_colon_is_optional() -> None:
 
 # -- line endings and network reads -------------------------------------------------
 
-LF_BODY = (
-    b": keep-alive\n"
-    b"event: response.output_text.delta\nid: 7\nretry: 1000\ndata: {\"a\":\ndata:  1}\n\n"
-    b"data: [DONE]\n\n"
-)
+LF_BODY = b': keep-alive\nevent: response.output_text.delta\nid: 7\nretry: 1000\ndata: {"a":\ndata:  1}\n\ndata: [DONE]\n\n'
 EXPECTED = [(b"response.output_text.delta", b'{"a":\n 1}'), (None, b"[DONE]")]
 
 

@@ -238,9 +238,7 @@ class TestEventStoreContract:
 
     # ---------------------------------------------------- optimistic concurrency
 
-    async def test_same_seq_concurrently_one_wins_batchmate_commits(
-        self, store: Store, ids: Any
-    ) -> None:
+    async def test_same_seq_concurrently_one_wins_batchmate_commits(self, store: Store, ids: Any) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a)
         await start(store, b)
@@ -260,9 +258,7 @@ class TestEventStoreContract:
         assert [e.data.get("who") for e in await store.read(a)] == [None, winner]
         assert [e.data.get("who") for e in await store.read(b)] == [None, "other turn"]
 
-    async def test_conflict_with_committed_event_fails_alone(
-        self, store: Store, ids: Any
-    ) -> None:
+    async def test_conflict_with_committed_event_fails_alone(self, store: Store, ids: Any) -> None:
         a, b = ids("a"), ids("b")
         await start(store, a)
         await start(store, b)
@@ -298,9 +294,7 @@ class TestEventStoreContract:
             await start(store, t)
         assert len(await store.read(t)) == 1
 
-    async def test_many_concurrent_appends_are_gap_free(
-        self, store: Store, ids: Any
-    ) -> None:
+    async def test_many_concurrent_appends_are_gap_free(self, store: Store, ids: Any) -> None:
         n_turns, n_events = 50, 50
         turn_ids = [ids(f"t{i}") for i in range(n_turns)]
         tokens = {t: await start(store, t) for t in turn_ids}
@@ -315,9 +309,7 @@ class TestEventStoreContract:
             assert [e.seq for e in got] == list(range(1, n_events + 2))
             assert [e.data.get("i") for e in got[1:]] == list(range(2, n_events + 2))
 
-    async def test_failed_writes_leave_nothing_behind(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_failed_writes_leave_nothing_behind(self, store: Store, clock: Clock, ids: Any) -> None:
         """Conflicts, lost leases and a duplicate turn in one group commit fail
         alone and write nothing; the events after them land as if they had
         never been tried."""
@@ -345,9 +337,7 @@ class TestEventStoreContract:
 
     # ---------------------------------------------------------------- leases
 
-    async def test_stale_fencing_token_raises_lease_lost(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_stale_fencing_token_raises_lease_lost(self, store: Store, clock: Clock, ids: Any) -> None:
         t, other = ids("t"), ids("other")
         old = await start(store, t, owner="w1", lease=30)
         await start(store, other, owner="w1", lease=30)
@@ -367,9 +357,7 @@ class TestEventStoreContract:
         assert turn is not None and (turn.owner, turn.fencing) == ("w2", new)
         assert turn.lease_until == pytest.approx(clock() + 30)
 
-    async def test_append_nowait_queues_at_once_and_fails_like_append(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_append_nowait_queues_at_once_and_fails_like_append(self, store: Store, clock: Clock, ids: Any) -> None:
         t = ids("t")
         token = await start(store, t, owner="w1", lease=30)
         # Both queued before either is awaited: one group commit, in order.
@@ -387,9 +375,7 @@ class TestEventStoreContract:
         with pytest.raises(ValueError):
             store.append_nowait([ev(t, 4), ev(ids("u"), 1)], fencing=token)  # refused before queueing
 
-    async def test_after_a_failed_append_later_ones_with_that_token_are_refused(
-        self, store: Store, ids: Any
-    ) -> None:
+    async def test_after_a_failed_append_later_ones_with_that_token_are_refused(self, store: Store, ids: Any) -> None:
         # A failed write followed by a successful later one would leave a gap
         # in the turn's seqs: the owner's later appends are refused instead.
         t, other = ids("t"), ids("other")
@@ -418,9 +404,7 @@ class TestEventStoreContract:
         with pytest.raises(LeaseLost):
             await store.append([ev(ids("nobody"), 1)], fencing=1)
 
-    async def test_claim_refused_while_lease_live(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_claim_refused_while_lease_live(self, store: Store, clock: Clock, ids: Any) -> None:
         t = ids("t")
         await start(store, t, owner="w1", lease=30)
         clock.advance(10)
@@ -526,9 +510,7 @@ class TestEventStoreContract:
         turn = await store.get_turn(t)
         assert turn is not None and (turn.status, turn.view) == ("completed", {"v": 2})
 
-    async def test_index_update_with_lease_lost_is_not_applied(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_index_update_with_lease_lost_is_not_applied(self, store: Store, clock: Clock, ids: Any) -> None:
         t = ids("t")
         old = await start(store, t, lease=1)
         clock.advance(2)
@@ -539,9 +521,7 @@ class TestEventStoreContract:
         assert turn is not None and turn.status == "running"
         assert len(await store.read(t)) == 1
 
-    async def test_append_needs_one_turn_for_fencing_or_index(
-        self, store: Store, ids: Any
-    ) -> None:
+    async def test_append_needs_one_turn_for_fencing_or_index(self, store: Store, ids: Any) -> None:
         a, b = ids("a"), ids("b")
         with pytest.raises(ValueError):
             await store.append([ev(a, 2), ev(b, 2)], fencing=1)
@@ -568,7 +548,12 @@ class TestEventStoreContract:
         turn = await store.get_turn(t1)
         assert turn is not None
         assert (turn.chat_id, turn.user_id, turn.model, turn.status, turn.fencing, turn.owner) == (
-            chat, user, "gpt-test", "running", 1, "w1",
+            chat,
+            user,
+            "gpt-test",
+            "running",
+            1,
+            "w1",
         )
         assert await store.get_chat(ids("nochat")) is None
         assert await store.get_turn(ids("noturn")) is None
@@ -617,9 +602,7 @@ class TestEventStoreContract:
         await store.append([ev(fresh[0], 2)], fencing=1)
         assert check(fresh[0], await store.read_chain(fresh[0])).ok
 
-    async def test_a_batch_of_every_kind_of_write_fails_only_its_culprits(
-        self, store: Store, clock: Clock, ids: Any
-    ) -> None:
+    async def test_a_batch_of_every_kind_of_write_fails_only_its_culprits(self, store: Store, clock: Clock, ids: Any) -> None:
         """Writes of every kind queued together are one group commit (SQLite:
         the appends, starts and releases at the driver level, inside the
         transaction the claim and the chat's metadata share), and each has
@@ -697,9 +680,7 @@ class TestEventStoreContract:
 
     # -------------------------------------------------------------- api keys
 
-    async def test_api_keys_store_only_the_hash(
-        self, store: Store, store_backend: Backend, ids: Any
-    ) -> None:
+    async def test_api_keys_store_only_the_hash(self, store: Store, store_backend: Backend, ids: Any) -> None:
         user = ids("user")
         key = await store.create_api_key(user)
         assert key.startswith("tl-") and len(key) > 40
@@ -712,17 +693,13 @@ class TestEventStoreContract:
         assert hash_api_key(key) in {row[0] for row in rows}
         assert all(key not in str(row) for row in rows)
         if store_backend.file is not None:
-            on_disk = b"".join(
-                p.read_bytes() for p in store_backend.file.parent.glob(store_backend.file.name + "*")
-            )
+            on_disk = b"".join(p.read_bytes() for p in store_backend.file.parent.glob(store_backend.file.name + "*"))
             assert hash_api_key(key).encode() in on_disk
             assert key.encode() not in on_disk
 
     # ------------------------------------------------------------ durability
 
-    async def test_data_survives_a_new_store_instance(
-        self, store_backend: Backend, clock: Clock, ids: Any
-    ) -> None:
+    async def test_data_survives_a_new_store_instance(self, store_backend: Backend, clock: Clock, ids: Any) -> None:
         t = ids("t")
         first = await store_backend.open(clock)
         token = await start(first, t, chat_id=ids("chat"))
@@ -739,9 +716,7 @@ class TestEventStoreContract:
         finally:
             await second.close()
 
-    async def test_two_store_instances_share_the_log(
-        self, store: Store, store_backend: Backend, clock: Clock, ids: Any
-    ) -> None:
+    async def test_two_store_instances_share_the_log(self, store: Store, store_backend: Backend, clock: Clock, ids: Any) -> None:
         """A second process on the same database: writes interleave without
         "database is locked", and fencing stops the one that lost the lease."""
         other = await store_backend.open(clock)
@@ -877,8 +852,7 @@ async def test_sqlite_pragmas(tmp_path: Path) -> None:
     try:
         async with store.engine.connect() as conn:
             pragmas = {
-                name: (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar()
-                for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
+                name: (await conn.exec_driver_sql(f"PRAGMA {name}")).scalar() for name in ("journal_mode", "synchronous", "busy_timeout", "foreign_keys")
             }
         assert pragmas == {"journal_mode": "wal", "synchronous": 1, "busy_timeout": 5000, "foreign_keys": 1}
         assert (await store.get_turn("x")) is None
@@ -892,9 +866,7 @@ async def test_sqlite_pragmas(tmp_path: Path) -> None:
         await default.close()
 
 
-async def test_migrate_from_a_running_loop_without_alembic_ini(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_migrate_from_a_running_loop_without_alembic_ini(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)  # no alembic.ini, no migrations/ here
     url = f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"
     await migrate(url)
@@ -936,8 +908,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
-            "INSERT INTO events (id, turn_id, seq, type, at, data) "
-            "SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
+            "INSERT INTO events (id, turn_id, seq, type, at, data) SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
         )
     finally:
         await admin.close()

@@ -35,8 +35,6 @@ from tests.vectors_util import load_vectors
 # --------------------------------------------------------------------------
 
 
-
-
 THINK_VECTORS = load_vectors("think_tags.json")
 USAGE_VECTORS = load_vectors("usage.json")
 THINK_BY_NAME = {v["name"]: v for v in THINK_VECTORS}
@@ -53,9 +51,7 @@ def counter_ids() -> Callable[[str], str]:
     return make
 
 
-def run_chunks(
-    chunks: Iterable[str | dict[str, Any]], reasoning_tags: Any = None, *, finish: bool = True
-) -> tuple[Accumulator, list[Piece]]:
+def run_chunks(chunks: Iterable[str | dict[str, Any]], reasoning_tags: Any = None, *, finish: bool = True) -> tuple[Accumulator, list[Piece]]:
     acc = Accumulator(id_factory=counter_ids(), reasoning_tags=reasoning_tags)
     pieces: list[Piece] = []
     for chunk in chunks:
@@ -234,7 +230,7 @@ PROPERTY_SAMPLES = [
     "<think>a</think>X<think>b</think>Y",
     "<think>\n  r \n</think>\n\n  answer  \n",
     "a < b and <think>c</think>d",
-    "x <think type=\"q\">\n r \n</think>\n\n ans <",
+    'x <think type="q">\n r \n</think>\n\n ans <',
     "\n\n<think>r</think>",
     "  lead text",
     "  <think>r</think>  after",
@@ -573,8 +569,23 @@ def test_parse_message_instead_of_delta() -> None:
 def test_parse_never_raises_on_random_dicts() -> None:
     rng = random.Random(7)
     values: list[Any] = [None, 0, 1.5, True, "", "s", [], {}, [None], [{}], {"a": 1}]
-    keys = ["choices", "delta", "content", "reasoning_content", "reasoning", "thinking", "tool_calls",
-            "finish_reason", "usage", "timings", "error", "id", "role", "message", "index"]
+    keys = [
+        "choices",
+        "delta",
+        "content",
+        "reasoning_content",
+        "reasoning",
+        "thinking",
+        "tool_calls",
+        "finish_reason",
+        "usage",
+        "timings",
+        "error",
+        "id",
+        "role",
+        "message",
+        "index",
+    ]
 
     def rand(depth: int) -> Any:
         if depth > 3 or rng.random() < 0.3:
@@ -619,8 +630,7 @@ def test_usage_vector(vector: dict[str, Any]) -> None:
 
 def test_merge_usage_sums_aliases_across_rounds_q19() -> None:
     total: dict[str, Any] | None = None
-    for round_usage in ({"prompt_tokens": 10, "completion_tokens": 5}, {"prompt_tokens": 20, "completion_tokens": 4},
-                        {"input_tokens": 1, "output_tokens": 1}):
+    for round_usage in ({"prompt_tokens": 10, "completion_tokens": 5}, {"prompt_tokens": 20, "completion_tokens": 4}, {"input_tokens": 1, "output_tokens": 1}):
         total = merge_usage(total, round_usage)
     assert total is not None
     assert total["input_tokens"] == total["prompt_tokens"] == 31
@@ -630,13 +640,18 @@ def test_merge_usage_sums_aliases_across_rounds_q19() -> None:
 
 def test_usage_edge_cases() -> None:
     assert merge_usage(None, {}) == {}
-    assert merge_usage({"prompt_tokens": 2}, {}) == {"prompt_tokens": 2, "input_tokens": 2, "output_tokens": 0,
-                                                     "total_tokens": 2}
+    assert merge_usage({"prompt_tokens": 2}, {}) == {"prompt_tokens": 2, "input_tokens": 2, "output_tokens": 0, "total_tokens": 2}
     assert normalize_usage({"prompt_tokens": None, "completion_tokens": "x"}) == {
-        "prompt_tokens": None, "completion_tokens": "x", "input_tokens": 0, "output_tokens": 0, "total_tokens": 0}
-    merged = merge_usage({"input_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2, "x": {"y": 1}}},
-                         {"input_tokens": 1, "prompt_tokens_details": {"cached_tokens": 3, "x": {"y": 2}},
-                          "total_cost": 0.25, "model": "m"})
+        "prompt_tokens": None,
+        "completion_tokens": "x",
+        "input_tokens": 0,
+        "output_tokens": 0,
+        "total_tokens": 0,
+    }
+    merged = merge_usage(
+        {"input_tokens": 1, "prompt_tokens_details": {"cached_tokens": 2, "x": {"y": 1}}},
+        {"input_tokens": 1, "prompt_tokens_details": {"cached_tokens": 3, "x": {"y": 2}}, "total_cost": 0.25, "model": "m"},
+    )
     assert merged["prompt_tokens_details"] == {"cached_tokens": 5, "x": {"y": 3}}
     assert merged["total_cost"] == 0.25 and merged["model"] == "m"
     # Inputs are not mutated.

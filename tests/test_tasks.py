@@ -71,7 +71,7 @@ def test_task_messages_keep_user_and_assistant_text_only() -> None:
         {"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": {"url": "u"}}, {"type": "text", "text": "here"}]},
         {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
         {"role": "tool", "tool_call_id": "c", "content": "result"},
-        {"role": "assistant", "content": "<details type=\"reasoning\">thinking</details>\nIt is a cat."},
+        {"role": "assistant", "content": '<details type="reasoning">thinking</details>\nIt is a cat.'},
         {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]},
         {"role": "user", "content": "![x](y)"},
     ]
@@ -186,7 +186,9 @@ def test_parse_title(reply: str, expected: str | TaskFailure) -> None:
 
 
 def test_fallback_title() -> None:
-    assert fallback_title([{"role": "system", "content": "S"}, *chat("  How do\ncats  purr?", "a"), {"role": "user", "content": "later"}]) == "How do cats purr?"
+    assert (
+        fallback_title([{"role": "system", "content": "S"}, *chat("  How do\ncats  purr?", "a"), {"role": "user", "content": "later"}]) == "How do cats purr?"
+    )
     assert fallback_title([{"role": "assistant", "content": "a"}]) is None
     words = "Please summarise the attached quarterly report and list every risk it names " * 5
     title = fallback_title(chat(words, "a"))
@@ -238,7 +240,19 @@ EDGE = "y" * 400
         ('{"suggestions": ["a"]}', TaskFailure('no JSON object with "follow_ups"')),
         ("", TaskFailure('no JSON object with "follow_ups"')),
     ],
-    ids=["plain", "trim_dedupe_blank", "cap_5", "cap_after_dedupe", "length_limit", "non_string", "null_entry", "empty_list", "not_a_list", "wrong_key", "empty_reply"],
+    ids=[
+        "plain",
+        "trim_dedupe_blank",
+        "cap_5",
+        "cap_after_dedupe",
+        "length_limit",
+        "non_string",
+        "null_entry",
+        "empty_list",
+        "not_a_list",
+        "wrong_key",
+        "empty_reply",
+    ],
 )
 def test_parse_follow_ups(reply: str, expected: list[str] | TaskFailure) -> None:
     assert parse_follow_ups(reply) == expected

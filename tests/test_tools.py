@@ -45,8 +45,6 @@ from tests.vectors_util import load_vectors
 # --------------------------------------------------------------------------
 
 
-
-
 def select(vectors: list[dict[str, Any]], excluded: dict[str, str]) -> list[Any]:
     """The vectors to parametrize with; every excluded name must exist (no stale list)."""
     names = {v["name"] for v in vectors}
@@ -79,9 +77,7 @@ def make_ctx(**overrides: Any) -> ToolContext:
 def spec_with(name: str, properties: list[str] | dict[str, Any] | None, *, kind: str = "builtin") -> ToolSpec:
     parameters: dict[str, Any] = {"type": "object"}
     if properties is not None:
-        parameters["properties"] = (
-            {key: {"type": "string"} for key in properties} if isinstance(properties, list) else properties
-        )
+        parameters["properties"] = {key: {"type": "string"} for key in properties} if isinstance(properties, list) else properties
     return ToolSpec(name=name, description=name, parameters=parameters, tool_id=f"builtin:{name}", kind=kind)  # type: ignore[arg-type]
 
 

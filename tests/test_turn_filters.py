@@ -100,13 +100,9 @@ def filter_modules() -> dict[str, str]:
 
 
 @pytest.fixture
-async def filtered(
-    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, filter_modules: dict[str, str]
-) -> AsyncIterator[Service]:
+async def filtered(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, filter_modules: dict[str, str]) -> AsyncIterator[Service]:
     folder = write_filters(tmp_path / "filters", filter_modules)
-    settings = make_settings(
-        tmp_path, upstream.url, database_url=database_url, filters_dir=str(folder), filters={"shout": {"suffix": "?!"}}
-    )
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, filters_dir=str(folder), filters={"shout": {"suffix": "?!"}})
     svc = await start_service(settings, upstream)
     try:
         yield svc

@@ -60,8 +60,17 @@ def browser() -> Iterator[Any]:
     chromium, chromedriver = paths
     options = webdriver.ChromeOptions()
     options.binary_location = chromium
-    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu", "--window-size=1280,900",
-                "--no-first-run", "--disable-extensions", "--disable-background-networking", "--hide-scrollbars"):
+    for arg in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-dev-shm-usage",
+        "--disable-gpu",
+        "--window-size=1280,900",
+        "--no-first-run",
+        "--disable-extensions",
+        "--disable-background-networking",
+        "--hide-scrollbars",
+    ):
         options.add_argument(arg)
     # An explicit driver path: Selenium Manager never looks for (or downloads) one.
     driver = webdriver.Chrome(options=options, service=DriverService(executable_path=chromedriver))
@@ -144,12 +153,14 @@ def screenshot(driver: Any, request: pytest.FixtureRequest, name: str, width: in
 
 def unlabelled_controls(driver: Any) -> list[str]:
     """Form controls and buttons without an accessible name (a label, aria-label or text)."""
-    return list(driver.execute_script("""
+    return list(
+        driver.execute_script("""
         return [...document.querySelectorAll('input, select, button, a[href]')]
           .filter(el => el.offsetParent !== null || el.type === 'range')
           .filter(el => !(el.labels && el.labels.length) && !el.getAttribute('aria-label') && !el.textContent.trim())
           .map(el => el.outerHTML.slice(0, 120));
-    """))
+    """)
+    )
 
 
 def only_local_resources(driver: Any, base: str) -> None:
@@ -214,9 +225,7 @@ async def start_running(service: Service, text: str, pause_after: int) -> tuple[
 # ---------------------------------------------------------------- tests
 
 
-async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
-    tools_service: Service, browser: Any, request: pytest.FixtureRequest
-) -> None:
+async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import Select
 
@@ -252,8 +261,11 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
         screenshot(driver, request, "list", 390)
         # filter by status, then by model (the filter is in the URL: a reload keeps it)
         Select(css(driver, "#f-status")).select_by_value("failed")
-        wait(driver, lambda d: texts(d, "#turns-table tbody tr") == [t for t in texts(d, "#turns-table tbody tr") if failed_id in t] != [],
-             "the failed turn only")
+        wait(
+            driver,
+            lambda d: texts(d, "#turns-table tbody tr") == [t for t in texts(d, "#turns-table tbody tr") if failed_id in t] != [],
+            "the failed turn only",
+        )
         assert "status=failed" in driver.current_url
         Select(css(driver, "#f-status")).select_by_value("")
         wait(driver, lambda d: len(texts(d, "#turns-table tbody tr")) == 3)
@@ -303,9 +315,7 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
         screenshot(driver, request, "turn-timeline", 390, at="#timeline-h")
 
         # scrub to the middle of the answer: a prefix of it
-        driver.execute_script(
-            "const s = document.getElementById('replay-seq'); s.value = arguments[0]; s.dispatchEvent(new Event('input'));", middle
-        )
+        driver.execute_script("const s = document.getElementById('replay-seq'); s.value = arguments[0]; s.dispatchEvent(new Event('input'));", middle)
         wait(driver, lambda d: css(d, "#replay-text").get_attribute("data-seq") == str(middle), "the replay at the middle seq")
         prefix = css(driver, "#replay-text").get_attribute("textContent")
         assert prefix and ANSWER.startswith(prefix) and len(prefix) < len(ANSWER), prefix
@@ -341,9 +351,7 @@ async def test_list_then_a_tool_turn_its_answer_calls_replay_verify_and_receipt(
 
 
 @pytest.mark.sqlite_only
-async def test_a_running_turn_grows_live_then_another_is_cancelled_from_the_page(
-    tools_service: Service, browser: Any, request: pytest.FixtureRequest
-) -> None:
+async def test_a_running_turn_grows_live_then_another_is_cancelled_from_the_page(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
     svc = tools_service
     text = "Counting slowly: one, two, three, four, five, six, seven, eight, nine, ten. Done."
     turn_id, reader = await start_running(svc, text, pause_after=5)

@@ -39,6 +39,7 @@ def body_of(error: openai.APIError) -> dict[str, Any]:
     assert isinstance(error.body, dict), error.body
     return error.body
 
+
 CLOCK = '''
 class Tools:
     def now(self) -> str:

@@ -51,9 +51,7 @@ def cosine(a: list[float], b: list[float]) -> float:
     return dot / (math.sqrt(sum(x * x for x in a)) * math.sqrt(sum(y * y for y in b)))
 
 
-def brute_force(
-    items: list[VectorItem], q: list[float], k: int, filter: dict[str, Any] | None = None
-) -> list[str]:
+def brute_force(items: list[VectorItem], q: list[float], k: int, filter: dict[str, Any] | None = None) -> list[str]:
     keep = [i for i in items if not filter or all(i.metadata.get(f) == v for f, v in filter.items())]
     return [i.id for i in sorted(keep, key=lambda i: -cosine(i.vector, q))[:k]]
 
@@ -109,10 +107,13 @@ async def test_filter_by_metadata_equality(vectors: VectorStore) -> None:
     assert await vectors.query("c", q, k=5, filter={"mod7": 99}) == []
     assert await vectors.query("c", q, k=5, filter={"missing": 1}) == []
     # JSON equality: true is not 1, 3 is 3.0, nested values compare whole.
-    await vectors.upsert("j", [
-        VectorItem("t", [1.0, 0.0], "", {"v": True, "n": {"a": [1, "x"]}}),
-        VectorItem("one", [0.0, 1.0], "", {"v": 1, "n": {"a": [1]}}),
-    ])
+    await vectors.upsert(
+        "j",
+        [
+            VectorItem("t", [1.0, 0.0], "", {"v": True, "n": {"a": [1, "x"]}}),
+            VectorItem("one", [0.0, 1.0], "", {"v": 1, "n": {"a": [1]}}),
+        ],
+    )
     assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"v": True})) == ["t"]
     assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"v": 1.0})) == ["one"]
     assert ids(await vectors.query("j", [1.0, 1.0], k=5, filter={"n": {"a": [1, "x"]}})) == ["t"]
@@ -196,11 +197,7 @@ async def test_pgvector_hnsw_index_serves_filtered_queries(pg_url: str) -> None:
         await store.upsert("big", items)
         await store.upsert("other", random_items(50, 16, seed=8))
         async with store.engine.connect() as conn:
-            indexdef = (
-                await conn.execute(
-                    text("SELECT indexdef FROM pg_indexes WHERE indexname = 'vector_items_hnsw_16'")
-                )
-            ).scalar_one()
+            indexdef = (await conn.execute(text("SELECT indexdef FROM pg_indexes WHERE indexname = 'vector_items_hnsw_16'"))).scalar_one()
             assert "hnsw" in indexdef and "vector_cosine_ops" in indexdef and "vector(16)" in indexdef
             plan = "\n".join(
                 row[0]
@@ -245,10 +242,7 @@ async def test_pgvector_selective_filter_reads_the_metadata_index(pg_url: str) -
     store = PgVectorStore.open(pg_url)
     try:
         rnd = random.Random(3)
-        items = [
-            VectorItem(f"c{j}", [rnd.gauss(0, 1) for _ in range(16)], "", {"file_id": f"f{j // 50}", "seq": j % 50})
-            for j in range(3000)
-        ]
+        items = [VectorItem(f"c{j}", [rnd.gauss(0, 1) for _ in range(16)], "", {"file_id": f"f{j // 50}", "seq": j % 50}) for j in range(3000)]
         for start in range(0, len(items), 500):
             await store.upsert("kb", items[start : start + 500])
         async with store.engine.begin() as conn:
@@ -292,11 +286,11 @@ async def test_pgvector_index_of_a_new_dimension_built_by_one_of_two_processes(p
         # index?" look before either can build.
         await admin.execute("BEGIN")
         await admin.execute("SELECT pg_advisory_xact_lock(hashtext($1))", name)
-        upserts = [
-            asyncio.create_task(store.upsert(f"c{i}", random_items(20, 24, seed=i)))
-            for i, store in enumerate(stores)
-        ]
-        waiting = "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        upserts = [asyncio.create_task(store.upsert(f"c{i}", random_items(20, 24, seed=i))) for i, store in enumerate(stores)]
+        waiting = (
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+            "AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+        )
         deadline = time.monotonic() + 20
         while await admin.fetchval(waiting) < 2:
             for task in upserts:
@@ -460,9 +454,7 @@ async def test_sqlite_reads_float64_rows_of_the_previous_format(tmp_path: Path) 
         if sys.byteorder != "little":  # pragma: no cover
             old.byteswap()
         async with store.engine.begin() as conn:
-            await conn.execute(
-                text("INSERT INTO vector_items VALUES ('c', 'old', 2, :e, 'o', '{}')"), {"e": old.tobytes()}
-            )
+            await conn.execute(text("INSERT INTO vector_items VALUES ('c', 'old', 2, :e, 'o', '{}')"), {"e": old.tobytes()})
             await conn.execute(text("UPDATE vector_collections SET version = version + 1"))
         hits = await store.query("c", [3.0, 4.0], k=2)
         assert ids(hits) == ["old", "new"] and hits[0].score == pytest.approx(1.0, abs=1e-6)

@@ -83,8 +83,10 @@ async def pages() -> AsyncIterator[Servers]:
         return web.json_response({"a": 1})
 
     async def latin1(request: web.Request) -> web.Response:
-        return web.Response(body="<html><title>Gr\u00fc\u00dfe</title><p>\u00e0 bient\u00f4t</p></html>".encode("latin-1"),
-                            headers={"Content-Type": "text/html; charset=ISO-8859-1"})
+        return web.Response(
+            body="<html><title>Gr\u00fc\u00dfe</title><p>\u00e0 bient\u00f4t</p></html>".encode("latin-1"),
+            headers={"Content-Type": "text/html; charset=ISO-8859-1"},
+        )
 
     async def gzipped(request: web.Request) -> web.Response:
         return web.Response(body=gzip.compress(PAGE.encode()), headers={"Content-Type": "text/html; charset=utf-8", "Content-Encoding": "gzip"})
@@ -179,10 +181,7 @@ class MapResolver(AbstractResolver):
         self.calls.append(host)
         for a in answer:
             assert ipaddress.ip_address(a).is_loopback  # this test DNS never points off the machine
-        return [
-            {"hostname": host, "host": a, "port": port, "family": socket.AF_INET6 if ":" in a else socket.AF_INET, "proto": 0, "flags": 0}
-            for a in answer
-        ]
+        return [{"hostname": host, "host": a, "port": port, "family": socket.AF_INET6 if ":" in a else socket.AF_INET, "proto": 0, "flags": 0} for a in answer]
 
     async def close(self) -> None:
         return None
@@ -480,10 +479,30 @@ async def searxng() -> AsyncIterator[Servers]:
         if q == "garbage":
             return web.Response(text="<html>not json</html>", content_type="text/html")
         if q == "nothing":
-            return web.json_response({"query": q, "number_of_results": 0, "results": [], "answers": [], "corrections": [],
-                                      "infoboxes": [], "suggestions": [], "unresponsive_engines": [["google", "timeout"], ["brave", "HTTP error"]]})
-        return web.json_response({"query": q, "number_of_results": 5, "results": SEARXNG_RESULTS, "answers": [], "corrections": [],
-                                  "infoboxes": [], "suggestions": ["turnlog events"], "unresponsive_engines": []})
+            return web.json_response(
+                {
+                    "query": q,
+                    "number_of_results": 0,
+                    "results": [],
+                    "answers": [],
+                    "corrections": [],
+                    "infoboxes": [],
+                    "suggestions": [],
+                    "unresponsive_engines": [["google", "timeout"], ["brave", "HTTP error"]],
+                }
+            )
+        return web.json_response(
+            {
+                "query": q,
+                "number_of_results": 5,
+                "results": SEARXNG_RESULTS,
+                "answers": [],
+                "corrections": [],
+                "infoboxes": [],
+                "suggestions": ["turnlog events"],
+                "unresponsive_engines": [],
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/search", search)
@@ -579,15 +598,27 @@ async def brave() -> AsyncIterator[Servers]:
         state.seen.append(request)
         if request.headers.get("X-Subscription-Token") != BRAVE_KEY:
             return web.json_response(
-                {"type": "ErrorResponse", "error": {"id": "e1", "status": 422, "code": "SUBSCRIPTION_TOKEN_INVALID",
-                                                    "detail": "The provided subscription token is invalid.", "meta": {}}, "time": 1},
+                {
+                    "type": "ErrorResponse",
+                    "error": {
+                        "id": "e1",
+                        "status": 422,
+                        "code": "SUBSCRIPTION_TOKEN_INVALID",
+                        "detail": "The provided subscription token is invalid.",
+                        "meta": {},
+                    },
+                    "time": 1,
+                },
                 status=422,
             )
         q = request.query["q"]
         if q == "limited":
             return web.json_response(
-                {"type": "ErrorResponse", "error": {"id": "e2", "status": 429, "code": "RATE_LIMITED",
-                                                    "detail": "Request rate limit exceeded for plan.", "meta": {}}, "time": 1},
+                {
+                    "type": "ErrorResponse",
+                    "error": {"id": "e2", "status": 429, "code": "RATE_LIMITED", "detail": "Request rate limit exceeded for plan.", "meta": {}},
+                    "time": 1,
+                },
                 status=429,
             )
         if q == "empty":
@@ -598,12 +629,14 @@ async def brave() -> AsyncIterator[Servers]:
         em = ("<strong>", "</strong>") if decorate else ("", "")
         results = [_brave_result(f"Result {i}", f"https://example.com/{i}", f"About {em[0]}{q}{em[1]} &#x27;{i}&#x27;") for i in range(20)]
         n = int(request.query.get("count", "20"))
-        return web.json_response({
-            "type": "search",
-            "query": {"original": q, "more_results_available": True},
-            "mixed": {"type": "mixed", "main": [{"type": "web", "index": i, "all": False} for i in range(n)]},
-            "web": {"type": "search", "results": results[:n], "family_friendly": True},
-        })
+        return web.json_response(
+            {
+                "type": "search",
+                "query": {"original": q, "more_results_available": True},
+                "mixed": {"type": "mixed", "main": [{"type": "web", "index": i, "all": False} for i in range(n)]},
+                "web": {"type": "search", "results": results[:n], "family_friendly": True},
+            }
+        )
 
     app = web.Application()
     app.router.add_get("/res/v1/web/search", web_search)

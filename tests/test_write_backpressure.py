@@ -31,9 +31,7 @@ async def _until(condition: Callable[[], bool], timeout: float = 20.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_the_client_saw(
-    tmp_path: Path, upstream: ScriptedUpstream
-) -> None:
+async def test_a_turn_cancelled_while_its_windows_wait_for_the_store_keeps_what_the_client_saw(tmp_path: Path, upstream: ScriptedUpstream) -> None:
     settings = make_settings(tmp_path, upstream.url, flush_interval=0.01, db_timeout=30.0, lease_seconds=60.0, max_inflight_flushes=3)
     svc = await start_service(settings, upstream)
     lock: sqlite3.Connection | None = None

@@ -579,9 +579,7 @@ class ScriptedUpstream:
         return await self._handle(request, self._responses_stream, self._responses_complete, _error_response)
 
     async def _ollama_chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._handle(
-            request, self._ollama_stream, self._ollama_complete, _ollama_error_response, stream_default=True
-        )
+        return await self._handle(request, self._ollama_stream, self._ollama_complete, _ollama_error_response, stream_default=True)
 
     async def _handle(
         self,
@@ -665,8 +663,7 @@ class ScriptedUpstream:
             message["reasoning_content"] = "".join(plan.reasoning)
         if plan.tool_calls:
             message["tool_calls"] = [
-                {"id": tc["id"], "type": "function", "function": {"name": tc["name"], "arguments": tc["arguments"]}}
-                for tc in plan.tool_calls
+                {"id": tc["id"], "type": "function", "function": {"name": tc["name"], "arguments": tc["arguments"]}} for tc in plan.tool_calls
             ]
         obj = {
             "id": plan.id,
@@ -751,9 +748,7 @@ class ScriptedUpstream:
         if plan.body.get("store", True) is not False:
             self.response_ids.add(plan.id)
 
-    async def _responses_complete(
-        self, request: web.Request, body: dict[str, Any], reply: Reply
-    ) -> web.StreamResponse:
+    async def _responses_complete(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
         plan = _Plan(body, reply, api="responses", continues=self.resume == "continue")
         await self._before_complete(plan)
         rs = _ResponsesState(plan)
@@ -766,9 +761,7 @@ class ScriptedUpstream:
         self._remember(plan)
         return _json_body(rs.response(rs.final_status, output, final=True), reply)
 
-    async def _responses_stream(
-        self, request: web.Request, body: dict[str, Any], reply: Reply
-    ) -> web.StreamResponse:
+    async def _responses_stream(self, request: web.Request, body: dict[str, Any], reply: Reply) -> web.StreamResponse:
         plan = _Plan(body, reply, api="responses", continues=self.resume == "continue")
         rs = _ResponsesState(plan)
         resp = await _prepare_sse(request)
@@ -836,9 +829,7 @@ class ScriptedUpstream:
             index, item_id, args = len(output), rs.call_ids[i], tc["arguments"]
             await emit("response.output_item.added", output_index=index, item=rs.call_item(i, "", "in_progress"))
             for j in range(0, len(args), n):
-                await emit(
-                    "response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=args[j : j + n]
-                )
+                await emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=args[j : j + n])
             await emit("response.function_call_arguments.done", item_id=item_id, output_index=index, arguments=args)
             item = rs.call_item(i, args, "completed")
             await emit("response.output_item.done", output_index=index, item=item)
@@ -998,9 +989,7 @@ class _Plan:
             {
                 "id": tc.get("id") or f"call_{uuid.uuid4().hex[:24]}",
                 "name": tc["name"],
-                "arguments": tc.get("arguments", "")
-                if isinstance(tc.get("arguments", ""), str)
-                else json.dumps(tc["arguments"]),
+                "arguments": tc.get("arguments", "") if isinstance(tc.get("arguments", ""), str) else json.dumps(tc["arguments"]),
             }
             for tc in reply.tool_calls
         ]
@@ -1295,9 +1284,7 @@ def _json_body(obj: dict[str, Any], reply: Reply) -> web.Response:
 def _error_response(status: int, message: str) -> web.Response:
     kind = "server_error" if status >= 500 else "invalid_request_error"
     code = {401: "invalid_api_key", 404: "model_not_found", 429: "rate_limit_exceeded"}.get(status)
-    return web.json_response(
-        {"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status
-    )
+    return web.json_response({"error": {"message": message, "type": kind, "param": None, "code": code}}, status=status)
 
 
 def _previous_not_found_response(previous: str) -> web.Response:
@@ -1327,8 +1314,7 @@ def _tool_bookkeeping(messages: Any) -> tuple[str, str] | None:
             call_id = message.get("tool_call_id")
             if open_at is None:
                 return (
-                    "Invalid parameter: messages with role 'tool' must be a response to a "
-                    "preceeding message with 'tool_calls'.",
+                    "Invalid parameter: messages with role 'tool' must be a response to a preceeding message with 'tool_calls'.",
                     f"messages.[{i}].role",
                 )
             called = [c.get("id") for c in messages[open_at].get("tool_calls") or [] if isinstance(c, dict)]
@@ -1357,17 +1343,14 @@ def _tool_bookkeeping(messages: Any) -> tuple[str, str] | None:
     if open_calls:
         return (
             "An assistant message with 'tool_calls' must be followed by tool messages responding to "
-            "each 'tool_call_id'. The following tool_call_ids did not have response messages: "
-            + ", ".join(open_calls),
+            "each 'tool_call_id'. The following tool_call_ids did not have response messages: " + ", ".join(open_calls),
             f"messages.[{open_at}].role",
         )
     return None
 
 
 def _invalid_messages_response(message: str, param: str) -> web.Response:
-    return web.json_response(
-        {"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}, status=400
-    )
+    return web.json_response({"error": {"message": message, "type": "invalid_request_error", "param": param, "code": None}}, status=400)
 
 
 def _ollama_error_response(status: int, message: str) -> web.Response:

@@ -34,10 +34,7 @@ log = logging.getLogger("turnlog.code")
 CHILD = Path(__file__).with_name("sandbox_child.py")
 # Imported, not run as a script: its .pyc is reused (compiling it is ~8 ms a
 # run). Its folder leaves sys.path at once, so the code cannot import its neighbours.
-BOOT = (
-    f"import sys; sys.path.insert(0, {str(CHILD.parent)!r}); import sandbox_child; "
-    "del sys.path[0]; sandbox_child.main()"
-)
+BOOT = f"import sys; sys.path.insert(0, {str(CHILD.parent)!r}); import sandbox_child; del sys.path[0]; sandbox_child.main()"
 #: In every sandbox process's command line, followed by the pid of the service
 #: that started it: ``ps``/``pgrep -f`` tell which service a run belongs to
 #: (and tests on parallel workers tell their runs from another worker's).
@@ -200,16 +197,12 @@ class SandboxExecutor:
         notes = [stopped_note(str(n)) for n in report.get("notes") or []]
         if report.get("files_skipped"):
             limits = self.limits
-            notes.append(
-                f"[{report['files_skipped']} file(s) not returned: the limit is {limits.max_files} files, "
-                f"{limits.files_bytes:,} bytes in total]"
-            )
+            notes.append(f"[{report['files_skipped']} file(s) not returned: the limit is {limits.max_files} files, {limits.files_bytes:,} bytes in total]")
         if notes:
             stderr = (stderr.rstrip("\n") + "\n" if stderr else "") + "\n".join(notes)
         out: dict[str, Any] = {"stdout": stdout, "stderr": stderr, "result": report.get("result")}
         files = [
-            {"name": f["name"], "mime": mimetypes.guess_type(f["name"])[0] or "application/octet-stream", "data": f["data"]}
-            for f in report.get("files") or []
+            {"name": f["name"], "mime": mimetypes.guess_type(f["name"])[0] or "application/octet-stream", "data": f["data"]} for f in report.get("files") or []
         ]
         if files:
             out["files"] = files

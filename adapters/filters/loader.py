@@ -158,8 +158,7 @@ def _hook(name: str, fn: Any) -> Hook:
     is_async = inspect.iscoroutinefunction(fn)
     if name == "stream" and is_async:
         raise InvalidFilter(
-            "Filter.stream is async: stream hooks run once per delta on the streaming path and must be "
-            "synchronous (def stream(self, event): ...)"
+            "Filter.stream is async: stream hooks run once per delta on the streaming path and must be synchronous (def stream(self, event): ...)"
         )
     params = inspect.signature(fn).parameters
     var_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
@@ -220,9 +219,7 @@ def load_filter_module(path: Path, valves: Mapping[str, Any] | None = None) -> L
         raise
 
 
-def load_filters_dir(
-    path: str | Path, valves: Mapping[str, Mapping[str, Any]] | None = None
-) -> tuple[list[LoadedFilter], list[LoadError]]:
+def load_filters_dir(path: str | Path, valves: Mapping[str, Mapping[str, Any]] | None = None) -> tuple[list[LoadedFilter], list[LoadError]]:
     """Every filter module of a directory, in run order (priority, then id).
 
     ``valves`` are the ``[filters.ID]`` tables of the configuration. Returns the

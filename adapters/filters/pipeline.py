@@ -54,9 +54,7 @@ class DirFilters:
         self.filters, self.errors = load_filters_dir(path, valves)
         for error in self.errors:
             log.error("filter %s not loaded: %s", error.path, error.message)
-        self._by_hook: dict[str, list[LoadedFilter]] = {
-            hook: [f for f in self.filters if hook in f.hooks] for hook in ("inlet", "stream", "outlet")
-        }
+        self._by_hook: dict[str, list[LoadedFilter]] = {hook: [f for f in self.filters if hook in f.hooks] for hook in ("inlet", "stream", "outlet")}
         self._hooks = frozenset(hook for hook, filters in self._by_hook.items() if filters)
 
     def hooks(self) -> frozenset[str]:
@@ -154,4 +152,3 @@ def _reserved_value(name: str, f: LoadedFilter, body: dict[str, Any] | None, use
         metadata = {"user_id": (user or {}).get("id"), "chat_id": chat_id, "model": model}
         return {key: value for key, value in metadata.items() if value is not None}
     return None
-

@@ -153,7 +153,9 @@ class Turn(_Open):
     reasoning_content: str | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
-    usage_estimated: bool | None = Field(default=None, description="Only when true: some of `usage` was counted by turnlog (cl100k): an upstream reported none.")
+    usage_estimated: bool | None = Field(
+        default=None, description="Only when true: some of `usage` was counted by turnlog (cl100k): an upstream reported none."
+    )
     response_ids: list[str]
     error: TurnError | None = None
     warnings: list[Any]

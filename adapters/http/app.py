@@ -66,9 +66,7 @@ from engine.run.supervisor import Supervisor
 log = logging.getLogger("turnlog")
 
 
-def create_app(
-    settings: Settings, *, code_executor: CodeExecutor | None = None, embedder: Embedder | None = None
-) -> web.Application:
+def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None, embedder: Embedder | None = None) -> web.Application:
     """The service. ``code_executor`` plugs a code runner into the legacy code
     loop; None: the one ``TURNLOG_CODE_EXECUTOR`` configures (``adapters.code``).
     ``embedder`` embeds memories, file chunks and queries (tests pass one that
@@ -132,9 +130,7 @@ def create_app(
         vectors = await open_vector_store(settings.database_url)
         memories = Memories(store.engine, embedder=embeddings, vectors=vectors if embeddings is not None else None)
         knowledge_engine = create_engine(settings.database_url, **_knowledge_engine_options(settings))
-        knowledge = FileKnowledge.open(
-            knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings)
-        )
+        knowledge = FileKnowledge.open(knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings))
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         mcp = open_mcp_servers(settings, tools)
@@ -178,9 +174,7 @@ def create_app(
             tokens=Cl100kCounter(),
         )
         owners.append(supervisor)
-        svc = Services(
-            settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge
-        )
+        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge)
         holder["services"] = svc
         app[SERVICES] = svc
         await knowledge.start()  # resumes the ingestions a crash interrupted

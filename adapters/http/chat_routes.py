@@ -49,8 +49,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         # a partial answer presented as the whole one. (A turn waiting for a
         # tool approval is answered as waiting.)
         return unavailable_response(
-            f"turn {actor.turn_id} was interrupted here and continues on another instance or after a resume; "
-            f"its answer: GET /v1/turns/{actor.turn_id}",
+            f"turn {actor.turn_id} was interrupted here and continues on another instance or after a resume; its answer: GET /v1/turns/{actor.turn_id}",
             "turn_interrupted",
             DRAIN_RETRY_AFTER,
             headers=headers,

@@ -44,7 +44,9 @@ def error_body(message: str, type_: str, code: str | None = None, param: str | N
     return {"error": {"message": message, "type": type_, "code": code, "param": param}}
 
 
-def error_response(status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None) -> web.Response:
+def error_response(
+    status: int, message: str, type_: str = "invalid_request_error", code: str | None = None, param: str | None = None, headers: dict[str, str] | None = None
+) -> web.Response:
     return web.json_response(error_body(message, type_, code, param), status=status, headers=headers)
 
 
@@ -55,9 +57,7 @@ STORE_RETRY_AFTER = 2
 
 def unavailable_response(message: str, code: str, retry_after: int, headers: dict[str, str] | None = None) -> web.Response:
     """503 in the OpenAI error shape, with ``Retry-After``: the client may retry then."""
-    return error_response(
-        503, message, "service_unavailable_error", code, headers={**(headers or {}), "Retry-After": str(retry_after)}
-    )
+    return error_response(503, message, "service_unavailable_error", code, headers={**(headers or {}), "Retry-After": str(retry_after)})
 
 
 def draining_response() -> web.Response:
@@ -112,9 +112,7 @@ def turn_error(error: dict[str, Any]) -> TurnError:
         own = str(upstream.get("message") or message)
         return TurnError(status, own, "invalid_request_error", _text(upstream.get("code")), _text(upstream.get("param")))
     if status == 429:
-        return TurnError(
-            429, message, "rate_limit_error", _text(upstream.get("code")) or "rate_limit_exceeded", None, _seconds(upstream.get("retry_after"))
-        )
+        return TurnError(429, message, "rate_limit_error", _text(upstream.get("code")) or "rate_limit_exceeded", None, _seconds(upstream.get("retry_after")))
     if error.get("unreachable"):
         return TurnError(503, message, "service_unavailable_error", "upstream_unavailable", None, UPSTREAM_RETRY_AFTER)
     if kind.startswith("upstream_") or kind == "previous_response_not_found":

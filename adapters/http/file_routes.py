@@ -158,9 +158,7 @@ async def add_collection_file(request: web.Request) -> web.Response:
 
 async def remove_collection_file(request: web.Request) -> web.Response:
     try:
-        collection = await _knowledge(request).remove_from_collection(
-            request[USER], request.match_info["knowledge_id"], request.match_info["file_id"]
-        )
+        collection = await _knowledge(request).remove_from_collection(request[USER], request.match_info["knowledge_id"], request.match_info["file_id"])
     except NotFound as exc:
         raise not_found(exc.what) from None
     return web.json_response(collection.public())

@@ -29,10 +29,7 @@ class ForkRequest(BaseModel):
     tool_results: dict[str, Any] | None = None
 
     def outputs(self) -> dict[str, str]:
-        return {
-            call_id: value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-            for call_id, value in (self.tool_results or {}).items()
-        }
+        return {call_id: value if isinstance(value, str) else json.dumps(value, ensure_ascii=False) for call_id, value in (self.tool_results or {}).items()}
 
 
 def parse_fork_request(body: Any) -> ForkRequest:
@@ -55,9 +52,7 @@ async def post_fork(request: web.Request) -> web.Response:
         hint = "GET /v1/models lists the models of the configured upstreams"
         raise ApiError(404, f"model '{model}'{whose} not found: {hint}", "not_found_error", "model_not_found", "model")
     try:
-        actor = await svc.supervisor.fork(
-            parent, at=body.at, model=body.model, tool_results=body.outputs(), parent_log=parent_log
-        )
+        actor = await svc.supervisor.fork(parent, at=body.at, model=body.model, tool_results=body.outputs(), parent_log=parent_log)
     except KeyError as exc:
         raise not_found("turn") from exc
     except TurnConflict as exc:
@@ -65,9 +60,7 @@ async def post_fork(request: web.Request) -> web.Response:
     except ForkError as exc:
         raise ApiError(400, exc.message, code="invalid_fork_point", param=exc.param) from exc
     chat_id = ChatIds.of(request).shown(actor.view.chat_id) or ""
-    return web.json_response(
-        {"turn_id": actor.turn_id, "chat_id": chat_id}, status=201, headers={"X-Turn-Id": actor.turn_id, "X-Chat-Id": chat_id}
-    )
+    return web.json_response({"turn_id": actor.turn_id, "chat_id": chat_id}, status=201, headers={"X-Turn-Id": actor.turn_id, "X-Chat-Id": chat_id})
 
 
 def setup(app: web.Application) -> None:

@@ -97,9 +97,7 @@ async def query_memories(request: web.Request) -> web.Response:
         hits = await _memories(request).search(request[USER], body.content, k)
     except RetrievalError as exc:
         raise ApiError(502, str(exc), "upstream_error", "retrieval_failed") from exc
-    return web.json_response(
-        {"data": [{"id": h.id, "content": h.content, "created_at": h.created_at, "score": h.score} for h in hits]}
-    )
+    return web.json_response({"data": [{"id": h.id, "content": h.content, "created_at": h.created_at, "score": h.score} for h in hits]})
 
 
 def setup(app: web.Application) -> None:

@@ -251,8 +251,7 @@ def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:
 def openai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Client tool calls in OpenAI's shape (the client runs them)."""
     return [
-        {"index": i, "id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "")}}
-        for i, c in enumerate(calls)
+        {"index": i, "id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "")}} for i, c in enumerate(calls)
     ]
 
 

@@ -97,12 +97,21 @@ PARAMS: dict[str, str] = {
     "response_id": "A response id (`resp_<turn id>`).",
 }
 
+
 def _turn_failures() -> dict[int, Reply]:
     """How a turn that failed upstream is answered (not streamed, not in the background)."""
     return {
-        422: Reply("The upstream refused the turn's first model call with a 422: the client's own fields (its message and `param`; a 400 is answered 400 alike).", json_(m.ErrorResponse), TURN_HEADERS),
+        422: Reply(
+            "The upstream refused the turn's first model call with a 422: the client's own fields (its message and `param`; a 400 is answered 400 alike).",
+            json_(m.ErrorResponse),
+            TURN_HEADERS,
+        ),
         429: Reply("The upstream's rate limit: retry after `Retry-After` seconds.", json_(m.ErrorResponse), TURN_HEADERS),
-        502: Reply("The turn failed upstream (`upstream_error`, `code` says how) or in an inlet filter (the turn is recorded as `failed`).", json_(m.ErrorResponse), TURN_HEADERS),
+        502: Reply(
+            "The turn failed upstream (`upstream_error`, `code` says how) or in an inlet filter (the turn is recorded as `failed`).",
+            json_(m.ErrorResponse),
+            TURN_HEADERS,
+        ),
         503: Reply("The upstream cannot be reached (`upstream_unavailable`), with `Retry-After`.", json_(m.ErrorResponse), TURN_HEADERS),
     }
 
@@ -120,7 +129,8 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "chat",
         {
             200: Reply(
-                "`stream: false`: the `chat.completion`; `stream: true`: SSE of `chat.completion.chunk`, each message with `id: <position>`, ending with `data: [DONE]`.",
+                "`stream: false`: the `chat.completion`; `stream: true`: SSE of `chat.completion.chunk`, "
+                "each message with `id: <position>`, ending with `data: [DONE]`.",
                 {"application/json": Media("json", m.ChatCompletion), "text/event-stream": SSE_CHUNKS},
                 TURN_HEADERS,
             ),
@@ -175,7 +185,9 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         body=json_(ApprovalRequest),
     ),
     ("GET", "/metrics"): Operation(
-        "Prometheus metrics of this process", "service", {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})},
+        "Prometheus metrics of this process",
+        "service",
+        {200: Reply("The Prometheus text exposition format.", {"text/plain": Media("text")})},
         errors=(403,),
         description="With auth on: an admin key, or `TURNLOG_METRICS_TOKEN` as the bearer token (for scrapers); a user key gets 403.",
     ),
@@ -196,18 +208,31 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/responses/{response_id}"): Operation(
         "A response folded from its log, or (stream=true) its events after starting_after, then live",
         "responses",
-        {200: Reply("The response, or its SSE events.", {"application/json": Media("json", m.ResponseObject), "text/event-stream": SSE_RESPONSE_EVENTS}, TURN_HEADERS)},
+        {
+            200: Reply(
+                "The response, or its SSE events.",
+                {"application/json": Media("json", m.ResponseObject), "text/event-stream": SSE_RESPONSE_EVENTS},
+                TURN_HEADERS,
+            )
+        },
         errors=(400, 404, 409),
         query=m.ResponseQuery,
     ),
     ("DELETE", "/v1/responses/{response_id}"): Operation(
-        "Delete a stored response (its turn's log stays as the audit record)", "responses", {200: Reply("Deleted.", json_(m.ResponseDeleted))}, errors=(404, 409)
+        "Delete a stored response (its turn's log stays as the audit record)",
+        "responses",
+        {200: Reply("Deleted.", json_(m.ResponseDeleted))},
+        errors=(404, 409),
     ),
     ("POST", "/v1/responses/{response_id}/cancel"): Operation(
         "Cancel a response (the partial output is kept)", "responses", {200: Reply("The response as it stands.", json_(m.ResponseObject))}, errors=(404, 409)
     ),
     ("GET", "/v1/responses/{response_id}/input_items"): Operation(
-        "The input items of a response", "responses", {200: Reply("A page of items.", json_(m.ResponseItemList))}, errors=(400, 404, 409), query=m.InputItemsQuery
+        "The input items of a response",
+        "responses",
+        {200: Reply("A page of items.", json_(m.ResponseItemList))},
+        errors=(400, 404, 409),
+        query=m.InputItemsQuery,
     ),
     ("GET", "/v1/chats"): Operation("The caller's chats", "chats", {200: Reply("Newest first.", json_(m.ChatList))}, errors=(400,), query=m.ChatsQuery),
     ("GET", "/v1/chats/{chat_id}"): Operation("A chat and its messages", "chats", {200: Reply("The chat.", json_(m.Chat))}, errors=(404, 409)),

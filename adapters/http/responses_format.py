@@ -479,11 +479,7 @@ class ResponsesRenderer:
     def render(self, outs: list[Out]) -> bytes:
         if any(type(out) is LiveDeltas and (out.texts is None or out.kind != "text") for out in outs):
             # Live chunks other than a text run: one by one.
-            outs = [
-                d
-                for out in outs
-                for d in (out.deltas if isinstance(out, LiveDeltas) and (out.texts is None or out.kind != "text") else (out,))
-            ]
+            outs = [d for out in outs for d in (out.deltas if isinstance(out, LiveDeltas) and (out.texts is None or out.kind != "text") else (out,))]
         for out in outs:
             if isinstance(out, LiveDeltas):
                 if not self.done and out.texts is not None:

@@ -212,7 +212,10 @@ async def stream_response(request: web.Request, turn_id: str, *, headers: dict[s
         turn_id,
         headers=headers,
         make_renderer=lambda view: ResponsesRenderer(view, starting_after=starting_after),
-        error_event=b'event: error\ndata: {"type":"error","code":"stream_error","message":"stream interrupted; resume with GET /v1/responses/{id}?stream=true&starting_after=N","param":null}\n\n',
+        error_event=(
+            b'event: error\ndata: {"type":"error","code":"stream_error",'
+            b'"message":"stream interrupted; resume with GET /v1/responses/{id}?stream=true&starting_after=N","param":null}\n\n'
+        ),
     )
 
 
@@ -233,7 +236,6 @@ def _stored(view: TurnView, rid: str) -> None:
         # A turn started elsewhere (chat completions) is no response; one created
         # with store: false cannot be retrieved.
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found")
-
 
 
 async def _started(svc: Services, turn_id: str) -> TurnView:

@@ -64,7 +64,7 @@ class ChatRequest(BaseModel):
     def _tool_approval(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
         mode = (value or {}).get("tool_approval")
         if mode is not None and mode not in ("ask", "auto"):
-            raise ValueError("params.tool_approval must be \"ask\" or \"auto\"")
+            raise ValueError('params.tool_approval must be "ask" or "auto"')
         calling = (value or {}).get("function_calling")
         if calling is not None and calling not in FUNCTION_CALLING:
             # A misspelt mode would otherwise silently fall back to native.
@@ -114,12 +114,7 @@ def too_deep(value: Any, limit: int) -> bool:
         depth += 1
         if depth > limit:
             return True
-        level = [
-            child
-            for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
-            if isinstance(child, (dict, list))
-        ]
+        level = [child for node in level for child in (node.values() if isinstance(node, dict) else node) if isinstance(child, (dict, list))]
     return False
 
 

@@ -146,9 +146,7 @@ async def get_events(request: web.Request) -> web.Response:
             raise DamagedLog(record.id, damage.message, damage)
     events = [e.event() for e in stored]
     ids = ChatIds.of(request)
-    return web.json_response(
-        {"events": [ids.event(e.public()) for e in events], "next_after": events[-1].seq if events else after}
-    )
+    return web.json_response({"events": [ids.event(e.public()) for e in events], "next_after": events[-1].seq if events else after})
 
 
 async def get_stream(request: web.Request) -> web.StreamResponse:
@@ -193,8 +191,10 @@ async def get_verify(request: web.Request) -> web.Response:
     out["head"] = result.head
     if record.status == "running":  # the re-run would wait for the events still to come
         raise ApiError(
-            409, f"turn {record.id} has not ended: its hash chain holds ({len(stored)} events); verify it once it has ended",
-            "conflict_error", "turn_not_ended",
+            409,
+            f"turn {record.id} has not ended: its hash chain holds ({len(stored)} events); verify it once it has ended",
+            "conflict_error",
+            "turn_not_ended",
         )
     scratch = MemoryEventStore()
     try:
@@ -273,12 +273,7 @@ async def list_chats(request: web.Request) -> web.Response:
     chats = await svc.store.list_chats(request[USER], limit=min(limit, 500), before=before)
     ids = ChatIds.of(request)
     return web.json_response(
-        {
-            "data": [
-                {"id": ids.shown(c.id), "title": c.title, "tags": c.tags, "created_at": c.created_at, "updated_at": c.updated_at}
-                for c in chats
-            ]
-        }
+        {"data": [{"id": ids.shown(c.id), "title": c.title, "tags": c.tags, "created_at": c.created_at, "updated_at": c.updated_at} for c in chats]}
     )
 
 

@@ -105,8 +105,14 @@ async def list_turns(request: web.Request) -> web.Response:
     chat_id = request.query.get("chat_id") or None
     stmt = (
         select(
-            turns.c.id, turns.c.chat_id, turns.c.model, turns.c.status, turns.c.created_at, turns.c.updated_at,
-            turns.c.lease_until, chats.c.title,
+            turns.c.id,
+            turns.c.chat_id,
+            turns.c.model,
+            turns.c.status,
+            turns.c.created_at,
+            turns.c.updated_at,
+            turns.c.lease_until,
+            chats.c.title,
         )
         .select_from(turns.outerjoin(chats, chats.c.id == turns.c.chat_id))
         .where(turns.c.user_id == user)

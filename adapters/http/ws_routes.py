@@ -237,7 +237,9 @@ class Connection:
                     for item in items:
                         if isinstance(item, Event):
                             data = item.data if item.type != "turn.started" else self.ids.event(item.public())["data"]
-                            out.append(_encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": data}}))
+                            out.append(
+                                _encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": data}})
+                            )
                             last = item.seq
                             hold = hold and item.type == "model.delta"
                             if item.type == "turn.resumed":
@@ -326,8 +328,7 @@ def _batch_messages(turn_id: str, batch: LiveDeltas, after: int) -> list[bytes]:
 def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
     """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
     return [
-        _encode({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text})
-        for piece in delta.pieces
+        _encode({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text}) for piece in delta.pieces
     ]
 
 

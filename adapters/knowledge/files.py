@@ -293,9 +293,7 @@ class FileKnowledge:
 
     async def create_collection(self, user_id: str, name: str, description: str = "") -> Collection:
         now = self.clock()
-        record = CollectionRecord(
-            id=f"kb-{uuid.uuid4().hex[:24]}", user_id=user_id, name=name, description=description, created_at=now, updated_at=now
-        )
+        record = CollectionRecord(id=f"kb-{uuid.uuid4().hex[:24]}", user_id=user_id, name=name, description=description, created_at=now, updated_at=now)
         await self.tables.insert_collection(record)
         return Collection(record, [])
 
@@ -548,9 +546,7 @@ class FileKnowledge:
                 {"source": {"id": file_id, "name": record.filename, "type": "file"}, "document": [], "metadata": [], "distances": []},
             )
             group["document"].append(chunk.strip())
-            group["metadata"].append(
-                {"source": record.filename, "name": record.filename, "file_id": file_id, "chunk": seq, "score": round(score, 6)}
-            )
+            group["metadata"].append({"source": record.filename, "name": record.filename, "file_id": file_id, "chunk": seq, "score": round(score, 6)})
             group["distances"].append(round(score, 6))
         return sources + list(groups.values())
 

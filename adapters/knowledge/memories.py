@@ -123,11 +123,7 @@ class Memories:
         memory = Memory(new_memory_id(), user_id, content, now, now)
         await self._put_vector(memory)
         async with self._write.begin() as conn:
-            await conn.execute(
-                insert(memories).values(
-                    id=memory.id, user_id=user_id, content=content, created_at=now, updated_at=now
-                )
-            )
+            await conn.execute(insert(memories).values(id=memory.id, user_id=user_id, content=content, created_at=now, updated_at=now))
         return memory
 
     async def remember(self, user_id: str, content: str) -> str:
@@ -141,22 +137,14 @@ class Memories:
         """The user's memories, newest first."""
         async with self._read.connect() as conn:
             rows = (
-                await conn.execute(
-                    select(memories)
-                    .where(memories.c.user_id == user_id)
-                    .order_by(memories.c.created_at.desc(), memories.c.id.desc())
-                )
+                await conn.execute(select(memories).where(memories.c.user_id == user_id).order_by(memories.c.created_at.desc(), memories.c.id.desc()))
             ).all()
         return [Memory(r.id, r.user_id, r.content, r.created_at, r.updated_at) for r in rows]
 
     async def get(self, user_id: str, memory_id: str) -> Memory | None:
         """The memory, or None if unknown or another user's (the caller can't tell which)."""
         async with self._read.connect() as conn:
-            row = (
-                await conn.execute(
-                    select(memories).where(memories.c.id == memory_id, memories.c.user_id == user_id)
-                )
-            ).first()
+            row = (await conn.execute(select(memories).where(memories.c.id == memory_id, memories.c.user_id == user_id))).first()
         return None if row is None else Memory(row.id, row.user_id, row.content, row.created_at, row.updated_at)
 
     async def update(self, user_id: str, memory_id: str, content: str) -> Memory | None:
@@ -170,9 +158,7 @@ class Memories:
         await self._put_vector(memory)
         async with self._write.begin() as conn:
             result = await conn.execute(
-                update(memories)
-                .where(memories.c.id == memory_id, memories.c.user_id == user_id)
-                .values(content=content, updated_at=memory.updated_at)
+                update(memories).where(memories.c.id == memory_id, memories.c.user_id == user_id).values(content=content, updated_at=memory.updated_at)
             )
         if result.rowcount == 0:  # deleted meanwhile: take back the vector we just wrote
             await self._drop_vector(memory_id)
@@ -185,9 +171,7 @@ class Memories:
         In that order so that a failure in between leaves a vector without a
         row (which search ignores), never a listed memory without a vector."""
         async with self._write.begin() as conn:
-            result = await conn.execute(
-                delete(memories).where(memories.c.id == memory_id, memories.c.user_id == user_id)
-            )
+            result = await conn.execute(delete(memories).where(memories.c.id == memory_id, memories.c.user_id == user_id))
         if result.rowcount == 0:
             return False
         await self._drop_vector(memory_id)
@@ -268,9 +252,7 @@ class Memories:
         if not ids:
             return {}
         async with self._read.connect() as conn:
-            found = (
-                await conn.execute(select(memories).where(memories.c.user_id == user_id, memories.c.id.in_(list(ids))))
-            ).all()
+            found = (await conn.execute(select(memories).where(memories.c.user_id == user_id, memories.c.id.in_(list(ids))))).all()
         return {r.id: Memory(r.id, r.user_id, r.content, r.created_at, r.updated_at) for r in found}
 
     async def _sync(self, user_id: str, qvec: list[float]) -> None:
@@ -295,9 +277,7 @@ class Memories:
         assert self.embedder is not None and self.vectors is not None
         vectors = await self.embedder.embed([m.content for m in batch])
         if len(vectors) != len(batch):
-            raise RetrievalError(
-                f"memory search: embedding model {self.embedder.model!r} returned {len(vectors)} vectors for {len(batch)} texts"
-            )
+            raise RetrievalError(f"memory search: embedding model {self.embedder.model!r} returned {len(vectors)} vectors for {len(batch)} texts")
         await self.vectors.upsert(self._collection(), [self._item(m, v) for m, v in zip(batch, vectors)])
 
 
@@ -348,4 +328,3 @@ def bm25_scores(query: str, documents: Sequence[str], *, k1: float = BM25_K1, b:
                 score += idf[term] * tf * (k1 + 1.0) / (tf + norm)
         scores.append(score)
     return scores
-

@@ -147,9 +147,7 @@ class KnowledgeTables:
         nothing written) if the file was deleted or finished meanwhile."""
         async with self._write.begin() as conn:
             result = await conn.execute(
-                update(files)
-                .where(files.c.id == file_id, files.c.status == PROCESSING)
-                .values(status=READY, error=None, updated_at=self.clock())
+                update(files).where(files.c.id == file_id, files.c.status == PROCESSING).values(status=READY, error=None, updated_at=self.clock())
             )
             if result.rowcount != 1:
                 return False  # nothing was written
@@ -158,19 +156,14 @@ class KnowledgeTables:
             for i in range(0, len(chunks), _CHUNK_ROWS):
                 await conn.execute(
                     insert(file_chunks),
-                    [
-                        {"file_id": file_id, "seq": c.seq, "text": c.text, "tokens": c.tokens, "start": c.start}
-                        for c in chunks[i : i + _CHUNK_ROWS]
-                    ],
+                    [{"file_id": file_id, "seq": c.seq, "text": c.text, "tokens": c.tokens, "start": c.start} for c in chunks[i : i + _CHUNK_ROWS]],
                 )
         return True
 
     async def finish_failed(self, file_id: str, error: str) -> bool:
         async with self._write.begin() as conn:
             result = await conn.execute(
-                update(files)
-                .where(files.c.id == file_id, files.c.status == PROCESSING)
-                .values(status=FAILED, error=error, updated_at=self.clock())
+                update(files).where(files.c.id == file_id, files.c.status == PROCESSING).values(status=FAILED, error=error, updated_at=self.clock())
             )
         return result.rowcount == 1
 
@@ -178,9 +171,7 @@ class KnowledgeTables:
         """Delete the user's file, its chunks and its collection entries
         (cascades); the deleted record, or None if there was none."""
         async with self._write.begin() as conn:
-            row = (
-                await conn.execute(select(files).where(files.c.id == file_id, files.c.user_id == user_id))
-            ).mappings().first()
+            row = (await conn.execute(select(files).where(files.c.id == file_id, files.c.user_id == user_id))).mappings().first()
             if row is None:
                 return None
             # Explicit, not only ON DELETE CASCADE: a connection without
@@ -194,9 +185,7 @@ class KnowledgeTables:
 
     async def chunk_count(self, file_id: str) -> int:
         async with self._read.connect() as conn:
-            return int(
-                (await conn.execute(select(func.count()).select_from(file_chunks).where(file_chunks.c.file_id == file_id))).scalar_one()
-            )
+            return int((await conn.execute(select(func.count()).select_from(file_chunks).where(file_chunks.c.file_id == file_id))).scalar_one())
 
     async def all_chunks(self, file_ids: Sequence[str]) -> tuple[list[tuple[str, int]], list[str]]:
         """``(keys, texts)`` of every chunk of the files, ``keys[i] = (file_id, seq)``."""
@@ -277,9 +266,7 @@ class KnowledgeTables:
         async with self._write.begin() as conn:
             exists = (
                 await conn.execute(
-                    select(knowledge_files.c.file_id).where(
-                        knowledge_files.c.knowledge_id == collection_id, knowledge_files.c.file_id == file_id
-                    )
+                    select(knowledge_files.c.file_id).where(knowledge_files.c.knowledge_id == collection_id, knowledge_files.c.file_id == file_id)
                 )
             ).first()
             if exists:
@@ -291,9 +278,7 @@ class KnowledgeTables:
 
     async def remove_from_collection(self, collection_id: str, file_id: str) -> bool:
         async with self._write.begin() as conn:
-            result = await conn.execute(
-                delete(knowledge_files).where(knowledge_files.c.knowledge_id == collection_id, knowledge_files.c.file_id == file_id)
-            )
+            result = await conn.execute(delete(knowledge_files).where(knowledge_files.c.knowledge_id == collection_id, knowledge_files.c.file_id == file_id))
             if result.rowcount:
                 await conn.execute(update(knowledge).where(knowledge.c.id == collection_id).values(updated_at=self.clock()))
         return bool(result.rowcount)
@@ -301,9 +286,7 @@ class KnowledgeTables:
     async def delete_collection(self, collection_id: str, user_id: str) -> bool:
         """The collection (not its files: they stay the user's)."""
         async with self._write.begin() as conn:
-            owned = (
-                await conn.execute(select(knowledge.c.id).where(knowledge.c.id == collection_id, knowledge.c.user_id == user_id))
-            ).first()
+            owned = (await conn.execute(select(knowledge.c.id).where(knowledge.c.id == collection_id, knowledge.c.user_id == user_id))).first()
             if owned is None:
                 return False
             await conn.execute(delete(knowledge_files).where(knowledge_files.c.knowledge_id == collection_id))

@@ -48,7 +48,7 @@ INTRO = (
     "one word per chunk so that you can watch it stream. While it runs you can "
     "cancel it, reconnect to it with Last-Event-ID, or stop the server halfway "
     "and start it again to watch the turn resume where its log ends. "
-    "Ask me to count to 300 for a longer answer, or pass tool_ids [\"clock\"] "
+    'Ask me to count to 300 for a longer answer, or pass tool_ids ["clock"] '
     "to see a server tool run."
 )
 
@@ -138,7 +138,10 @@ class DemoProvider:
         out: list[dict[str, Any]] = []
         if reply.tool_call is not None:
             call = reply.tool_call
-            delta = {"role": "assistant", "tool_calls": [{"index": 0, "id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}]}
+            delta = {
+                "role": "assistant",
+                "tool_calls": [{"index": 0, "id": call["id"], "type": "function", "function": {"name": call["name"], "arguments": call["arguments"]}}],
+            }
             out.append({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
             finish, produced = "tool_calls", 1
         else:

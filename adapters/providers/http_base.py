@@ -138,9 +138,7 @@ class HTTPProvider:
         self._json_headers = {**self._headers, "Content-Type": "application/json"}
         # connect=None on purpose: waiting for a free pooled connection (if a
         # caller-supplied session has a limit) is not a connect timeout.
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout
-        )
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=idle_timeout)
         # A stream has no per-read timer: its watchdog (``_Progress``) already
         # fails it when no complete item comes for ``idle_timeout``, which a
         # silent peer trips as surely. aiohttp's ``sock_read`` re-arms a timer on
@@ -196,9 +194,7 @@ class HTTPProvider:
         """Map an aiohttp/OS exception to an ``UpstreamError`` (kind by cause)."""
         # TimeoutError first: it is an OSError, and aiohttp's ServerTimeoutError
         # is also a ClientConnectionError.
-        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (
-            isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)
-        ):
+        if isinstance(exc, aiohttp.ConnectionTimeoutError) or (isinstance(exc, aiohttp.ClientConnectorError) and isinstance(exc.os_error, TimeoutError)):
             error = self._error("upstream_timeout", f"upstream connect timed out after {self.connect_timeout:g}s")
             error.unreachable = True
             return error
@@ -214,9 +210,7 @@ class HTTPProvider:
             detail = "the server closed the connection"
         else:
             detail = str(exc) or "connection error"
-        return self._error(
-            "upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})"
-        )
+        return self._error("upstream_disconnected", f"upstream connection lost ({what}): {detail} ({type(exc).__name__})")
 
     def _http_error_kind(self, status: int, body: Any, text: str) -> str:
         """The ``UpstreamError.kind`` of an HTTP error; ``body`` is the parsed JSON or None."""
@@ -331,9 +325,7 @@ class HTTPProvider:
             if watchdog is not None:
                 watchdog.stop()
 
-    def _sse_items(
-        self, events: list[SSEEvent], type_key: str | None = None
-    ) -> tuple[list[RawChunk | RawWarning], bool]:
+    def _sse_items(self, events: list[SSEEvent], type_key: str | None = None) -> tuple[list[RawChunk | RawWarning], bool]:
         """The JSON payloads of ``events`` and whether ``[DONE]`` came (the
         events after it are dropped: the stream is over).
 
@@ -386,8 +378,7 @@ class HTTPProvider:
         if not isinstance(result, dict):
             raise self._error(
                 "upstream_error",
-                f"upstream {path} returned a body that is not a JSON object: "
-                + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
+                f"upstream {path} returned a body that is not a JSON object: " + truncate(raw.decode("utf-8", "replace"), MAX_MESSAGE),
             )
         if self._body_is_error(result):
             raise self._error(

@@ -114,7 +114,5 @@ class OllamaProvider(HTTPProvider):
         if not isinstance(models, list):
             raise self._error("upstream_error", "upstream /api/tags response has no 'models' list")
         return [
-            {"id": m["name"], "object": "model", "owned_by": "ollama", "created": 0}
-            for m in models
-            if isinstance(m, dict) and isinstance(m.get("name"), str)
+            {"id": m["name"], "object": "model", "owned_by": "ollama", "created": 0} for m in models if isinstance(m, dict) and isinstance(m.get("name"), str)
         ]

@@ -121,4 +121,3 @@ class OpenAIResponsesProvider(HTTPProvider):
         if not isinstance(data, list):
             raise self._error("upstream_error", "upstream /models response has no 'data' list")
         return data
-

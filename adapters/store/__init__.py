@@ -88,6 +88,4 @@ async def open_store(
             busy_timeout_ms=engine_kwargs.get("busy_timeout_ms", 5000),
         )
         return SqlEventStore(engine, writer_engine=writer, clock=clock, max_batch=max_batch, chain=chain, gather=gather)
-    return SqlEventStore(
-        create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch, chain=chain, gather=gather
-    )
+    return SqlEventStore(create_engine(url, **engine_kwargs), clock=clock, max_batch=max_batch, chain=chain, gather=gather)

@@ -154,6 +154,5 @@ def after_failure(turn_id: str | None, fencing: int | None) -> LeaseLost:
     """The refusal of an append whose token already had a failed append: a later
     success would leave a gap in the turn's seqs."""
     return LeaseLost(
-        f"turn {turn_id}: an earlier append with fencing token {fencing} failed; "
-        "later ones are refused so that the log keeps no gap (resume the turn)"
+        f"turn {turn_id}: an earlier append with fencing token {fencing} failed; later ones are refused so that the log keeps no gap (resume the turn)"
     )

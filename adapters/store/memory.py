@@ -300,9 +300,7 @@ class MemoryEventStore:
             index_row = (index.status, view, float(rows[-1][3]), index.release)
         return self._submit(_Append, rows, turn_id, fencing, index_row)
 
-    async def set_chat_meta(
-        self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None
-    ) -> None:
+    async def set_chat_meta(self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None) -> None:
         """Set a chat's title and/or tags (None leaves a field as it is)."""
         if title is None and tags is None:
             return
@@ -416,16 +414,12 @@ class MemoryEventStore:
         await _round_trip()
         construct = Event.model_construct
         return [
-            upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=loads(data)))
-            for seq, (type_, at, data, _) in self._rows(turn_id, after, limit)
+            upcast(construct(turn_id=turn_id, seq=seq, type=type_, at=at, data=loads(data))) for seq, (type_, at, data, _) in self._rows(turn_id, after, limit)
         ]
 
     async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
         await _round_trip()
-        return [
-            StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_))
-            for seq, (type_, at, data, hash_) in self._rows(turn_id, after, limit)
-        ]
+        return [StoredEvent(turn_id, seq, type_, at, loads(data), hash_hex(hash_)) for seq, (type_, at, data, hash_) in self._rows(turn_id, after, limit)]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         await _round_trip()
@@ -444,9 +438,7 @@ class MemoryEventStore:
         found = [
             (turn_id, row)
             for turn_id, row in self.database.turns.items()
-            if (user_id is None or row.user_id == user_id)
-            and (chat_id is None or row.chat_id == chat_id)
-            and (status is None or row.status == status)
+            if (user_id is None or row.user_id == user_id) and (chat_id is None or row.chat_id == chat_id) and (status is None or row.status == status)
         ]
         found.sort(key=lambda item: (item[1].created_at, item[0]), reverse=True)
         return [row.record(turn_id) for turn_id, row in found[: max(limit, 0)]]
@@ -458,20 +450,14 @@ class MemoryEventStore:
 
     async def list_chats(self, user_id: str, *, limit: int = 50, before: float | None = None) -> list[ChatRecord]:
         await _round_trip()
-        found = [
-            (chat_id, row)
-            for chat_id, row in self.database.chats.items()
-            if row.user_id == user_id and (before is None or row.updated_at < before)
-        ]
+        found = [(chat_id, row) for chat_id, row in self.database.chats.items() if row.user_id == user_id and (before is None or row.updated_at < before)]
         found.sort(key=lambda item: (item[1].updated_at, item[0]), reverse=True)
         return [row.record(chat_id) for chat_id, row in found[: max(limit, 0)]]
 
     async def orphaned_turns(self, now: float) -> list[TurnRecord]:
         await _round_trip()
         found = [
-            (turn_id, row)
-            for turn_id, row in self.database.turns.items()
-            if row.status == "running" and (row.lease_until is None or row.lease_until < now)
+            (turn_id, row) for turn_id, row in self.database.turns.items() if row.status == "running" and (row.lease_until is None or row.lease_until < now)
         ]
         found.sort(key=lambda item: (item[1].created_at, item[0]))
         return [row.record(turn_id) for turn_id, row in found]
@@ -504,9 +490,7 @@ class MemoryEventStore:
             raise RuntimeError("event store is closed")
         writer = self._writer
         if writer is None or writer.done():
-            writer = self._writer = asyncio.get_running_loop().create_task(
-                self._write_loop(), name="turnlog-memory-store-writer"
-            )
+            writer = self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="turnlog-memory-store-writer")
         future = writer.get_loop().create_future()
         self._queue.put_nowait(kind(*args, future))
         return future

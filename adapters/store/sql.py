@@ -224,19 +224,12 @@ _UPDATE_INDEX = (
 # The hash before ``seq`` (the chain's previous link) when the writer has not
 # linked that turn's last event itself.
 _SELECT_PREVIOUS_HASH = (
-    select(events.c.hash)
-    .where(events.c.turn_id == bindparam("p_turn", type_=Text), events.c.seq < bindparam("p_seq"))
-    .order_by(events.c.seq.desc())
-    .limit(1)
+    select(events.c.hash).where(events.c.turn_id == bindparam("p_turn", type_=Text), events.c.seq < bindparam("p_seq")).order_by(events.c.seq.desc()).limit(1)
 )
-_SELECT_FENCING = select(turns.c.id, turns.c.fencing).where(
-    turns.c.id.in_(bindparam("ids", expanding=True))
-)
+_SELECT_FENCING = select(turns.c.id, turns.c.fencing).where(turns.c.id.in_(bindparam("ids", expanding=True)))
 # SQLite: one JSON array parameter instead of an IN list re-rendered per batch.
 _SELECT_FENCING_SQLITE = select(turns.c.id, turns.c.fencing).where(
-    turns.c.id.in_(
-        select(func.json_each(bindparam("ids_json", type_=Text)).table_valued("value").c.value)
-    )
+    turns.c.id.in_(select(func.json_each(bindparam("ids_json", type_=Text)).table_valued("value").c.value))
 )
 
 
@@ -334,9 +327,7 @@ class SqlEventStore:
 
     # ------------------------------------------------------------------ writes
 
-    async def start_turn(
-        self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float
-    ) -> int:
+    async def start_turn(self, turn: TurnRecord, events: Sequence[Event], *, lease_seconds: float) -> int:
         rows = _event_rows(events, self._chain)
         if any(row[0] != turn.id for row in rows):
             raise ValueError("start_turn: events of another turn")
@@ -407,9 +398,7 @@ class SqlEventStore:
             }
         return self._submit(_Append, rows, turn_id, fencing, index_row, lazy=lazy)
 
-    async def set_chat_meta(
-        self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None
-    ) -> None:
+    async def set_chat_meta(self, chat_id: str, *, title: str | None = None, tags: Sequence[str] | None = None) -> None:
         """Set a chat's title and/or tags (None leaves a field as it is)."""
         values: dict[str, Any] = {}
         if title is not None:
@@ -442,19 +431,13 @@ class SqlEventStore:
 
         return await self._submit(_Op, op)
 
-    async def renew_leases(
-        self, owner: str, turn_ids: Sequence[str], *, lease_seconds: float
-    ) -> None:
+    async def renew_leases(self, owner: str, turn_ids: Sequence[str], *, lease_seconds: float) -> None:
         ids = list(turn_ids)
         if not ids:
             return
 
         def op(conn: Connection) -> None:
-            conn.execute(
-                update(turns)
-                .where(turns.c.owner == owner, turns.c.id.in_(ids))
-                .values(lease_until=self._clock() + lease_seconds)
-            )
+            conn.execute(update(turns).where(turns.c.owner == owner, turns.c.id.in_(ids)).values(lease_until=self._clock() + lease_seconds))
 
         await self._submit(_Op, op)
 
@@ -466,9 +449,7 @@ class SqlEventStore:
         if role not in ROLES:
             raise ValueError(f"role must be one of {', '.join(ROLES)}")
         key = new_api_key()
-        stmt = api_keys.insert().values(
-            key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock(), role=role
-        )
+        stmt = api_keys.insert().values(key_hash=hash_api_key(key), user_id=user_id, created_at=self._clock(), role=role)
         await self._submit(_Op, _executing(stmt))
         return key
 
@@ -499,11 +480,7 @@ class SqlEventStore:
 
     async def get_blob(self, user_id: str, blob_id: str) -> tuple[str, bytes] | None:
         """``(mime, data)`` of ``user_id``'s blob; None if unknown or another user's."""
-        rows = await self._fetch(
-            select(blobs.c.mime, blobs.c.data).where(
-                blobs.c.id == blob_id, blobs.c.user_id == user_id
-            )
-        )
+        rows = await self._fetch(select(blobs.c.mime, blobs.c.data).where(blobs.c.id == blob_id, blobs.c.user_id == user_id))
         if not rows:
             return None
         row = rows[0]
@@ -512,19 +489,12 @@ class SqlEventStore:
     # ------------------------------------------------------------------- reads
 
     async def read(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[Event]:
-        stmt = (
-            select(events.c.seq, events.c.type, events.c.at, events.c.data)
-            .where(events.c.turn_id == turn_id, events.c.seq > after)
-            .order_by(events.c.seq)
-        )
+        stmt = select(events.c.seq, events.c.type, events.c.at, events.c.data).where(events.c.turn_id == turn_id, events.c.seq > after).order_by(events.c.seq)
         if limit is not None:
             stmt = stmt.limit(limit)
         rows = await self._fetch(stmt)
         construct = Event.model_construct
-        return [
-            upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data)))
-            for row in rows
-        ]
+        return [upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data))) for row in rows]
 
     async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
         stmt = (
@@ -534,10 +504,7 @@ class SqlEventStore:
         )
         if limit is not None:
             stmt = stmt.limit(limit)
-        return [
-            StoredEvent(turn_id, row.seq, row.type, row.at, _loads(row.data), hash_hex(row.hash))
-            for row in await self._fetch(stmt)
-        ]
+        return [StoredEvent(turn_id, row.seq, row.type, row.at, _loads(row.data), hash_hex(row.hash)) for row in await self._fetch(stmt)]
 
     async def get_turn(self, turn_id: str) -> TurnRecord | None:
         rows = await self._fetch(select(turns).where(turns.c.id == turn_id))
@@ -565,9 +532,7 @@ class SqlEventStore:
         rows = await self._fetch(select(chats).where(chats.c.id == chat_id))
         return _chat(rows[0]) if rows else None
 
-    async def list_chats(
-        self, user_id: str, *, limit: int = 50, before: float | None = None
-    ) -> list[ChatRecord]:
+    async def list_chats(self, user_id: str, *, limit: int = 50, before: float | None = None) -> list[ChatRecord]:
         stmt = select(chats).where(chats.c.user_id == user_id)
         if before is not None:
             stmt = stmt.where(chats.c.updated_at < before)
@@ -590,9 +555,7 @@ class SqlEventStore:
         return None if holder is None else holder.user_id
 
     async def key_holder(self, key: str) -> KeyHolder | None:
-        rows = await self._fetch(
-            select(api_keys.c.user_id, api_keys.c.role).where(api_keys.c.key_hash == hash_api_key(key))
-        )
+        rows = await self._fetch(select(api_keys.c.user_id, api_keys.c.role).where(api_keys.c.key_hash == hash_api_key(key)))
         return KeyHolder(rows[0].user_id, rows[0].role) if rows else None
 
     async def _fetch(self, stmt: Any) -> list[Row[Any]]:
@@ -635,9 +598,7 @@ class SqlEventStore:
             if writer is None or writer.done():
                 # A context of its own: it serves every turn, so its log lines name none
                 # (it may be started from a turn's task, whose context names that turn).
-                writer = self._writer = asyncio.get_running_loop().create_task(
-                    self._write_loop(), name="turnlog-store-writer", context=contextvars.Context()
-                )
+                writer = self._writer = asyncio.get_running_loop().create_task(self._write_loop(), name="turnlog-store-writer", context=contextvars.Context())
             loop = writer.get_loop()
         # The writer's loop, not get_running_loop(): on CPython 3.11 that is a
         # getpid() system call, and this runs for every delta window.
@@ -706,9 +667,7 @@ class SqlEventStore:
     def _start_writer_thread(self) -> None:
         loop = asyncio.get_running_loop()
         self._writer_done = loop.create_future()
-        self._writer_thread = threading.Thread(
-            target=self._serve_writes, args=(loop, self._writer_done), name="turnlog-writer", daemon=True
-        )
+        self._writer_thread = threading.Thread(target=self._serve_writes, args=(loop, self._writer_done), name="turnlog-writer", daemon=True)
         self._writer_thread.start()
 
     def _serve_writes(self, loop: asyncio.AbstractEventLoop, done: asyncio.Future[None]) -> None:
@@ -1001,9 +960,7 @@ class SqlEventStore:
                 raise
             results[i] = (False, exc)
 
-    def _start_run(
-        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _start_run(self, conn: Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """Starts ``batch[start:end]``: all their turn rows, chats and first
         events in multi-row statements inside ONE savepoint (a burst of starts
         cost a savepoint and three statements each). Any failure (a turn id or
@@ -1034,9 +991,7 @@ class SqlEventStore:
         for i in range(start, end):
             self._run_op(conn, batch, i, results)
 
-    def _release_run(
-        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _release_run(self, conn: Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """Releases ``batch[start:end]`` (turns that ended together): one
         executemany UPDATE in one savepoint; on a failure, one by one."""
         if end - start > 1:
@@ -1051,23 +1006,17 @@ class SqlEventStore:
         for i in range(start, end):
             self._run_op(conn, batch, i, results)
 
-    def _append_run(
-        self, conn: Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _append_run(self, conn: Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """Appends ``batch[start:end]``: fencing check, then fast or careful path."""
         live = list(range(start, end))
         fenced = _plan.fenced_turns(batch, start, end)
         if fenced:
             if self._sqlite:  # BEGIN IMMEDIATE: we hold the write lock already
-                current = dict(
-                    conn.execute(_SELECT_FENCING_SQLITE, {"ids_json": _dumps(list(fenced))}).all()
-                )
+                current = dict(conn.execute(_SELECT_FENCING_SQLITE, {"ids_json": _dumps(list(fenced))}).all())
             elif self._postgres:  # one statement text whatever the count: prepared once
                 current = dict(conn.execute(_pg.SELECT_FENCING, {"ids": list(fenced)}).all())
             else:
-                current = dict(
-                    conn.execute(_SELECT_FENCING.with_for_update(), {"ids": list(fenced)}).all()
-                )
+                current = dict(conn.execute(_SELECT_FENCING.with_for_update(), {"ids": list(fenced)}).all())
             live = _plan.live_appends(batch, start, end, current, self._poisoned, results)
 
         # Fast path: all the run's events at once, unless the batch itself
@@ -1131,9 +1080,7 @@ class SqlEventStore:
 
         return link_rows(rows, trial, previous, self._linked, self._heads)
 
-    def _append_run_raw(
-        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _append_run_raw(self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """``_append_run`` on the raw connection: the same checks, statements
         and fallback, without SQLAlchemy."""
         live = list(range(start, end))
@@ -1186,9 +1133,7 @@ class SqlEventStore:
             else:
                 self._linked.update(trial)
 
-    def _start_run_raw(
-        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _start_run_raw(self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """``_start_run`` on the raw connection: all the run's turns, chats and
         first events in one savepoint; on any failure, start by start."""
         reqs: list[_StartOp] = batch[start:end]
@@ -1233,9 +1178,7 @@ class SqlEventStore:
                 self._linked.update(trial)
                 results[i] = (True, 1)
 
-    def _release_run_raw(
-        self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results
-    ) -> None:
+    def _release_run_raw(self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """``_release_run`` on the raw connection."""
         if end - start > 1:
             try:
@@ -1430,9 +1373,7 @@ class SqlEventStore:
             step = _SQLITE_ROWS_PER_INSERT
             for k in range(0, len(rows), step):
                 chunk = rows[k : k + step]
-                conn.exec_driver_sql(
-                    _sqlite_insert_events(len(chunk)), tuple(v for row in chunk for v in row)
-                )
+                conn.exec_driver_sql(_sqlite_insert_events(len(chunk)), tuple(v for row in chunk for v in row))
         elif self._postgres:
             _pg.insert_events(conn, rows)
         else:
@@ -1443,9 +1384,7 @@ class SqlEventStore:
         """``start_turn``'s statements, built once with bind parameters: building
         them per turn cost ~0.3 ms of the event loop at every turn start."""
         at = bindparam("c_at", type_=Float)
-        insert_chat = self._insert_ignore(chats).values(
-            id=bindparam("c_id"), user_id=bindparam("c_user"), title=None, tags="[]", created_at=at, updated_at=at
-        )
+        insert_chat = self._insert_ignore(chats).values(id=bindparam("c_id"), user_id=bindparam("c_user"), title=None, tags="[]", created_at=at, updated_at=at)
         bump_chat = (
             update(chats)
             .where(chats.c.id == bindparam("c_id"))
@@ -1518,11 +1457,7 @@ class SqlEventStore:
         raise NotImplementedError(f"dialect {self._dialect}")  # pragma: no cover
 
 
-_RELEASE_TURN = (
-    update(turns)
-    .where(turns.c.id == bindparam("r_id"), turns.c.owner == bindparam("r_owner"))
-    .values(owner=None, lease_until=None)
-)
+_RELEASE_TURN = update(turns).where(turns.c.id == bindparam("r_id"), turns.c.owner == bindparam("r_owner")).values(owner=None, lease_until=None)
 
 
 #: Writes done at the driver level (SQLite writer thread, asyncpg), exact types.

@@ -67,9 +67,7 @@ def sqlite_engine(
     return engine
 
 
-def sqlite_writer_engine(
-    url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000
-) -> Engine:
+def sqlite_writer_engine(url: str, *, synchronous: str = "FULL", busy_timeout_ms: int = 5000) -> Engine:
     """A synchronous engine on the same file, for the store's writer thread.
 
     ``url`` may name any SQLite driver (``sqlite+aiosqlite://`` included); the

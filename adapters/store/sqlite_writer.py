@@ -72,10 +72,7 @@ UPDATE_INDEX = (
 
 #: A start's turn rows (``t_*`` parameters, positional in ``TURN_PARAMS``
 #: order), fencing token 1.
-INSERT_TURNS = (
-    "INSERT INTO turns (id, chat_id, user_id, model, status, created_at, updated_at, owner, lease_until, "
-    'fencing, "view") VALUES '
-)
+INSERT_TURNS = 'INSERT INTO turns (id, chat_id, user_id, model, status, created_at, updated_at, owner, lease_until, fencing, "view") VALUES '
 TURN_ROW = "(?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?)"
 TURN_PARAMS = ("t_id", "t_chat", "t_user", "t_model", "t_status", "t_created", "t_updated", "t_owner", "t_lease", "t_view")
 
@@ -93,8 +90,7 @@ UPSERT_CHATS_TAIL = (
 #: ``release_turn``: each turn only if its owner still holds it; one JSON
 #: array of ``[id, owner]`` pairs.
 RELEASE_TURNS = (
-    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE (id, owner) IN "
-    "(SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
+    "UPDATE turns SET owner = NULL, lease_until = NULL WHERE (id, owner) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
 )
 
 #: Parameters per statement: at most 32766 since SQLite 3.32, 999 before.

@@ -34,9 +34,7 @@ from typing import Any
 from engine.tools.calls import IDEMPOTENT_ATTR, ToolContext, ToolHandle, ToolSpec
 
 #: Injected parameters turnlog fills from the ToolContext.
-RESERVED_PARAMS = frozenset(
-    {"__user__", "__messages__", "__files__", "__event_emitter__", "__metadata__", "__id__", "__call_id__"}
-)
+RESERVED_PARAMS = frozenset({"__user__", "__messages__", "__files__", "__event_emitter__", "__metadata__", "__id__", "__call_id__"})
 
 
 @dataclass(frozen=True)
@@ -240,9 +238,7 @@ def _json_default(value: Any) -> tuple[bool, Any]:
     return True, value
 
 
-def method_tool(
-    fn: Callable[..., Any], *, name: str, tool_id: str, idempotent: bool = False, timeout: float | None = None
-) -> MethodTool:
+def method_tool(fn: Callable[..., Any], *, name: str, tool_id: str, idempotent: bool = False, timeout: float | None = None) -> MethodTool:
     """A handle (and its spec) for one callable."""
     signature = inspect.signature(fn)
     hints = _hints(fn)
@@ -344,9 +340,7 @@ def load_module_tools(path: Path) -> ModuleTools:
     timeout = _timeout(cls)
     tools: dict[str, MethodTool] = {}
     for name in _public_methods(cls):
-        tools[name] = method_tool(
-            getattr(instance, name), name=name, tool_id=tool_id, idempotent=all_idempotent, timeout=timeout
-        )
+        tools[name] = method_tool(getattr(instance, name), name=name, tool_id=tool_id, idempotent=all_idempotent, timeout=timeout)
     return ModuleTools(tool_id=tool_id, path=str(path), instance=instance, tools=tools)
 
 

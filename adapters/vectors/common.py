@@ -45,10 +45,7 @@ def canonical(value: Any) -> str:
 
 def matches(metadata: dict[str, Any], filter: dict[str, Any]) -> bool:
     missing = object()
-    return all(
-        (value := metadata.get(key, missing)) is not missing and json_equal(value, want)
-        for key, want in filter.items()
-    )
+    return all((value := metadata.get(key, missing)) is not missing and json_equal(value, want) for key, want in filter.items())
 
 
 def prepare(items: list[VectorItem]) -> tuple[int, list[VectorItem], np.ndarray]:

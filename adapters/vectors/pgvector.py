@@ -58,10 +58,7 @@ from engine.vectors import DimensionMismatch, VectorHit, VectorItem, check_vecto
 VECTOR_HNSW_MAX_DIM = 2000
 HALFVEC_HNSW_MAX_DIM = 4000
 
-_REGISTER = text(
-    "INSERT INTO vector_collections (name, dimension, created_at) VALUES (:c, :d, :now) "
-    "ON CONFLICT (name) DO NOTHING"
-)
+_REGISTER = text("INSERT INTO vector_collections (name, dimension, created_at) VALUES (:c, :d, :now) ON CONFLICT (name) DO NOTHING")
 _DIMENSION = text("SELECT dimension FROM vector_collections WHERE name = :c")
 _UPSERT = text(
     """
@@ -91,9 +88,7 @@ def index_type(dim: int) -> str | None:
     return None
 
 
-_EXTENSION_SCHEMA = (
-    "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
-)
+_EXTENSION_SCHEMA = "SELECT n.nspname FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'vector'"
 
 
 def use_binary_vectors(engine: AsyncEngine) -> None:
@@ -146,9 +141,7 @@ class PgVectorStore:
             await conn.execute(_REGISTER, {"c": collection, "d": dim, "now": self._clock()})
             have = (await conn.execute(_DIMENSION, {"c": collection})).scalar_one()
             if have != dim:
-                raise DimensionMismatch(
-                    f"collection {collection!r} has dimension {have}, got vectors of {dim}"
-                )
+                raise DimensionMismatch(f"collection {collection!r} has dimension {have}, got vectors of {dim}")
         self._dims[collection] = dim
         await self._ensure_index(dim)
         async with self.engine.begin() as conn:
@@ -185,19 +178,12 @@ class PgVectorStore:
                     return
                 # Two processes meeting a new dimension at once: one builds.
                 await conn.execute(text("SELECT pg_advisory_xact_lock(hashtext(:n))"), {"n": name})
-                await conn.execute(
-                    text(
-                        f"CREATE INDEX IF NOT EXISTS {name} ON vector_items "
-                        f"USING hnsw ({expression} {ops}) WHERE dim = {int(dim)}"
-                    )
-                )
+                await conn.execute(text(f"CREATE INDEX IF NOT EXISTS {name} ON vector_items USING hnsw ({expression} {ops}) WHERE dim = {int(dim)}"))
         self._indexed.add(dim)
 
     @staticmethod
     async def _index_exists(conn: AsyncConnection, name: str) -> bool:
-        return (
-            await conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name})
-        ).scalar_one()
+        return (await conn.execute(text("SELECT to_regclass(:n) IS NOT NULL"), {"n": name})).scalar_one()
 
     # ----------------------------------------------------------------- reads
 
@@ -218,9 +204,7 @@ class PgVectorStore:
                     return []
                 self._dims[collection] = dim
             if len(vector) != dim:
-                raise DimensionMismatch(
-                    f"collection {collection!r} has dimension {dim}, query has {len(vector)}"
-                )
+                raise DimensionMismatch(f"collection {collection!r} has dimension {dim}, query has {len(vector)}")
             if k <= 0:
                 return []
             params: dict[str, Any] = {"c": collection, "q": Vector(list(vector)), "k": int(k)}
@@ -237,10 +221,7 @@ class PgVectorStore:
             type_ = index_type(dim)
             where_sql = " AND ".join(where)
             if type_ is None:  # no index: an exact scan
-                sql = (
-                    "SELECT id, text, metadata, embedding <=> CAST(:q AS vector) AS distance "
-                    f"FROM vector_items WHERE {where_sql} ORDER BY distance LIMIT :k"
-                )
+                sql = f"SELECT id, text, metadata, embedding <=> CAST(:q AS vector) AS distance FROM vector_items WHERE {where_sql} ORDER BY distance LIMIT :k"
             elif type_.startswith("vector"):  # the index's distance is the exact one
                 sql = (
                     f"SELECT id, text, metadata, (embedding::{type_}) <=> CAST(:q AS {type_}) AS distance "

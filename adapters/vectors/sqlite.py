@@ -324,13 +324,9 @@ class SqliteVectorStore:
         async with self._lock(collection):
             async with self._write.begin() as conn:
                 await conn.execute(
-                    insert(vector_collections)
-                    .values(name=collection, dimension=dim, created_at=self._clock(), version=0)
-                    .on_conflict_do_nothing()
+                    insert(vector_collections).values(name=collection, dimension=dim, created_at=self._clock(), version=0).on_conflict_do_nothing()
                 )
-                have = (
-                    await conn.execute(select(vector_collections.c.dimension).where(vector_collections.c.name == collection))
-                ).scalar_one()
+                have = (await conn.execute(select(vector_collections.c.dimension).where(vector_collections.c.name == collection))).scalar_one()
                 if have != dim:
                     raise DimensionMismatch(f"collection {collection!r} has dimension {have}, got vectors of {dim}")
                 await conn.execute(stmt, rows)
@@ -351,9 +347,7 @@ class SqliteVectorStore:
         ids = list(dict.fromkeys(ids))
         async with self._lock(collection):
             async with self._write.begin() as conn:
-                result = await conn.execute(
-                    vector_items.delete().where(vector_items.c.collection == collection, vector_items.c.id.in_(ids))
-                )
+                result = await conn.execute(vector_items.delete().where(vector_items.c.collection == collection, vector_items.c.id.in_(ids)))
                 if not result.rowcount:
                     return
                 version = (await conn.execute(_BUMP, {"c": collection})).scalar_one_or_none()

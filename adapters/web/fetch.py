@@ -223,9 +223,7 @@ class _PinnedResolver(AbstractResolver):
             fam = socket.AF_INET6 if addr is not None and addr.version == 6 else socket.AF_INET
             if family not in (socket.AF_UNSPEC, fam):
                 continue
-            out.append(
-                {"hostname": host, "host": text, "port": port, "family": fam, "proto": 0, "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV}
-            )
+            out.append({"hostname": host, "host": text, "port": port, "family": fam, "proto": 0, "flags": socket.AI_NUMERICHOST | socket.AI_NUMERICSERV})
         if not out:
             raise OSError(f"{host}: no checked address of the family asked for")
         return out

@@ -165,9 +165,7 @@ class BraveSearch(_JsonSearch):
 
     name = "Brave Search"
 
-    def __init__(
-        self, api_key: str, *, base_url: str | None = None, timeout: float = 10.0, session: aiohttp.ClientSession | None = None
-    ) -> None:
+    def __init__(self, api_key: str, *, base_url: str | None = None, timeout: float = 10.0, session: aiohttp.ClientSession | None = None) -> None:
         super().__init__(timeout=timeout, session=session)
         self.base_url = (base_url or BRAVE_BASE_URL).rstrip("/")
         self._key = api_key

@@ -57,11 +57,7 @@ def ignored_fields(
 
 def warnings_of(detail: dict[str, Any]) -> list[str]:
     """The sentences a client is shown for a recorded ``unsupported`` step."""
-    return [
-        f"{entry.get('field')} was ignored: {entry.get('reason')}"
-        for entry in detail.get("ignored") or []
-        if isinstance(entry, dict)
-    ]
+    return [f"{entry.get('field')} was ignored: {entry.get('reason')}" for entry in detail.get("ignored") or [] if isinstance(entry, dict)]
 
 
 def file_warnings(detail: Mapping[str, Any]) -> list[str]:

@@ -304,11 +304,7 @@ def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple
     """
     if reasoning_tags is False:
         return ()
-    if (
-        isinstance(reasoning_tags, (list, tuple))
-        and len(reasoning_tags) == 2
-        and all(isinstance(t, str) and t for t in reasoning_tags)
-    ):
+    if isinstance(reasoning_tags, (list, tuple)) and len(reasoning_tags) == 2 and all(isinstance(t, str) and t for t in reasoning_tags):
         return ((reasoning_tags[0], reasoning_tags[1]),)
     return DEFAULT_REASONING_TAGS
 
@@ -350,9 +346,7 @@ class _StartScanner:
             else:
                 alternatives.append(rf"(?P<t{i}>{re.escape(spec.start)})")
         # One C-level scan instead of a Python loop over the trigger chars.
-        self._trigger_re: re.Pattern[str] = re.compile(
-            "[" + "".join(re.escape(c) for c in sorted(self.triggers)) + "]" if self.triggers else "(?!)"
-        )
+        self._trigger_re: re.Pattern[str] = re.compile("[" + "".join(re.escape(c) for c in sorted(self.triggers)) + "]" if self.triggers else "(?!)")
         self.start_re: re.Pattern[str] | None = re.compile("|".join(alternatives)) if alternatives else None
         # Every proper prefix of a start tag: a text ending in one of these
         # may be an unfinished tag.
@@ -360,12 +354,8 @@ class _StartScanner:
         self.max_prefix: int = max((len(s.start) - 1 for s in self.specs), default=0)
         names = [re.escape(s.start[1:-1]) for s in self.specs if s.takes_attributes]
         # "<name" + one blank: the opening of an attribute-carrying tag.
-        self.attr_open_re: re.Pattern[str] | None = (
-            re.compile(rf"<(?:{'|'.join(names)})[^\S\n]") if names else None
-        )
-        self.attr_window: int = max((len(s.start) for s in self.specs if s.takes_attributes), default=0) + (
-            ATTRIBUTE_LIMIT
-        )
+        self.attr_open_re: re.Pattern[str] | None = re.compile(rf"<(?:{'|'.join(names)})[^\S\n]") if names else None
+        self.attr_window: int = max((len(s.start) for s in self.specs if s.takes_attributes), default=0) + (ATTRIBUTE_LIMIT)
 
     def may_start(self, text: str) -> bool:
         """Cheap test for the hot path: no trigger char, no tag can start."""
@@ -584,12 +574,7 @@ class Accumulator:
             elif block.spec.end[0] not in text:
                 self._emit_block(text, out)
                 return out
-        elif (
-            self._pending_max
-            and len(pending) + len(text) <= self._pending_max
-            and ">" not in text
-            and "\n" not in text
-        ):
+        elif self._pending_max and len(pending) + len(text) <= self._pending_max and ">" not in text and "\n" not in text:
             self._pending = pending + text  # still undecided, nothing to show
             return out
         self._scan(pending + text, out)
@@ -981,9 +966,7 @@ class Accumulator:
 _INPUT_KEYS: Final[tuple[str, ...]] = ("input_tokens", "prompt_tokens", "prompt_eval_count")
 _OUTPUT_KEYS: Final[tuple[str, ...]] = ("output_tokens", "completion_tokens", "eval_count", "predicted_n")
 _TOKEN_KEYS: Final[frozenset[str]] = frozenset({"input_tokens", "output_tokens", "total_tokens"})
-_COST_KEYS: Final[frozenset[str]] = frozenset(
-    {"cost", "total_cost", "input_cost", "output_cost", "prompt_cost", "completion_cost"}
-)
+_COST_KEYS: Final[frozenset[str]] = frozenset({"cost", "total_cost", "input_cost", "output_cost", "prompt_cost", "completion_cost"})
 _SUMMABLE_KEYS: Final[frozenset[str]] = _TOKEN_KEYS | _COST_KEYS
 _DETAIL_KEYS: Final[tuple[str, ...]] = (
     "prompt_tokens_details",

@@ -27,9 +27,7 @@ def assistant_message(view: TurnView) -> dict[str, Any] | None:
 _MAX_FORK_DEPTH = 64
 
 
-async def chat_turn_views(
-    store: EventStore, chat_id: str, *, before: float | None = None, _depth: int = 0
-) -> list[TurnView]:
+async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | None = None, _depth: int = 0) -> list[TurnView]:
     """The chat's turns, oldest first, each folded from its log.
 
     A chat that a fork started (its first turn's log begins with
@@ -73,9 +71,7 @@ def answer_of(view: TurnView, reasoning_format: str | None = None) -> Answer | N
     if not view.output and not view.content:
         return None
     client_ids = {c["call_id"] for c in view.client_calls}
-    placeholders = [
-        {"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids
-    ]
+    placeholders = [{"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids]
     messages = convert_output_to_messages(
         for_model(distinct_call_ids(list(view.output))) + placeholders, raw=True, flatten_tool_images=True, reasoning_format=reasoning_format
     )

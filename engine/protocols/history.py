@@ -139,11 +139,7 @@ def _replayable_details(details: Any) -> list[Any]:
         return []
     out = []
     for entry in details:
-        if (
-            isinstance(entry, Mapping)
-            and str(entry.get("format") or "").startswith("anthropic")
-            and not entry.get("signature")
-        ):
+        if isinstance(entry, Mapping) and str(entry.get("format") or "").startswith("anthropic") and not entry.get("signature"):
             continue
         out.append(entry)
     return out
@@ -438,9 +434,7 @@ def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def process_messages_with_output(
-    messages: list[dict[str, Any]], *, reasoning_format: str | None = None
-) -> list[dict[str, Any]]:
+def process_messages_with_output(messages: list[dict[str, Any]], *, reasoning_format: str | None = None) -> list[dict[str, Any]]:
     """Prepare a stored chat history for the model.
 
     Assistant messages with a non-empty ``output`` are expanded with

@@ -107,15 +107,5 @@ class StreamFailed:
 
 
 ModelEvent = (
-    TextDelta
-    | TextRun
-    | ReasoningDelta
-    | ToolCallStarted
-    | ToolCall
-    | ProviderItem
-    | Finished
-    | UsageReport
-    | ResponseStarted
-    | StreamWarning
-    | StreamFailed
+    TextDelta | TextRun | ReasoningDelta | ToolCallStarted | ToolCall | ProviderItem | Finished | UsageReport | ResponseStarted | StreamWarning | StreamFailed
 )

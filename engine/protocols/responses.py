@@ -85,9 +85,7 @@ __all__ = [
 ]
 
 #: Chat Completions body keys the Responses API does not take.
-RESPONSES_DROPPED_KEYS = frozenset(
-    {"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"}
-)
+RESPONSES_DROPPED_KEYS = frozenset({"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"})
 
 
 def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
@@ -212,9 +210,7 @@ def _replay_items(message: Mapping[str, Any], store: bool) -> list[Item]:
     return paired
 
 
-def to_responses_input(
-    messages: list[dict[str, Any]], *, store: bool = True
-) -> tuple[str | None, list[dict[str, Any]]]:
+def to_responses_input(messages: list[dict[str, Any]], *, store: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
     """Chat messages → (``instructions``, Responses ``input`` items).
 
     * system → ``instructions`` (the LAST system message wins; list content: its
@@ -248,9 +244,7 @@ def to_responses_input(
                 continue
             text = _assistant_text(content)
             if text:
-                items.append(
-                    {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}
-                )
+                items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
             for call in message.get("tool_calls") or []:
                 if not isinstance(call, Mapping):
                     continue
@@ -423,11 +417,7 @@ def responses_reasoning_item(item: Mapping[str, Any]) -> Item:
     kept = item.get("provider_item")
     if isinstance(kept, Mapping):
         return dict(kept)
-    summary = [
-        {"type": "summary_text", "text": s.get("text") or ""}
-        for s in (item.get("summary") or [])
-        if isinstance(s, Mapping)
-    ]
+    summary = [{"type": "summary_text", "text": s.get("text") or ""} for s in (item.get("summary") or []) if isinstance(s, Mapping)]
     out: Item = {"type": "reasoning", "summary": summary}
     if isinstance(item.get("id"), str) and item["id"].startswith("rs_"):
         out["id"] = item["id"]
@@ -442,9 +432,7 @@ def responses_reasoning_item(item: Mapping[str, Any]) -> Item:
 
 _LIFECYCLE_START: Final[frozenset[str]] = frozenset({"response.created", "response.queued", "response.in_progress"})
 _TEXT_DELTAS: Final[frozenset[str]] = frozenset({"response.output_text.delta", "response.refusal.delta"})
-_REASONING_DELTAS: Final[frozenset[str]] = frozenset(
-    {"response.reasoning_text.delta", "response.reasoning_summary_text.delta"}
-)
+_REASONING_DELTAS: Final[frozenset[str]] = frozenset({"response.reasoning_text.delta", "response.reasoning_summary_text.delta"})
 #: Message content parts that are the visible answer (the same text as the
 #: ``output_text``/``refusal`` deltas), and the key holding their text.
 _VISIBLE_PARTS: Final[dict[Any, str]] = {"output_text": "text", "text": "text", "refusal": "refusal"}
@@ -721,7 +709,7 @@ class ResponsesNormalizer:
                 response_id=nonempty_str(response.get("id")) or self.response_id,
                 usage=_usage_of(response),
                 status="incomplete",
-            )
+            ),
         ]
 
     def _failed(self, event: Mapping[str, Any]) -> list[ModelEvent]:

@@ -161,9 +161,7 @@ class TurnActor:
         # events ``view`` was folded from), so that a follower joining early —
         # the client that started the turn — starts without reading the log.
         self._history: list[Event] | None = list(history) if history is not None else None
-        if self._history is not None and (
-            len(self._history) != self._next_publish - 1 or any(e.seq != i for i, e in enumerate(self._history, 1))
-        ):
+        if self._history is not None and (len(self._history) != self._next_publish - 1 or any(e.seq != i for i, e in enumerate(self._history, 1))):
             self._history = None
         self._cancel_by: str | None = None
         self._halting = False
@@ -316,9 +314,7 @@ class TurnActor:
             if resolved is not None:
                 mode = resolved.resume
                 node = RequestModel(resume=True, resolved=resolved)
-        await self.record(
-            TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner, mode=mode)
-        )
+        await self.record(TurnResumed(from_seq=view.last_seq, from_pos=view.last_event_pos, epoch=view.epoch + 1, owner=self.owner, mode=mode))
         return node
 
     async def _save_cancelled(self) -> None:
@@ -331,9 +327,7 @@ class TurnActor:
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
 
-    async def fail(
-        self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None
-    ) -> End:
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
         if not self._view.terminal and not self._lost:
             error: dict[str, object] = {"message": message, "type": type}
             if status is not None:
@@ -402,9 +396,7 @@ class TurnActor:
                 self._batch_pos = pos.next
                 self._batch_seq = v.last_seq + 1
                 self._window += 1
-                self._clock.call_within(
-                    self._settings.flush_interval, self._flush_window, self._window, self._settings.flush_max_interval
-                )
+                self._clock.call_within(self._settings.flush_interval, self._flush_window, self._window, self._settings.flush_max_interval)
                 if self._first_pending:  # once per window, not per chunk
                     self._first_token()
             seq = self._batch_seq
@@ -565,9 +557,7 @@ class TurnActor:
         first, rest = events[:cut], events[cut:]
         # A task, so the commit's outcome reaches ``started`` and the bus even
         # if this actor is cancelled while it waits (a drain): shielded below.
-        write = self._start_write = self._loop.create_task(
-            self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds)
-        )
+        write = self._start_write = self._loop.create_task(self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds))
         write.add_done_callback(functools.partial(self._started, first))
         try:
             self.fencing = await asyncio.shield(write)

@@ -44,6 +44,7 @@ class ApprovalHost(Protocol):
 
     def continue_turn(self, folded: Folded, fencing: int) -> TurnActor: ...
 
+
 #: How long a decision waits for the turn's lease while another process (or
 #: another decision) briefly holds it.
 CLAIM_WAIT_SECONDS = 10.0

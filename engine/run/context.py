@@ -108,8 +108,6 @@ class TurnContext(Protocol):
         """Wait for the writer when delta windows pile up."""
         ...
 
-    async def fail(
-        self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None
-    ) -> End:
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
         """Record ``turn.failed`` (unless the turn already ended) and end."""
         ...

@@ -110,9 +110,7 @@ class FlushClock:
             try:
                 callback(token)
             except Exception as exc:  # as the loop does for a timer's callback: the others still run
-                self._loop.call_exception_handler(
-                    {"message": "a flush clock callback failed", "exception": exc, "callback": callback}
-                )
+                self._loop.call_exception_handler({"message": "a flush clock callback failed", "exception": exc, "callback": callback})
 
 
 _CLOCKS: PerLoop[FlushClock] = PerLoop(FlushClock)

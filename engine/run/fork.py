@@ -61,24 +61,15 @@ def check_fork_point(parent: Sequence[Event], at: int, tool_results: Mapping[str
         )
     if event.type in _AFTER_ANSWER:
         phase = "in the background phase" if event.type.startswith("background.") else "after the answer was final"
-        raise ForkError(
-            f"event {at} ({event.type}) is {phase}: nothing the model or the tools do follows it; "
-            "fork at a model.requested or a tools.batch"
-        )
+        raise ForkError(f"event {at} ({event.type}) is {phase}: nothing the model or the tools do follows it; fork at a model.requested or a tools.batch")
     if event.type not in FORK_POINTS:
         raise ForkError(
-            f"event {at} is a {event.type}: a fork starts at a model.requested (the model is called again) "
-            "or a tools.batch (the batch is run again)"
+            f"event {at} is a {event.type}: a fork starts at a model.requested (the model is called again) or a tools.batch (the batch is run again)"
         )
     if event.type == "model.requested" and event.data.get("resumed"):
-        first = next(
-            (e.seq for e in reversed(parent[: at - 1]) if e.type == "model.requested" and not e.data.get("resumed")), None
-        )
+        first = next((e.seq for e in reversed(parent[: at - 1]) if e.type == "model.requested" and not e.data.get("resumed")), None)
         where = f" (seq {first})" if first is not None else ""
-        raise ForkError(
-            f"event {at} is a model.requested that continues an interrupted request; fork at that request's "
-            f"first model.requested{where}"
-        )
+        raise ForkError(f"event {at} is a model.requested that continues an interrupted request; fork at that request's first model.requested{where}")
     if tool_results:
         if event.type != "tools.batch":
             raise ForkError(
@@ -89,7 +80,9 @@ def check_fork_point(parent: Sequence[Event], at: int, tool_results: Mapping[str
         theirs = {c["call_id"] for c in event.data.get("client_calls") or []}
         for call_id in tool_results:
             if call_id in theirs:
-                raise ForkError(f"call {call_id!r} of the batch at {at} is the client's to run: its result comes with the client's next request", "tool_results")
+                raise ForkError(
+                    f"call {call_id!r} of the batch at {at} is the client's to run: its result comes with the client's next request", "tool_results"
+                )
             if call_id not in ours:
                 known = ", ".join(sorted(ours)) or "none"
                 raise ForkError(f"call {call_id!r} is not in the tools.batch at {at} (its calls: {known})", "tool_results")

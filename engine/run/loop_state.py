@@ -85,9 +85,7 @@ class LoopState:
 
     def _on_started(self, event: Event) -> None:
         d = event.data
-        self.turn = TurnInput(
-            id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=d["model"], request=d["request"], created_at=event.at
-        )
+        self.turn = TurnInput(id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=d["model"], request=d["request"], created_at=event.at)
 
     def _on_assembly_step(self, event: Event) -> None:
         step, detail = event.data.get("step"), event.data.get("detail", {})

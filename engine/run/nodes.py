@@ -77,10 +77,7 @@ from engine.tools.calls import ArgumentError, ToolContext, ToolHandle, citation_
 LIMIT_MESSAGE = "Tool-call limit reached ({n} iterations)."
 CODE_TOOL = "code_interpreter"
 CODE_MAX_RUNS = 5  # legacy code-interpreter blocks run per turn (Open WebUI's hard-coded retries)
-INTERRUPTED_MESSAGE = (
-    "Error: the tool `{name}` was interrupted (the service stopped while it ran) and is not "
-    "safe to run twice; it was not run again."
-)
+INTERRUPTED_MESSAGE = "Error: the tool `{name}` was interrupted (the service stopped while it ran) and is not safe to run twice; it was not run again."
 
 
 class Node(Protocol):
@@ -144,9 +141,7 @@ class RequestModel:
         base = params_for_round(state.params, state.iteration)
         params = {**base, **extra} if extra else base
         # Write-ahead: durable before the request goes out.
-        await ctx.record(
-            ModelRequested(iteration=state.iteration, prefill=prefill, resumed=self.resume, api=resolved.api, resume_params=extra or None)
-        )
+        await ctx.record(ModelRequested(iteration=state.iteration, prefill=prefill, resumed=self.resume, api=resolved.api, resume_params=extra or None))
         observe(ctx.ports.observer.model_call_started, ctx.turn_id, model=state.input.model, resolved=resolved, iteration=state.iteration)
         stateful = state.pending_stateful if (ctx.settings.responses_stateful and resolved.api == "responses") else None
         request = ModelRequest(
@@ -457,9 +452,7 @@ class RunTools:
             await ctx.record(*started)  # write-ahead: durable before any tool runs
             _observe_tools(ctx, started)
         if runs:
-            await asyncio.gather(
-                *(_run_code(ctx, call, args) if handle is None else _run_tool(ctx, call, args, handle) for call, args, handle in runs)
-            )
+            await asyncio.gather(*(_run_code(ctx, call, args) if handle is None else _run_tool(ctx, call, args, handle) for call, args, handle in runs))
         if batch.get("client_calls"):
             return Finalize("tool_calls")
         return Reinject()
@@ -516,6 +509,7 @@ def _observe_tools(ctx: TurnContext, recorded: Sequence[EventData]) -> None:
             observe(observer.tool_call_started, ctx.turn_id, call_id=data.call_id, name=data.name)
         elif isinstance(data, ToolCompleted) and not data.substituted:
             observe(observer.tool_call_ended, ctx.turn_id, call_id=data.call_id, name=data.name, status=data.status, error=data.error)
+
 
 @dataclass(frozen=True)
 class AwaitApproval:
@@ -644,9 +638,7 @@ async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
     except Exception as exc:  # the executor itself failed
         output = {"stderr": f"{type(exc).__name__}: {exc}"}
         status, error = "failed", output["stderr"]
-    await ctx.record(
-        ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error)
-    )
+    await ctx.record(ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error))
     observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call["call_id"], name=CODE_TOOL, status=status, error=error)
 
 
@@ -878,4 +870,3 @@ class Complete:
     async def run(self, ctx: TurnContext) -> Node | End:
         await ctx.record(TurnCompleted())
         return END
-

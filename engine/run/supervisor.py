@@ -190,9 +190,7 @@ class Supervisor:
         resumes the turn at once instead of after the lease runs out."""
         actors = [actor for actor in self.actors.values() if actor.task is not None and not actor.task.done()]
         await asyncio.gather(*(self._halt(actor) for actor in actors))
-        results = await asyncio.gather(
-            *(self.store.release_turn(actor.turn_id, self.owner) for actor in actors), return_exceptions=True
-        )
+        results = await asyncio.gather(*(self.store.release_turn(actor.turn_id, self.owner) for actor in actors), return_exceptions=True)
         released: list[str] = []
         for actor, result in zip(actors, results, strict=True):
             if isinstance(result, BaseException):
@@ -403,9 +401,7 @@ class Supervisor:
         now = time.time()
         started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request)
         event = make_event(turn_id, 1, started, at=now)
-        record = TurnRecord(
-            id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner
-        )
+        record = TurnRecord(id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner)
         if request.get("direct_tools"):
             # The client may have to run one of its tools during the assembly
             # (prompt-based tool selection): it must hold the turn's id before.
@@ -447,9 +443,7 @@ class Supervisor:
         log = parent_log if parent_log is not None else await self.store.read(record.id)
         # The copies are folded once, into the fold the fork's actor continues.
         folded = Folded(TurnView(turn_id, enforce=True), LoopState())
-        events = fork_log(
-            log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded
-        )
+        events = fork_log(log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded)
         now = events[0].at
         fork = TurnRecord(
             id=turn_id,
@@ -608,9 +602,7 @@ class Supervisor:
                 continue
             for record in records:
                 left = (record.lease_until or now) - now
-                log.warning(
-                    "turn %s: its owner %s is gone (its lock is free): adopted now, %.1f s before its lease ran out", record.id, owner, left
-                )
+                log.warning("turn %s: its owner %s is gone (its lock is free): adopted now, %.1f s before its lease ran out", record.id, owner, left)
                 try:
                     await self._adopt_orphan(record, dead_owner=owner)
                 except Exception as exc:

@@ -33,9 +33,7 @@ _PER_NAME = 1
 _REPLY_START = 3
 
 
-async def with_usage(
-    batches: AsyncGenerator[list[ModelEvent], None], request: ModelRequest, counter: TokenCounter
-) -> AsyncGenerator[list[ModelEvent], None]:
+async def with_usage(batches: AsyncGenerator[list[ModelEvent], None], request: ModelRequest, counter: TokenCounter) -> AsyncGenerator[list[ModelEvent], None]:
     """The model stream's batches as they come, with an estimated usage on a
     ``Finished`` that has none when no ``UsageReport`` came before it."""
     said: list[str] = []

@@ -274,9 +274,7 @@ class RecordedToolRunner:
             self._waiting.append((call_id, future))
             await future
 
-    async def run(
-        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
-    ) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         call_id = ctx.call_id or ""
         # The first result of this id not yet returned, and the tool events
         # logged since the one before it.
@@ -293,9 +291,7 @@ class RecordedToolRunner:
             (
                 e
                 for e in self.script.events
-                if e.type in ("turn.cancel_requested", "turn.interrupted")
-                and e.seq > started
-                and (recorded is None or e.seq < recorded.seq)
+                if e.type in ("turn.cancel_requested", "turn.interrupted") and e.seq > started and (recorded is None or e.seq < recorded.seq)
             ),
             None,
         )
@@ -322,9 +318,7 @@ class RecordedCodeRunner:
     """Legacy code blocks: their recorded outputs, in order."""
 
     def __init__(self, events: list[Event]) -> None:
-        self.outputs = [
-            json.loads(e.data.get("output") or "{}") for e in events if e.type == "tool.completed" and e.data.get("name") == "code_interpreter"
-        ]
+        self.outputs = [json.loads(e.data.get("output") or "{}") for e in events if e.type == "tool.completed" and e.data.get("name") == "code_interpreter"]
 
     async def run(self, code: str, lang: str) -> dict[str, Any]:
         if not self.outputs:
@@ -519,9 +513,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     turn_id = events[0].turn_id
     script = _Script(events)
     started = events[head - 1]
-    stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(
-        e.type == "model.fallback" for e in events
-    )
+    stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(e.type == "model.fallback" for e in events)
     limit = max([e.data["limit"] for e in events if e.type == "turn.iteration_limit"] or [256])
     settings = EngineSettings(
         lease_seconds=3600,
@@ -535,8 +527,14 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         **{"approval_tools": frozenset(e.data["name"] for e in events if e.type == "tool.approval_requested"), **(config or {})},
     )
     record = TurnRecord(
-        id=turn_id, chat_id=started.data["chat_id"], user_id=started.data["user_id"], model=started.data["model"],
-        status="running", created_at=started.at, updated_at=started.at, owner="verify",
+        id=turn_id,
+        chat_id=started.data["chat_id"],
+        user_id=started.data["user_id"],
+        model=started.data["model"],
+        status="running",
+        created_at=started.at,
+        updated_at=started.at,
+        owner="verify",
     )
     fencing = await scratch.start_turn(record, events[:head], lease_seconds=3600)
     tool_runner = RecordedToolRunner(script)
@@ -554,9 +552,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
     )
 
     def make_actor(folded: Folded, token: int) -> TurnActor:
-        return TurnActor(
-            view=folded.view, state=folded.state, fencing=token, store=scratch, bus=bus, ports=ports, settings=settings, owner="verify"
-        )
+        return TurnActor(view=folded.view, state=folded.state, fencing=token, store=scratch, bus=bus, ports=ports, settings=settings, owner="verify")
 
     actor = make_actor(Folded.of(turn_id, events[:head]), fencing)
     external: asyncio.Queue[Event] = asyncio.Queue()

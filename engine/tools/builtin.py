@@ -239,7 +239,13 @@ def generate_image(ports: BuiltinPorts) -> BuiltinTool:
             await ctx.emit({"type": "files", "data": {"files": files}})
         return _json({"status": "created", "images": [f["url"] for f in files], "note": "The images are shown to the user already."})
 
-    spec = _spec("generate_image", "Draw an image from a description; the user sees it.", {"prompt": {"type": "string", "description": "a detailed visual description"}}, ["prompt"], idempotent=False)
+    spec = _spec(
+        "generate_image",
+        "Draw an image from a description; the user sees it.",
+        {"prompt": {"type": "string", "description": "a detailed visual description"}},
+        ["prompt"],
+        idempotent=False,
+    )
     return BuiltinTool(spec, run)
 
 
@@ -321,5 +327,3 @@ def wanted_builtins(request: Mapping[str, Any], *, model_knowledge: bool = False
     if request.get("files") or model_knowledge:
         names |= KNOWLEDGE_TOOLS
     return names
-
-

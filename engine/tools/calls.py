@@ -39,9 +39,7 @@ RESPONSE_ENVELOPE = "__turnlog_response__"
 
 #: Tools whose results become citation sources: Open WebUI 0.12.4's
 #: ``CITATION_TOOL_NAMES`` plus ``search_web`` as 0.8.12 had it.
-CITATION_TOOL_NAMES = frozenset(
-    {"fetch_url", "view_file", "view_knowledge_file", "query_knowledge_files", "query_chat_files", "search_web"}
-)
+CITATION_TOOL_NAMES = frozenset({"fetch_url", "view_file", "view_knowledge_file", "query_knowledge_files", "query_chat_files", "search_web"})
 
 FETCH_SNIPPET_CHARS = 500
 
@@ -121,10 +119,7 @@ class ArgumentError:
 
 
 def malformed_message(name: str) -> str:
-    return (
-        "Error: Tool call arguments could not be parsed. The model generated malformed "
-        f"or incomplete JSON for `{name}`. Please try again."
-    )
+    return f"Error: Tool call arguments could not be parsed. The model generated malformed or incomplete JSON for `{name}`. Please try again."
 
 
 def not_object_message(name: str) -> str:
@@ -221,12 +216,7 @@ class HtmlResult:
 
 
 def _is_html_like(value: Any) -> bool:
-    return (
-        not isinstance(value, (str, bytes, dict, list, tuple))
-        and hasattr(value, "body")
-        and hasattr(value, "status_code")
-        and hasattr(value, "headers")
-    )
+    return not isinstance(value, (str, bytes, dict, list, tuple)) and hasattr(value, "body") and hasattr(value, "status_code") and hasattr(value, "headers")
 
 
 def _header(headers: Any, name: str) -> str:
@@ -313,12 +303,7 @@ def _is_mcp_content(value: Any) -> bool:
     return (
         isinstance(value, list)
         and bool(value)
-        and all(
-            isinstance(part, dict)
-            and part.get("type") in _MCP_PART_FIELDS
-            and _MCP_PART_FIELDS[part["type"]] in part
-            for part in value
-        )
+        and all(isinstance(part, dict) and part.get("type") in _MCP_PART_FIELDS and _MCP_PART_FIELDS[part["type"]] in part for part in value)
     )
 
 
@@ -652,9 +637,7 @@ async def execute_tool_call(
 class LiveToolRunner:
     """``engine.ports.ToolRunner`` that runs the tool here, within its timeout."""
 
-    async def run(
-        self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float
-    ) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         try:
             async with asyncio.timeout(timeout):
                 execution = await execute_tool_call(name, args, {name: handle}, ctx)

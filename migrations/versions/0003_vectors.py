@@ -35,14 +35,9 @@ def upgrade() -> None:
     )
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
-        available = bind.exec_driver_sql(
-            "SELECT 1 FROM pg_available_extensions WHERE name = 'vector'"
-        ).first()
+        available = bind.exec_driver_sql("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").first()
         if available is None:
-            raise RuntimeError(
-                "turnlog on PostgreSQL needs the pgvector extension "
-                "(https://github.com/pgvector/pgvector) installed on the server"
-            )
+            raise RuntimeError("turnlog on PostgreSQL needs the pgvector extension (https://github.com/pgvector/pgvector) installed on the server")
         op.execute("CREATE EXTENSION IF NOT EXISTS vector")
         op.execute(
             """

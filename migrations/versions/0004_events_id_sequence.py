@@ -31,10 +31,7 @@ depends_on: str | Sequence[str] | None = None
 def upgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         # is_called=false: the next nextval() returns exactly max(id) + 1.
-        op.execute(
-            "SELECT setval(pg_get_serial_sequence('events', 'id'), coalesce(max(id), 0) + 1, false) "
-            "FROM events"
-        )
+        op.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), coalesce(max(id), 0) + 1, false) FROM events")
 
 
 def downgrade() -> None:

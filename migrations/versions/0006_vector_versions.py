@@ -36,10 +36,7 @@ def upgrade() -> None:
     with op.batch_alter_table("vector_collections") as batch:
         batch.add_column(sa.Column("version", sa.Integer(), nullable=False, server_default="0"))
     if op.get_bind().dialect.name == "postgresql":
-        op.execute(
-            "CREATE INDEX vector_items_metadata ON vector_items USING gin (metadata jsonb_path_ops) "
-            "WITH (fastupdate = off)"
-        )
+        op.execute("CREATE INDEX vector_items_metadata ON vector_items USING gin (metadata jsonb_path_ops) WITH (fastupdate = off)")
 
 
 def downgrade() -> None:

@@ -48,13 +48,8 @@ def upgrade() -> None:
     with op.batch_alter_table("events") as batch:
         batch.add_column(sa.Column("hash", sa.LargeBinary(), nullable=True))
     bind = op.get_bind()
-    first = sa.text(
-        "SELECT id, turn_id, seq, type, at, data FROM events ORDER BY turn_id, seq LIMIT :n"
-    )
-    following = sa.text(
-        "SELECT id, turn_id, seq, type, at, data FROM events"
-        " WHERE turn_id > :t OR (turn_id = :t AND seq > :s) ORDER BY turn_id, seq LIMIT :n"
-    )
+    first = sa.text("SELECT id, turn_id, seq, type, at, data FROM events ORDER BY turn_id, seq LIMIT :n")
+    following = sa.text("SELECT id, turn_id, seq, type, at, data FROM events WHERE turn_id > :t OR (turn_id = :t AND seq > :s) ORDER BY turn_id, seq LIMIT :n")
     update = sa.text("UPDATE events SET hash = :h WHERE id = :i").bindparams(sa.bindparam("h", type_=sa.LargeBinary()))
     turn: str | None = None
     prev = GENESIS
