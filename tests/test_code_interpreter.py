@@ -6,37 +6,16 @@ evaluates Python expressions stands at the port, which is where a double belongs
 
 from __future__ import annotations
 
-import ast
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
+from tests.expressions import ExpressionExecutor
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
 LEGACY = {"params": {"function_calling": "default"}, "features": {"code_interpreter": True}}
-
-
-class ExpressionExecutor:
-    """Evaluates ``print(<literal expression>)`` lines: enough to prove the loop."""
-
-    def __init__(self) -> None:
-        self.ran: list[str] = []
-
-    async def run(self, code: str, lang: str) -> dict[str, Any]:
-        self.ran.append(code)
-        out = []
-        for line in code.splitlines():
-            line = line.strip()
-            if line.startswith("print(") and line.endswith(")"):
-                try:
-                    node = ast.parse(line[6:-1], mode="eval")
-                    out.append(str(eval(compile(node, "<code>", "eval"), {"__builtins__": {}})))  # noqa: S307 - arithmetic only
-                except Exception as exc:
-                    return {"stderr": f"{type(exc).__name__}: {exc}"}
-        return {"stdout": "\n".join(out)}
 
 
 @pytest.fixture

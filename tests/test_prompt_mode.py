@@ -9,7 +9,6 @@ that records the code it was given, and the usage the upstream reported.
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 from collections.abc import AsyncIterator
@@ -21,6 +20,7 @@ import pytest
 from adapters.config import load_settings
 from engine.fold.accumulator import Accumulator
 from tests.documents import upload, wait_file
+from tests.expressions import ExpressionExecutor
 from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.test_approval import ran, write_ledger
@@ -196,23 +196,6 @@ async def test_native_mode_still_waits_for_the_decision(bank: Service, ledger: P
 
 
 # -- legacy <code_interpreter>: reading stops at the closing tag -----------------------------
-
-
-class ExpressionExecutor:
-    """Runs ``print(<arithmetic>)`` lines; records each code it was given."""
-
-    def __init__(self) -> None:
-        self.ran: list[str] = []
-
-    async def run(self, code: str, lang: str) -> dict[str, Any]:
-        self.ran.append(code)
-        out = []
-        for line in code.splitlines():
-            line = line.strip()
-            if line.startswith("print(") and line.endswith(")"):
-                node = ast.parse(line[6:-1], mode="eval")
-                out.append(str(eval(compile(node, "<code>", "eval"), {"__builtins__": {}})))  # noqa: S307 - arithmetic only
-        return {"stdout": "\n".join(out)}
 
 
 @pytest.fixture
