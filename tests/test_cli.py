@@ -18,6 +18,7 @@ import pytest
 from adapters.config import load_settings
 from tests import chain_oracle
 from tests.harness import Service, make_settings, start_service, stop_service
+from tests.pg import unavailable
 from tests.processes import Server
 from tests.upstream import Reply
 
@@ -60,7 +61,7 @@ def test_a_read_only_command_never_creates_the_database(tmp_path: Path, command:
 def test_a_read_only_command_names_a_missing_postgres_database() -> None:
     base = os.environ.get("TURNLOG_TEST_POSTGRES_URL")
     if not base:
-        pytest.skip("TURNLOG_TEST_POSTGRES_URL is not set")
+        unavailable("TURNLOG_TEST_POSTGRES_URL is not set")
     url = base.rsplit("/", 1)[0] + "/turnlog_no_such_database"
     env = {**os.environ, "TURNLOG_DATABASE_URL": url}
     out = subprocess.run([sys.executable, "-m", "adapters.cli", "turns", "list"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)

@@ -32,6 +32,7 @@ from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build
 from adapters.code.sandbox import BOOT, MARKER
 from adapters.config import Settings
 from tests.harness import make_settings, start_service
+from tests.pg import unavailable
 from tests.processes import free_port, turnlog_command
 from tests.upstream import ScriptedUpstream
 
@@ -54,7 +55,7 @@ def secrets_dir(tmp_path: Path) -> Iterator[Path]:
     file, a receipt key, a tools and a filters folder, each holding SECRET."""
     parent = _writable_outside_hidden()
     if parent is None:
-        pytest.skip("no folder outside the sandbox's default hidden ones is writable")
+        unavailable("no folder outside the sandbox's default hidden ones is writable")
     root = Path(tempfile.mkdtemp(prefix="turnlog-secrets-", dir=parent))
     try:
         yield _populate(root)
@@ -159,7 +160,7 @@ async def run_as_nobody(hide: list[str], code: str) -> dict[str, Any]:
     child runs as nobody, as that service would start it. Its report."""
     python = _interpreter_for_nobody()
     if os.geteuid() != 0 or python is None:
-        pytest.skip("needs root (to become nobody) and a Python nobody can run")
+        unavailable("needs root (to become nobody) and a Python nobody can run")
     header = marshal.dumps({"limits": LIMITS.as_dict(), "uid": None, "hide": hide, "isolation": "auto"}, 4)
     proc = await asyncio.create_subprocess_exec(
         python,
@@ -182,7 +183,7 @@ async def run_as_nobody(hide: list[str], code: str) -> dict[str, Any]:
     assert proc.returncode == 0, stderr.decode()
     report: dict[str, Any] = marshal.loads(stdout)
     if report["isolation"].get("hooks"):
-        pytest.skip(f"no unprivileged user namespaces here: {report['isolation'].get('unshare_error')}")
+        unavailable(f"no unprivileged user namespaces here: {report['isolation'].get('unshare_error')}")
     assert "user" in report["isolation"]["namespaces"]
     return report
 
@@ -229,7 +230,7 @@ async def test_code_cannot_create_user_namespaces() -> None:
     text = await executor.start()
     assert executor.report is not None and not executor.report.get("hooks"), executor.report
     if executor.report.get("nested_userns") != "refused":
-        pytest.skip(str(executor.report.get("nested_userns")))
+        unavailable(f"new user namespaces are not refused on this machine: {executor.report.get('nested_userns')}")
     assert "new user namespaces refused" in text
     out = await executor.run(USERNS_CODE, "python")
     assert out["stderr"] == "", out["stderr"]
@@ -276,7 +277,7 @@ async def test_serve_without_namespaces_refuses_to_start_with_secrets_unless_tol
     without CAP_SYS_ADMIN, as in a container) and an upstream key is set:
     exit status 2 naming the secret, or a start with the opt-in."""
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
-        pytest.skip("needs root and setpriv (util-linux) to drop CAP_SYS_ADMIN")
+        unavailable("needs root and setpriv (util-linux) to drop CAP_SYS_ADMIN")
     port = free_port()
     command = ["setpriv", "--bounding-set=-sys_admin", *turnlog_command("serve", "--port", str(port))]
     env = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}", "TURNLOG_OPENAI_API_KEY": "sk-test"}
