@@ -323,6 +323,21 @@ class Settings(BaseSettings):
     rag_top_k: int = Field(default=5, ge=1, description="passages kept per retrieval")
     rag_relevance_threshold: float = Field(default=0.0, description="passages scoring below it (0..1) are dropped")
     rag_hybrid: bool = Field(default=True, description="with embeddings: vectors and BM25 fused; `false`: vectors alone")
+    rerank_engine: Literal["none", "api", "local"] = Field(
+        default="none",
+        description=(
+            "`api`: retrieval's candidates are reordered by a reranking server's `POST …/rerank` (`rerank_url`); `local` is "
+            "refused at start: no cross-encoder ships its weights inside an installable package (nothing is downloaded)"
+        ),
+    )
+    rerank_url: str | None = Field(default=None, description="the reranking server: its API root (`…/v1`) or its `…/rerank` URL")
+    rerank_model: str | None = Field(default=None, description="the reranking model (sent as `model`; unset: the server's default)")
+    rerank_api_key: SecretStr | None = Field(default=None, description="the reranking server's key (`Authorization: Bearer`)")
+    rerank_api_shape: Literal["cohere", "tei"] = Field(
+        default="cohere",
+        description='the request body: `cohere` (`{"model", "query", "documents", "top_n"}`: Cohere, Jina, vLLM, Infinity) or `tei` (`{"query", "texts"}`)',
+    )
+    rag_rerank_candidates: int = Field(default=20, ge=1, description="with a reranker: the best fused chunks it reorders before `rag_top_k` are kept")
     rag_template: str | None = Field(default=None, description='the text around the `<source id="N">` blocks (`{{CONTEXT}}`, `{{QUERY}}`, date variables)')
     # A turn naming a file still being processed waits this long for it.
     file_wait_seconds: float = Field(default=30.0, ge=0, description="how long a turn waits for a named file that is still processing")
@@ -551,6 +566,12 @@ class Settings(BaseSettings):
 
         if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_base_url):
             raise ValueError("TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL)")
+        if self.rerank_engine == "local":
+            from adapters.rerank import LOCAL_UNAVAILABLE
+
+            raise ValueError(LOCAL_UNAVAILABLE)
+        if self.rerank_engine == "api" and not self.rerank_url:
+            raise ValueError("TURNLOG_RERANK_ENGINE=api needs TURNLOG_RERANK_URL")
         if self.receipt_key:
             from adapters.receipts import load_private_key
 

@@ -52,6 +52,7 @@ ORDER = [
     "openwebui",
     "knowledge_ingest",
     "knowledge_retrieval",
+    "retrieval_quality",
     "sandbox",
     "waiting_turns_rss",
     "responses_cpu",

@@ -53,6 +53,7 @@ from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
+from adapters.rerank import open_reranker
 from adapters.store import create_engine, open_store
 from adapters.store.migrate import migrate
 from adapters.tools.catalog import DirToolCatalog
@@ -130,7 +131,10 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
         vectors = await open_vector_store(settings.database_url)
         memories = Memories(store.engine, embedder=embeddings, vectors=vectors if embeddings is not None else None)
         knowledge_engine = create_engine(settings.database_url, **_knowledge_engine_options(settings))
-        knowledge = FileKnowledge.open(knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings))
+        reranker = open_reranker(settings)
+        knowledge = FileKnowledge.open(
+            knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings), reranker=reranker
+        )
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
         mcp = open_mcp_servers(settings, tools)
@@ -193,7 +197,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
                 await provider.close()
             if opened is not None:
                 await opened.close()
-            for client in (search, images):
+            for client in (search, images, reranker):
                 if client is not None:
                     await client.close()
             await store.close()

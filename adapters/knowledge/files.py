@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -66,6 +67,7 @@ from adapters.knowledge.extract import NO_TEXT, ExtractionError, extract_text
 from adapters.knowledge.extract_process import extract_isolated
 from adapters.knowledge.lexical import LexicalCache
 from adapters.knowledge.records import FAILED, PROCESSING, READY, CollectionRecord, FileRecord, KnowledgeTables
+from adapters.rerank import Reranker, RerankError
 from engine.ports import BlobStore, Embedder, EmbeddingError, FileInfo, FileRef, Knowledge, RetrievalError
 from engine.vectors import VectorItem, VectorStore
 
@@ -95,6 +97,8 @@ class KnowledgeSettings:
     top_k: int = 5
     relevance_threshold: float = 0.0
     hybrid: bool = True
+    # With a reranker: the best fused candidates it reorders (top_k are kept).
+    rerank_candidates: int = 20
     embedding_batch_size: int = 64
     ingest_concurrency: int = 2
     # A file whose text is longer, or makes more chunks, fails (a small PDF can
@@ -117,6 +121,7 @@ class KnowledgeSettings:
             "top_k": settings.rag_top_k,
             "relevance_threshold": settings.rag_relevance_threshold,
             "hybrid": settings.rag_hybrid,
+            "rerank_candidates": settings.rag_rerank_candidates,
             "embedding_batch_size": settings.embedding_batch_size,
             "max_text_bytes": settings.file_max_text_bytes,
             "max_chunks": settings.file_max_chunks,
@@ -182,8 +187,10 @@ class FileKnowledge:
         embedder: Embedder | None = None,
         settings: KnowledgeSettings | None = None,
         clock: Callable[[], float] = time.time,
+        reranker: Reranker | None = None,
     ) -> None:
         self.tables = tables
+        self.reranker = reranker
         self.blobs = blobs
         self.vectors = vectors
         self.embedder = embedder if vectors is not None else None
@@ -205,9 +212,10 @@ class FileKnowledge:
         vectors: VectorStore | None = None,
         embedder: Embedder | None = None,
         settings: KnowledgeSettings | None = None,
+        reranker: Reranker | None = None,
     ) -> FileKnowledge:
         """On an async engine of the (migrated) service database."""
-        return cls(KnowledgeTables(engine), blobs, vectors=vectors, embedder=embedder, settings=settings)
+        return cls(KnowledgeTables(engine), blobs, vectors=vectors, embedder=embedder, settings=settings, reranker=reranker)
 
     # --------------------------------------------------------------- lifecycle
 
@@ -528,18 +536,22 @@ class FileKnowledge:
         if not searched or not queries:
             return sources
         scores = await self._scores(user_id, searched, queries)
-        threshold = self.settings.relevance_threshold
-        ranked = sorted(
-            ((score, key) for key, score in scores.items() if score > 0.0 and score >= threshold),
-            key=lambda item: (-item[0], item[1]),
-        )[: self.settings.top_k]
+        s = self.settings
+        ranked = sorted(((score, key) for key, score in scores.items() if score > 0.0), key=lambda item: (-item[0], item[1]))
+        # The threshold applies to the final score: the reranker's when there is one.
+        if self.reranker is None:
+            ranked = [(score, key) for score, key in ranked if score >= s.relevance_threshold][: s.top_k]
+        else:
+            ranked = ranked[: max(s.rerank_candidates, s.top_k)]
         texts = await self.tables.chunk_texts([key for _, key in ranked])
+        ranked = [(score, key) for score, key in ranked if key in texts]  # a chunk deleted since the index was built is gone
+        if self.reranker is not None and ranked:
+            ranked = await self._rerank(queries, ranked, texts)
+            ranked = [(score, key) for score, key in ranked if score >= s.relevance_threshold][: s.top_k]
         by_id = {r.id: r for r in searched}
         groups: dict[str, dict[str, Any]] = {}
         for score, (file_id, seq) in ranked:
-            chunk = texts.get((file_id, seq))
-            if chunk is None:  # deleted since the index was built
-                continue
+            chunk = texts[(file_id, seq)]
             record = by_id[file_id]
             group = groups.setdefault(
                 file_id,
@@ -549,6 +561,21 @@ class FileKnowledge:
             group["metadata"].append({"source": record.filename, "name": record.filename, "file_id": file_id, "chunk": seq, "score": round(score, 6)})
             group["distances"].append(round(score, 6))
         return sources + list(groups.values())
+
+    async def _rerank(
+        self, queries: list[str], ranked: list[tuple[float, tuple[str, int]]], texts: dict[tuple[str, int], str]
+    ) -> list[tuple[float, tuple[str, int]]]:
+        """The candidates reordered by the reranker's score, each its best over the queries."""
+        assert self.reranker is not None
+        keys = [key for _, key in ranked]
+        best = [-math.inf] * len(keys)
+        for query in queries:
+            try:
+                scores = await self.reranker.rerank(query, [texts[key].strip() for key in keys])
+            except RerankError as exc:
+                raise RetrievalError(f"reranking failed: {exc}") from exc
+            best = [max(b, float(v)) for b, v in zip(best, scores)]
+        return sorted(zip(best, keys), key=lambda item: (-item[0], item[1]))
 
     async def _scores(self, user_id: str, files: list[FileRecord], queries: list[str]) -> dict[tuple[str, int], float]:
         """Each candidate chunk's fused relevance, the best over the queries."""
