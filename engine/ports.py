@@ -594,6 +594,12 @@ class Knowledge(Protocol):
         A ``full`` reference gives its whole text. Raises ``RetrievalError``."""
         ...
 
+    async def passages(self, documents: Sequence[str], queries: Sequence[str]) -> list[list[tuple[str, float]]]:
+        """Texts that are not stored (fetched web pages) searched as files are:
+        for each text, its passages chosen for the queries ``(text, score)``,
+        best first (none for a text without a relevant one). Raises ``RetrievalError``."""
+        ...
+
 
 class FilterError(Exception):
     """An inlet filter raised: the turn fails with this (``filter`` names it)."""

@@ -27,9 +27,17 @@ from tests.oracle import check_stream_against_log
 from tests.test_turn_filters import write_filters
 from tests.upstream import Reply, ScriptedUpstream
 
+# A long page: the answer is one paragraph among 300 about something else.
+ALMANAC = "".join(
+    f"<p>Paragraph {i}: the fishing fleet counted {i % 17 + 3} boats that season.</p>"
+    if i != 240
+    else "<p>The lighthouse lamp is lit at 18:40 in December.</p>"
+    for i in range(300)
+)
 PAGES = {
     "/page/bread": ("<html><head><title>Bread hours</title></head><body><p>The Lisbon bakery opens at 7 am.</p></body></html>"),
     "/page/cats": ("<html><head><title>Cats</title></head><body><p>Cats sleep sixteen hours a day.</p></body></html>"),
+    "/page/almanac": f"<html><head><title>Almanac</title></head><body>{ALMANAC}</body></html>",
 }
 
 
@@ -61,6 +69,8 @@ async def world() -> AsyncIterator[World]:
             {"title": "Bread hours", "url": base + "/page/bread", "content": "opening hours"},
             {"title": "Cats", "url": base + "/page/cats", "content": "cat facts"},
         ]
+        if "lighthouse" in request.query.get("q", ""):
+            results = [{"title": "Almanac", "url": base + "/page/almanac", "content": "the harbour almanac"}]
         return web.json_response({"query": request.query.get("q"), "results": results})
 
     async def page(request: web.Request) -> web.Response:
@@ -151,6 +161,31 @@ async def test_legacy_web_search_fetches_the_pages_into_the_context(featured: Se
         (1, "web_search", world.url + "/page/bread"),
         (2, "web_search", world.url + "/page/cats"),
     ]
+    await check_stream_against_log(featured, turn_id, raw)
+
+
+@pytest.mark.parametrize("full", [False, True])
+async def test_legacy_web_search_keeps_the_passages_of_a_page_that_answer(featured: Service, world: World, full: bool) -> None:
+    up = featured.upstream
+    up.task_replies.append(("queries", Reply(text='{"queries": ["lighthouse lamp december"]}')))
+    up.enqueue(Reply(text="At 18:40 [1]."))
+    features = {"web_search": True, "web_search_full_context": True} if full else {"web_search": True}
+    async with featured.http.post(
+        featured.v1 + "/chat/completions", json=body("When is the lamp lit in winter?", features=features, params=LEGACY, stream=True)
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    text = up.requests[-1]["messages"][-1]["content"]
+    assert "The lighthouse lamp is lit at 18:40 in December." in text
+    # The page is ~4,000 tokens: chunked and searched, only the passage around
+    # the answer is the model's; with full context, the whole page.
+    assert ("Paragraph 3:" in text) is full and ("Paragraph 299:" in text) is full
+    step = next(e["data"]["detail"] for e in await featured.events(turn_id) if e["data"].get("step") == "web_search")
+    [source] = step["sources"]
+    if full:
+        assert len(source["document"]) == 1 and "retrieval" not in step
+    else:
+        assert step["retrieval"] == "passages" and 0 < source["metadata"][0]["score"] <= 1 and source["distances"]
     await check_stream_against_log(featured, turn_id, raw)
 
 

@@ -368,3 +368,17 @@ def test_building_a_bm25_index_writes_nothing_to_the_service_log() -> None:
     finally:
         root.removeHandler(handler)
     assert [r.getMessage() for r in seen if r.name.startswith("bm25s")] == []
+
+
+async def test_passages_of_texts_that_are_not_stored(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embedding_server: EmbeddingServer) -> None:
+    """Fetched web pages are searched as files are: chunked, BM25 and vectors fused."""
+    svc = await started(tmp_path, upstream, database_url, embedder=HttpEmbedder(embedding_server.url), rag_top_k=1)
+    try:
+        chosen = await knowledge(svc).passages([KITCHEN, LIGHTHOUSE + "\n\n" + GARAGE], ["automobile"])
+        # No word in common with "sedan": the vectors find it, in the second text only.
+        assert chosen[0] == [] and len(chosen[1]) == 1
+        text, score = chosen[1][0]
+        assert "sedan" in text and "keeper" not in text and 0 < score <= 0.5
+        assert await knowledge(svc).passages([KITCHEN], ["  "]) == [[]], "no query: nothing chosen"
+    finally:
+        await stop_service(svc)

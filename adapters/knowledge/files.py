@@ -60,12 +60,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from adapters.knowledge.chunking import Chunk, chunk_text, stitch
 from adapters.knowledge.extract import NO_TEXT, ExtractionError, extract_text
 from adapters.knowledge.extract_process import extract_isolated
-from adapters.knowledge.lexical import LexicalCache
+from adapters.knowledge.lexical import LexicalCache, LexicalIndex
 from adapters.knowledge.records import FAILED, PROCESSING, READY, CollectionRecord, FileRecord, KnowledgeTables
 from adapters.rerank import Reranker, RerankError
 from engine.ports import BlobStore, Embedder, EmbeddingError, FileInfo, FileRef, Knowledge, RetrievalError
@@ -99,6 +100,10 @@ class KnowledgeSettings:
     hybrid: bool = True
     # With a reranker: the best fused candidates it reorders (top_k are kept).
     rerank_candidates: int = 20
+    # Texts searched without being stored (fetched web pages): each one's first
+    # chunks only (about 25,000 tokens at the default size), so that a huge page
+    # costs a bounded embedding.
+    page_chunks: int = 64
     embedding_batch_size: int = 64
     ingest_concurrency: int = 2
     # A file whose text is longer, or makes more chunks, fails (a small PDF can
@@ -505,6 +510,49 @@ class FileKnowledge:
             log.exception("retrieval failed")
             raise RetrievalError(f"retrieval failed: {type(exc).__name__}: {exc}") from exc
 
+    async def passages(self, documents: Sequence[str], queries: Sequence[str]) -> list[list[tuple[str, float]]]:
+        """``engine.ports.Knowledge.passages``: texts that are not stored (fetched
+        web pages) searched as files are: chunked alike (each text's first
+        ``page_chunks`` chunks), BM25 and the embedder's cosine fused, reordered
+        by the reranker when there is one, then the threshold and the ``top_k``
+        best over all the texts. For each text, its chosen passages, best first."""
+        try:
+            return await self._passages(list(documents), [q.strip() for q in queries if q and q.strip()])
+        except RetrievalError:
+            raise
+        except EmbeddingError as exc:
+            raise RetrievalError(f"embedding failed: {exc}") from exc
+        except Exception as exc:
+            log.exception("passage retrieval failed")
+            raise RetrievalError(f"retrieval failed: {type(exc).__name__}: {exc}") from exc
+
+    async def _passages(self, documents: list[str], queries: list[str]) -> list[list[tuple[str, float]]]:
+        out: list[list[tuple[str, float]]] = [[] for _ in documents]
+        s = self.settings
+        loop = asyncio.get_running_loop()
+        keys, texts = await loop.run_in_executor(self._pool, _text_chunks, documents, s.chunk_tokens, s.chunk_overlap_tokens, s.page_chunks)
+        if not keys or not queries:
+            return out
+        pool = max(4 * s.top_k, 20)  # candidates per query and method
+        index = await asyncio.to_thread(LexicalIndex, keys, texts)
+        lexical = [{index.keys[hit.doc]: hit.score for hit in index.search(query, pool)} for query in queries]
+        semantic: list[dict[Key, float]] = [{} for _ in queries]
+        with_vectors: set[str] = set()
+        if self.embedder is not None:
+            vectors = await self.embedder.embed([*queries, *texts])
+            if len(vectors) != len(queries) + len(texts):
+                raise RetrievalError(f"embedding failed: {len(vectors)} vectors for {len(queries) + len(texts)} texts")
+            semantic = _cosine_hits(vectors[: len(queries)], vectors[len(queries) :], keys, pool)
+            with_vectors = {key[0] for key in keys}
+        scores = fuse(lexical, semantic, with_vectors, s.hybrid)
+        ranked = sorted(((score, key) for key, score in scores.items() if score > 0.0), key=lambda item: (-item[0], item[1]))
+        by_key = dict(zip(keys, texts))
+        if self.reranker is not None and ranked:
+            ranked = await self._rerank(queries, ranked[: max(s.rerank_candidates, s.top_k)], by_key)
+        for score, (doc, seq) in [(score, key) for score, key in ranked if score >= s.relevance_threshold][: s.top_k]:
+            out[int(doc)].append((by_key[(doc, seq)].strip(), round(score, 6)))
+        return out
+
     async def _ready_files(self, user_id: str, refs: Sequence[FileRef]) -> tuple[list[FileRecord], list[FileRecord]]:
         """The ready files of the references, in reference order, without
         repeats: ``(whole, searched)``; a file named both ways is whole."""
@@ -602,17 +650,7 @@ class FileKnowledge:
             for i, qvec in enumerate(qvecs):
                 semantic[i] = await self._vector_hits(user_id, model, sorted(with_vectors), qvec, pool)
 
-        weight = 0.5 if s.hybrid else 1.0  # of the cosine, for files with vectors
-        best: dict[tuple[str, int], float] = {}
-        for lex, sem in zip(lexical, semantic):
-            for key in lex.keys() | sem.keys():
-                if key[0] in with_vectors:
-                    score = weight * max(0.0, sem.get(key, 0.0)) + (1.0 - weight) * lex.get(key, 0.0)
-                else:
-                    score = lex.get(key, 0.0)
-                if score > best.get(key, 0.0):
-                    best[key] = score
-        return best
+        return fuse(lexical, semantic, with_vectors, s.hybrid)
 
     async def _vector_hits(self, user_id: str, model: str, file_ids: list[str], qvec: list[float], k: int) -> dict[tuple[str, int], float]:
         """The ``k`` nearest chunks of the files, exactly. The port filters by
@@ -642,6 +680,51 @@ class FileKnowledge:
         for hits in per_file:
             merged.update(keyed(hits))
         return dict(sorted(merged.items(), key=lambda kv: -kv[1])[:k])
+
+
+Key = tuple[str, int]
+
+
+def _text_chunks(documents: list[str], size: int, overlap: int, limit: int) -> tuple[list[Key], list[str]]:
+    """The first ``limit`` chunks of each text (in a worker thread), keyed ``(str(text index), seq)``."""
+    keys: list[Key] = []
+    texts: list[str] = []
+    for n, text in enumerate(documents):
+        chunks, _ = chunk_text(text, size, overlap)
+        for chunk in chunks[:limit]:
+            keys.append((str(n), chunk.seq))
+            texts.append(chunk.text)
+    return keys, texts
+
+
+def _cosine_hits(queries: list[list[float]], chunks: list[list[float]], keys: list[Key], k: int) -> list[dict[Key, float]]:
+    """Per query, the ``k`` chunks of highest cosine similarity."""
+    q = np.asarray(queries, dtype=np.float64)
+    m = np.asarray(chunks, dtype=np.float64)
+    q /= np.maximum(np.linalg.norm(q, axis=1, keepdims=True), 1e-12)
+    m /= np.maximum(np.linalg.norm(m, axis=1, keepdims=True), 1e-12)
+    sims = q @ m.T
+    out = []
+    for row in sims:
+        top = np.argsort(-row, kind="stable")[:k]
+        out.append({keys[int(j)]: float(row[j]) for j in top})
+    return out
+
+
+def fuse(lexical: list[dict[Key, float]], semantic: list[dict[Key, float]], with_vectors: set[str], hybrid: bool) -> dict[Key, float]:
+    """Each chunk's fused score (see the module doc), its best over the queries;
+    ``with_vectors``: the documents whose chunks have vectors."""
+    weight = 0.5 if hybrid else 1.0  # of the cosine, for documents with vectors
+    best: dict[Key, float] = {}
+    for lex, sem in zip(lexical, semantic):
+        for key in lex.keys() | sem.keys():
+            if key[0] in with_vectors:
+                score = weight * max(0.0, sem.get(key, 0.0)) + (1.0 - weight) * lex.get(key, 0.0)
+            else:
+                score = lex.get(key, 0.0)
+            if score > best.get(key, 0.0):
+                best[key] = score
+    return best
 
 
 def as_knowledge(files: FileKnowledge) -> Knowledge:

@@ -162,7 +162,7 @@ class LiveAssembler:
             inlet,
             memory,
             WebQueries(self._search, self._task_model),
-            WebResults(self._search, self._fetcher, self._search_count),
+            WebResults(self._search, self._fetcher, self._search_count, self._knowledge),
             ImageStarted(self._images),
             ImageGeneration(self._images, self._payloads),
             CodeInterpreterPrompt(self._available["code_interpreter"]),

@@ -14,12 +14,13 @@ from __future__ import annotations
 import base64
 import logging
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from engine.context.messages import add_or_update_system_message, get_last_user_message
 from engine.context.steps import Detail, Draft
 from engine.context.tasks import parse_queries, query_warning, task_request, web_search_queries
-from engine.ports import ImageGenerator, PageFetcher, PayloadStore, TaskModel, UpstreamError, WebError, WebSearch
+from engine.ports import ImageGenerator, Knowledge, PageFetcher, PayloadStore, RetrievalError, TaskModel, UpstreamError, WebError, WebSearch
 from engine.tools.builtin import stored_images
 
 logger = logging.getLogger(__name__)
@@ -69,14 +70,18 @@ class WebQueries:
 class WebResults:
     """The results of the queries, their pages fetched concurrently (bounded per
     page and in all), as sources; a refused or failed page is recorded, and its
-    search snippet stands in for it."""
+    search snippet stands in for it. The pages are chunked and searched for the
+    queries as files are (``Knowledge.passages``), and only the chosen passages
+    are sources; ``features.web_search_full_context`` (or no knowledge service)
+    gives each page's whole text instead."""
 
     name = "web_search"
 
-    def __init__(self, search: WebSearch | None, fetcher: PageFetcher | None, count: int) -> None:
+    def __init__(self, search: WebSearch | None, fetcher: PageFetcher | None, count: int, knowledge: Knowledge | None = None) -> None:
         self._search = search
         self._fetcher = fetcher
         self._count = count
+        self._knowledge = knowledge
 
     async def run(self, draft: Draft) -> Detail | None:
         if not _legacy(draft, "web_search") or self._search is None:
@@ -96,26 +101,49 @@ class WebResults:
             return {"status": status, "queries": draft.web_queries, "errors": errors}
         pages: list[dict[str, Any]] = []
         fetched: list[Any] = list(await self._fetcher.fetch_many(list(hits))) if self._fetcher is not None else []
-        sources = []
+        found: list[tuple[str, str, str, str]] = []  # url, title, text, search snippet
         for n, (url, hit) in enumerate(hits.items()):
             page = fetched[n] if n < len(fetched) else None
             if page is not None and not isinstance(page, Exception):
                 pages.append({"url": url, "status": page.status, "title": page.title, "truncated": page.truncated})
-                text, title = page.text, page.title or hit.title
+                found.append((url, page.title or hit.title or url, page.text, hit.snippet))
             else:
                 if page is not None:
                     pages.append({"url": url, "error": str(page)})
-                text, title = hit.snippet, hit.title
-            sources.append(
-                {
-                    "source": {"id": url, "name": title or url, "type": "web_search", "url": url},
-                    "document": [text],
-                    "metadata": [{"source": url, "name": title or url, "url": url}],
-                }
-            )
+                found.append((url, hit.title or url, hit.snippet, hit.snippet))
+        detail: Detail = {"queries": draft.web_queries, "pages": pages, "errors": errors}
+        if draft.feature("web_search_full_context") or self._knowledge is None:
+            sources = [_web_source(url, title, [(text, None)]) for url, title, text, _ in found]
+        else:
+            sources = await self._retrieved(self._knowledge, found, draft.web_queries, detail)
         draft.sources.extend(sources)
         status = {"action": "web_search", "description": f"Searched {len(hits)} sites", "urls": list(hits), "done": True}
-        return {"status": status, "queries": draft.web_queries, "pages": pages, "sources": sources, "errors": errors}
+        return {"status": status, **detail, "sources": sources}
+
+    @staticmethod
+    async def _retrieved(knowledge: Knowledge, found: list[tuple[str, str, str, str]], queries: list[str], detail: Detail) -> list[dict[str, Any]]:
+        """The pages' passages chosen for the queries; if retrieval fails, the
+        search snippets (a page may be megabytes: never whole by accident)."""
+        try:
+            chosen = await knowledge.passages([text for _, _, text, _ in found], queries)
+        except RetrievalError as exc:
+            logger.warning("web search: retrieval over the pages failed, the snippets stand in: %s", exc)
+            detail["retrieval_error"] = str(exc)
+            return [_web_source(url, title, [(snippet, None)]) for url, title, _, snippet in found if snippet]
+        detail["retrieval"] = "passages"
+        return [_web_source(url, title, passages) for (url, title, _, _), passages in zip(found, chosen) if passages]
+
+
+def _web_source(url: str, title: str, passages: Sequence[tuple[str, float | None]]) -> dict[str, Any]:
+    """A web page as a source, in Open WebUI's shape: one document per passage."""
+    source: dict[str, Any] = {
+        "source": {"id": url, "name": title, "type": "web_search", "url": url},
+        "document": [text for text, _ in passages],
+        "metadata": [{"source": url, "name": title, "url": url, **({"score": score} if score is not None else {})} for _, score in passages],
+    }
+    if all(score is not None for _, score in passages):
+        source["distances"] = [score for _, score in passages]
+    return source
 
 
 # -- image generation ----------------------------------------------------------------------
