@@ -431,6 +431,13 @@ class Settings(BaseSettings):
     images_api_key: SecretStr | None = Field(default=None, description="the Images API's key")
     images_model: str = Field(default="gpt-image-1", description="the image model")
     images_size: str = Field(default="1024x1024", description="the size asked for (`auto` for GPT Image models)")
+    image_prompt_enhance: bool = Field(
+        default=True,
+        description=(
+            "prompt-based function calling: the task model rewrites the user's request into a detailed image prompt "
+            '(`{"prompt": …}`) before a new image is drawn (recorded; an unusable answer draws the user\'s words, with a warning)'
+        ),
+    )
     # Per-tool settings: [tools.ID] tables of the TOML file (TURNLOG_TOOLS: JSON).
     tools: dict[str, ToolSettings] = Field(
         default_factory=dict,
@@ -539,6 +546,7 @@ class Settings(BaseSettings):
             memory_top_k=self.memory_top_k,
             file_wait_seconds=self.file_wait_seconds,
             web_search_count=self.web_search_count,
+            image_prompt_enhance=self.image_prompt_enhance,
             approval_tools=frozenset(name for name, tool in self.tools.items() if tool.approval == "ask"),
         )
 

@@ -51,6 +51,8 @@ class EngineSettings:
     memory_top_k: int = 3
     # Results kept of each web search query (legacy injection, and search_web's default).
     web_search_count: int = 3
+    # Prompt-based image generation: the task model rewrites the prompt first.
+    image_prompt_enhance: bool = True
     # A turn naming a file still being processed waits this long for it.
     file_wait_seconds: float = 30.0
     # Tools whose calls wait for a person's approval (tool ids or function names).

@@ -247,7 +247,8 @@ async def test_legacy_image_generation_stores_the_image_and_tells_the_model(feat
         featured.v1 + "/chat/completions", json=body("Draw a red cat", features={"image_generation": True}, params=LEGACY, stream=True)
     ) as resp:
         raw = await resp.text()
-    assert world.image_prompts == ["Draw a red cat"]
+    # The task model wrote the prompt first (the scripted upstream's default answer).
+    assert world.image_prompts == ["A scripted, detailed image prompt."]
     files = [c["files"] for c in turnlog_chunks(raw) if "files" in c]
     assert len(files) == 1 and files[0][0]["type"] == "image" and files[0][0]["url"].startswith("/v1/blobs/")
     async with featured.http.get(featured.url + files[0][0]["url"]) as blob:
@@ -256,6 +257,47 @@ async def test_legacy_image_generation_stores_the_image_and_tells_the_model(feat
     system = featured.upstream.requests[-1]["messages"][0]
     assert system["role"] == "system" and system["content"].startswith("<context>The requested image has been created")
     assert sse_text(raw) == "Here is your cat."
+
+
+async def test_legacy_image_prompt_is_written_by_the_task_model_and_recorded(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.task_replies.append(("prompt", Reply(text='Sure! {"prompt": "A red tabby cat curled on a blue velvet cushion, soft morning light, oil painting"}')))
+    up.enqueue(Reply(text="Here is your cat."))
+    async with featured.http.post(
+        featured.v1 + "/chat/completions", json=body("Draw a red cat", features={"image_generation": True}, params=LEGACY, stream=True)
+    ) as resp:
+        raw = await resp.text()
+        turn_id = resp.headers["X-Turn-Id"]
+    assert world.image_prompts == ["A red tabby cat curled on a blue velvet cushion, soft morning light, oil painting"]
+    [task] = up.task_requests
+    asked = task["messages"][0]["content"]
+    assert asked.startswith("### Task:") and "USER: Draw a red cat" in asked and '{"prompt":' in asked
+    steps = {e["data"]["step"]: e["data"]["detail"] for e in await featured.events(turn_id) if e["type"] == "assembly.step"}
+    assert steps["image_prompt"]["prompt"] == world.image_prompts[0] and steps["image_prompt"]["reply"].startswith("Sure!")
+    assert steps["image_generation"]["prompt"] == world.image_prompts[0]
+    # Replayed and verified from the log (here and at teardown): the task model is not asked again.
+    await check_stream_against_log(featured, turn_id, raw)
+    assert len(up.task_requests) == 1 and len(world.image_prompts) == 1
+
+
+async def test_an_unusable_image_prompt_draws_the_users_words_with_a_warning(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.task_replies.append(("prompt", Reply(text="I would draw a lovely cat for you.")))
+    up.enqueue(Reply(text="Here is your cat."))
+    status, data, headers = await featured.post("/v1/chat/completions", body("Draw a red cat", features={"image_generation": True}, params=LEGACY))
+    assert status == 200, data
+    assert world.image_prompts == ["Draw a red cat"]
+    step = next(e["data"]["detail"] for e in await featured.events(headers["X-Turn-Id"]) if e["data"].get("step") == "image_prompt")
+    assert step["prompt"] == "Draw a red cat" and 'no JSON object with "prompt"' in step["warning"] and step["reply"].startswith("I would")
+
+
+@pytest.mark.parametrize("more_settings", [{"image_prompt_enhance": False}])
+async def test_image_prompt_enhancement_off_draws_the_users_words(featured: Service, world: World) -> None:
+    featured.upstream.enqueue(Reply(text="Here is your cat."))
+    status, data, headers = await featured.post("/v1/chat/completions", body("Draw a red cat", features={"image_generation": True}, params=LEGACY))
+    assert status == 200, data
+    assert world.image_prompts == ["Draw a red cat"] and featured.upstream.task_requests == []
+    assert not [e for e in await featured.events(headers["X-Turn-Id"]) if e["data"].get("step") == "image_prompt"]
 
 
 async def test_an_image_in_the_user_message_is_edited_and_sent_to_the_model_inline(featured: Service, world: World) -> None:
@@ -272,7 +314,7 @@ async def test_an_image_in_the_user_message_is_edited_and_sent_to_the_model_inli
     request = {"model": "gpt-test", "messages": [{"role": "user", "content": content}], "features": {"image_generation": True}, "params": LEGACY}
     status, data, _ = await featured.post("/v1/chat/completions", request)
     assert status == 200, data
-    assert world.edits == 1
+    assert world.edits == 1 and world.image_prompts[-1] == "Make it blue", "an edit is asked in the user's words"
     sent = featured.upstream.requests[-1]["messages"][-1]["content"]
     image = next(p for p in sent if p["type"] == "image_url")["image_url"]["url"]
     assert image.startswith("data:image/png;base64,") and base64.b64decode(image.split(",", 1)[1]).startswith(b"\x89PNG")

@@ -1144,6 +1144,7 @@ TASK_DEFAULTS = {
     "tags": '{"tags": ["General"]}',
     "follow_ups": '{"follow_ups": ["Tell me more."]}',
     "queries": '{"queries": []}',
+    "prompt": '{"prompt": "A scripted, detailed image prompt."}',
 }
 
 

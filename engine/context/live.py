@@ -15,7 +15,7 @@ from typing import Any
 
 from engine.context.assemble import ModelProfile
 from engine.context.history import History
-from engine.context.media import ImageGeneration, ImageStarted, WebQueries, WebResults
+from engine.context.media import ImageGeneration, ImagePrompt, ImageStarted, WebQueries, WebResults
 from engine.context.plain import plain_request
 from engine.context.steps import (
     AttachedFiles,
@@ -164,6 +164,7 @@ class LiveAssembler:
             WebQueries(self._search, self._task_model),
             WebResults(self._search, self._fetcher, self._search_count, self._knowledge),
             ImageStarted(self._images),
+            ImagePrompt(self._images, self._task_model, self._settings.image_prompt_enhance),
             ImageGeneration(self._images, self._payloads),
             CodeInterpreterPrompt(self._available["code_interpreter"]),
             Unsupported(self._available),

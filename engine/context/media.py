@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.context.messages import add_or_update_system_message, get_last_user_message
 from engine.context.steps import Detail, Draft
-from engine.context.tasks import parse_queries, query_warning, task_request, web_search_queries
+from engine.context.tasks import TaskFailure, parse_image_prompt, parse_queries, query_warning, task_request, web_search_queries
 from engine.ports import ImageGenerator, Knowledge, PageFetcher, PayloadStore, RetrievalError, TaskModel, UpstreamError, WebError, WebSearch
 from engine.tools.builtin import stored_images
 
@@ -161,6 +161,46 @@ class ImageStarted:
         return {"status": {"action": "image_generation", "description": "Creating image", "done": False}}
 
 
+class ImagePrompt:
+    """Prompt mode, a new image (not an edit): the task model rewrites the
+    user's request into a detailed image prompt first (``{"prompt": …}``).
+    Its reply and the prompt are recorded, so a replay never asks again; an
+    unusable reply (or a failed call) leaves the user's own words, with a
+    warning."""
+
+    name = "image_prompt"
+
+    def __init__(self, images: ImageGenerator | None, task_model: TaskModel, enabled: bool) -> None:
+        self._images = images
+        self._task_model = task_model
+        self._enabled = enabled
+
+    async def run(self, draft: Draft) -> Detail | None:
+        if not self._enabled or not _legacy(draft, "image_generation") or self._images is None or recent_images(draft.messages):
+            return None
+        words = get_last_user_message(draft.messages) or ""
+        prompt = str(task_request("image_prompt", draft.messages, now=draft.now)[0]["content"])
+        try:
+            reply = await self._task_model.ask("image_prompt", prompt)
+        except UpstreamError as exc:
+            return self._fallback(draft, words, f"the task model failed ({exc.message})", None)
+        parsed = parse_image_prompt(reply)
+        if isinstance(parsed, TaskFailure):
+            return self._fallback(draft, words, parsed.reason, reply)
+        draft.image_prompt = parsed
+        return {"prompt": parsed, "reply": reply}
+
+    @staticmethod
+    def _fallback(draft: Draft, words: str, reason: str, reply: str | None) -> Detail:
+        warning = f"the task model gave no usable image prompt ({reason}); the user's words were drawn instead"
+        logger.warning("turn %s: image generation: %s", draft.turn.id, warning)
+        draft.image_prompt = words
+        detail: Detail = {"prompt": words, "warning": warning}
+        if reply is not None:
+            detail["reply"] = reply
+        return detail
+
+
 class ImageGeneration:
     """Draw the user's last message (or edit the images of the recent user
     messages); the image is stored as a blob and sent to the client as a
@@ -175,8 +215,8 @@ class ImageGeneration:
     async def run(self, draft: Draft) -> Detail | None:
         if not _legacy(draft, "image_generation") or self._images is None:
             return None
-        prompt = get_last_user_message(draft.messages) or ""
         inputs = recent_images(draft.messages)
+        prompt = draft.image_prompt if draft.image_prompt is not None and not inputs else get_last_user_message(draft.messages) or ""
         try:
             if inputs:
                 made = await self._images.edit(prompt, inputs)

@@ -89,6 +89,7 @@ class Draft:
     rag: dict[str, Any] | None = None
     numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
     web_queries: list[str] = field(default_factory=list)  # legacy web search: this turn's queries
+    image_prompt: str | None = None  # legacy image generation: the task model's prompt (None: the user's words)
     code_interpreter: bool = False  # legacy code blocks in the answer are run
 
     @property

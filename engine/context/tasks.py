@@ -46,7 +46,7 @@ from typing import Any, Literal
 from engine.context.messages import Message
 from engine.context.sources import date_variables
 
-TaskKind = Literal["title", "tags", "follow_ups", "queries"]
+TaskKind = Literal["title", "tags", "follow_ups", "queries", "image_prompt"]
 
 #: ``metadata.task`` of each task's request.
 TASK_NAMES: dict[TaskKind, str] = {
@@ -54,6 +54,7 @@ TASK_NAMES: dict[TaskKind, str] = {
     "tags": "tags_generation",
     "follow_ups": "follow_up_generation",
     "queries": "query_generation",
+    "image_prompt": "image_prompt_generation",
 }
 
 #: The task model's ``max_tokens`` unless configured otherwise.
@@ -135,11 +136,28 @@ Decide whether answering the user's latest message needs a search, and if it doe
 {{MESSAGES:END:6}}
 </chat_history>"""
 
+DEFAULT_IMAGE_PROMPT_TEMPLATE = """### Task:
+Write a detailed prompt for an image generator from the user's latest request in the chat below: describe the image as if to someone who cannot see it, with its subject, setting, composition, colours, lighting and style.
+
+### Guidelines:
+- Keep everything the user asked for; add only details that serve it, never a different subject.
+- Use the chat's main language; use English if unsure.
+- Reply with the raw JSON object only: no other text, no code fences.
+
+### Output:
+{"prompt": "<the detailed description>"}
+
+### Chat:
+<chat_history>
+{{MESSAGES:END:6}}
+</chat_history>"""
+
 DEFAULT_TEMPLATES: dict[TaskKind, str] = {
     "title": DEFAULT_TITLE_TEMPLATE,
     "tags": DEFAULT_TAGS_TEMPLATE,
     "follow_ups": DEFAULT_FOLLOW_UPS_TEMPLATE,
     "queries": DEFAULT_QUERY_TEMPLATE,
+    "image_prompt": DEFAULT_IMAGE_PROMPT_TEMPLATE,
 }
 
 
@@ -433,6 +451,26 @@ def parse_queries(reply: str) -> Queries | TaskFailure:
     if queries and all(_EXAMPLE_QUERY.fullmatch(q) for q in queries):
         return TaskFailure(f"the reply repeats the template's example queries {json.dumps(queries)}")
     return Queries(queries)
+
+
+#: A generated image prompt longer than this is not used (a model that rambles).
+MAX_IMAGE_PROMPT_CHARS = 4000
+
+
+def parse_image_prompt(reply: str) -> str | TaskFailure:
+    """``{"prompt": "…"}`` → the prompt, trimmed; anything else is a failure
+    (the caller draws the user's own words instead)."""
+    found, value = reply_field(reply, "prompt")
+    if not found:
+        return TaskFailure('no JSON object with "prompt"')
+    if not isinstance(value, str):
+        return TaskFailure("prompt is not a string")
+    prompt = value.strip()
+    if not prompt:
+        return TaskFailure("empty prompt")
+    if len(prompt) > MAX_IMAGE_PROMPT_CHARS:
+        return TaskFailure(f"the prompt is over {MAX_IMAGE_PROMPT_CHARS} characters")
+    return prompt
 
 
 # The placeholders of the default query template's example output.
