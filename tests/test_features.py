@@ -189,6 +189,19 @@ async def test_legacy_web_search_keeps_the_passages_of_a_page_that_answer(featur
     await check_stream_against_log(featured, turn_id, raw)
 
 
+@pytest.mark.parametrize("more_settings", [{"rerank_engine": "api", "rerank_url": "http://127.0.0.1:9/v1"}])
+async def test_when_searching_the_pages_fails_their_snippets_stand_in(featured: Service, world: World) -> None:
+    up = featured.upstream
+    up.task_replies.append(("queries", Reply(text='{"queries": ["lighthouse lamp december"]}')))
+    up.enqueue(Reply(text="I could not read the page."))
+    status, data, headers = await featured.post("/v1/chat/completions", body("When is the lamp lit?", features={"web_search": True}, params=LEGACY))
+    assert status == 200, data
+    text = up.requests[-1]["messages"][-1]["content"]
+    assert "the harbour almanac" in text and "Paragraph" not in text and "18:40" not in text, "the snippet, never the whole page"
+    step = next(e["data"]["detail"] for e in await featured.events(headers["X-Turn-Id"]) if e["data"].get("step") == "web_search")
+    assert "reranking failed" in step["retrieval_error"] and "127.0.0.1:9" in step["retrieval_error"]
+
+
 async def test_legacy_web_search_with_an_echoed_template_searches_the_user_message_and_warns(featured: Service, world: World) -> None:
     up = featured.upstream
     up.task_replies.append(("queries", Reply(text='{"queries": ["query1", "query2"]}')))
@@ -289,6 +302,16 @@ async def test_an_unusable_image_prompt_draws_the_users_words_with_a_warning(fea
     assert world.image_prompts == ["Draw a red cat"]
     step = next(e["data"]["detail"] for e in await featured.events(headers["X-Turn-Id"]) if e["data"].get("step") == "image_prompt")
     assert step["prompt"] == "Draw a red cat" and 'no JSON object with "prompt"' in step["warning"] and step["reply"].startswith("I would")
+
+
+@pytest.mark.parametrize("more_settings", [{"task_model": "no-such-model"}])
+async def test_a_failed_image_prompt_call_draws_the_users_words(featured: Service, world: World) -> None:
+    featured.upstream.enqueue(Reply(text="Here is your cat."))
+    status, data, headers = await featured.post("/v1/chat/completions", body("Draw a red cat", features={"image_generation": True}, params=LEGACY))
+    assert status == 200, data
+    assert world.image_prompts == ["Draw a red cat"]
+    step = next(e["data"]["detail"] for e in await featured.events(headers["X-Turn-Id"]) if e["data"].get("step") == "image_prompt")
+    assert "no-such-model" in step["warning"] and "reply" not in step
 
 
 @pytest.mark.parametrize("more_settings", [{"image_prompt_enhance": False}])

@@ -109,6 +109,19 @@ async def test_retrieval_is_reordered_by_the_reranker(tmp_path: Path, upstream: 
         await stop_service(svc)
 
 
+async def test_passages_of_fetched_pages_are_reranked_too(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    server = RerankServer("tei", {"barometer": 0.9})
+    await server.start()
+    svc = await started(tmp_path, upstream, database_url, rerank_engine="api", rerank_url=server.url, rerank_api_shape="tei", rag_top_k=1)
+    try:
+        chosen = await knowledge(svc).passages([LEXICAL_FAVOURITE, ANSWER], ["storm bell"])
+        assert chosen == [[], [(ANSWER, 0.9)]]
+        assert sorted(server.requests[-1]["texts"]) == sorted([LEXICAL_FAVOURITE, ANSWER])
+    finally:
+        await server.close()
+        await stop_service(svc)
+
+
 def test_a_local_reranker_is_refused_at_start(tmp_path: Path) -> None:
     settings = make_settings(tmp_path, "http://127.0.0.1:9/v1", rerank_engine="local")
     with pytest.raises(ValueError, match="no cross-encoder ships its weights"):
