@@ -382,3 +382,25 @@ async def test_passages_of_texts_that_are_not_stored(tmp_path: Path, upstream: S
         assert await knowledge(svc).passages([KITCHEN], ["  "]) == [[]], "no query: nothing chosen"
     finally:
         await stop_service(svc)
+
+
+async def test_passages_of_a_long_text_embed_a_bounded_number_of_chunks(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, embedding_server: EmbeddingServer
+) -> None:
+    svc = await started(tmp_path, upstream, database_url, embedder=HttpEmbedder(embedding_server.url), rag_top_k=1)
+    try:
+        filler = "\n\n".join(f"Entry {i}: the tide tables were copied again." for i in range(400))
+        page = filler + "\n\nThe keeper rings the storm bell when the barometer falls.\n\n" + filler
+        before = embedding_server.texts
+        chosen = await knowledge(svc).passages([page], ["storm bell"])
+        # The page is hundreds of chunks; its first 64 are searched, and of those
+        # at most 32 are embedded (the query is one more text).
+        assert embedding_server.texts - before <= 32 + 1
+        assert all("storm bell" not in text for text, _ in chosen[0]), "the answer lies past the chunks searched"
+        short = filler[:2000] + "\n\nThe keeper rings the storm bell when the barometer falls."
+        before = embedding_server.texts
+        first, second = await knowledge(svc).passages([short, page], ["storm bell"])
+        [(text, _)] = first + second
+        assert "storm bell" in text and embedding_server.texts - before <= 32 + 1, "BM25's best is among the embedded"
+    finally:
+        await stop_service(svc)

@@ -104,6 +104,10 @@ class KnowledgeSettings:
     # chunks only (about 25,000 tokens at the default size), so that a huge page
     # costs a bounded embedding.
     page_chunks: int = 64
+    # ... and at most this many of their chunks embedded per retrieval (BM25's
+    # best first, then each text's first chunks in turn): a local model on a
+    # small CPU takes tens of milliseconds a chunk, and this runs in the turn.
+    page_embed_chunks: int = 32
     embedding_batch_size: int = 64
     ingest_concurrency: int = 2
     # A file whose text is longer, or makes more chunks, fails (a small PDF can
@@ -539,10 +543,11 @@ class FileKnowledge:
         semantic: list[dict[Key, float]] = [{} for _ in queries]
         with_vectors: set[str] = set()
         if self.embedder is not None:
-            vectors = await self.embedder.embed([*queries, *texts])
-            if len(vectors) != len(queries) + len(texts):
-                raise RetrievalError(f"embedding failed: {len(vectors)} vectors for {len(queries) + len(texts)} texts")
-            semantic = _cosine_hits(vectors[: len(queries)], vectors[len(queries) :], keys, pool)
+            picked = _embed_candidates(keys, lexical, s.page_embed_chunks)
+            vectors = await self.embedder.embed([*queries, *(texts[i] for i in picked)])
+            if len(vectors) != len(queries) + len(picked):
+                raise RetrievalError(f"embedding failed: {len(vectors)} vectors for {len(queries) + len(picked)} texts")
+            semantic = _cosine_hits(vectors[: len(queries)], vectors[len(queries) :], [keys[i] for i in picked], pool)
             with_vectors = {key[0] for key in keys}
         scores = fuse(lexical, semantic, with_vectors, s.hybrid)
         ranked = sorted(((score, key) for key, score in scores.items() if score > 0.0), key=lambda item: (-item[0], item[1]))
@@ -695,6 +700,31 @@ def _text_chunks(documents: list[str], size: int, overlap: int, limit: int) -> t
             keys.append((str(n), chunk.seq))
             texts.append(chunk.text)
     return keys, texts
+
+
+def _embed_candidates(keys: list[Key], lexical: list[dict[Key, float]], budget: int) -> list[int]:
+    """Which chunks (indexes into ``keys``) to embed, at most ``budget``: every
+    chunk when they fit, else BM25's best for each query first, then each
+    text's chunks from its start, one text after another in turn."""
+    if len(keys) <= budget:
+        return list(range(len(keys)))
+    position = {key: i for i, key in enumerate(keys)}
+    picked: dict[int, None] = {}
+    for hits in lexical:
+        for key, _ in sorted(hits.items(), key=lambda kv: -kv[1]):
+            if len(picked) < budget:
+                picked.setdefault(position[key])
+    by_text: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        by_text.setdefault(key[0], []).append(i)
+    rounds = max(len(ids) for ids in by_text.values())
+    for n in range(rounds):
+        for ids in by_text.values():
+            if len(picked) >= budget:
+                return sorted(picked)
+            if n < len(ids):
+                picked.setdefault(ids[n])
+    return sorted(picked)
 
 
 def _cosine_hits(queries: list[list[float]], chunks: list[list[float]], keys: list[Key], k: int) -> list[dict[Key, float]]:
