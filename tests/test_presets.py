@@ -23,12 +23,12 @@ from tests.upstream import Reply, ScriptedUpstream
 
 SECOND_KEY = "sk-second-SECRET-91c2"
 
-FILTER = '''
+FILTER = """
 class Filter:
     def inlet(self, body, __user__=None):
         body["messages"][-1]["content"] += " [{mark}]"
         return body
-'''
+"""
 
 
 @pytest.fixture
@@ -146,6 +146,8 @@ async def test_global_filters_run_everywhere_opt_in_ones_only_where_named(tmp_pa
         status, body, _ = await _chat(svc, {"model": "gpt-test", "messages": [{"role": "user", "content": "plain"}]})
         assert status == 200, body
         assert upstream.requests[0]["messages"][-1]["content"] == "plain [always]"
+        # the single-upstream settings are the connection "openai", with their own key
+        assert upstream.request_headers[0]["Authorization"] == f"Bearer {UPSTREAM_KEY}"
         # a client may opt in by filter_ids, as Open WebUI's client does
         status, body, _ = await _chat(svc, {"model": "gpt-test", "messages": [{"role": "user", "content": "x"}], "filter_ids": ["tagger"]})
         assert status == 200, body
@@ -264,13 +266,13 @@ def test_connections_resume_and_defaults(tmp_path: Path) -> None:
     assert settings.resume_of("other", "responses") == ("continue", {})  # its type's built-in default
     assert settings.resume_of("openai", "chat") == ("restart", {})  # the single-upstream settings as before
     assert list(settings.all_connections()) == ["openai", "vllm", "other"]
-    from adapters.embeddings import open_embedder
+    from adapters.embeddings import OpenAIEmbedder, open_embedder
     from adapters.images import open_images
 
     images = open_images(settings)
     assert images is not None and images.base_url.startswith("http://127.0.0.1:11")
     embedder = open_embedder(settings)
-    assert embedder is not None and embedder.base_url.startswith("http://127.0.0.1:10")
+    assert isinstance(embedder, OpenAIEmbedder) and embedder.base_url.startswith("http://127.0.0.1:10")
     with pytest.raises(ValueError, match="set twice"):
         make_settings(tmp_path, "http://127.0.0.1:9/v1", connections={"openai": {"base_url": "http://127.0.0.1:12/v1"}})
     with pytest.raises(ValueError, match="resume_params"):
