@@ -40,7 +40,7 @@ presets_table = Table(
     Column("updated_at", Float, nullable=False),
 )
 
-PRESET_ID = r"^[A-Za-z0-9_.:/\-]{1,128}$"
+PRESET_ID = r"^[A-Za-z0-9_.:\-]{1,128}$"
 
 
 class PresetSpec(BaseModel):

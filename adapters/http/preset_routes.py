@@ -119,6 +119,6 @@ async def delete_preset(request: web.Request) -> web.Response:
 def setup(app: web.Application) -> None:
     app.router.add_post("/v1/presets", create_preset)
     app.router.add_get("/v1/presets", list_presets)
-    app.router.add_get("/v1/presets/{preset_id:.+}", get_preset)
-    app.router.add_patch("/v1/presets/{preset_id:.+}", patch_preset)
-    app.router.add_delete("/v1/presets/{preset_id:.+}", delete_preset)
+    app.router.add_get("/v1/presets/{preset_id}", get_preset)
+    app.router.add_patch("/v1/presets/{preset_id}", patch_preset)
+    app.router.add_delete("/v1/presets/{preset_id}", delete_preset)
