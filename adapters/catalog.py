@@ -50,6 +50,7 @@ class Catalog:
         self._errors: dict[str, str] = {}  # upstream -> why its last listing failed
         self._states: dict[str, str] = {}  # upstream -> last logged state, to log changes only
         self._inflight: asyncio.Future[None] | None = None
+        self._warned: set[str] = set()  # presets whose unknown base model was logged
 
     def start(self) -> None:
         """Report the upstreams: at once if there is none, else after a first
@@ -109,6 +110,19 @@ class Catalog:
         self._reachable = reachable
         self._errors = errors
         self._fetched_at = time.monotonic()
+        if reachable:
+            self._check_presets()
+
+    def _check_presets(self) -> None:
+        """Warn, once each, about a preset of the settings whose base model no
+        upstream lists (its turns answer 404 until one does)."""
+        configured = self.presets.configured if self.presets is not None else {}
+        for spec in configured.values():
+            if spec.base_model in self._models or spec.id in self._warned:
+                continue
+            self._warned.add(spec.id)
+            nested = " (a preset: presets do not nest)" if spec.base_model in configured else ""
+            log.warning("preset %s: its base model %s is no model of the upstreams%s; its turns are refused until it is", spec.id, spec.base_model, nested)
 
     def _prefix(self, name: str) -> str | None:
         connection = self.settings.connections.get(name)
