@@ -7,18 +7,21 @@ turn records the resolution, and replays and verifies from it alone."""
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 
 from adapters.config import ConnectionSettings
 from engine.fold.turn_view import fold
 from engine.run.loop_state import run_model
 from tests.harness import UPSTREAM_KEY, Service, make_settings, start_service, stop_service
+from tests.processes import Server, cli, wait_for
 from tests.upstream import Reply, ScriptedUpstream
 
 SECOND_KEY = "sk-second-SECRET-91c2"
@@ -277,3 +280,44 @@ def test_connections_resume_and_defaults(tmp_path: Path) -> None:
         make_settings(tmp_path, "http://127.0.0.1:9/v1", connections={"openai": {"base_url": "http://127.0.0.1:12/v1"}})
     with pytest.raises(ValueError, match="resume_params"):
         ConnectionSettings(base_url="http://x/v1", resume_params={"model": "m"})
+
+
+WORDS = [f" w{i}" for i in range(40)]
+
+
+async def test_a_resumed_preset_turn_keeps_the_base_model_it_recorded(
+    http: aiohttp.ClientSession, tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream
+) -> None:
+    """Killed mid-answer, the turn resumes on a server whose preset of that id
+    now wraps another model on another connection: it goes on with the base
+    model it recorded, on the first upstream."""
+    env = {"TURNLOG_FLUSH_INTERVAL": "60", "TURNLOG_FLUSH_MAX_CHUNKS": "10", "TURNLOG_RESUME": json.dumps({"openai": "continue"})}
+    upstream.enqueue(Reply(chunks=WORDS, delay=0.002, pause_after=25), Reply(chunks=WORDS))
+    db = tmp_path / "turnlog.db"
+    first = Server(db, upstream.url, auto_resume=False, env={**env, "TURNLOG_MODELS": json.dumps({"swap": {"base_model": "gpt-test", "system": "v1"}})})
+    try:
+        await first.ready(http)
+        resp = await http.post(first.url + "/v1/chat/completions", json={"model": "swap", "messages": [{"role": "user", "content": "count"}], "stream": True})
+        assert resp.status == 200
+        turn_id = resp.headers["X-Turn-Id"]
+        await asyncio.wait_for(upstream.paused.wait(), 20)
+        await wait_for(http, f"{first.url}/v1/turns/{turn_id}", lambda v: len(v["content"] or "") > 0)
+        first.kill9()
+        upstream.release()
+        resp.close()
+    finally:
+        first.stop()
+    changed = {"swap": {"base_model": "b/gpt-test", "system": "v2"}}
+    connections = {"second": {"base_url": second.url, "prefix": "b"}}
+    again = Server(db, upstream.url, auto_resume=True, env={**env, "TURNLOG_MODELS": json.dumps(changed), "TURNLOG_CONNECTIONS": json.dumps(connections)})
+    try:
+        await again.ready(http)
+        turn = await wait_for(http, f"{again.url}/v1/turns/{turn_id}", lambda v: v["status"] == "completed")
+        assert turn["model"] == "swap" and turn["content"] == "".join(WORDS)
+        assert second.requests == []  # the preset as it is now was never asked
+        assert [r["model"] for r in upstream.requests] == ["gpt-test", "gpt-test"]
+        assert _system(upstream.requests[1]) == "v1"
+        assert cli(db, "verify", turn_id).returncode == 0
+        assert cli(db, "replay", turn_id).returncode == 0
+    finally:
+        again.stop()
