@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import json
+import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ import pytest
 from adapters.config import ConnectionSettings
 from engine.fold.turn_view import fold
 from engine.run.loop_state import run_model
+from tests.documents import upload, wait_file
 from tests.harness import UPSTREAM_KEY, Service, make_settings, start_service, stop_service
 from tests.processes import Server, cli, wait_for
 from tests.upstream import Reply, ScriptedUpstream
@@ -226,6 +228,11 @@ async def test_shared_collections_are_read_by_all_and_changed_by_their_admin(tmp
         assert status == 403
         status, kb, _ = await _post(svc, "/v1/knowledge", {"name": "handbook", "shared": True}, as_admin)
         assert status == 200 and kb["shared"] is True
+        status, doc = await upload(svc.http, svc.url, "handbook.txt", b"The lighthouse office opens at nine sharp.", "text/plain", as_admin)
+        assert status == 200, doc
+        assert (await wait_file(svc.http, svc.url, doc["id"], headers=as_admin))["status"] == "ready"
+        status, kb, _ = await _post(svc, f"/v1/knowledge/{kb['id']}/files", {"file_id": doc["id"]}, as_admin)
+        assert status == 200, kb
         status, seen = await svc.get(f"/v1/knowledge/{kb['id']}", headers=as_user)
         assert status == 200 and seen["name"] == "handbook"
         status, listed = await svc.get("/v1/knowledge", headers=as_user)
@@ -235,11 +242,13 @@ async def test_shared_collections_are_read_by_all_and_changed_by_their_admin(tmp
         preset = {"id": "hb", "base_model": "gpt-test", "files": [{"type": "collection", "id": kb["id"]}]}
         status, body, _ = await _post(svc, "/v1/presets", preset, as_admin)
         assert status == 201, body
-        status, body, headers = await _chat(svc, {"model": "hb", "messages": [{"role": "user", "content": "what?"}]}, as_user)
+        status, body, headers = await _chat(svc, {"model": "hb", "messages": [{"role": "user", "content": "When does the lighthouse office open?"}]}, as_user)
         assert status == 200, body
+        # the admin's document reached the model in the user's turn
+        assert "opens at nine sharp" in json.dumps(upstream.requests[-1]["messages"])
         events = [e for e in (await svc.get(f"/v1/turns/{headers['X-Turn-Id']}/events", headers=as_user))[1]["events"]]
         assert events[0]["data"]["request"]["files"] == preset["files"]
-        # the user's turn found the shared collection (empty: no "missing" warning about it)
+        # the user's turn found the shared collection (no "missing" warning about it)
         assert not any("no such collection" in json.dumps(e["data"]) for e in events)
     finally:
         await stop_service(svc)
@@ -321,3 +330,20 @@ async def test_a_resumed_preset_turn_keeps_the_base_model_it_recorded(
         assert cli(db, "replay", turn_id).returncode == 0
     finally:
         again.stop()
+
+
+async def test_a_settings_preset_whose_base_model_is_unknown_is_logged_and_refused(
+    tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="turnlog.catalog")
+    svc = await start_service(_settings(tmp_path, upstream, second, models={"ghost": {"base_model": "no-such-model"}}), upstream)
+    try:
+        status, _ = await svc.get("/v1/models")  # waits for the listing
+        assert status == 200
+        assert "preset ghost: its base model no-such-model is no model of the upstreams" in caplog.text
+        status, body, _ = await _chat(svc, {"model": "ghost", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 404 and body["error"]["code"] == "model_not_found"
+        assert "no-such-model" in body["error"]["message"] and "ghost" in body["error"]["message"]
+        assert upstream.requests == [] and second.requests == []
+    finally:
+        await stop_service(svc)
