@@ -161,8 +161,8 @@ async def test_global_filters_run_everywhere_opt_in_ones_only_where_named(tmp_pa
         await stop_service(svc)
 
 
-async def test_presets_over_http_need_an_admin_and_are_checked(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
-    svc = await start_service(_settings(tmp_path, upstream, second, auth="on"), upstream)
+async def test_presets_over_http_need_an_admin_and_are_checked(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(_settings(tmp_path, upstream, second, auth="on", database_url=database_url), upstream)
     try:
         store = svc.services.store
         user, admin = await store.create_api_key("alice"), await store.create_api_key("root", "admin")
@@ -218,8 +218,10 @@ async def test_presets_over_http_need_an_admin_and_are_checked(tmp_path: Path, u
         await stop_service(svc)
 
 
-async def test_shared_collections_are_read_by_all_and_changed_by_their_admin(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
-    svc = await start_service(_settings(tmp_path, upstream, second, auth="on"), upstream)
+async def test_shared_collections_are_read_by_all_and_changed_by_their_admin(
+    tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream, database_url: str
+) -> None:
+    svc = await start_service(_settings(tmp_path, upstream, second, auth="on", database_url=database_url), upstream)
     try:
         store = svc.services.store
         user, admin = await store.create_api_key("alice"), await store.create_api_key("root", "admin")
