@@ -124,6 +124,14 @@ class Catalog:
             nested = " (a preset: presets do not nest)" if spec.base_model in configured else ""
             log.warning("preset %s: its base model %s is no model of the upstreams%s; its turns are refused until it is", spec.id, spec.base_model, nested)
 
+    def _by_prefix(self, model: str) -> tuple[str, str] | None:
+        """The connection whose prefix ``model`` starts with, and the id without it."""
+        for name in self.providers:
+            prefix = self._prefix(name)
+            if prefix and model.startswith(prefix + "/"):
+                return name, model[len(prefix) + 1 :]
+        return None
+
     def _prefix(self, name: str) -> str | None:
         connection = self.settings.connections.get(name)
         return connection.prefix if connection is not None else None
@@ -208,8 +216,9 @@ class Catalog:
             if self._reachable:
                 return None
             # No upstream answered the listing: let the upstream judge the id
-            # rather than refuse every model while it is down.
-            name, upstream_model = next(iter(self.providers)), model
+            # rather than refuse every model while it is down (a prefixed id
+            # goes to its connection).
+            name, upstream_model = self._by_prefix(model) or (next(iter(self.providers)), model)
         else:
             name, upstream_model = found[0], str(found[1].get("id", model))
         provider = self.providers[name]

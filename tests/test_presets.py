@@ -84,7 +84,9 @@ def _system(request: dict[str, Any]) -> str:
 
 
 async def test_models_list_presets_and_both_connections(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
-    svc = await start_service(_settings(tmp_path, upstream, second), upstream)
+    fixed = {"type": "ollama", "base_url": "http://127.0.0.1:9", "models": ["fixed-1"], "prefix": "f"}
+    second_connection = {"type": "openai", "base_url": second.url, "api_key": SECOND_KEY, "prefix": "b"}
+    svc = await start_service(_settings(tmp_path, upstream, second, connections={"second": second_connection, "fixed": fixed}), upstream)
     try:
         status, body = await svc.get("/v1/models")
         assert status == 200, body
@@ -94,6 +96,8 @@ async def test_models_list_presets_and_both_connections(tmp_path: Path, upstream
         assert by_id["support"]["owned_by"] == "turnlog"
         assert by_id["support"]["turnlog"] == {"base_model": "b/llama-b", "name": "Support"}
         assert "turnlog" not in by_id["gpt-test"]
+        # a connection with a fixed model list is never asked for its models (nothing listens there)
+        assert by_id["f/fixed-1"]["owned_by"] == "fixed" and "turnlog" not in body
     finally:
         await stop_service(svc)
 
@@ -349,3 +353,23 @@ async def test_a_settings_preset_whose_base_model_is_unknown_is_logged_and_refus
         assert upstream.requests == [] and second.requests == []
     finally:
         await stop_service(svc)
+
+
+async def test_while_no_upstream_answers_a_prefixed_id_goes_to_its_connection(tmp_path: Path) -> None:
+    from adapters.catalog import Catalog
+    from adapters.http.app import open_providers
+
+    closed = "http://127.0.0.1:9/v1"  # nothing listens: every listing fails
+    settings = make_settings(tmp_path, closed, connections={"lab": {"type": "ollama", "base_url": "http://127.0.0.1:9", "prefix": "lab"}})
+    providers = open_providers(settings)
+    catalog = Catalog(settings, providers)
+    try:
+        resolved = await catalog.resolve("lab/llama3")
+        assert resolved is not None and resolved.provider is providers["lab"] and resolved.upstream_model == "llama3"
+        assert resolved.api == "ollama" and resolved.resume == "continue"
+        other = await catalog.resolve("gpt-x")
+        assert other is not None and other.provider is providers["openai"] and other.upstream_model == "gpt-x"
+    finally:
+        await catalog.close()
+        for provider in providers.values():
+            await provider.close()
