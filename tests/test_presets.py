@@ -373,3 +373,16 @@ async def test_while_no_upstream_answers_a_prefixed_id_goes_to_its_connection(tm
         await catalog.close()
         for provider in providers.values():
             await provider.close()
+
+
+async def test_a_preset_turn_over_the_websocket_takes_the_upgrades_language(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
+    svc = await start_service(_settings(tmp_path, upstream, second), upstream)
+    try:
+        async with svc.http.ws_connect(svc.v1 + "/ws", headers={"Accept-Language": "fr-CA, fr;q=0.8"}) as ws:
+            await ws.send_json({"type": "chat", "request": {"model": "support", "messages": [{"role": "user", "content": "salut"}]}})
+            turn_id = (await ws.receive_json())["turn_id"]
+        view = await svc.wait_status(turn_id, "completed")
+        assert view["model"] == "support"
+        assert _system(second.requests[0]).endswith("in fr-CA.")
+    finally:
+        await stop_service(svc)
