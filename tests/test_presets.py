@@ -197,6 +197,9 @@ async def test_presets_over_http_need_an_admin_and_are_checked(tmp_path: Path, u
         assert status == 200, body
         sent = upstream.requests[-1]
         assert sent["model"] == "gpt-test" and sent["top_p"] == 0.5
+        async with svc.http.get(f"{svc.v1}/turns/{headers['X-Turn-Id']}/events", headers=as_user) as resp:
+            recorded = (await resp.json())["events"][0]["data"]
+        assert recorded["request"]["features"] == {"memory": False} and recorded["preset"]["features"] == {"memory": False}
         # the preset's system prompt replaces the base model's own profile prompt
         assert _system(sent) == "Tutor alice."
 
