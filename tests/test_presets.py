@@ -389,3 +389,15 @@ async def test_a_preset_turn_over_the_websocket_takes_the_upgrades_language(tmp_
         assert _system(second.requests[0]).endswith("in fr-CA.")
     finally:
         await stop_service(svc)
+
+
+async def test_the_responses_api_serves_a_preset(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
+    svc = await start_service(_settings(tmp_path, upstream, second), upstream)
+    try:
+        second.enqueue(Reply(text="bonjour"))
+        status, body, headers = await _post(svc, "/v1/responses", {"model": "support", "input": "hi"}, {"Accept-Language": "it"})
+        assert status == 200, body
+        assert body["model"] == "support" and body["output"][0]["content"][0]["text"] == "bonjour"
+        assert second.requests[0]["model"] == "llama-b" and _system(second.requests[0]).endswith("in it.")
+    finally:
+        await stop_service(svc)
