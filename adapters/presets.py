@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import logging
 import re
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from adapters.config import ModelSettings
 from adapters.store.sqlite import SQLITE_BEGIN
 
+log = logging.getLogger("turnlog.presets")
 metadata = MetaData()
 
 # One row per preset created over HTTP; ``body`` is its JSON (``PresetSpec``).
@@ -62,6 +64,12 @@ class PresetSpec(BaseModel):
     @classmethod
     def of_settings(cls, model_id: str, entry: ModelSettings) -> PresetSpec:
         fields = entry.model_dump(include={"name", "description", "base_model", "system", "params", "tool_ids", "files", "features", "filters"})
+        if entry.function_calling and "function_calling" not in fields["params"]:
+            # A preset's function calling is a default of its turns' params.
+            fields["params"] = {**fields["params"], "function_calling": entry.function_calling}
+        ignored = [key for key in ("capabilities", "knowledge") if getattr(entry, key)]
+        if ignored:
+            log.warning("preset %s: %s ignored (a preset takes its base model's capabilities; it binds collections with files)", model_id, ", ".join(ignored))
         return cls(id=model_id, **fields)
 
 

@@ -86,7 +86,12 @@ def _system(request: dict[str, Any]) -> str:
 async def test_models_list_presets_and_both_connections(tmp_path: Path, upstream: ScriptedUpstream, second: ScriptedUpstream) -> None:
     fixed = {"type": "ollama", "base_url": "http://127.0.0.1:9", "models": ["fixed-1"], "prefix": "f"}
     second_connection = {"type": "openai", "base_url": second.url, "api_key": SECOND_KEY, "prefix": "b"}
-    svc = await start_service(_settings(tmp_path, upstream, second, connections={"second": second_connection, "fixed": fixed}), upstream)
+    models = {
+        "support": {"base_model": "b/llama-b", "name": "Support"},
+        "gpt-other": {"base_model": "b/llama-b", "function_calling": "default"},  # shadows the first upstream's gpt-other
+    }
+    settings = _settings(tmp_path, upstream, second, connections={"second": second_connection, "fixed": fixed}, models=models)
+    svc = await start_service(settings, upstream)
     try:
         status, body = await svc.get("/v1/models")
         assert status == 200, body
@@ -98,6 +103,13 @@ async def test_models_list_presets_and_both_connections(tmp_path: Path, upstream
         assert "turnlog" not in by_id["gpt-test"]
         # a connection with a fixed model list is never asked for its models (nothing listens there)
         assert by_id["f/fixed-1"]["owned_by"] == "fixed" and "turnlog" not in body
+        # a preset shadows the upstream model of its id, in the list and in turns
+        assert [m["owned_by"] for m in body["data"] if m["id"] == "gpt-other"] == ["turnlog"]
+        status, answer, headers = await _chat(svc, {"model": "gpt-other", "messages": [{"role": "user", "content": "hi"}]})
+        assert status == 200, answer
+        assert upstream.requests == [] and second.requests[0]["model"] == "llama-b"
+        started = (await svc.events(headers["X-Turn-Id"]))[0]["data"]
+        assert started["preset"]["params"] == {"function_calling": "default"}
     finally:
         await stop_service(svc)
 
