@@ -531,6 +531,10 @@ class Settings(BaseSettings):
         bad = sorted(n for n in self.connections if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", n) or n == "demo")
         if bad:
             raise ValueError(f"connection names must be 1-64 of A-Z a-z 0-9 _ . - (and not demo): {', '.join(bad)}")
+        # A preset's id is a model id of its own (and a /v1/presets path segment).
+        presets = sorted(n for n, m in self.models.items() if m.base_model and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", n))
+        if presets:
+            raise ValueError(f"preset ids ([models.ID] with base_model) must be 1-128 of A-Z a-z 0-9 _ . : -: {', '.join(presets)}")
         return self
 
     @field_validator("resume")

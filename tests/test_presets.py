@@ -308,6 +308,9 @@ def test_connections_resume_and_defaults(tmp_path: Path) -> None:
     assert isinstance(embedder, OpenAIEmbedder) and embedder.base_url.startswith("http://127.0.0.1:10")
     with pytest.raises(ValueError, match="set twice"):
         make_settings(tmp_path, "http://127.0.0.1:9/v1", connections={"openai": {"base_url": "http://127.0.0.1:12/v1"}})
+    with pytest.raises(ValueError, match="preset ids"):
+        make_settings(tmp_path, None, models={"team/support": {"base_model": "gpt-test"}})
+    make_settings(tmp_path, None, models={"team/model": {"system": "an upstream model's settings keep any id"}})
     with pytest.raises(ValueError, match="resume_params"):
         ConnectionSettings(base_url="http://x/v1", resume_params={"model": "m"})
 
