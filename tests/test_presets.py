@@ -378,15 +378,18 @@ async def test_while_no_upstream_answers_a_prefixed_id_goes_to_its_connection(tm
     from adapters.http.app import open_providers
 
     closed = "http://127.0.0.1:9/v1"  # nothing listens: every listing fails
-    settings = make_settings(tmp_path, closed, connections={"lab": {"type": "ollama", "base_url": "http://127.0.0.1:9", "prefix": "lab"}})
+    lab = {"type": "ollama", "base_url": "http://127.0.0.1:9", "prefix": "lab", "resume": "restart", "resume_params": {"keep_alive": "5m"}}
+    settings = make_settings(tmp_path, closed, connections={"lab": lab})
     providers = open_providers(settings)
     catalog = Catalog(settings, providers)
     try:
         resolved = await catalog.resolve("lab/llama3")
         assert resolved is not None and resolved.provider is providers["lab"] and resolved.upstream_model == "llama3"
-        assert resolved.api == "ollama" and resolved.resume == "continue"
+        # the connection's own resume mode and params (Ollama's built-in default is continue)
+        assert resolved.api == "ollama" and (resolved.resume, resolved.resume_params) == ("restart", {"keep_alive": "5m"})
         other = await catalog.resolve("gpt-x")
         assert other is not None and other.provider is providers["openai"] and other.upstream_model == "gpt-x"
+        assert (other.resume, other.resume_params) == ("restart", {})
     finally:
         await catalog.close()
         for provider in providers.values():
