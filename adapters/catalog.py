@@ -27,7 +27,7 @@ log = logging.getLogger("turnlog.catalog")
 
 NO_UPSTREAM = (
     "no upstream is configured: every chat request will be answered 'model not found'. "
-    "Set TURNLOG_OPENAI_BASE_URL (and TURNLOG_OPENAI_API_KEY) or TURNLOG_OLLAMA_BASE_URL, "
+    "Set TURNLOG_OPENAI_BASE_URL (and TURNLOG_OPENAI_API_KEY), TURNLOG_OLLAMA_BASE_URL or TURNLOG_CONNECTIONS, "
     "or run `turnlog serve --demo` for a built-in scripted model"
 )
 SHOWN_IDS = 5  # model ids named in the start-up log line

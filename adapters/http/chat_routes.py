@@ -73,7 +73,7 @@ async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, 
     if resolved is None:
         hint = "GET /v1/models lists the models of the configured upstreams"
         if not svc.catalog.providers:
-            hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL or TURNLOG_OLLAMA_BASE_URL, or run turnlog serve --demo)"
+            hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL, TURNLOG_OLLAMA_BASE_URL or TURNLOG_CONNECTIONS, or run turnlog serve --demo)"
         what = f"model '{body.model}'" if preset is None else f"the base model '{preset.base_model}' of preset '{body.model}'"
         raise ApiError(404, f"{what} not found: {hint}", "not_found_error", "model_not_found", "model")
     if body.chat_id:
