@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -26,13 +26,23 @@ from engine.settings import EngineSettings
 
 
 class ModelSettings(BaseModel):
-    """Per-model settings from the TOML file (``[models."name"]``)."""
+    """Per-model settings from the TOML file (``[models."name"]``). With a
+    ``base_model`` the entry is a preset: a model id of turnlog's own that
+    wraps the base model (``adapters.presets``)."""
 
     system: str | None = None
     function_calling: Literal["native", "default"] | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     capabilities: dict[str, Any] = Field(default_factory=dict)
     knowledge: list[str] = Field(default_factory=list)
+    # -- a preset's (only with base_model)
+    base_model: str | None = None
+    name: str | None = None
+    description: str | None = None
+    tool_ids: list[str] = Field(default_factory=list)
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    features: dict[str, bool] = Field(default_factory=dict)
+    filters: list[str] = Field(default_factory=list)
 
     @field_validator("function_calling", mode="before")
     @classmethod
@@ -62,6 +72,33 @@ class McpServerSettings(BaseModel):
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
+
+
+class ConnectionSettings(BaseModel):
+    """One upstream connection (``[connections.NAME]`` / ``TURNLOG_CONNECTIONS``):
+    its API, base URL and key (never logged), an optional prefix its model ids
+    are listed and addressed with (``PREFIX/MODEL``), an optional fixed model
+    list (then ``/models`` is not asked), and how it resumes a cut-off
+    generation (unset: the built-in upstream's ``TURNLOG_RESUME`` /
+    ``TURNLOG_RESUME_PARAMS`` of its type)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["openai", "responses", "ollama"] = "openai"
+    base_url: str
+    api_key: SecretStr | None = None
+    prefix: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.:-]{1,64}$")
+    models: list[str] | None = None
+    resume: Literal["continue", "restart"] | None = None
+    resume_params: dict[str, Any] | None = None
+
+    @field_validator("resume_params")
+    @classmethod
+    def _resume_params(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        reserved = sorted(RESUME_RESERVED & set(value or {}))
+        if reserved:
+            raise ValueError(f"resume_params: {', '.join(reserved)} cannot be set (the request's own)")
+        return value
 
 
 #: The built-in upstreams a resume mode is set for: the OpenAI upstream with the
@@ -281,8 +318,26 @@ class Settings(BaseSettings):
     models: dict[str, ModelSettings] = Field(
         default_factory=dict,
         description=(
-            'per-model settings under `[models."NAME"]` of the TOML file (or JSON): `system`, `params`, `function_calling`, `capabilities`, `knowledge`'
+            'per-model settings under `[models."NAME"]` of the TOML file (or JSON): `system`, `params`, `function_calling`, `capabilities`, '
+            "`knowledge`; with `base_model` the entry is a preset, a model id of its own that wraps the base model (`name`, `description`, "
+            "`tool_ids`, `files`, `features`, `filters` too): [presets](../guides/presets.md)"
         ),
+    )
+    connections: dict[str, ConnectionSettings] = Field(
+        default_factory=dict,
+        description=(
+            'upstream connections as JSON `{"NAME": {"type": "openai"|"responses"|"ollama", "base_url", "api_key"?, "prefix"?, '
+            '"models"?, "resume"?, "resume_params"?}}`, or `[connections.NAME]` tables in the file; the single-upstream settings '
+            "are the connections `openai` and `ollama`: [presets and connections](../guides/presets.md)"
+        ),
+    )
+    embedding_connection: str = Field(
+        default="openai",
+        description="the `openai`/`responses` connection whose base URL and key embeddings use when `TURNLOG_EMBEDDING_BASE_URL` is unset",
+    )
+    images_connection: str = Field(
+        default="openai",
+        description="the `openai`/`responses` connection whose base URL and key image generation uses when `TURNLOG_IMAGES_BASE_URL` is unset",
     )
     # -- memories, files, knowledge, retrieval --------------------------------
     # Embeddings: "openai" (an OpenAI-compatible /v1/embeddings; base URL and key
@@ -489,6 +544,21 @@ class Settings(BaseSettings):
             raise ValueError(f"MCP server names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
         return value
 
+    @model_validator(mode="after")
+    def _connection_names(self) -> Settings:
+        # The single-upstream settings are the connections openai / ollama: one name, one upstream.
+        taken = [n for n, url in (("openai", self.openai_base_url), ("ollama", self.ollama_base_url)) if url and n in self.connections]
+        if taken:
+            raise ValueError(f"connection(s) {', '.join(taken)} set twice: by TURNLOG_{taken[0].upper()}_BASE_URL and by [connections.{taken[0]}]")
+        bad = sorted(n for n in self.connections if not re.fullmatch(r"[A-Za-z0-9_.-]{1,64}", n) or n == "demo")
+        if bad:
+            raise ValueError(f"connection names must be 1-64 of A-Z a-z 0-9 _ . - (and not demo): {', '.join(bad)}")
+        # A preset's id is a model id of its own (and a /v1/presets path segment).
+        presets = sorted(n for n, m in self.models.items() if m.base_model and not re.fullmatch(r"[A-Za-z0-9_.:-]{1,128}", n))
+        if presets:
+            raise ValueError(f"preset ids ([models.ID] with base_model) must be 1-128 of A-Z a-z 0-9 _ . : -: {', '.join(presets)}")
+        return self
+
     @field_validator("resume")
     @classmethod
     def _resume(cls, value: dict[str, Literal["continue", "restart"]]) -> dict[str, Literal["continue", "restart"]]:
@@ -506,13 +576,39 @@ class Settings(BaseSettings):
         return value
 
     def resume_of(self, upstream: str, api: str) -> tuple[Literal["continue", "restart"], dict[str, Any]]:
-        """The resume mode and params of a configured upstream (``openai``,
-        ``ollama``): the OpenAI one by its API. Any other (the built-in demo
-        model, which continues a prefill) continues, without params."""
+        """The resume mode and params of a connection: its own ``resume`` /
+        ``resume_params``, else those of the built-in upstream of its type
+        (the OpenAI one by its API). Any other (the built-in demo model, which
+        continues a prefill) continues, without params."""
+        connection = self.connections.get(upstream)
+        if connection is not None:
+            mode = connection.resume or self.resume[connection.type]
+            own = connection.resume_params
+            params = own if own is not None else self.resume_params.get(connection.type)
+            return mode, dict(params or {})
         key = "responses" if upstream == "openai" and api == "responses" else upstream
         if key not in RESUME_UPSTREAMS:
             return "continue", {}
         return self.resume[key], dict(self.resume_params.get(key) or {})
+
+    def all_connections(self) -> dict[str, ConnectionSettings]:
+        """Every upstream connection by name: the single-upstream settings as
+        ``openai`` and ``ollama`` first, then ``connections``."""
+        out: dict[str, ConnectionSettings] = {}
+        if self.openai_base_url:
+            kind: Literal["openai", "responses"] = "responses" if self.openai_api_mode == "responses" else "openai"
+            out["openai"] = ConnectionSettings(type=kind, base_url=self.openai_base_url, api_key=self.openai_api_key)
+        if self.ollama_base_url:
+            out["ollama"] = ConnectionSettings(type="ollama", base_url=self.ollama_base_url)
+        return {**out, **self.connections}
+
+    def openai_endpoint(self, name: str) -> tuple[str, SecretStr | None] | None:
+        """The base URL and key of the OpenAI-type connection ``name`` (what
+        embeddings and images default to), or None when there is none."""
+        connection = self.all_connections().get(name)
+        if connection is None or connection.type == "ollama":
+            return None
+        return connection.base_url, connection.api_key
 
     @field_validator("auth", mode="before")
     @classmethod
@@ -572,8 +668,11 @@ class Settings(BaseSettings):
         and settings that cannot work together."""
         from sqlalchemy.engine import make_url
 
-        if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_base_url):
-            raise ValueError("TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL)")
+        if self.embedding_engine == "openai" and not (self.embedding_base_url or self.openai_endpoint(self.embedding_connection)):
+            raise ValueError(
+                "TURNLOG_EMBEDDING_ENGINE=openai needs TURNLOG_EMBEDDING_BASE_URL (or TURNLOG_OPENAI_BASE_URL, or an OpenAI connection named by "
+                "TURNLOG_EMBEDDING_CONNECTION)"
+            )
         if self.rerank_engine == "local":
             from adapters.rerank import LOCAL_UNAVAILABLE
 

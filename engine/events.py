@@ -69,8 +69,14 @@ class TurnStarted(EventData):
     user_id: str
     model: str
     stream: bool = True
-    # The client's request body without secrets (no auth header, no keys).
+    # The client's request body without secrets (no auth header, no keys);
+    # for a preset, the request it resolved to.
     request: dict[str, Any]
+    # ``model`` names a preset: what it resolved to when the turn started
+    # (``{"id", "base_model", "system"?, "params"?, "tool_ids"?, "files"?,
+    # "features"?, "filters"?}``, the system prompt rendered). The turn runs
+    # on ``base_model``; nothing resolves the preset again. Left out otherwise.
+    preset: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class AssemblyStep(EventData):

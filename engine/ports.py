@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
@@ -645,6 +645,28 @@ class Filters(Protocol):
         assistant message with content and output]}``) after every ``outlet``;
         a filter that raises is skipped."""
         ...
+
+
+@runtime_checkable
+class SelectableFilters(Protocol):
+    """Filters some of which are opt-in: they run only on the turns that name them."""
+
+    def for_turn(self, filter_ids: Iterable[str]) -> Filters:
+        """The filters of a turn whose request names ``filter_ids``."""
+        ...
+
+    def optional_ids(self) -> frozenset[str]:
+        """The opt-in filters' ids."""
+        ...
+
+
+def turn_filters(filters: Filters, request: Mapping[str, Any]) -> Filters:
+    """The filters that run on a turn: the global ones, and the opt-in ones its
+    request names in ``filter_ids`` (a preset's filters are recorded there)."""
+    ids = request.get("filter_ids")
+    if not isinstance(filters, SelectableFilters) or not isinstance(ids, list):
+        return filters
+    return filters.for_turn(str(i) for i in ids)
 
 
 class NoFilters:

@@ -28,6 +28,7 @@ from sqlalchemy import MetaData, func, select, text
 from adapters.http.response_deletions import metadata as deletions_metadata
 from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
 from adapters.knowledge.schema import metadata as knowledge_metadata
+from adapters.presets import metadata as presets_metadata
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
@@ -817,7 +818,7 @@ async def test_migrate_is_idempotent_and_matches_schema(store: Store, store_back
                     opts={"compare_type": True, "include_name": _our_name, "include_object": _ours},
                 ),
                 # A list, as autogenerate's target_metadata takes; the annotation names one MetaData.
-                cast(MetaData, [metadata, knowledge_metadata, deletions_metadata]),
+                cast(MetaData, [metadata, knowledge_metadata, deletions_metadata, presets_metadata]),
             )
         )
         knowledge_diff = await conn.run_sync(
@@ -906,6 +907,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("ALTER TABLE events DROP COLUMN hash")  # 0007's
         await admin.execute("DROP TABLE response_deletions")  # 0008's
         await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
+        await admin.execute("DROP TABLE presets")  # 0010's (and knowledge.shared, dropped with knowledge)
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"

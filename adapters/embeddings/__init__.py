@@ -8,7 +8,8 @@
         await embedder.close()
 
 * ``openai``: :class:`~adapters.embeddings.openai.OpenAIEmbedder` on
-  ``embedding_base_url``, default the OpenAI upstream's ``openai_base_url``;
+  ``embedding_base_url``, default the base URL of the connection
+  ``embedding_connection`` (``openai``: the OpenAI upstream's ``openai_base_url``);
   model ``embedding_model``, default ``text-embedding-3-small``. The key is
   ``embedding_api_key``; without one, ``openai_api_key`` is used only when the
   base URL is the OpenAI upstream's too (a key is never sent to a host it was
@@ -48,12 +49,14 @@ def open_embedder(settings: Settings) -> OpenAIEmbedder | LocalEmbedder | None:
         from adapters.embeddings.local import LocalEmbedder
 
         return LocalEmbedder(settings.embedding_model, batch_size=settings.embedding_batch_size)
-    base_url = settings.embedding_base_url or settings.openai_base_url
+    # Unset: the connection named by embedding_connection (default: the OpenAI upstream).
+    upstream_url, upstream_key = settings.openai_endpoint(settings.embedding_connection) or (None, None)
+    base_url = settings.embedding_base_url or upstream_url
     if not base_url:
-        raise ValueError("embedding_engine = openai needs embedding_base_url (or openai_base_url)")
+        raise ValueError("embedding_engine = openai needs embedding_base_url (or openai_base_url, or embedding_connection)")
     key = settings.embedding_api_key
-    if key is None and _same_url(base_url, settings.openai_base_url):
-        key = settings.openai_api_key
+    if key is None and _same_url(base_url, upstream_url):
+        key = upstream_key
     return OpenAIEmbedder(
         base_url,
         settings.embedding_model or DEFAULT_OPENAI_MODEL,

@@ -21,7 +21,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +49,37 @@ class DirFilters:
     """The filters of one folder, loaded once at start (``engine.ports.Filters``)."""
 
     def __init__(self, path: str | Path, valves: Mapping[str, Mapping[str, Any]] | None = None) -> None:
-        self.filters: list[LoadedFilter]
+        # ``global = false`` in a filter's table (not a valve): opt-in, it runs
+        # only on the turns that name it (``filter_ids``, a preset's filters).
+        tables = {name: dict(table) for name, table in (valves or {}).items()}
+        optional = {name for name, table in tables.items() if table.pop("global", True) is False}
+        tables = {name: table for name, table in tables.items() if table or name not in (valves or {}) or "global" not in (valves or {})[name]}
+        self.loaded: list[LoadedFilter]
         self.errors: list[LoadError]
-        self.filters, self.errors = load_filters_dir(path, valves)
+        self.loaded, self.errors = load_filters_dir(path, tables)
         for error in self.errors:
             log.error("filter %s not loaded: %s", error.path, error.message)
+        self._optional = frozenset(f.filter_id for f in self.loaded if f.filter_id in optional)
+        self._select(())
+
+    def _select(self, filter_ids: Iterable[str]) -> None:
+        chosen = set(filter_ids)
+        self.filters = [f for f in self.loaded if f.filter_id not in self._optional or f.filter_id in chosen]
         self._by_hook: dict[str, list[LoadedFilter]] = {hook: [f for f in self.filters if hook in f.hooks] for hook in ("inlet", "stream", "outlet")}
         self._hooks = frozenset(hook for hook, filters in self._by_hook.items() if filters)
+
+    def optional_ids(self) -> frozenset[str]:
+        """The opt-in filters (``[filters.NAME] global = false``) that loaded."""
+        return self._optional
+
+    def for_turn(self, filter_ids: Iterable[str]) -> DirFilters:
+        """The global filters and the opt-in ones ``filter_ids`` names (``engine.ports.SelectableFilters``)."""
+        wanted = set(filter_ids) & self._optional
+        if not wanted:
+            return self
+        chosen = copy.copy(self)
+        chosen._select(wanted)
+        return chosen
 
     def hooks(self) -> frozenset[str]:
         return self._hooks

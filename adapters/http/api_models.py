@@ -48,7 +48,30 @@ class ModelInfo(_Open):
     id: str
     object: Literal["model"] = "model"
     created: int = 0
-    owned_by: str
+    owned_by: str = Field(description='The upstream connection, or `"turnlog"` for a preset.')
+    turnlog: dict[str, Any] | None = Field(default=None, description="A preset's `base_model` (and `name`, `description`).")
+
+
+class Preset(_Open):
+    """A model preset (``owned_by: "turnlog"`` in ``GET /v1/models``)."""
+
+    id: str
+    object: Literal["preset"] = "preset"
+    source: Literal["settings", "api"] = Field(description="`settings`: a `[models.ID]` entry with `base_model` (read-only here); `api`: created here.")
+    name: str | None = None
+    description: str | None = None
+    base_model: str
+    system: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    tool_ids: list[str] = Field(default_factory=list)
+    files: list[dict[str, Any]] = Field(default_factory=list)
+    features: dict[str, bool] = Field(default_factory=dict)
+    filters: list[str] = Field(default_factory=list)
+
+
+class PresetList(_Open):
+    object: Literal["list"] = "list"
+    data: list[Preset]
 
 
 class ModelList(_Open):
@@ -306,6 +329,7 @@ class Collection(_Open):
     object: Literal["knowledge"] = "knowledge"
     name: str
     description: str
+    shared: bool = Field(default=False, description="Created by an admin with `shared: true`: readable by every user (a preset may bind it).")
     files: list[FileObject]
     created_at: int
     updated_at: int

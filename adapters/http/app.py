@@ -32,6 +32,7 @@ from adapters.http import (
     fork_routes,
     memory_routes,
     openapi,
+    preset_routes,
     responses_routes,
     turn_routes,
     ui_routes,
@@ -49,6 +50,7 @@ from adapters.observe.metrics import Metrics
 from adapters.observe.observers import Observers
 from adapters.observe.tracing import open_tracing
 from adapters.owner_locks import open_owner_locks
+from adapters.presets import Presets
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
@@ -108,23 +110,13 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
         )
         observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
         store.observer = observers
-        providers: dict[str, ChatProvider] = {}
-        connect, idle = settings.upstream_connect_timeout, settings.upstream_idle_timeout
-        if settings.openai_base_url:
-            key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
-            openai_cls = OpenAIResponsesProvider if settings.openai_api_mode == "responses" else OpenAIChatProvider
-            providers["openai"] = openai_cls(
-                settings.openai_base_url, key, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
-            )
-        if settings.ollama_base_url:
-            providers["ollama"] = OllamaProvider(
-                settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
-            )
+        providers = open_providers(settings)
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).
             providers = {"demo": DemoProvider(chunk_delay=settings.demo_chunk_delay), **providers}
-        catalog = Catalog(settings, providers)
+        presets = Presets(settings.models, store.engine)
+        catalog = Catalog(settings, providers, presets=presets)
         search, fetcher, images = open_search(settings), open_fetcher(settings), open_images(settings)
         opened = open_embedder(settings) if embedder is None else None  # closed with the app
         embeddings = embedder if embedder is not None else opened
@@ -178,7 +170,9 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
             tokens=Cl100kCounter(),
         )
         owners.append(supervisor)
-        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge)
+        svc = Services(
+            settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge, presets=presets
+        )
         holder["services"] = svc
         app[SERVICES] = svc
         await knowledge.start()  # resumes the ingestions a crash interrupted
@@ -217,7 +211,27 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
     approval_routes.setup(app)
     openapi.setup(app)
     responses_routes.setup(app)
+    preset_routes.setup(app)
     return app
+
+
+def open_providers(settings: Settings) -> dict[str, ChatProvider]:
+    """A provider per upstream connection (the single-upstream settings are
+    the connections ``openai`` and ``ollama``), by connection name."""
+    providers: dict[str, ChatProvider] = {}
+    timeouts: dict[str, Any] = {
+        "connect_timeout": settings.upstream_connect_timeout,
+        "idle_timeout": settings.upstream_idle_timeout,
+        "headers_timeout": settings.upstream_headers_timeout,
+    }
+    for name, connection in settings.all_connections().items():
+        key = connection.api_key.get_secret_value() if connection.api_key else None
+        if connection.type == "ollama":
+            providers[name] = OllamaProvider(connection.base_url, api_key=key, **timeouts)
+            continue
+        openai_cls = OpenAIResponsesProvider if connection.type == "responses" else OpenAIChatProvider
+        providers[name] = openai_cls(connection.base_url, key, **timeouts)
+    return providers
 
 
 def open_mcp_servers(settings: Settings, base: ToolCatalog) -> Any:

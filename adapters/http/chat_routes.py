@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any
 
 from aiohttp import web
@@ -17,6 +18,7 @@ from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, turn_error, unavai
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from adapters.http.stall import StallGuard
+from adapters.presets import apply_preset, resolution, user_language
 from engine.context.assemble import requested_mode
 from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor
@@ -33,7 +35,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     user = request[USER]
     body = parse_chat_request(await read_json(request))
     ids = ChatIds.of(request)
-    actor = await start_turn(svc, body, user, ids)
+    actor = await start_turn(svc, body, user, ids, language=request.headers.get("Accept-Language"))
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": ids.shown(actor.view.chat_id) or ""}
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
@@ -60,18 +62,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return web.json_response(completion_body(view), headers=headers)
 
 
-async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds) -> TurnActor:
+async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, *, language: str | None = None) -> TurnActor:
     """Check what a turn request refers to, then start it (HTTP and WebSocket
-    alike); the request's ``chat_id`` is the client's, ``ids`` its stored one."""
-    resolved = await svc.catalog.resolve(body.model)
+    alike); the request's ``chat_id`` is the client's, ``ids`` its stored one.
+    A model id that names a preset is resolved here, once: the turn records
+    the resolution and the request it resolved to (``adapters.presets``);
+    ``language`` (``Accept-Language``) fills its ``{{USER_LANGUAGE}}``."""
+    preset = await svc.presets.get(body.model)
+    resolved = await svc.catalog.resolve(preset.base_model if preset is not None else body.model)
     if resolved is None:
         hint = "GET /v1/models lists the models of the configured upstreams"
         if not svc.catalog.providers:
-            hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL or TURNLOG_OLLAMA_BASE_URL, or run turnlog serve --demo)"
-        raise ApiError(404, f"model '{body.model}' not found: {hint}", "not_found_error", "model_not_found", "model")
-    unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
-    if unknown:
-        raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
+            hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL, TURNLOG_OLLAMA_BASE_URL or TURNLOG_CONNECTIONS, or run turnlog serve --demo)"
+        what = f"model '{body.model}'" if preset is None else f"the base model '{preset.base_model}' of preset '{body.model}'"
+        raise ApiError(404, f"{what} not found: {hint}", "not_found_error", "model_not_found", "model")
     if body.chat_id:
         stored = await ids.stored(svc.store, body.chat_id)
         chat = await svc.store.get_chat(stored)
@@ -79,9 +83,16 @@ async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds) 
             raise ApiError(404, "chat not found", "not_found_error", "not_found", "chat_id")
         body = body.model_copy(update={"chat_id": stored})  # the log keeps the stored id
     request = body.recorded()
+    recorded_preset: dict[str, Any] | None = None
+    if preset is not None:
+        recorded_preset = resolution(preset, now=datetime.now(), user_name=user, language=user_language(language))
+        request = apply_preset(request, recorded_preset)
+    unknown = sorted(set(request.get("tool_ids") or ()) - svc.supervisor.tools.known_ids())
+    if unknown:
+        raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
     if (requested_mode(request) or resolved.function_calling) == "default":
         refuse_approvals_in_prompt_mode(svc, request)
-    return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model)
+    return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model, preset=recorded_preset)
 
 
 def refuse_approvals_in_prompt_mode(svc: Services, request: dict[str, Any]) -> None:

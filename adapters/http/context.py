@@ -10,6 +10,7 @@ from adapters.catalog import Catalog
 from adapters.config import Settings
 from adapters.knowledge.files import FileKnowledge
 from adapters.knowledge.memories import Memories
+from adapters.presets import Presets
 from engine.ports import ChatProvider, EventStore
 from engine.run.supervisor import Supervisor
 
@@ -23,6 +24,7 @@ class Services:
     providers: dict[str, ChatProvider]
     memories: Memories
     knowledge: FileKnowledge  # files, collections, retrieval (engine.ports.Knowledge)
+    presets: Presets  # model presets (settings and /v1/presets)
 
 
 SERVICES = web.AppKey("turnlog_services", Services)

@@ -17,7 +17,7 @@ from aiohttp.hdrs import CONTENT_TYPE
 from aiohttp.http_exceptions import BadHttpMessage
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.http.auth import USER
+from adapters.http.auth import USER, require_admin
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
 from adapters.http.schemas import NO_NUL, read_body
@@ -35,6 +35,8 @@ class NewCollection(BaseModel):
 
     name: str = Field(min_length=1, max_length=256, pattern=NO_NUL)
     description: str = Field(default="", max_length=10_000, pattern=NO_NUL)
+    # Readable by every user (a preset may bind it): an admin's only.
+    shared: bool = False
 
 
 class FileId(BaseModel):
@@ -130,7 +132,9 @@ async def delete_file(request: web.Request) -> web.Response:
 
 async def create_collection(request: web.Request) -> web.Response:
     body: NewCollection = await read_body(request, NewCollection)
-    collection = await _knowledge(request).create_collection(request[USER], body.name, body.description)
+    if body.shared:
+        require_admin(request)
+    collection = await _knowledge(request).create_collection(request[USER], body.name, body.description, shared=body.shared)
     return web.json_response(collection.public())
 
 

@@ -27,6 +27,7 @@ from adapters.http.fork_routes import ForkRequest
 from adapters.http.memory_routes import MemoryBody, QueryBody
 from adapters.http.responses_routes import ResponsesRequest
 from adapters.http.schemas import ChatRequest
+from adapters.presets import PresetPatch, PresetSpec
 
 OPENAPI_PATH = "/openapi.json"
 REF = "#/components/schemas/{model}"
@@ -95,6 +96,7 @@ PARAMS: dict[str, str] = {
     "blob_id": "A blob id: 64 hex digits (the sha256 of its bytes).",
     "filename": "A file of the inspector's page.",
     "response_id": "A response id (`resp_<turn id>`).",
+    "preset_id": "A preset id (a model id of turnlog's own).",
 }
 
 
@@ -123,7 +125,9 @@ _BODY = (400, 413)
 OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/healthz"): Operation("Liveness", "service", {200: Reply("Up.", json_(m.Health))}, public=True),
     ("GET", OPENAPI_PATH): Operation("This document", "service", {200: Reply("The OpenAPI 3.1 document.", {"application/json": Media("object")})}, public=True),
-    ("GET", "/v1/models"): Operation("The models of the configured upstreams", "models", {200: Reply("The model ids a request may name.", json_(m.ModelList))}),
+    ("GET", "/v1/models"): Operation(
+        "The presets and the models of the configured upstream connections", "models", {200: Reply("The model ids a request may name.", json_(m.ModelList))}
+    ),
     ("POST", "/v1/chat/completions"): Operation(
         "Start a turn (OpenAI Chat Completions plus turnlog's extensions)",
         "chat",
@@ -184,6 +188,27 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(*_BODY, *_TURN_ERRORS),
         body=json_(ApprovalRequest),
     ),
+    ("POST", "/v1/presets"): Operation(
+        "Create a model preset (admin)",
+        "models",
+        {201: Reply("The preset.", json_(m.Preset))},
+        errors=(*_BODY, 403, 409),
+        body=json_(PresetSpec),
+        description="Its base model must be an upstream model, its files shared collections, its filters opt-in ones (400 otherwise).",
+    ),
+    ("GET", "/v1/presets"): Operation(
+        "Every preset, of the settings and created here (admin)", "models", {200: Reply("The presets.", json_(m.PresetList))}, errors=(403,)
+    ),
+    ("GET", "/v1/presets/{preset_id}"): Operation("A preset (admin)", "models", {200: Reply("The preset.", json_(m.Preset))}, errors=(403, 404)),
+    ("PATCH", "/v1/presets/{preset_id}"): Operation(
+        "Change a preset (admin); turns already started keep what they recorded",
+        "models",
+        {200: Reply("The preset.", json_(m.Preset))},
+        errors=(*_BODY, 403, 404, 409),
+        body=json_(PresetPatch),
+        description="A preset of the settings is changed in the settings: 409 `preset_read_only`.",
+    ),
+    ("DELETE", "/v1/presets/{preset_id}"): Operation("Delete a preset (admin)", "models", {200: Reply("Deleted.", json_(m.Deleted))}, errors=(403, 404, 409)),
     ("GET", "/metrics"): Operation(
         "Prometheus metrics of this process",
         "service",

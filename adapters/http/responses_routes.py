@@ -182,7 +182,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         chat_id, branch = await _continuation(svc, previous)
     chat_request = parse_chat_request(turn_request(body, chat_id, branch))
     # (a response's chat is one the service named: its id is not scoped)
-    actor = await start_turn(svc, chat_request, user, ChatIds.of(request))
+    actor = await start_turn(svc, chat_request, user, ChatIds.of(request), language=request.headers.get("Accept-Language"))
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_response(request, actor.turn_id, headers=headers)

@@ -58,6 +58,7 @@ class Connection:
         self.svc = svc
         self.user = user
         self.ids = ids if ids is not None else ChatIds(user)  # the caller's chat ids (scoped with auth on)
+        self.language: str | None = None  # the upgrade request's Accept-Language (a preset's {{USER_LANGUAGE}})
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
         # Frames written together (adapters.http.ws_frames); None:
@@ -132,7 +133,7 @@ class Connection:
 
     async def on_chat(self, message: dict[str, Any]) -> None:
         deltas = _deltas_option(message)
-        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user, self.ids)
+        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user, self.ids, language=self.language)
         await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": self.ids.shown(actor.view.chat_id)})
         self._start_pump(actor.turn_id, 0, deltas=deltas)
 
@@ -336,6 +337,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
     await ws.prepare(request)
     conn = Connection(ws, services(request), request[USER], request.protocol, ChatIds.of(request))
+    conn.language = request.headers.get("Accept-Language")
     guard = StallGuard(request.protocol, services(request).settings.client_stall_seconds, "WebSocket")
     try:
         async for msg in ws:

@@ -181,9 +181,10 @@ def open_images(settings: Settings) -> OpenAIImages | None:
     if settings.images_base_url:
         base = settings.images_base_url
         key = settings.images_api_key
-    elif settings.openai_base_url:
-        base = settings.openai_base_url
-        key = settings.images_api_key or settings.openai_api_key
+    elif (endpoint := settings.openai_endpoint(settings.images_connection)) is not None:
+        # The connection named by images_connection (default: the OpenAI upstream).
+        base, upstream_key = endpoint
+        key = settings.images_api_key or upstream_key
     else:
         return None
     return OpenAIImages(

@@ -160,6 +160,7 @@ class Collection:
             "object": "knowledge",
             "name": r.name,
             "description": r.description,
+            "shared": r.shared,
             "files": [f.public() for f in self.files],
             "created_at": int(r.created_at),
             "updated_at": int(r.updated_at),
@@ -308,14 +309,21 @@ class FileKnowledge:
 
     # ------------------------------------------------------------- collections
 
-    async def create_collection(self, user_id: str, name: str, description: str = "") -> Collection:
+    async def create_collection(self, user_id: str, name: str, description: str = "", *, shared: bool = False) -> Collection:
+        """``shared``: readable by every user (the caller checks that an admin asks)."""
         now = self.clock()
-        record = CollectionRecord(id=f"kb-{uuid.uuid4().hex[:24]}", user_id=user_id, name=name, description=description, created_at=now, updated_at=now)
+        record = CollectionRecord(
+            id=f"kb-{uuid.uuid4().hex[:24]}", user_id=user_id, name=name, description=description, created_at=now, updated_at=now, shared=shared
+        )
         await self.tables.insert_collection(record)
         return Collection(record, [])
 
+    async def is_shared(self, collection_id: str) -> bool:
+        """Whether the collection exists and is shared (a preset may bind it)."""
+        return await self.tables.is_shared(collection_id)
+
     async def get_collection(self, user_id: str, collection_id: str) -> Collection:
-        record = await self.tables.get_collection(collection_id, user_id)
+        record = await self.tables.get_collection(collection_id, user_id, shared=True)
         if record is None:
             raise NotFound("collection")
         members = await self.tables.collection_files(user_id, [collection_id])
@@ -470,7 +478,7 @@ class FileKnowledge:
         ready is used without the ones still being processed (said in its reason)."""
         found = await self.tables.files_of(user_id, [r.id for r in refs if r.type == "file"])
         collection_ids = [r.id for r in refs if r.type == "collection"]
-        collections = {c: await self.tables.get_collection(c, user_id) for c in set(collection_ids)}
+        collections = {c: await self.tables.get_collection(c, user_id, shared=True) for c in set(collection_ids)}
         members = await self.tables.collection_files(user_id, collection_ids)
         infos: list[FileInfo] = []
         for ref in refs:

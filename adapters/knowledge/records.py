@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, delete, func, insert, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, insert, or_, select, update
 from sqlalchemy.engine import RowMapping
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -78,6 +78,7 @@ class CollectionRecord:
     description: str
     created_at: float
     updated_at: float
+    shared: bool = False  # readable by every user (an admin created it so)
 
     @classmethod
     def of(cls, row: RowMapping) -> CollectionRecord:
@@ -232,19 +233,26 @@ class KnowledgeTables:
         async with self._write.begin() as conn:
             await conn.execute(insert(knowledge).values(**record.__dict__))
 
-    async def get_collection(self, collection_id: str, user_id: str) -> CollectionRecord | None:
-        stmt = select(knowledge).where(knowledge.c.id == collection_id, knowledge.c.user_id == user_id)
+    async def get_collection(self, collection_id: str, user_id: str, *, shared: bool = False) -> CollectionRecord | None:
+        """The user's collection; with ``shared``, a shared one too (to read, never to change)."""
+        stmt = select(knowledge).where(knowledge.c.id == collection_id, _readable(user_id, shared))
         async with self._read.connect() as conn:
             row = (await conn.execute(stmt)).mappings().first()
         return CollectionRecord.of(row) if row else None
 
+    async def is_shared(self, collection_id: str) -> bool:
+        stmt = select(knowledge.c.id).where(knowledge.c.id == collection_id, knowledge.c.shared.is_(True))
+        async with self._read.connect() as conn:
+            return (await conn.execute(stmt)).first() is not None
+
     async def list_collections(self, user_id: str) -> list[CollectionRecord]:
-        stmt = select(knowledge).where(knowledge.c.user_id == user_id).order_by(knowledge.c.created_at.desc(), knowledge.c.id)
+        """The user's collections and the shared ones."""
+        stmt = select(knowledge).where(_readable(user_id, True)).order_by(knowledge.c.created_at.desc(), knowledge.c.id)
         async with self._read.connect() as conn:
             return [CollectionRecord.of(r) for r in (await conn.execute(stmt)).mappings()]
 
     async def collection_files(self, user_id: str, collection_ids: Iterable[str]) -> dict[str, list[FileRecord]]:
-        """The files of each of the user's collections (in the order they were added)."""
+        """The files of each of the user's collections and of the shared ones (in the order they were added)."""
         ids = sorted(set(collection_ids))
         out: dict[str, list[FileRecord]] = {}
         if not ids:
@@ -253,7 +261,7 @@ class KnowledgeTables:
             select(knowledge_files.c.knowledge_id, files)
             .join(files, files.c.id == knowledge_files.c.file_id)
             .join(knowledge, knowledge.c.id == knowledge_files.c.knowledge_id)
-            .where(knowledge.c.user_id == user_id, knowledge_files.c.knowledge_id.in_(ids))
+            .where(_readable(user_id, True), knowledge_files.c.knowledge_id.in_(ids))
             .order_by(knowledge_files.c.added_at, files.c.id)
         )
         async with self._read.connect() as conn:
@@ -292,3 +300,9 @@ class KnowledgeTables:
             await conn.execute(delete(knowledge_files).where(knowledge_files.c.knowledge_id == collection_id))
             await conn.execute(delete(knowledge).where(knowledge.c.id == collection_id))
         return True
+
+
+def _readable(user_id: str, shared: bool) -> ColumnElement[bool]:
+    """The collections a user may read: their own, and with ``shared`` the shared ones."""
+    own = knowledge.c.user_id == user_id
+    return or_(own, knowledge.c.shared.is_(True)) if shared else own

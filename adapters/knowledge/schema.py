@@ -8,7 +8,7 @@ vector store (``adapters.vectors``), keyed by chunk id.
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Float, ForeignKey, Index, Integer, MetaData, PrimaryKeyConstraint, Table, Text
+from sqlalchemy import Boolean, Column, Float, ForeignKey, Index, Integer, MetaData, PrimaryKeyConstraint, Table, Text, false
 
 metadata = MetaData()
 
@@ -72,6 +72,8 @@ knowledge = Table(
     Column("description", Text, nullable=False, default=""),
     Column("created_at", Float, nullable=False),
     Column("updated_at", Float, nullable=False),
+    # Created by an admin with "shared": true: readable by every user (migration 0010).
+    Column("shared", Boolean, nullable=False, default=False, server_default=false()),
     Index("ix_knowledge_user", "user_id", "created_at"),
 )
 

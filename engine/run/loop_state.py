@@ -85,7 +85,7 @@ class LoopState:
 
     def _on_started(self, event: Event) -> None:
         d = event.data
-        self.turn = TurnInput(id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=d["model"], request=d["request"], created_at=event.at)
+        self.turn = TurnInput(id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=run_model(d), request=d["request"], created_at=event.at)
 
     def _on_assembly_step(self, event: Event) -> None:
         step, detail = event.data.get("step"), event.data.get("detail", {})
@@ -204,3 +204,13 @@ _HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
     "turn.failed": LoopState._on_stopped,
     "turn.resumed": LoopState._on_resumed,
 }
+
+
+def run_model(started: dict[str, Any]) -> str:
+    """The model a turn calls: a preset's recorded base model (never resolved
+    again), else the model it names. A fork that names another model leaves
+    the preset behind."""
+    preset = started.get("preset")
+    if isinstance(preset, dict) and preset.get("id") == started["model"] and preset.get("base_model"):
+        return str(preset["base_model"])
+    return str(started["model"])

@@ -50,6 +50,7 @@ from engine.ports import (
     TurnRecord,
     TurnToolServers,
     WebSearch,
+    turn_filters,
 )
 from engine.protocols.client import LiveModelClient
 from engine.run.actor import NotStarted, TurnActor, index_update
@@ -312,6 +313,7 @@ class Supervisor:
         # The turn's own tools win: a builtin never shadows them (nor a tool server's).
         tools = TurnTools(LazyBuiltins(builtin), servers or NoTurnToolServers(), self.tool_handles(view.request, channel))
         runner = LiveToolRunner()
+        filters = turn_filters(self.filters, view.request)  # the global ones and the opt-in ones it names
         task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
         return TurnPorts(
             models=self.models,
@@ -323,7 +325,7 @@ class Supervisor:
                 tool_runner=runner,
                 tools=tools,
                 settings=self.settings,
-                filters=self.filters,
+                filters=filters,
                 task_model=task_model,
                 memories=self.memories,
                 knowledge=self.knowledge,
@@ -339,7 +341,7 @@ class Supervisor:
             tool_runner=runner,
             code=self.code,
             payloads=payloads,
-            filters=self.filters,
+            filters=filters,
             task_model=task_model,
             observer=self.observer,
             tokens=self.tokens,
@@ -381,7 +383,7 @@ class Supervisor:
         except Exception:
             log.exception("turn %s: could not release the lease", turn_id)
 
-    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str) -> TurnActor:
+    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str, preset: dict[str, Any] | None = None) -> TurnActor:
         """Start a new turn; return its actor once the turn is durable.
 
         The actor runs at once: ``turn.started`` goes into the log with the
@@ -399,7 +401,7 @@ class Supervisor:
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
         now = time.time()
-        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request)
+        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request, preset=preset)
         event = make_event(turn_id, 1, started, at=now)
         record = TurnRecord(id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner)
         if request.get("direct_tools"):
