@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -59,6 +59,22 @@ class McpServerSettings(BaseModel):
     model_config = {"extra": "forbid"}
 
     url: str
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+
+class ToolServerSettings(BaseModel):
+    """One OpenAPI tool server (``TURNLOG_TOOL_SERVERS`` / ``[tool_servers.NAME]``):
+    its base URL, where its OpenAPI document is (a path under the URL, or a
+    URL), headers sent with every request (a token: never logged), the seconds
+    a call may take (unset: ``tool_timeout``) and the seconds reading the
+    document may take."""
+
+    model_config = {"extra": "forbid"}
+
+    url: str
+    spec: str = "/openapi.json"
     headers: dict[str, str] = Field(default_factory=dict)
     timeout: float | None = Field(default=None, gt=0)
     connect_timeout: float = Field(default=10.0, gt=0)
@@ -339,6 +355,16 @@ class Settings(BaseSettings):
             "install 'turnlog[mcp]'`"
         ),
     )
+    # OpenAPI tool servers by name (a request offers their operations with
+    # tool_ids ["openapi:NAME"]): TURNLOG_TOOL_SERVERS as JSON, or [tool_servers.NAME] tables.
+    tool_servers: dict[str, ToolServerSettings] = Field(
+        default_factory=dict,
+        description=(
+            'OpenAPI tool servers as JSON `{"NAME": {"url", "spec"?, "headers"?, "timeout"?, "connect_timeout"?}}`, or '
+            "`[tool_servers.NAME]` tables in the file; a request offers a server's operations with `tool_ids: "
+            '["openapi:NAME"]`: [OpenAPI tool servers and pipes](../guides/tool-servers-and-pipes.md)'
+        ),
+    )
     # -- code execution (adapters.code) ----------------------------------------
     # "sandbox": a local isolated Python process per run; "jupyter": a kernel
     # per run on the Jupyter server at jupyter_url; "off": none.
@@ -458,13 +484,14 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("mcp_servers")
+    @field_validator("mcp_servers", "tool_servers")
     @classmethod
-    def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+    def _server_names(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         # The name prefixes the function names the model sees: OpenAI's characters only.
         bad = sorted(name for name in value if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name))
         if bad:
-            raise ValueError(f"MCP server names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
+            kind = "MCP server" if info.field_name == "mcp_servers" else "tool server"
+            raise ValueError(f"{kind} names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
         return value
 
     @field_validator("resume")

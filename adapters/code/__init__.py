@@ -74,6 +74,8 @@ def secrets_held(settings: Settings) -> list[str]:
         held.append("database_url (a password)")
     if any(server.headers for server in settings.mcp_servers.values()):
         held.append("mcp_servers (headers)")
+    if any(server.headers for server in settings.tool_servers.values()):
+        held.append("tool_servers (headers)")
     return held
 
 

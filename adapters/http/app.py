@@ -133,9 +133,9 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
         knowledge = FileKnowledge.open(knowledge_engine, store, vectors=vectors, embedder=embeddings, settings=KnowledgeSettings.from_settings(settings))
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
-        mcp = open_mcp_servers(settings, tools)
-        if mcp is not None:
-            tools = mcp  # the catalog knows the mcp:NAME tool ids too
+        servers = open_tool_servers(settings, tools)
+        if servers is not None:
+            tools = servers  # the catalog knows the mcp:NAME and openapi:NAME tool ids too
         bus = InProcessBus()
         signals: PgSignals | None = None
         owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
@@ -169,7 +169,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
             fetcher=fetcher,
             images=images,
             observer=observers,
-            tool_servers=mcp,
+            tool_servers=servers,
             owner_locks=open_owner_locks(settings.database_url),
             tokens=Cl100kCounter(),
         )
@@ -225,6 +225,18 @@ def open_mcp_servers(settings: Settings, base: ToolCatalog) -> Any:
 
     configs = {name: McpServerConfig(**server.model_dump()) for name, server in settings.mcp_servers.items()}
     return McpServers(configs, base)
+
+
+def open_tool_servers(settings: Settings, base: ToolCatalog) -> Any:
+    """The configured tool servers (MCP, OpenAPI) over the tool modules, or None."""
+    mcp = open_mcp_servers(settings, base)
+    if not settings.tool_servers:
+        return mcp
+    from adapters.tools.openapi import OpenApiServerConfig, OpenApiServers
+    from adapters.tools.servers import ToolServerSet
+
+    openapi = OpenApiServers({name: OpenApiServerConfig(**server.model_dump()) for name, server in settings.tool_servers.items()})
+    return ToolServerSet(base, [openapi] if mcp is None else [mcp, openapi])
 
 
 def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:
