@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from adapters.config import Settings
-from engine.ports import ChatProvider, ModelApi, ResolvedModel, UpstreamError
+from engine.ports import ChatProvider, ModelApi, ResolvedModel, ResumeMode, UpstreamError
 
 log = logging.getLogger("turnlog.catalog")
 
@@ -161,6 +161,9 @@ class Catalog:
         profile = self.settings.models.get(model)
         api: ModelApi = getattr(provider, "api", "chat")
         resume, resume_params = self.settings.resume_of(name, api)
+        own: ResumeMode | None = getattr(provider, "resume", None)
+        if own is not None:  # a provider that can resume only one way (pipes restart)
+            resume, resume_params = own, {}
         return ResolvedModel(
             provider=provider,
             upstream_model=upstream_model,

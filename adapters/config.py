@@ -111,6 +111,13 @@ class Settings(BaseSettings):
             "a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [filters](../guides/filters.md)"
         ),
     )
+    pipes_dir: str | None = Field(
+        default=None,
+        description=(
+            "a folder of Open WebUI pipe modules (`class Pipe` with `pipe(body, ...)`; valves from `[pipes.NAME]`), each "
+            "a model: [OpenAPI tool servers and pipes](../guides/tool-servers-and-pipes.md)"
+        ),
+    )
     max_tool_call_iterations: int = Field(default=256, description="agent-loop cap (`-1` = none)")
     responses_stateful: bool = Field(default=False, description="continue Responses API turns with `previous_response_id`")
     rag_system_context: bool = Field(default=False, description="`true`: the retrieved context goes into the system message instead of the last user message")
@@ -345,6 +352,8 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(default=3, ge=1, description="memories injected per turn (prompt-based), and `POST /v1/memories/query`'s default `k`")
     # Filter valves: [filters.NAME] tables of the TOML file.
     filters: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Filter valves: [filters.NAME] tables of the TOML file.")
+    # Pipe valves: [pipes.NAME] tables of the TOML file (TURNLOG_PIPES: JSON).
+    pipes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Pipe valves: `[pipes.NAME]` tables of the TOML file (or JSON).")
     # MCP tool servers by name (a request offers their tools with tool_ids
     # ["mcp:NAME"]): TURNLOG_MCP_SERVERS as JSON, or [mcp.NAME] tables.
     mcp_servers: dict[str, McpServerSettings] = Field(

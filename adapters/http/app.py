@@ -49,6 +49,7 @@ from adapters.observe.metrics import Metrics
 from adapters.observe.observers import Observers
 from adapters.observe.tracing import open_tracing
 from adapters.owner_locks import open_owner_locks
+from adapters.pipes import load_pipes
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
 from adapters.providers.openai_chat import OpenAIChatProvider
@@ -119,6 +120,10 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
             providers["ollama"] = OllamaProvider(
                 settings.ollama_base_url, connect_timeout=connect, idle_timeout=idle, headers_timeout=settings.upstream_headers_timeout
             )
+        pipes = load_pipes(settings)
+        if pipes is not None:
+            # Before the upstreams: a pipe's id is its own, an upstream model of that id gets a prefix.
+            providers = {"pipes": pipes, **providers}
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).
