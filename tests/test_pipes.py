@@ -10,7 +10,6 @@ at teardown; a pipe is never run by it).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import textwrap
