@@ -83,7 +83,7 @@ class Catalog:
         for name, provider in self.providers.items():
             try:
                 entries = await provider.list_models()
-                reachable = True
+                reachable = reachable or not getattr(provider, "local", False)
             except UpstreamError as exc:
                 errors[name] = str(exc)
                 self._log_state(name, provider, "unreachable", None, str(exc))
@@ -150,11 +150,13 @@ class Catalog:
             await self._refresh()
         found = self._models.get(model)
         if found is None:
-            if self._reachable:
+            # Models served in this process (pipes) are always listed: only an upstream is asked.
+            remote = [name for name, provider in self.providers.items() if not getattr(provider, "local", False)]
+            if self._reachable or not remote:
                 return None
             # No upstream answered the listing: let the upstream judge the id
             # rather than refuse every model while it is down.
-            name, upstream_model = next(iter(self.providers)), model
+            name, upstream_model = remote[0], model
         else:
             name, upstream_model = found[0], str(found[1].get("id", model))
         provider = self.providers[name]

@@ -24,7 +24,7 @@ from adapters.pipes import load_pipes_dir
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.polling import until
-from tests.processes import Server, wait_for
+from tests.processes import Server, free_port, wait_for
 from tests.upstream import ScriptedUpstream
 
 USER = [{"role": "user", "content": "hello pipe"}]
@@ -292,3 +292,18 @@ async def test_a_crash_resumes_a_pipe_by_running_it_again(tmp_path: Path) -> Non
                 assert verified.status == 200 and (await verified.json())["ok"]
         finally:
             second.stop()
+
+
+async def test_an_upstream_down_is_still_asked_beside_the_pipes(tmp_path: Path, database_url: str) -> None:
+    """The pipes always list their models: that must not make the catalog
+    believe the upstream answered and refuse its models as unknown."""
+    folder = write_pipes(tmp_path / "pipes", {"words": PIPES["words"]})
+    down = f"http://127.0.0.1:{free_port()}/v1"
+    svc = await start_service(make_settings(tmp_path, down, database_url=database_url, pipes_dir=str(folder)), None)
+    try:
+        _, (status, body) = await chat(svc, "gpt-test", stream=False)
+        assert status == 503 and body["error"]["code"] == "upstream_unavailable", body
+        _, (status, body) = await chat(svc, "words", stream=False)
+        assert status == 200 and body["choices"][0]["message"]["content"] == "sync generator words"
+    finally:
+        await stop_service(svc)

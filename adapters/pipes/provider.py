@@ -36,8 +36,10 @@ import copy
 import inspect
 import json
 import logging
-from collections.abc import AsyncGenerator, Iterator, Mapping
-from concurrent.futures import ThreadPoolExecutor
+import queue
+import threading
+from collections.abc import AsyncGenerator, Callable, Iterator, Mapping
+from concurrent.futures import Future
 from contextlib import aclosing
 from typing import Any
 
@@ -109,13 +111,49 @@ def _item(model: str, item: Any) -> RawChunk | RawWarning | None:
     return RawChunk(_chunk(model, {"content": text})) if text else None
 
 
+class _Worker:
+    """One daemon thread running the calls given to it, in order.
+
+    Not a ``ThreadPoolExecutor``: the interpreter joins those at exit, and a
+    pipe stuck for good in its code would then keep the service from ever
+    exiting."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._jobs: queue.SimpleQueue[tuple[Future[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
+            self._thread.start()
+        self._jobs.put((future, fn, args, kwargs))
+        return future
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args, kwargs = job
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # the pipe's, handed to the awaiting call
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """The thread ends once the calls already given have run."""
+        if self._thread is not None:
+            self._jobs.put(None)
+
+
 class _Stepper:
-    """A sync iterator stepped in a thread of its own, one item per await.
+    """A sync iterator stepped in the call's thread, one item per await.
 
     One thread, so the generator is never closed while a step runs: ``close``
     queues the generator's ``close`` after the step in flight."""
 
-    def __init__(self, pool: ThreadPoolExecutor, iterator: Iterator[Any]) -> None:
+    def __init__(self, pool: _Worker, iterator: Iterator[Any]) -> None:
         self._pool = pool
         self._iterator = iterator
 
@@ -137,7 +175,7 @@ class _Run:
         self.body = copy.deepcopy(body)  # the pipe may change its body: never the engine's
         self.pending: list[str] = []  # text emitted through __event_emitter__, not yet given
         self.finished = False
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"turnlog-pipe-{pipe.pipe_id}")
+        self.pool = _Worker(f"turnlog-pipe-{pipe.pipe_id}")
 
     async def emit(self, event: Any) -> None:
         if isinstance(event, dict) and event.get("type") in MESSAGE_EVENTS:
@@ -234,7 +272,7 @@ class _Run:
             log.warning("pipe %s failed: %s", self.pipe.pipe_id, describe(exc))
             raise UpstreamError(f"pipe {self.pipe.pipe_id} failed: {describe(exc)}", "pipe_error") from exc
         finally:
-            self.pool.shutdown(wait=False)
+            self.pool.shutdown()
 
 
 class PipeProvider:
@@ -243,6 +281,8 @@ class PipeProvider:
     api: ModelApi = "chat"
     #: A pipe cannot go on from a partial answer: a resumed turn runs it again.
     resume: ResumeMode = "restart"
+    #: Served in this process: its listing says nothing about whether an upstream is up.
+    local = True
 
     def __init__(self, pipes: Mapping[str, LoadedPipe], folder: str = "") -> None:
         self.pipes = dict(pipes)
