@@ -20,12 +20,14 @@ from aiohttp import web
 from adapters.config import load_settings
 from adapters.tools.openapi import OpenApiServerConfig, OpenApiServers, operations
 from engine.tools.calls import ToolContext, execute_tool_call
+from tests import test_mcp
 from tests.harness import make_settings, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.processes import free_port
 from tests.upstream import Reply, ScriptedUpstream
 
 USER = [{"role": "user", "content": "Use the API."}]
+mcp_server = test_mcp.mcp_url  # a fixture: the MCP test server's URL (module-scoped)
 KEY = "Bearer sk-openapi-secret-123"
 LONG_ID = "x" * 80
 
@@ -304,3 +306,31 @@ def test_configuration_from_the_environment_and_toml(tmp_path: Path, monkeypatch
     config.write_text('[tool_servers."bad name"]\nurl = "http://f"\n')
     with pytest.raises(ValueError, match="bad name"):
         load_settings(config)
+
+
+async def test_mcp_and_openapi_servers_in_one_turn(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, api: ApiServer, mcp_server: str) -> None:
+    settings = make_settings(
+        tmp_path, upstream.url, database_url=database_url, tool_servers={"api": {"url": api.url}}, mcp_servers={"tools": {"url": mcp_server}}
+    )
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(
+            Reply(tool_calls=[call("tools_echo", {"text": "from mcp"}, "m1"), call("api_get_status", {}, "o1")], finish_reason="tool_calls"),
+            Reply(text="Both answered."),
+        )
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["mcp:tools", "openapi:api"]})
+        assert status == 200, body
+        offered = {t["function"]["name"] for t in upstream.requests[0]["tools"]}
+        assert {"tools_echo", "api_getItem", "api_get_status"} <= offered
+        events = await svc.events(headers["X-Turn-Id"])
+        (step,) = [d for d in of_type(events, "assembly.step") if d["step"] == "tool_servers"]
+        assert set(step["detail"]["servers"]) == {"mcp:tools", "openapi:api"}
+        completed = {d["call_id"]: d for d in of_type(events, "tool.completed")}
+        assert completed["m1"]["output"] == "from mcp" and completed["o1"]["output"] == "all good"
+        # A request naming no server takes the plain path: nothing is connected.
+        upstream.enqueue(Reply(text="No tools."))
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+        assert status == 200 and "tools" not in upstream.requests[-1]
+        assert not [d for d in of_type(await svc.events(headers["X-Turn-Id"]), "assembly.step") if d["step"] == "tool_servers"]
+    finally:
+        await stop_service(svc)
