@@ -28,7 +28,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build_code_executor, service_paths, start_code_executor
+from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build_code_executor, secrets_held, service_paths, start_code_executor
 from adapters.code.sandbox import BOOT, MARKER
 from adapters.config import Settings
 from tests.harness import make_settings, start_service
@@ -140,6 +140,14 @@ def test_the_secret_paths_are_the_services_hidden_paths(tmp_path: Path) -> None:
     # A file in a system folder is hidden alone, never the whole of /etc.
     assert "/etc/turnlog.toml" in paths and "/etc" not in paths
     assert {"/srv/keys/receipt.pem", "/srv/keys", str(Path("tools").resolve()), "/opt/filters", "/opt/pipes", str(tmp_path)} <= set(paths)
+
+
+def test_tool_server_headers_are_secrets_held(tmp_path: Path) -> None:
+    """Headers of MCP and OpenAPI tool servers may carry keys: a weak sandbox must be refused for them."""
+    plain = make_settings(tmp_path, None, openai_api_key=None, tool_servers={"api": {"url": "http://a"}})
+    assert "tool_servers (headers)" not in secrets_held(plain)
+    keyed = make_settings(tmp_path, None, openai_api_key=None, tool_servers={"api": {"url": "http://a", "headers": {"Authorization": "Bearer k"}}})
+    assert "tool_servers (headers)" in secrets_held(keyed)
 
 
 async def test_sandboxed_code_cannot_read_the_config_key_tools_or_filters(tmp_path: Path, secrets_dir: Path) -> None:
