@@ -279,17 +279,27 @@ async def test_a_resumed_turn_reads_the_document_at_the_call(api: ApiServer) -> 
 
 
 def test_a_body_that_is_not_an_object_is_one_parameter() -> None:
-    doc = {
+    doc: dict[str, Any] = {
         "paths": {
             "/bulk": {"put": {"requestBody": {"content": {"application/json; charset=utf-8": {"schema": {"type": "array", "items": {"type": "integer"}}}}}}},
             "/self": {"post": {"operationId": "loop", "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Node"}}}}}},
         },
-        "components": {"schemas": {"Node": {"type": "object", "properties": {"next": {"$ref": "#/components/schemas/Node"}}}}},
+        "components": {
+            "schemas": {
+                "Node": {"type": "object", "properties": {"next": {"$ref": "#/components/schemas/Node"}}},
+                # Two references to itself: expanded to any fixed depth, 2^depth copies.
+                "Tree": {"type": "object", "properties": {"left": {"$ref": "#/components/schemas/Tree"}, "right": {"$ref": "#/components/schemas/Tree"}}},
+            }
+        },
+    }
+    doc["paths"]["/tree"] = {
+        "post": {"operationId": "tree", "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Tree"}}}}}
     }
     ops = operations(doc)
     bulk = ops["put_bulk"]
     assert bulk.whole_body and bulk.parameters == {"type": "object", "properties": {"body": {"type": "array", "items": {"type": "integer"}}}}
-    assert "next" in ops["loop"].parameters["properties"]  # a schema naming itself stops, without recursing forever
+    assert ops["loop"].parameters["properties"]["next"] == {}  # a schema naming itself stops there
+    assert ops["tree"].parameters["properties"] == {"left": {}, "right": {}}
     with pytest.raises(ValueError, match="no paths"):
         operations({"openapi": "3.1.0"})
 

@@ -91,25 +91,27 @@ class Operation:
 # -- the document -----------------------------------------------------------------
 
 
-def _resolve(node: Any, doc: Mapping[str, Any], depth: int = 0) -> Any:
-    """``node`` with its local ``$ref``\\ s replaced by what they name (a
-    reference deeper than ``MAX_REF_DEPTH`` or not local becomes ``{}``)."""
+def _resolve(node: Any, doc: Mapping[str, Any], path: tuple[str, ...] = ()) -> Any:
+    """``node`` with its local ``$ref``\\ s replaced by what they name. A
+    reference to a schema it is already inside of (a recursive schema), one
+    deeper than ``MAX_REF_DEPTH`` or one that is not local becomes ``{}``:
+    expanding a tree-shaped schema that names itself twice would never end."""
     if isinstance(node, list):
-        return [_resolve(item, doc, depth) for item in node]
+        return [_resolve(item, doc, path) for item in node]
     if not isinstance(node, dict):
         return node
     ref = node.get("$ref")
     if isinstance(ref, str):
-        if depth >= MAX_REF_DEPTH or not ref.startswith("#/"):
+        if ref in path or len(path) >= MAX_REF_DEPTH or not ref.startswith("#/"):
             return {}
         target: Any = doc
         for part in ref[2:].split("/"):
             part = part.replace("~1", "/").replace("~0", "~")
             target = target.get(part) if isinstance(target, dict) else None
         siblings = {k: v for k, v in node.items() if k != "$ref"}
-        resolved = _resolve(target, doc, depth + 1) if isinstance(target, dict) else {}
-        return {**resolved, **_resolve(siblings, doc, depth)}
-    return {k: _resolve(v, doc, depth) for k, v in node.items()}
+        resolved = _resolve(target, doc, (*path, ref)) if isinstance(target, dict) else {}
+        return {**resolved, **_resolve(siblings, doc, path)}
+    return {k: _resolve(v, doc, path) for k, v in node.items()}
 
 
 def _json_body_schema(operation: Mapping[str, Any]) -> tuple[dict[str, Any] | None, bool]:
