@@ -21,7 +21,7 @@ from typing import Any
 
 from adapters.config import Settings
 from adapters.presets import Presets
-from engine.ports import ChatProvider, ModelApi, ResolvedModel, UpstreamError
+from engine.ports import ChatProvider, ModelApi, ResolvedModel, ResumeMode, UpstreamError
 
 log = logging.getLogger("turnlog.catalog")
 
@@ -86,7 +86,7 @@ class Catalog:
         for name, provider in self.providers.items():
             try:
                 entries = await self._listing(name, provider)
-                reachable = True
+                reachable = reachable or not getattr(provider, "local", False)
             except UpstreamError as exc:
                 errors[name] = str(exc)
                 self._log_state(name, provider, "unreachable", None, str(exc))
@@ -213,18 +213,23 @@ class Catalog:
             await self._refresh()
         found = self._models.get(model)
         if found is None:
-            if self._reachable:
+            # Models served in this process (pipes) are always listed: only an upstream is asked.
+            remote = [name for name, provider in self.providers.items() if not getattr(provider, "local", False)]
+            if self._reachable or not remote:
                 return None
             # No upstream answered the listing: let the upstream judge the id
             # rather than refuse every model while it is down (a prefixed id
             # goes to its connection).
-            name, upstream_model = self._by_prefix(model) or (next(iter(self.providers)), model)
+            name, upstream_model = self._by_prefix(model) or (remote[0], model)
         else:
             name, upstream_model = found[0], str(found[1].get("id", model))
         provider = self.providers[name]
         profile = self.settings.models.get(model)
         api: ModelApi = getattr(provider, "api", "chat")
         resume, resume_params = self.settings.resume_of(name, api)
+        own: ResumeMode | None = getattr(provider, "resume", None)
+        if own is not None:  # a provider that can resume only one way (pipes restart)
+            resume, resume_params = own, {}
         return ResolvedModel(
             provider=provider,
             upstream_model=upstream_model,

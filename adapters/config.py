@@ -14,7 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationInfo, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     NoDecode,
@@ -101,6 +101,22 @@ class ConnectionSettings(BaseModel):
         return value
 
 
+class ToolServerSettings(BaseModel):
+    """One OpenAPI tool server (``TURNLOG_TOOL_SERVERS`` / ``[tool_servers.NAME]``):
+    its base URL, where its OpenAPI document is (a path under the URL, or a
+    URL), headers sent with every request (a token: never logged), the seconds
+    a call may take (unset: ``tool_timeout``) and the seconds reading the
+    document may take."""
+
+    model_config = {"extra": "forbid"}
+
+    url: str
+    spec: str = "/openapi.json"
+    headers: dict[str, str] = Field(default_factory=dict)
+    timeout: float | None = Field(default=None, gt=0)
+    connect_timeout: float = Field(default=10.0, gt=0)
+
+
 #: The built-in upstreams a resume mode is set for: the OpenAI upstream with the
 #: Chat Completions API, the same with the Responses API, and Ollama.
 RESUME_UPSTREAMS = ("openai", "responses", "ollama")
@@ -130,6 +146,13 @@ class Settings(BaseSettings):
         default=None,
         description=(
             "a folder of filter modules (`class Filter` with `inlet` / `stream` / `outlet`; valves from `[filters.NAME]`): [filters](../guides/filters.md)"
+        ),
+    )
+    pipes_dir: str | None = Field(
+        default=None,
+        description=(
+            "a folder of Open WebUI pipe modules (`class Pipe` with `pipe(body, ...)`; valves from `[pipes.NAME]`), each "
+            "a model: [OpenAPI tool servers and pipes](../guides/tool-servers-and-pipes.md)"
         ),
     )
     max_tool_call_iterations: int = Field(default=256, description="agent-loop cap (`-1` = none)")
@@ -399,6 +422,8 @@ class Settings(BaseSettings):
     memory_top_k: int = Field(default=3, ge=1, description="memories injected per turn (prompt-based), and `POST /v1/memories/query`'s default `k`")
     # Filter valves: [filters.NAME] tables of the TOML file.
     filters: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Filter valves: [filters.NAME] tables of the TOML file.")
+    # Pipe valves: [pipes.NAME] tables of the TOML file (TURNLOG_PIPES: JSON).
+    pipes: dict[str, dict[str, Any]] = Field(default_factory=dict, description="Pipe valves: `[pipes.NAME]` tables of the TOML file (or JSON).")
     # MCP tool servers by name (a request offers their tools with tool_ids
     # ["mcp:NAME"]): TURNLOG_MCP_SERVERS as JSON, or [mcp.NAME] tables.
     mcp_servers: dict[str, McpServerSettings] = Field(
@@ -407,6 +432,16 @@ class Settings(BaseSettings):
             'MCP tool servers (streamable HTTP) as JSON `{"NAME": {"url", "headers"?, "timeout"?, "connect_timeout"?}}`, or '
             '`[mcp.NAME]` tables in the file; a request offers a server\'s tools with `tool_ids: ["mcp:NAME"]`. Needs `pip '
             "install 'turnlog[mcp]'`"
+        ),
+    )
+    # OpenAPI tool servers by name (a request offers their operations with
+    # tool_ids ["openapi:NAME"]): TURNLOG_TOOL_SERVERS as JSON, or [tool_servers.NAME] tables.
+    tool_servers: dict[str, ToolServerSettings] = Field(
+        default_factory=dict,
+        description=(
+            'OpenAPI tool servers as JSON `{"NAME": {"url", "spec"?, "headers"?, "timeout"?, "connect_timeout"?}}`, or '
+            "`[tool_servers.NAME]` tables in the file; a request offers a server's operations with `tool_ids: "
+            '["openapi:NAME"]`: [OpenAPI tool servers and pipes](../guides/tool-servers-and-pipes.md)'
         ),
     )
     # -- code execution (adapters.code) ----------------------------------------
@@ -535,13 +570,14 @@ class Settings(BaseSettings):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value
 
-    @field_validator("mcp_servers")
+    @field_validator("mcp_servers", "tool_servers")
     @classmethod
-    def _mcp_names(cls, value: dict[str, McpServerSettings]) -> dict[str, McpServerSettings]:
+    def _server_names(cls, value: dict[str, Any], info: ValidationInfo) -> dict[str, Any]:
         # The name prefixes the function names the model sees: OpenAI's characters only.
         bad = sorted(name for name in value if not re.fullmatch(r"[A-Za-z0-9_-]{1,32}", name))
         if bad:
-            raise ValueError(f"MCP server names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
+            kind = "MCP server" if info.field_name == "mcp_servers" else "tool server"
+            raise ValueError(f"{kind} names must be 1-32 of A-Z a-z 0-9 _ -: {', '.join(bad)}")
         return value
 
     @model_validator(mode="after")

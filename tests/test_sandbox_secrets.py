@@ -28,7 +28,7 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build_code_executor, service_paths, start_code_executor
+from adapters.code import CodeLimits, SandboxExecutor, WeakSandboxRefused, build_code_executor, secrets_held, service_paths, start_code_executor
 from adapters.code.sandbox import BOOT, MARKER
 from adapters.config import Settings
 from tests.harness import make_settings, start_service
@@ -65,7 +65,7 @@ def secrets_dir(tmp_path: Path) -> Iterator[Path]:
 
 def _populate(root: Path) -> Path:
     root.chmod(0o755)  # readable by anyone, like /etc/turnlog: only the hiding protects it
-    for sub in ("conf", "keys", "tools", "filters"):
+    for sub in ("conf", "keys", "tools", "filters", "pipes"):
         (root / sub).mkdir(mode=0o755)
     (root / "conf" / "turnlog.toml").write_text(f'openai_api_key = "{SECRET}"\n')
     pem = Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
@@ -73,6 +73,7 @@ def _populate(root: Path) -> Path:
     (root / "keys" / "notes.txt").write_text(SECRET)  # the key's folder is hidden too
     (root / "tools" / "weather.py").write_text(f"API_KEY = {SECRET!r}\n")
     (root / "filters" / "redact.py").write_text(f"TOKEN = {SECRET!r}\n")
+    (root / "pipes" / "vendor.py").write_text(f"KEY = {SECRET!r}\n")
     for path in root.rglob("*"):
         if path.is_file():
             path.chmod(0o644)
@@ -89,12 +90,13 @@ def deployment(tmp_path: Path, root: Path, **overrides: Any) -> Settings:
         receipt_key=str(root / "keys" / "receipt.pem"),
         tools_dir=str(root / "tools"),
         filters_dir=str(root / "filters"),
+        pipes_dir=str(root / "pipes"),
         **overrides,
     )
 
 
 def secret_files(root: Path) -> list[str]:
-    return [str(root / p) for p in ("conf/turnlog.toml", "keys/receipt.pem", "keys/notes.txt", "tools/weather.py", "filters/redact.py")]
+    return [str(root / p) for p in ("conf/turnlog.toml", "keys/receipt.pem", "keys/notes.txt", "tools/weather.py", "filters/redact.py", "pipes/vendor.py")]
 
 
 def snoop_code(root: Path) -> str:
@@ -107,7 +109,7 @@ for path in {secret_files(root)!r}:
         seen[path] = open(path, "rb").read().decode("latin-1")
     except OSError as exc:
         seen[path] = type(exc).__name__
-for folder in {[str(root / s) for s in ("conf", "keys", "tools", "filters")]!r}:
+for folder in {[str(root / s) for s in ("conf", "keys", "tools", "filters", "pipes")]!r}:
     try:
         seen[folder] = sorted(os.listdir(folder))
     except OSError as exc:
@@ -126,12 +128,26 @@ def assert_nothing_seen(out: dict[str, Any], root: Path) -> None:
 
 def test_the_secret_paths_are_the_services_hidden_paths(tmp_path: Path) -> None:
     settings = make_settings(
-        tmp_path, None, config_path="/etc/turnlog.toml", receipt_key="/srv/keys/receipt.pem", tools_dir="tools", filters_dir="/opt/filters"
+        tmp_path,
+        None,
+        config_path="/etc/turnlog.toml",
+        receipt_key="/srv/keys/receipt.pem",
+        tools_dir="tools",
+        filters_dir="/opt/filters",
+        pipes_dir="/opt/pipes",
     )
     paths = service_paths(settings)
     # A file in a system folder is hidden alone, never the whole of /etc.
     assert "/etc/turnlog.toml" in paths and "/etc" not in paths
-    assert {"/srv/keys/receipt.pem", "/srv/keys", str(Path("tools").resolve()), "/opt/filters", str(tmp_path)} <= set(paths)
+    assert {"/srv/keys/receipt.pem", "/srv/keys", str(Path("tools").resolve()), "/opt/filters", "/opt/pipes", str(tmp_path)} <= set(paths)
+
+
+def test_tool_server_headers_are_secrets_held(tmp_path: Path) -> None:
+    """Headers of MCP and OpenAPI tool servers may carry keys: a weak sandbox must be refused for them."""
+    plain = make_settings(tmp_path, None, openai_api_key=None, tool_servers={"api": {"url": "http://a"}})
+    assert "tool_servers (headers)" not in secrets_held(plain)
+    keyed = make_settings(tmp_path, None, openai_api_key=None, tool_servers={"api": {"url": "http://a", "headers": {"Authorization": "Bearer k"}}})
+    assert "tool_servers (headers)" in secrets_held(keyed)
 
 
 async def test_sandboxed_code_cannot_read_the_config_key_tools_or_filters(tmp_path: Path, secrets_dir: Path) -> None:

@@ -47,14 +47,14 @@ def build_code_executor(settings: Settings) -> CodeExecutor:
 
 def service_paths(settings: Settings) -> list[str]:
     """Every path the service reads secrets or code from, hidden from the
-    sandbox: the SQLite database's folder, the tools and filters folders, the
+    sandbox: the SQLite database's folder, the tools, filters and pipes folders, the
     ``--config`` file and the receipt key (each file, and its folder unless
     that is a system one such as ``/etc``, where the file alone is hidden)."""
     paths: list[str] = []
     url = make_url(settings.database_url)
     if url.get_backend_name() == "sqlite" and url.database and url.database != ":memory:":
         paths.append(os.path.dirname(os.path.abspath(url.database)))
-    paths += [os.path.abspath(p) for p in (settings.tools_dir, settings.filters_dir) if p]
+    paths += [os.path.abspath(p) for p in (settings.tools_dir, settings.filters_dir, settings.pipes_dir) if p]
     for secret_file in (settings.config_path, settings.receipt_key):
         if secret_file:
             path = os.path.abspath(secret_file)
@@ -74,6 +74,8 @@ def secrets_held(settings: Settings) -> list[str]:
         held.append("database_url (a password)")
     if any(server.headers for server in settings.mcp_servers.values()):
         held.append("mcp_servers (headers)")
+    if any(server.headers for server in settings.tool_servers.values()):
+        held.append("tool_servers (headers)")
     return held
 
 

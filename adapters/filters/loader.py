@@ -116,8 +116,9 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(parts)
 
 
-def _valves(cls: type, filter_id: str, table: Mapping[str, Any] | None) -> Any:
-    """``cls.Valves`` built from the TOML table (or its defaults); raises ``InvalidFilter``."""
+def build_valves(cls: type, filter_id: str, table: Mapping[str, Any] | None, section: str = "filters") -> Any:
+    """``cls.Valves`` built from the TOML table ``[section.ID]`` (or its
+    defaults); raises ``InvalidFilter``. Pipes' valves are built the same way."""
     valves_cls = cls.Valves  # type: ignore[attr-defined]
     values = dict(table or {})
     fields = getattr(valves_cls, "model_fields", None)
@@ -126,15 +127,15 @@ def _valves(cls: type, filter_id: str, table: Mapping[str, Any] | None) -> Any:
         unknown = sorted(set(values) - known)
         if unknown:
             # Pydantic ignores them; say so, since a misspelt valve otherwise keeps its default silently.
-            log.warning("[filters.%s]: unknown valves %s ignored (the filter's Valves has %s)", filter_id, unknown, sorted(fields))
+            log.warning("[%s.%s]: unknown valves %s ignored (its Valves has %s)", section, filter_id, unknown, sorted(fields))
     try:
         if hasattr(valves_cls, "model_validate"):
             return valves_cls.model_validate(values)
         return valves_cls(**values)
     except ValidationError as exc:
-        raise InvalidFilter(f"invalid valves in [filters.{filter_id}]: {_validation_message(exc)}") from exc
+        raise InvalidFilter(f"invalid valves in [{section}.{filter_id}]: {_validation_message(exc)}") from exc
     except Exception as exc:
-        raise InvalidFilter(f"invalid valves in [filters.{filter_id}]: {describe(exc)}") from exc
+        raise InvalidFilter(f"invalid valves in [{section}.{filter_id}]: {describe(exc)}") from exc
 
 
 def _priority(instance: Any) -> float:
@@ -176,7 +177,7 @@ def _hook(name: str, fn: Any) -> Hook:
     return Hook(fn=fn, data_param=data_param, reserved=tuple(reserved), is_async=is_async)
 
 
-def _user_valves(cls: type) -> Any:
+def user_valves(cls: type) -> Any:
     user_valves_cls = getattr(cls, "UserValves", None)
     if not isinstance(user_valves_cls, type):
         return None
@@ -196,14 +197,14 @@ def load_filter_module(path: Path, valves: Mapping[str, Any] | None = None) -> L
         if not isinstance(cls, type):
             raise InvalidFilter("module defines no class Filter")
         has_valves = isinstance(getattr(cls, "Valves", None), type)
-        configured = _valves(cls, filter_id, valves) if has_valves and valves is not None else None
+        configured = build_valves(cls, filter_id, valves) if has_valves and valves is not None else None
         if valves is not None and not has_valves:
             log.warning("[filters.%s]: the filter has no Valves class; the table is ignored", filter_id)
         instance = cls()
         if configured is not None:
             instance.valves = configured
         elif has_valves and getattr(instance, "valves", None) is None:
-            instance.valves = _valves(cls, filter_id, None)
+            instance.valves = build_valves(cls, filter_id, None)
         hooks = {name: _hook(name, getattr(instance, name)) for name in HOOKS if getattr(instance, name, None) is not None}
         return LoadedFilter(
             filter_id=filter_id,
@@ -212,7 +213,7 @@ def load_filter_module(path: Path, valves: Mapping[str, Any] | None = None) -> L
             priority=_priority(instance),
             hooks=hooks,
             file_handler=bool(getattr(instance, "file_handler", False)),
-            user_valves=_user_valves(cls),
+            user_valves=user_valves(cls),
         )
     except BaseException:
         sys.modules.pop(module_name, None)

@@ -50,6 +50,7 @@ from adapters.observe.metrics import Metrics
 from adapters.observe.observers import Observers
 from adapters.observe.tracing import open_tracing
 from adapters.owner_locks import open_owner_locks
+from adapters.pipes import load_pipes
 from adapters.presets import Presets
 from adapters.providers.demo import DemoProvider
 from adapters.providers.ollama import OllamaProvider
@@ -111,6 +112,10 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
         observers = Observers(metrics, open_tracing())  # traces only when OTEL_* asks for them
         store.observer = observers
         providers = open_providers(settings)
+        pipes = load_pipes(settings)
+        if pipes is not None:
+            # Before the upstreams: a pipe's id is its own, an upstream model of that id gets a prefix.
+            providers = {"pipes": pipes, **providers}
         if settings.demo:
             # Listed first: the id `demo` is always the built-in model, even if
             # an upstream has one of that name (that one becomes `openai/demo`).
@@ -129,9 +134,9 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
         )
         tool_dirs = [d for d in (settings.tools_dir, DEMO_TOOLS_DIR if settings.demo else None) if d]
         tools: ToolCatalog = DirToolCatalog(*tool_dirs) if tool_dirs else NoTools()
-        mcp = open_mcp_servers(settings, tools)
-        if mcp is not None:
-            tools = mcp  # the catalog knows the mcp:NAME tool ids too
+        servers = open_tool_servers(settings, tools)
+        if servers is not None:
+            tools = servers  # the catalog knows the mcp:NAME and openapi:NAME tool ids too
         bus = InProcessBus()
         signals: PgSignals | None = None
         owners: list[Supervisor] = []  # the supervisor, once it exists (PgSignals calls back into it)
@@ -165,7 +170,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
             fetcher=fetcher,
             images=images,
             observer=observers,
-            tool_servers=mcp,
+            tool_servers=servers,
             owner_locks=open_owner_locks(settings.database_url),
             tokens=Cl100kCounter(),
         )
@@ -243,6 +248,18 @@ def open_mcp_servers(settings: Settings, base: ToolCatalog) -> Any:
 
     configs = {name: McpServerConfig(**server.model_dump()) for name, server in settings.mcp_servers.items()}
     return McpServers(configs, base)
+
+
+def open_tool_servers(settings: Settings, base: ToolCatalog) -> Any:
+    """The configured tool servers (MCP, OpenAPI) over the tool modules, or None."""
+    mcp = open_mcp_servers(settings, base)
+    if not settings.tool_servers:
+        return mcp
+    from adapters.tools.openapi import OpenApiServerConfig, OpenApiServers
+    from adapters.tools.servers import ToolServerSet
+
+    openapi = OpenApiServers({name: OpenApiServerConfig(**server.model_dump()) for name, server in settings.tool_servers.items()})
+    return ToolServerSet(base, [openapi] if mcp is None else [mcp, openapi])
 
 
 def _knowledge_engine_options(settings: Settings) -> dict[str, Any]:

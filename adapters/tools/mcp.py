@@ -22,9 +22,7 @@ every streamable-HTTP MCP server answers, with a server-side session
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +36,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
+from adapters.tools.names import function_name, function_names, server_prefix
 from engine.ports import NoTurnToolServers, ToolCatalog, ToolServerListing, TurnToolServers
 from engine.tools.calls import ToolContext, ToolHandle, ToolSpec
 
@@ -49,8 +48,6 @@ for _name in ("httpx2", "mcp.client.streamable_http"):
     logging.getLogger(_name).setLevel(logging.WARNING)
 
 PREFIX = "mcp:"
-MAX_NAME = 64  # OpenAI's limit for a function name
-_INVALID = re.compile(r"[^A-Za-z0-9_-]")
 #: A listing longer than this many pages is cut (a server that paginates forever).
 MAX_PAGES = 100
 #: How long a closing session may take to end itself (its DELETE) before it is cut off.
@@ -66,31 +63,6 @@ class McpServerConfig:
     headers: Mapping[str, str] = field(default_factory=dict)
     timeout: float | None = None
     connect_timeout: float = 10.0
-
-
-def function_name(server: str, tool: str) -> str:
-    """The name the model sees: ``server_tool``, characters OpenAI refuses
-    replaced by ``_``, over 64 characters the first 55 + ``_`` + 8 hex digits of
-    the full name's sha256 (so two long names sharing a prefix stay apart)."""
-    full = f"{server}_{tool}"
-    name = _INVALID.sub("_", full)
-    if len(name) > MAX_NAME:
-        name = f"{name[:55]}_{hashlib.sha256(full.encode()).hexdigest()[:8]}"
-    return name
-
-
-def function_names(server: str, tools: Sequence[str]) -> dict[str, str]:
-    """Function name -> the server's tool name, unique within the server (a
-    clash after replacing characters gets the hash too). Deterministic in the
-    listing, so a resumed turn finds the same names again."""
-    names: dict[str, str] = {}
-    for tool in tools:
-        name = function_name(server, tool)
-        if name in names:
-            full = f"{server}_{tool}"
-            name = f"{_INVALID.sub('_', full)[:55]}_{hashlib.sha256(full.encode()).hexdigest()[:8]}"
-        names[name] = tool
-    return names
 
 
 class McpToolError(Exception):
@@ -319,7 +291,7 @@ class McpTurnServers:
         # Not listed in this process (a resumed turn): a name of one of the
         # turn's servers is looked up on that server when it is called.
         for server, config in self._configs.items():
-            if name.startswith(f"{_INVALID.sub('_', server)}_"):
+            if name.startswith(server_prefix(server)):
                 spec = ToolSpec(
                     name=name,
                     description=name,
@@ -350,6 +322,8 @@ class McpServers:
     """``engine.ports.ToolServers`` and the process's ``ToolCatalog``: the MCP
     servers of the configuration, over the tool modules of ``base`` (so that
     ``mcp:NAME`` is a tool id a request may name)."""
+
+    prefix = PREFIX
 
     def __init__(self, configs: Mapping[str, McpServerConfig], base: ToolCatalog) -> None:
         self.configs = dict(configs)

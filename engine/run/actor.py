@@ -60,7 +60,7 @@ from engine.ports import (
 )
 from engine.run.context import END, End, TurnPorts
 from engine.run.flush_clock import FlushClock
-from engine.run.log_context import current_turn
+from engine.run.log_context import current_chat, current_turn, current_user
 from engine.run.loop_state import LoopState
 from engine.run.nodes import Node, RequestModel, entry_node
 from engine.settings import EngineSettings
@@ -269,6 +269,8 @@ class TurnActor:
 
     async def _main(self, resume: bool) -> None:
         current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
+        current_user.set(self._view.user_id)
+        current_chat.set(self._view.chat_id)
         self._callback_context = contextvars.copy_context()  # ... and its windows' callbacks' lines
         observer, view = self._ports.observer, self._view
         observe(observer.turn_started, self.turn_id, model=view.model or "", chat_id=view.chat_id, started_at=view.created_at, resumed=resume)

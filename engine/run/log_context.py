@@ -11,3 +11,8 @@ from __future__ import annotations
 from contextvars import ContextVar
 
 current_turn: ContextVar[str | None] = ContextVar("turnlog_turn_id", default=None)
+#: The turn's user and chat, set beside ``current_turn``: what a model written
+#: in Python (an Open WebUI pipe) is told about who it answers, which the wire
+#: body of a model call does not carry.
+current_user: ContextVar[str | None] = ContextVar("turnlog_user_id", default=None)
+current_chat: ContextVar[str | None] = ContextVar("turnlog_chat_id", default=None)
