@@ -245,8 +245,12 @@ class SqliteWriter(BatchWriter):
         """``rows`` with their hashes, after this batch's and the committed
         heads (``trial`` gets the new heads: merge it into ``linked`` once the
         rows are written)."""
-        found = {key: previous_hash(_scalar(raw, SELECT_PREVIOUS_HASH, key)) for key in self.to_read(rows, trial)}
-        return link_rows(rows, trial, lambda turn_id, seq: found[(turn_id, seq)], self.linked, self.heads)
+
+        def previous(turn_id: str, seq: int) -> bytes:  # read as link_rows needs it: no pass of its own
+            self.stats["chain_reads"] += 1
+            return previous_hash(_scalar(raw, SELECT_PREVIOUS_HASH, (turn_id, seq)))
+
+        return link_rows(rows, trial, previous, self.linked, self.heads)
 
     def _appends(self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
         """A run of appends: one fencing read, then all their rows in one
