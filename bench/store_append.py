@@ -7,7 +7,6 @@ transaction is committed, so the figure is *durable* events per second.
 
     python bench/store_append.py                      # SQLite, synchronous=FULL
     python bench/store_append.py --synchronous NORMAL
-    python bench/store_append.py --async-writer       # group commits via aiosqlite
     python bench/store_append.py --url postgresql+asyncpg://...   (empty, migrated DB)
 """
 
@@ -24,17 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from adapters.store import SqlEventStore, migrate, open_store, sqlite_engine  # noqa: E402
+from adapters.store import migrate, open_store  # noqa: E402
 from engine.events import Event  # noqa: E402
 from engine.ports import TurnRecord  # noqa: E402
 
 
-async def run(url: str, turns: int, per_turn: int, engine_kwargs: dict, async_writer: bool) -> None:
+async def run(url: str, turns: int, per_turn: int, engine_kwargs: dict) -> None:
     await migrate(url)
-    if async_writer:
-        store = SqlEventStore(sqlite_engine(url, **engine_kwargs))
-    else:
-        store = await open_store(url, **engine_kwargs)
+    store = await open_store(url, **engine_kwargs)
     run_id = uuid.uuid4().hex[:8]
     now = time.time()
     tokens = {}
@@ -87,20 +83,14 @@ def main() -> None:
     p.add_argument("--turns", type=int, default=100)
     p.add_argument("--events", type=int, default=100, help="events per turn")
     p.add_argument("--synchronous", default="FULL", help="SQLite PRAGMA synchronous")
-    p.add_argument(
-        "--async-writer",
-        action="store_true",
-        help="SQLite: run group commits through aiosqlite (run_sync) instead of the writer thread",
-    )
     args = p.parse_args()
     engine_kwargs = {}
     with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as tmp:
         url = args.url or f"sqlite+aiosqlite:///{tmp}/bench.db"
         if url.startswith("sqlite"):
             engine_kwargs["synchronous"] = args.synchronous
-        writer = "aiosqlite run_sync" if args.async_writer else "writer thread"
-        print(f"url={url} synchronous={engine_kwargs.get('synchronous', '-')} ({writer})")
-        asyncio.run(run(url, args.turns, args.events, engine_kwargs, args.async_writer))
+        print(f"url={url} synchronous={engine_kwargs.get('synchronous', '-')}")
+        asyncio.run(run(url, args.turns, args.events, engine_kwargs))
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ test that uses it (through ``database_url`` for the service, through
 * ``memory``: ``MemoryEventStore`` (store-level tests only: the service needs a
   database it can migrate);
 * ``sqlite``: a temp file, ``open_store`` (group commits in the writer thread);
-* ``sqlite-async``: the same file format, group commits through
-  ``AsyncConnection.run_sync`` on aiosqlite: the path other async drivers
-  (asyncpg) take (store-level only: the service always uses ``open_store``);
+* ``sqlite-async``: the same file, the store built on its aiosqlite engine
+  alone (``SqlEventStore(engine)``, which opens its own writer connection)
+  rather than by ``open_store`` (store-level only: the service always uses
+  ``open_store``);
 * ``postgres``: a fresh database per test from ``tests.pg.pg_url`` (skipped
   when there is no PostgreSQL).
 

@@ -119,7 +119,7 @@ async def test_a_failed_commit_refuses_the_turns_appends_queued_behind_it(tmp_pa
         try:
             lost = store.append_nowait([_ev(t, 2)], fencing=token)
             # Queued once the thread is inside that batch (its BEGIN waits).
-            await until(lambda: not store._pending, "the writer thread took the batch", every=0.001)  # the queue the thread pops
+            await until(lambda: not store._writes._queue, "the writer thread took the batch", every=0.001)  # the queue the thread pops
             behind = store.append_nowait([_ev(t, 3)], fencing=token)
             bystander = store.append_nowait([_ev(other, 2)], fencing=other_token)
             with pytest.raises(sqlite3.OperationalError):

@@ -1,10 +1,11 @@
 """The event store: ``engine.ports.EventStore`` on SQL, and in memory for tests.
 
-Modules: ``schema`` (tables), ``sql`` (the store, group commit), ``sqlite``
-(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine and event
-INSERTs), ``sqlite_writer`` and ``postgres_writer`` (a group commit's appends,
-starts and releases at the driver level), ``migrate`` (programmatic Alembic
-upgrade), ``memory``
+Modules: ``schema`` (tables), ``sql`` (the store; reads), ``group_commit``
+(the queue and batching of writes, no database), ``batch_plan`` (the write
+requests and what a batch decides), ``sqlite_writer`` and ``postgres_writer``
+(one writer per backend: every write, at the driver level), ``sqlite``
+(SQLite engines and pragmas), ``postgres`` (the PostgreSQL engine),
+``migrate`` (programmatic Alembic upgrade), ``memory``
 (``MemoryEventStore``: the same contract without a database, for engine
 tests; not behind :func:`open_store`, whose callers migrate the URL first),
 ``common`` (what every backend shares).
@@ -60,8 +61,9 @@ async def open_store(
     """Open the store at ``url`` (already migrated: call :func:`migrate` first).
 
     SQLite: ``synchronous`` is its PRAGMA (see ``adapters.store.sqlite``), and
-    group commits run on a sync writer engine in a thread. Other dialects: a
-    plain async engine (``engine_kwargs`` go to the engine factory).
+    group commits run on a ``sqlite3`` connection in a thread. PostgreSQL: an
+    async engine (``engine_kwargs`` go to the engine factory) whose pool
+    lends the writer its asyncpg connection.
     ``chain=False`` stores events without their hashes (and their data with
     its keys as given, not sorted): only to measure what the chain costs
     (``bench.storebench chain``).

@@ -1,21 +1,19 @@
-"""The SQLite group commit at the driver level: the hot writes without SQLAlchemy.
+"""The SQLite writer: every write of the store, on one ``sqlite3`` connection.
 
-``SqlEventStore`` runs a SQLite group commit in its writer thread. Appends,
-turn starts and lease releases (nearly every write of a turn) are written
-here, straight on the thread's ``sqlite3`` connection, with the statements
-below: a profile of a tiny turn (``python -m bench.turncost commit``) put
-~75 % of the writer thread's CPU in SQLAlchemy's execution machinery (the
-execution context, compiled-cache lookups, cache keys of the statements with
-``.values()``, events, result objects) and ~5 % in the driver. The sqlite3
-module keeps each statement prepared (its statement cache), so an
-``execute`` here is a bind and a step.
+``adapters.store.group_commit.ThreadedGroupCommit`` runs :class:`SqliteWriter`
+in the store's writer thread: each batch is one ``BEGIN IMMEDIATE`` ...
+``COMMIT`` on the thread's own ``sqlite3`` connection (from
+``adapters.store.sqlite.sqlite_writer_engine``: the pragmas), with the
+statements below and no SQLAlchemy: a profile of a tiny turn (``python -m
+bench.turncost commit``) put ~75 % of the writer thread's CPU in SQLAlchemy's
+execution machinery and ~5 % in the driver. The sqlite3 module keeps each
+statement prepared (its statement cache), so an ``execute`` here is a bind
+and a step.
 
-The statements are those SQLAlchemy compiled for ``adapters.store.sql`` (same
-columns, same conditions; the starts' and releases' as multi-row forms), so
-what is stored is the same. A batch holding only such writes is framed here too (``BEGIN
-IMMEDIATE`` ... ``COMMIT``); any other write (claim, renew, chat meta, blobs,
-API keys) keeps its SQLAlchemy code and the batch its SQLAlchemy transaction,
-inside which these statements run on the same connection.
+Appends, starts and releases come in runs written in few multi-row
+statements (a failure redoes the run request by request, so only the
+culprit fails); any other write (claim, renew, chat meta, blobs, API keys)
+is one statement of ``STATEMENTS`` in its own savepoint.
 
 Savepoints are plain ``SAVEPOINT`` statements. After a failed statement the
 transaction may be gone (SQLite rolls it back itself on a full disk or an I/O
@@ -26,11 +24,16 @@ from __future__ import annotations
 
 import functools
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from adapters.store.common import dumps
+from sqlalchemy.engine import Engine
+
+from adapters.store import batch_plan as plan
+from adapters.store.batch_plan import Append, BatchWriter, Release, Start, Write
+from adapters.store.common import EventRow, Head, dumps, link_rows, loads, previous_hash
+from adapters.store.group_commit import Results
 
 #: An event row's columns, in the order of ``adapters.store.common.EventRow``.
 EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
@@ -93,6 +96,18 @@ RELEASE_TURNS = (
     "UPDATE turns SET owner = NULL, lease_until = NULL WHERE (id, owner) IN (SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]') FROM json_each(?))"
 )
 
+#: The other writes (``batch_plan.Write``); a list parameter is a JSON array.
+STATEMENTS = {
+    "claim": (
+        "UPDATE turns SET fencing = fencing + 1, owner = ?, lease_until = ? WHERE id = ? AND "
+        "(owner IN (SELECT value FROM json_each(?)) OR lease_until IS NULL OR lease_until < ?) RETURNING fencing"
+    ),
+    "renew": "UPDATE turns SET lease_until = ? WHERE owner = ? AND id IN (SELECT value FROM json_each(?))",
+    "chat_meta": "UPDATE chats SET title = coalesce(?, title), tags = coalesce(?, tags) WHERE id = ?",
+    "api_key": "INSERT INTO api_keys (key_hash, user_id, created_at, role) VALUES (?, ?, ?, ?)",
+    "blob": "INSERT INTO blobs (id, user_id, mime, size, data, created_at) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (id) DO NOTHING",
+}
+
 #: Parameters per statement: at most 32766 since SQLite 3.32, 999 before.
 MAX_PARAMS = 32766 if sqlite3.sqlite_version_info >= (3, 32, 0) else 999
 
@@ -103,9 +118,9 @@ def rows_sql(head: str, row: str, n_rows: int, tail: str = "") -> str:
     return head + ", ".join([row] * n_rows) + tail
 
 
-def release_pairs(params: list[dict[str, Any]]) -> tuple[str]:
-    """``RELEASE_TURNS``'s one parameter from releases' ``r_*`` parameters."""
-    return (dumps([[p["r_id"], p["r_owner"]] for p in params]),)
+def release_pairs(reqs: list[Release]) -> tuple[str]:
+    """``RELEASE_TURNS``'s one parameter."""
+    return (dumps([[req.turn_id, req.owner] for req in reqs]),)
 
 
 def write_rows(raw: sqlite3.Connection, head: str, row: str, names: tuple[str, ...], rows: list[dict[str, Any]], tail: str = "") -> None:
@@ -163,3 +178,180 @@ def fails_batch(raw: sqlite3.Connection, exc: BaseException) -> bool:
     than its request alone: the savepoint could not be rolled back, or SQLite
     rolled the whole transaction back itself (a full disk, an I/O error)."""
     return isinstance(exc, BatchLost) or not raw.in_transaction
+
+
+class SqliteWriter(BatchWriter):
+    """``group_commit.SyncWriter`` on a connection of ``engine``
+    (``adapters.store.sqlite.sqlite_writer_engine``), used by one thread."""
+
+    def __init__(self, engine: Engine, stats: dict[str, int]) -> None:
+        super().__init__(stats)
+        self._engine = engine
+        self._conn: Any = None  # the pool's proxy of the sqlite3 connection
+
+    def write(self, batch: list[Any]) -> Results:
+        if self._conn is None:
+            self._conn = self._engine.raw_connection()
+        raw: sqlite3.Connection = self._conn.dbapi_connection
+        try:
+            raw.execute("BEGIN IMMEDIATE")
+            results = self._write(raw, batch)
+            raw.execute("COMMIT")
+        except BaseException:
+            self.failed(batch)
+            conn, self._conn = self._conn, None
+            try:  # closing the connection rolls back what is left
+                conn.invalidate()
+            except Exception:  # pragma: no cover
+                pass
+            raise
+        self.committed()
+        return results
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        self._engine.dispose()
+
+    def _write(self, raw: sqlite3.Connection, batch: list[Any]) -> Results:
+        self.linked = {}
+        results: Results = [(True, None)] * len(batch)
+        for kind, i, j in plan.runs(batch):
+            if kind is Append:
+                self._appends(raw, batch, i, j, results)
+            elif kind is Start:
+                self._starts(raw, batch[i:j], i, results)
+            elif kind is Release:
+                self._releases(raw, batch[i:j], i, results)
+            else:
+                self._isolated(raw, i, results, functools.partial(_execute, raw, batch[i]))
+        return results
+
+    def _isolated(self, raw: sqlite3.Connection, i: int, results: Results, body: Callable[[], Any]) -> bool:
+        """``results[i]`` is what ``body()`` returns, in a savepoint of its own;
+        or what it raised (rolled back) unless that fails the whole batch."""
+        try:
+            with savepoint(raw):
+                results[i] = (True, body())
+        except Exception as exc:
+            if fails_batch(raw, exc):
+                raise
+            results[i] = (False, exc)
+            return False
+        return True
+
+    def _link(self, raw: sqlite3.Connection, rows: list[EventRow], trial: dict[str, Head]) -> list[EventRow]:
+        """``rows`` with their hashes, after this batch's and the committed
+        heads (``trial`` gets the new heads: merge it into ``linked`` once the
+        rows are written)."""
+
+        def previous(turn_id: str, seq: int) -> bytes:  # read as link_rows needs it: no pass of its own
+            self.stats["chain_reads"] += 1
+            return previous_hash(_scalar(raw, SELECT_PREVIOUS_HASH, (turn_id, seq)))
+
+        return link_rows(rows, trial, previous, self.linked, self.heads)
+
+    def _appends(self, raw: sqlite3.Connection, batch: list[Any], start: int, end: int, results: Results) -> None:
+        """A run of appends: one fencing read, then all their rows in one
+        statement; if that fails, append by append to find the culprits."""
+        live = list(range(start, end))
+        fenced = plan.fenced_turns(batch, start, end)
+        if fenced:
+            current = loads(_scalar(raw, SELECT_FENCING, (dumps(list(fenced)),)))
+            live = plan.live_appends(batch, start, end, current, self.poisoned, results)
+        rows = [row for i in live for row in batch[i].rows]
+        if plan.distinct_seqs(rows):
+            updates = [batch[i].index for i in live if batch[i].index is not None]
+            trial: dict[str, Head] = {}
+            rows = self._link(raw, rows, trial)
+            try:
+                if len(rows) <= ROWS_PER_INSERT:  # one statement: atomic by itself
+                    _insert_and_index(raw, rows, updates)
+                else:
+                    with savepoint(raw):
+                        _insert_and_index(raw, rows, updates)
+            except sqlite3.IntegrityError as exc:
+                if fails_batch(raw, exc):
+                    raise
+            else:
+                self.linked.update(trial)
+                return
+        for i in live:
+            req = batch[i]
+            if self.refused_again(req, i, results):
+                continue
+            trial = {}
+            try:
+                with savepoint(raw):
+                    _insert_and_index(raw, self._link(raw, req.rows, trial), [] if req.index is None else [req.index])
+            except sqlite3.IntegrityError as exc:
+                results[i] = (False, plan.seq_taken(req.turn_id, exc))
+                self.poison(req)
+            else:
+                self.linked.update(trial)
+
+    def _starts(self, raw: sqlite3.Connection, reqs: list[Start], start: int, results: Results) -> None:
+        """A run of starts: their turns, chats and first events in one
+        savepoint; on any failure, start by start."""
+        rows = [row for req in reqs for row in req.rows]
+        if plan.startable_together(reqs, rows):
+            trial: dict[str, Head] = {}
+
+            def together() -> None:
+                write_rows(raw, INSERT_TURNS, TURN_ROW, TURN_PARAMS, [req.turn for req in reqs])
+                write_rows(raw, UPSERT_CHATS, CHAT_ROW, CHAT_PARAMS, plan.merged_chats(reqs), UPSERT_CHATS_TAIL)
+                insert_events(raw, self._link(raw, rows, trial))
+
+            if self._isolated(raw, start, results, together):
+                self.linked.update(trial)
+                for k in range(len(reqs)):
+                    results[start + k] = (True, 1)
+                return
+        for k, req in enumerate(reqs):
+            trial = {}
+            if self._isolated(raw, start + k, results, functools.partial(self._start_one, raw, req, trial)):
+                self.linked.update(trial)
+
+    def _start_one(self, raw: sqlite3.Connection, req: Start, trial: dict[str, Head]) -> int:
+        write_rows(raw, UPSERT_CHATS, CHAT_ROW, CHAT_PARAMS, [{**req.chat, "c_upd": req.chat["c_at"]}], UPSERT_CHATS_TAIL)
+        turn_id = req.turn["t_id"]
+        try:
+            write_rows(raw, INSERT_TURNS, TURN_ROW, TURN_PARAMS, [req.turn])
+        except sqlite3.IntegrityError as exc:
+            raise plan.turn_exists(turn_id, exc) from exc
+        try:
+            insert_events(raw, self._link(raw, req.rows, trial))
+        except sqlite3.IntegrityError as exc:
+            raise plan.seq_taken(turn_id, exc) from exc
+        return 1
+
+    def _releases(self, raw: sqlite3.Connection, reqs: list[Release], start: int, results: Results) -> None:
+        """A run of releases: one statement; on a failure, one by one."""
+        if len(reqs) > 1 and self._isolated(raw, start, results, functools.partial(_run, raw, RELEASE_TURNS, release_pairs(reqs))):
+            return
+        for k, req in enumerate(reqs):
+            self._isolated(raw, start + k, results, functools.partial(_run, raw, RELEASE_TURNS, release_pairs([req])))
+
+
+def _insert_and_index(raw: sqlite3.Connection, rows: list[EventRow], updates: list[dict[str, Any]]) -> None:
+    if rows:
+        insert_events(raw, rows)
+    if updates:
+        raw.executemany(UPDATE_INDEX, updates)
+
+
+def _run(raw: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> None:
+    raw.execute(sql, args)
+
+
+def _scalar(raw: sqlite3.Connection, sql: str, args: tuple[Any, ...]) -> Any:
+    found = raw.execute(sql, args).fetchone()
+    return None if found is None else found[0]
+
+
+def _execute(raw: sqlite3.Connection, req: Write) -> Any:
+    """A :class:`Write`'s statement; ``claim``'s returned token."""
+    args = tuple(dumps(a) if isinstance(a, list) else a for a in req.args)
+    found = raw.execute(STATEMENTS[req.op], args).fetchall()  # (all: RETURNING rows are stepped)
+    return found[0][0] if found else None
