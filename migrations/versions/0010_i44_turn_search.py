@@ -113,10 +113,7 @@ def _sqlite() -> None:
         " tools INTEGER NOT NULL DEFAULT 0,"
         " tool_failed INTEGER NOT NULL DEFAULT 0)"
     )
-    op.execute(
-        "CREATE VIRTUAL TABLE turn_fts USING fts5("
-        "prompt, answer, content='turn_texts', content_rowid='rid', tokenize='unicode61 remove_diacritics 0')"
-    )
+    op.execute("CREATE VIRTUAL TABLE turn_fts USING fts5(prompt, answer, content='turn_texts', content_rowid='rid', tokenize='unicode61 remove_diacritics 0')")
     op.execute(
         "CREATE TRIGGER turn_texts_fts_insert AFTER INSERT ON turn_texts BEGIN"
         " INSERT INTO turn_fts(rowid, prompt, answer) VALUES (NEW.rid, NEW.prompt, NEW.answer); END"
@@ -253,20 +250,14 @@ def _postgres() -> None:
         " EXCEPTION WHEN others THEN RAISE WARNING 'turn search: turn % not indexed: %', NEW.id, SQLERRM;"
         " END; RETURN NULL; END $$"
     )
-    pg(
-        "CREATE TRIGGER turn_texts_on_view_insert AFTER INSERT ON turns FOR EACH ROW"
-        " WHEN (NEW.view IS NOT NULL) EXECUTE FUNCTION turn_texts_on_view()"
-    )
+    pg("CREATE TRIGGER turn_texts_on_view_insert AFTER INSERT ON turns FOR EACH ROW WHEN (NEW.view IS NOT NULL) EXECUTE FUNCTION turn_texts_on_view()")
     pg(
         "CREATE TRIGGER turn_texts_on_view_update AFTER UPDATE OF view ON turns FOR EACH ROW"
         " WHEN (NEW.view IS NOT NULL AND NEW.view IS DISTINCT FROM OLD.view) EXECUTE FUNCTION turn_texts_on_view()"
     )
     # Back-fill (a turn's last assembly wins, as live). JSON that is no jsonb
     # (a NUL escape) is left unindexed, as the triggers leave it.
-    pg(
-        "CREATE FUNCTION pg_temp.as_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql AS $$"
-        " BEGIN RETURN t::jsonb; EXCEPTION WHEN others THEN RETURN NULL; END $$"
-    )
+    pg("CREATE FUNCTION pg_temp.as_jsonb(t text) RETURNS jsonb LANGUAGE plpgsql AS $$ BEGIN RETURN t::jsonb; EXCEPTION WHEN others THEN RETURN NULL; END $$")
     pg(
         "INSERT INTO turn_texts(turn_id, prompt) SELECT DISTINCT ON (turn_id) turn_id, turn_search_prompt(pg_temp.as_jsonb(data)) FROM events"
         " WHERE type = 'assembly.completed' ORDER BY turn_id, seq DESC"
