@@ -3,7 +3,8 @@ inspector's counts beside it (``GET /v1/ui/turns/counts``).
 
 ``q`` is full-text over each turn's new user messages and its answer
 (``adapters.store.turn_search`` says exactly how); ``status``, ``model``,
-``since``/``until`` (Unix seconds or ISO 8601, ``until`` exclusive), ``tools``
+``chat_id``, ``since``/``until`` (Unix seconds or ISO 8601, ``until``
+exclusive), ``tools``
 and ``failed`` (``true``/``false``) filter; ``before`` is the ``next_before`` of
 the previous page (a turn id) or a Unix time. An admin may add ``user=`` to
 read another user's turns.
@@ -22,7 +23,7 @@ from adapters.http.chat_ids import ChatIds, user_prefix
 from adapters.http.context import services
 from adapters.http.errors import ApiError
 from adapters.http.turn_routes import _int_query
-from adapters.store.turn_search import FoundTurn, QueryError, TurnQuery, count_turns, find_turns, parse_query
+from adapters.store.turn_search import FoundTurn, QueryError, TurnQuery, count_turns, find_turns, models_in_use, parse_query
 
 STATUSES = ("running", "completed", "cancelled", "failed", "interrupted", "waiting")
 PAGE = 25
@@ -103,6 +104,7 @@ async def _query(request: web.Request, user: str, *, limit: int = PAGE) -> TurnQ
         terms=terms,
         status=status,
         model=request.query.get("model") or None,
+        chat_ids=_ids(request, user).candidates(chat_id) if (chat_id := request.query.get("chat_id")) else (),
         since=_time(request, "since"),
         until=_time(request, "until"),
         tools=_flag(request, "tools"),
@@ -146,10 +148,12 @@ async def list_turns(request: web.Request) -> web.Response:
 
 
 async def turn_counts(request: web.Request) -> web.Response:
-    """How many turns the filters (status aside) match, in all and by status."""
+    """How many turns the filters (status aside) match, in all and by status,
+    and the models the user's turns use (what the model filter offers)."""
     user = _target_user(request)
-    counts = await count_turns(services(request).store, await _query(request, user))
-    return web.json_response({"total": sum(counts.values()), "by_status": counts})
+    store = services(request).store
+    counts = await count_turns(store, await _query(request, user))
+    return web.json_response({"total": sum(counts.values()), "by_status": counts, "models": await models_in_use(store, user)})
 
 
 def setup(app: web.Application) -> None:

@@ -109,6 +109,7 @@ class TurnQuery:
     terms: Sequence[Term] = ()
     status: str | None = None
     model: str | None = None
+    chat_ids: Sequence[str] = ()  # any of these chats (none: every chat)
     since: float | None = None  # created_at >= since
     until: float | None = None  # created_at < until
     tools: bool | None = None  # ran a tool (or not)
@@ -165,6 +166,8 @@ def _filters(query: TurnQuery, dialect: str, *, with_status: bool = True) -> lis
         where.append(_status_clause(query.status, query))
     if query.model is not None:
         where.append(turns.c.model == query.model)
+    if query.chat_ids:
+        where.append(turns.c.chat_id.in_(list(query.chat_ids)))
     if query.since is not None:
         where.append(turns.c.created_at >= query.since)
     if query.until is not None:
@@ -305,6 +308,7 @@ def _memory_keep(found: FoundTurn, query: TurnQuery, *, with_status: bool = True
         return False
     checks = (
         query.model is None or found.model == query.model,
+        not query.chat_ids or found.chat_id in query.chat_ids,
         query.since is None or found.created_at >= query.since,
         query.until is None or found.created_at < query.until,
         query.tools is None or found.tools == query.tools,
@@ -330,6 +334,14 @@ async def find_turns(store: Any, query: TurnQuery) -> list[FoundTurn]:
         found.sort(key=lambda f: (f.created_at, f.id), reverse=True)
         return found[: query.limit]
     return await _sql_find(store, query)
+
+
+async def models_in_use(store: Any, user_id: str) -> list[str]:
+    """The models of the user's turns, sorted (what a model filter offers)."""
+    if isinstance(store, MemoryEventStore):
+        return sorted({row.model for row in store.database.turns.values() if row.user_id == user_id})
+    rows = await store._fetch(select(turns.c.model).distinct().where(turns.c.user_id == user_id).order_by(turns.c.model))
+    return [row[0] for row in rows]
 
 
 async def count_turns(store: Any, query: TurnQuery) -> dict[str, int]:
