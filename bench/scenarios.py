@@ -1349,3 +1349,7 @@ SCENARIOS["stalled_clients"] = (stalled_clients, True, True)
 from bench.turncost import turn_cost  # noqa: E402 - its module imports this one
 
 SCENARIOS["turn_cost"] = (turn_cost, True, True)
+
+from bench.turnsearchbench import turn_search  # noqa: E402 - its module imports this one
+
+SCENARIOS["turn_search"] = (turn_search, True, True)

@@ -31,6 +31,7 @@ from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
+from adapters.store import turn_search
 from adapters.store.turn_search import TABLES as SEARCH_TABLES
 from adapters.store.turn_search import QueryError, TurnQuery, count_turns, find_turns, parse_query
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
@@ -723,8 +724,11 @@ class TestEventStoreContract:
         await turn("other", T0 + 5, [{"role": "user", "content": "zebra penguins giraffe"}], answer="zebra", status="completed", user_id=ids("someone-else"))
         return user, t
 
-    async def test_turn_search_has_one_meaning(self, store: Store, ids: Any) -> None:
-        """One oracle for every backend: what each ``q`` finds, written by hand."""
+    @pytest.mark.parametrize("selective", [turn_search.SELECTIVE, 0])
+    async def test_turn_search_has_one_meaning(self, store: Store, ids: Any, selective: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        """One oracle for every backend: what each ``q`` finds, written by hand
+        (on SQLite from the matches and, ``selective`` 0, by walking the turns)."""
+        monkeypatch.setattr(turn_search, "SELECTIVE", selective)
         user, t = await self._search_corpus(store, ids)
         expected = {
             "zebra": ["a"],  # not a tool's output, not another user's turn

@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, Table, Text, and_, case, func, literal_column, not_, or_, select, text, tuple_
@@ -194,8 +194,32 @@ def _joined() -> Any:
     return turns.outerjoin(turn_texts, turn_texts.c.turn_id == turns.c.id)
 
 
+#: SQLite: a ``q`` matching at most this many turns is answered from its
+#: matches (looked up and sorted), a commoner one by walking the user's turns
+#: newest first until a page is full. (PostgreSQL's planner chooses by the
+#: lexemes' statistics itself.)
+SELECTIVE = 5_000
+
+
+async def _sqlite_matches(store: Any, terms: Sequence[Term]) -> list[int] | None:
+    """The FTS rows of a selective ``q`` (None: too many to be worth it)."""
+    probe = text("SELECT rowid FROM turn_fts WHERE turn_fts MATCH :turn_search_q LIMIT :turn_search_n")
+    rows = await store._fetch(probe.bindparams(turn_search_q=_fts5(terms), turn_search_n=SELECTIVE + 1))
+    return None if len(rows) > SELECTIVE else [int(row[0]) for row in rows]
+
+
 async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
     dialect = store.engine.dialect.name
+    matches = await _sqlite_matches(store, query.terms) if query.terms and dialect == "sqlite" else None
+    if matches is not None:
+        # From the matches: the user's index would walk every turn of the user
+        # for a rare word. (``+`` keeps SQLite off that index.)
+        rid: Any = literal_column("turn_texts.rid")
+        query = replace(query, terms=())
+        where: list[Any] = [rid.in_(matches), literal_column("+turns.user_id", Text) == query.user_id, *_filters(query, dialect)[1:]]
+        source = turns.join(turn_texts, turn_texts.c.turn_id == turns.c.id)
+    else:
+        where, source = _filters(query, dialect), _joined()
     stmt = select(
         turns.c.id,
         turns.c.chat_id,
@@ -208,8 +232,8 @@ async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
         func.substr(turn_texts.c.prompt, 1, 2000).label("prompt"),
         turn_texts.c.tools,
         turn_texts.c.tool_failed,
-    ).select_from(_joined())
-    for clause in _filters(query, dialect):
+    ).select_from(source)
+    for clause in where:
         stmt = stmt.where(clause)
     if query.before is not None:
         at, turn_id = query.before
