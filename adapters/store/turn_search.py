@@ -23,7 +23,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Column, Integer, MetaData, Table, Text, and_, case, func, literal_column, not_, or_, select, text, tuple_
@@ -160,8 +160,12 @@ def _status_clause(status: str, query: TurnQuery) -> Any:
     return turns.c.status == status
 
 
-def _filters(query: TurnQuery, dialect: str, *, with_status: bool = True) -> list[Any]:
-    where: list[Any] = [turns.c.user_id == query.user_id]
+def _filters(query: TurnQuery, dialect: str, *, with_status: bool = True, walk: bool = False, user_index: bool = True) -> list[Any]:
+    """The WHERE clauses of ``query``. ``walk``: the text match is checked row
+    by row (a page walked newest first); ``user_index=False`` keeps SQLite off
+    the user's index (``+``), so that it starts from the text matches."""
+    user = turns.c.user_id if user_index else literal_column("+turns.user_id", Text)
+    where: list[Any] = [user == query.user_id]
     if with_status and query.status is not None:
         where.append(_status_clause(query.status, query))
     if query.model is not None:
@@ -179,15 +183,29 @@ def _filters(query: TurnQuery, dialect: str, *, with_status: bool = True) -> lis
         failed = or_(turns.c.status == "failed", func.coalesce(turn_texts.c.tool_failed, 0) == 1)
         where.append(failed if query.failed else not_(failed))
     if query.terms:
-        where.append(_text_match(query.terms, dialect))
+        where.append(_text_match(query.terms, dialect, walk))
     return where
 
 
-def _text_match(terms: Sequence[Term], dialect: str) -> Any:
+def _text_match(terms: Sequence[Term], dialect: str, walk: bool) -> Any:
     if dialect == "postgresql":
         return text("turn_texts.doc @@ CAST(:turn_search_q AS tsquery)").bindparams(turn_search_q=_tsquery(terms))
-    matched = text("SELECT rowid FROM turn_fts WHERE turn_fts MATCH :turn_search_q").bindparams(turn_search_q=_fts5(terms))
-    return literal_column("turn_texts.rid").in_(matched.columns(literal_column("rowid")))
+    if not walk:  # every match, listed once
+        matched = text("SELECT rowid FROM turn_fts WHERE turn_fts MATCH :turn_search_q").bindparams(turn_search_q=_fts5(terms))
+        return literal_column("turn_texts.rid").in_(matched.columns(literal_column("rowid")))
+    # One condition per word, walked row by row: a whole word is a seek into
+    # its list per row (a list of every match first would cost as many rows
+    # as match); a word's start expands to many words, so it matches once.
+    clauses: list[Any] = []
+    for i, term in enumerate(terms):
+        key = f"turn_search_q{i}"
+        if term.prefix:
+            matched = text(f"SELECT rowid FROM turn_fts WHERE turn_fts MATCH :{key}").bindparams(**{key: _fts5([term])})
+            clauses.append(literal_column("turn_texts.rid").in_(matched.columns(literal_column("rowid"))))
+        else:
+            seek = f"EXISTS (SELECT 1 FROM turn_fts WHERE turn_fts MATCH :{key} AND turn_fts.rowid = turn_texts.rid)"
+            clauses.append(text(seek).bindparams(**{key: _fts5([term])}))
+    return and_(*clauses)
 
 
 def _joined() -> Any:
@@ -201,25 +219,21 @@ def _joined() -> Any:
 SELECTIVE = 5_000
 
 
-async def _sqlite_matches(store: Any, terms: Sequence[Term]) -> list[int] | None:
-    """The FTS rows of a selective ``q`` (None: too many to be worth it)."""
-    probe = text("SELECT rowid FROM turn_fts WHERE turn_fts MATCH :turn_search_q LIMIT :turn_search_n")
+async def _selective(store: Any, terms: Sequence[Term]) -> bool:
+    """Whether a ``q`` matches few enough turns to start from its matches."""
+    probe = text("SELECT count(*) FROM (SELECT 1 FROM turn_fts WHERE turn_fts MATCH :turn_search_q LIMIT :turn_search_n)")
     rows = await store._fetch(probe.bindparams(turn_search_q=_fts5(terms), turn_search_n=SELECTIVE + 1))
-    return None if len(rows) > SELECTIVE else [int(row[0]) for row in rows]
+    return int(rows[0][0]) <= SELECTIVE
 
 
 async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
     dialect = store.engine.dialect.name
-    matches = await _sqlite_matches(store, query.terms) if query.terms and dialect == "sqlite" else None
-    if matches is not None:
-        # From the matches: the user's index would walk every turn of the user
-        # for a rare word. (``+`` keeps SQLite off that index.)
-        rid: Any = literal_column("turn_texts.rid")
-        query = replace(query, terms=())
-        where: list[Any] = [rid.in_(matches), literal_column("+turns.user_id", Text) == query.user_id, *_filters(query, dialect)[1:]]
-        source = turns.join(turn_texts, turn_texts.c.turn_id == turns.c.id)
+    if query.terms and dialect == "sqlite" and await _selective(store, query.terms):
+        # From the matches, looked up and sorted: the user's index would walk
+        # every turn of the user for a rare word.
+        where, source = _filters(query, dialect, user_index=False), turns.join(turn_texts, turn_texts.c.turn_id == turns.c.id)
     else:
-        where, source = _filters(query, dialect), _joined()
+        where, source = _filters(query, dialect, walk=True), _joined()
     stmt = select(
         turns.c.id,
         turns.c.chat_id,
@@ -259,7 +273,9 @@ async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
 async def _sql_counts(store: Any, query: TurnQuery) -> dict[str, int]:
     dialect = store.engine.dialect.name
     shown = case((and_(turns.c.status == "running", not_(_owned(query))), "interrupted"), else_=turns.c.status).label("shown")
-    stmt = select(shown, func.count()).select_from(_joined())
+    # The search table only when a filter needs it (a count reads every row).
+    texts = bool(query.terms) or query.tools is not None or query.failed is not None
+    stmt = select(shown, func.count()).select_from(_joined() if texts else turns)
     for clause in _filters(query, dialect, with_status=False):
         stmt = stmt.where(clause)
     return {row[0]: int(row[1]) for row in await store._fetch(stmt.group_by(shown))}
