@@ -21,9 +21,9 @@ import asyncio
 import json
 import random
 import time
-from collections import Counter
 import urllib.parse
 import urllib.request
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -70,9 +70,17 @@ def _turn(i: int, n: int, rng: random.Random, vocab: list[str]) -> tuple[dict[st
     events = [{"turn_id": turn_id, "seq": 2, "type": "assembly.completed", "at": created, "data": json.dumps(assembled)}]
     if rng.random() < 0.10:
         tool_status = "failed" if rng.random() < 0.2 else "completed"
-        events.append({"turn_id": turn_id, "seq": 3, "type": "tool.started", "at": created, "data": json.dumps({"call_id": "c", "name": "t", "arguments": "{}"})})
         events.append(
-            {"turn_id": turn_id, "seq": 4, "type": "tool.completed", "at": created, "data": json.dumps({"call_id": "c", "name": "t", "output": "x", "status": tool_status})}
+            {"turn_id": turn_id, "seq": 3, "type": "tool.started", "at": created, "data": json.dumps({"call_id": "c", "name": "t", "arguments": "{}"})}
+        )
+        events.append(
+            {
+                "turn_id": turn_id,
+                "seq": 4,
+                "type": "tool.completed",
+                "at": created,
+                "data": json.dumps({"call_id": "c", "name": "t", "output": "x", "status": tool_status}),
+            }
         )
     return turn, events
 

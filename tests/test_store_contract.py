@@ -28,10 +28,9 @@ from sqlalchemy import MetaData, func, select, text
 from adapters.http.response_deletions import metadata as deletions_metadata
 from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
 from adapters.knowledge.schema import metadata as knowledge_metadata
-from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
+from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store, turn_search
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
-from adapters.store import turn_search
 from adapters.store.turn_search import TABLES as SEARCH_TABLES
 from adapters.store.turn_search import QueryError, TurnQuery, count_turns, find_turns, parse_query
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
