@@ -346,6 +346,7 @@ class FoundTurn(_Open):
     created_at: float
     updated_at: float | None
     used_tools: bool = Field(description="Whether the turn ran a tool.")
+    chat_title: str | None = Field(description="The chat's title, if it has one.")
 
 
 class TurnPage(_Open):

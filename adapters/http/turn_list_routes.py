@@ -130,6 +130,7 @@ def _item(found: FoundTurn, ids: ChatIds) -> dict[str, Any]:
         "created_at": found.created_at,
         "updated_at": found.updated_at,
         "used_tools": found.tools,
+        "chat_title": found.chat_title,
     }
     if found.title is not None:
         item["title"] = found.title

@@ -30,7 +30,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, Text, and_, case, func,
 
 from adapters.store.common import loads
 from adapters.store.memory import MemoryEventStore
-from adapters.store.schema import turns
+from adapters.store.schema import chats, turns
 
 #: How much of a prompt and of an answer is indexed (characters).
 MAX_CHARS = 100_000
@@ -132,6 +132,7 @@ class FoundTurn:
     updated_at: float | None
     tools: bool
     failed: bool
+    chat_title: str | None = None
 
 
 def _first(prompt: str | None, limit: int = 500) -> str | None:
@@ -246,7 +247,8 @@ async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
         func.substr(turn_texts.c.prompt, 1, 2000).label("prompt"),
         turn_texts.c.tools,
         turn_texts.c.tool_failed,
-    ).select_from(source)
+        chats.c.title.label("chat_title"),
+    ).select_from(source.outerjoin(chats, chats.c.id == turns.c.chat_id))
     for clause in where:
         stmt = stmt.where(clause)
     if query.before is not None:
@@ -265,6 +267,7 @@ async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
             updated_at=r.updated_at,
             tools=bool(r.tools),
             failed=r.status == "failed" or bool(r.tool_failed),
+            chat_title=r.chat_title,
         )
         for r in await store._fetch(stmt)
     ]
@@ -316,6 +319,7 @@ def _memory_rows(store: MemoryEventStore, query: TurnQuery) -> Iterable[FoundTur
             updated_at=row.updated_at,
             tools=tools,
             failed=row.status == "failed" or tool_failed,
+            chat_title=chat.title if (chat := db.chats.get(row.chat_id)) is not None else None,
         )
 
 
