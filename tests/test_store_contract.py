@@ -32,7 +32,7 @@ from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrat
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
 from adapters.store.turn_search import TABLES as SEARCH_TABLES
-from adapters.store.turn_search import QueryError, TurnQuery, count_turns, find_turns, parse_query
+from adapters.store.turn_search import QueryError, TurnQuery, chat_openers, count_turns, find_turns, parse_query
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.chain import check
 from engine.events import Event
@@ -787,6 +787,22 @@ class TestEventStoreContract:
         counts = await count_turns(store, TurnQuery(user_id=user, status="failed"))  # status aside
         assert counts == {"completed": 3, "failed": 1}
         assert await count_turns(store, TurnQuery(user_id=user, terms=parse_query("giraffe"))) == {"completed": 1}
+
+    async def test_a_chat_is_named_by_its_first_turns_first_message(self, store: Store, ids: Any) -> None:
+        c1, c2, c3 = ids("chat-1"), ids("chat-2"), ids("chat-3")
+        said = [  # (chat, created, new messages)
+            (c1, T0 + 2, [{"role": "user", "content": "the second question"}]),
+            (c1, T0 + 1, [{"role": "user", "content": "the first question"}, {"role": "user", "content": "and more"}]),
+            (c2, T0 + 3, [{"role": "tool", "tool_call_id": "x", "content": "no user here"}]),
+            (c2, T0 + 4, [{"role": "user", "content": [{"type": "text", "text": "asked in parts"}]}]),
+            (c3, T0 + 5, []),
+        ]
+        for i, (chat, created, messages) in enumerate(said):
+            turn_id = ids(f"opener-{i}")
+            await start(store, turn_id, chat_id=chat, created_at=created)
+            await store.append([ev(turn_id, 2, "assembly.completed", messages=[], new_messages=messages)])
+        assert await chat_openers(store, [c1, c2, c3, ids("no-chat")]) == {c1: "the first question", c2: "asked in parts"}
+        assert await chat_openers(store, []) == {}
 
     async def test_turn_search_refuses_unanswerable_queries(self, store: Store, ids: Any) -> None:
         with pytest.raises(QueryError):

@@ -66,6 +66,11 @@ async def test_turns_are_found_by_their_new_messages_and_answers_and_paged(servi
     status, page = await svc.get(f"/v1/turns?limit=3&before={t2}")
     assert [t["id"] for t in page["data"]] == [t1] and page["next_before"] is None
 
+    status, chats = await svc.get("/v1/ui/chats")
+    opened = {c["id"]: c["first_message"] for c in chats["data"]}
+    assert opened["c1"] == "Tell me about zebras"  # its first turn's
+    assert sorted(opened.values()) == ["Tell me about zebras", "this one breaks", "what about lions?"]
+
     status, counts = await svc.get("/v1/ui/turns/counts?q=zebras")
     assert counts == {"total": 1, "by_status": {"completed": 1}, "models": ["gpt-test"]}
     status, counts = await svc.get("/v1/ui/turns/counts?status=failed")  # status aside

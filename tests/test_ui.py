@@ -618,6 +618,8 @@ async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tool
             turn_id = next(t for t in newest_first if t in row.get_attribute("textContent"))
             assert row.find_element("css selector", "a.turn-link").text == names[turn_id]
         wait(driver, shows("#turn-counts", "28 turns: 27 completed, 1 failed"), lambda: text_of(driver, "#turn-counts"))
+        # an untitled chat is named by its first message
+        wait(driver, shows("#chats-list li", names[plain[-1]]), lambda: f"the newest chat: {text_of(driver, '#chats-list li')}")
         # keyset pages, both ways
         css(driver, "nav[aria-label='Turn pages'] button:last-child").click()
         wait(driver, lambda d: row_ids(d) == newest_first[25:], lambda: f"the second page: {row_ids(driver)}")

@@ -354,6 +354,14 @@ class TurnPage(_Open):
     next_before: str | None = Field(description="`before` of the next page; null on the last one.")
 
 
+class UiChat(ChatSummary):
+    first_message: str | None = Field(description="The first new user message of the chat's first turn (its first 500 characters).")
+
+
+class UiChatList(_Open):
+    data: list[UiChat]
+
+
 class TurnCounts(_Open):
     total: int
     by_status: dict[str, int] = Field(description="Per status as the list shows it (`interrupted` apart from `running`).")

@@ -1,5 +1,6 @@
 """``GET /v1/turns``: find a turn (filters, full text, keyset paging), and the
-inspector's counts beside it (``GET /v1/ui/turns/counts``).
+inspector's views beside it: counts (``GET /v1/ui/turns/counts``) and chats
+named by their first message (``GET /v1/ui/chats``).
 
 ``q`` is full-text over each turn's new user messages and its answer
 (``adapters.store.turn_search`` says exactly how); ``status``, ``model``,
@@ -23,7 +24,7 @@ from adapters.http.chat_ids import ChatIds, user_prefix
 from adapters.http.context import services
 from adapters.http.errors import ApiError
 from adapters.http.turn_routes import _int_query
-from adapters.store.turn_search import FoundTurn, QueryError, TurnQuery, count_turns, find_turns, models_in_use, parse_query
+from adapters.store.turn_search import FoundTurn, QueryError, TurnQuery, chat_openers, count_turns, find_turns, models_in_use, parse_query
 
 STATUSES = ("running", "completed", "cancelled", "failed", "interrupted", "waiting")
 PAGE = 25
@@ -157,6 +158,31 @@ async def turn_counts(request: web.Request) -> web.Response:
     return web.json_response({"total": sum(counts.values()), "by_status": counts, "models": await models_in_use(store, user)})
 
 
+async def list_chats(request: web.Request) -> web.Response:
+    """``GET /v1/chats`` for the inspector: each chat also with the first new
+    user message of its first turn (``first_message``), which names a chat
+    without a title."""
+    store = services(request).store
+    limit = min(_int_query(request, "limit", PAGE, minimum=1) or PAGE, MAX_PAGE)
+    before = _time(request, "before")
+    chats = await store.list_chats(request[USER], limit=limit, before=before)
+    openers = await chat_openers(store, [c.id for c in chats])
+    ids = ChatIds.of(request)
+    data = [
+        {
+            "id": ids.shown(c.id),
+            "title": c.title,
+            "tags": c.tags,
+            "first_message": openers.get(c.id),
+            "created_at": c.created_at,
+            "updated_at": c.updated_at,
+        }
+        for c in chats
+    ]
+    return web.json_response({"data": data})
+
+
 def setup(app: web.Application) -> None:
     app.router.add_get("/v1/turns", list_turns)
+    app.router.add_get("/v1/ui/chats", list_chats)
     app.router.add_get("/v1/ui/turns/counts", turn_counts)

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,10 +287,10 @@ async def _sql_counts(store: Any, query: TurnQuery) -> dict[str, int]:
 # --------------------------------------------------------------------- memory
 
 
-def _memory_rows(store: MemoryEventStore, query: TurnQuery) -> Iterable[FoundTurn]:
+def _memory_rows(store: MemoryEventStore, query: TurnQuery, only: str | None = None) -> Iterator[FoundTurn]:
     db = store.database
     for turn_id, row in db.turns.items():
-        if row.user_id != query.user_id:
+        if row.user_id != query.user_id or (only is not None and turn_id != only):
             continue
         prompt: str | None = None
         tools = tool_failed = False
@@ -386,6 +386,33 @@ async def models_in_use(store: Any, user_id: str) -> list[str]:
         return sorted({row.model for row in store.database.turns.values() if row.user_id == user_id})
     rows = await store._fetch(select(turns.c.model).distinct().where(turns.c.user_id == user_id).order_by(turns.c.model))
     return [row[0] for row in rows]
+
+
+async def chat_openers(store: Any, chat_ids: Sequence[str]) -> dict[str, str]:
+    """The first new user message of each chat's first turn that has one (what
+    names a chat without a title)."""
+    if not chat_ids:
+        return {}
+    if isinstance(store, MemoryEventStore):
+        openers: dict[str, tuple[float, str, str]] = {}  # chat -> (created_at, turn id, message)
+        for turn_id, row in store.database.turns.items():
+            if row.chat_id not in chat_ids:
+                continue
+            found = next(_memory_rows(store, TurnQuery(user_id=row.user_id), only=turn_id))
+            if found.first_message is not None:
+                openers[row.chat_id] = min(
+                    openers.get(row.chat_id, (found.created_at, turn_id, found.first_message)), (found.created_at, turn_id, found.first_message)
+                )
+        return {chat_id: opener[2] for chat_id, opener in openers.items()}
+    rank = func.row_number().over(partition_by=turns.c.chat_id, order_by=(turns.c.created_at, turns.c.id)).label("rank")
+    firsts = (
+        select(turns.c.chat_id, func.substr(turn_texts.c.prompt, 1, 2000).label("prompt"), rank)
+        .select_from(turns.join(turn_texts, turn_texts.c.turn_id == turns.c.id))
+        .where(turns.c.chat_id.in_(list(chat_ids)), turn_texts.c.prompt.is_not(None))
+        .subquery()
+    )
+    rows = await store._fetch(select(firsts.c.chat_id, firsts.c.prompt).where(firsts.c.rank == 1))
+    return {row.chat_id: first for row in rows if (first := _first(row.prompt)) is not None}
 
 
 async def count_turns(store: Any, query: TurnQuery) -> dict[str, int]:

@@ -68,6 +68,11 @@ function messageText(content) {
   return pretty(content);
 }
 
+function clip(text, n) {
+  if (!text) return "";
+  return text.length > n ? text.slice(0, n - 1) + "…" : text;
+}
+
 function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false && c !== ""));
 }
@@ -276,8 +281,7 @@ async function listPage() {
   }
 
   function turnName(t) {
-    const text = t.title || t.first_message || "";
-    return text ? (text.length > 120 ? text.slice(0, 119) + "…" : text) : "(no message)";
+    return clip(t.title || t.first_message, 120) || "(no message)";
   }
 
   function renderTurns(body) {
@@ -307,10 +311,10 @@ async function listPage() {
     const q = new URLSearchParams({ limit: String(PAGE) });
     if (before) q.set("before", String(before));
     try {
-      const body = await apiJson(`/v1/chats?${q}`);
+      const body = await apiJson(`/v1/ui/chats?${q}`);
       const items = body.data.map((c) => h("li", {},
-        h("button", { type: "button", class: "link chat-link", title: c.id, onclick: () => { showChat(c.id, c.title); document.getElementById("turns-h").focus(); } },
-          c.title || "Untitled chat"),
+        h("button", { type: "button", class: "link chat-link", title: c.id, onclick: () => { showChat(c.id, c.title || c.first_message); document.getElementById("turns-h").focus(); } },
+          c.title || clip(c.first_message, 80) || "Untitled chat"),
         h("span", { class: "muted" }, ` · ${fmtTime(c.updated_at)}`),
         c.tags && c.tags.length ? h("span", { class: "muted" }, ` · ${c.tags.join(", ")}`) : null));
       const last = body.data.length ? body.data[body.data.length - 1].updated_at : null;
