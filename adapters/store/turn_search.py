@@ -303,8 +303,9 @@ def _memory_rows(store: MemoryEventStore, query: TurnQuery, only: str | None = N
         prompt: str | None = None
         tools = tool_failed = False
         log = db.events.get(turn_id)
+        rows = log.rows if log is not None else {}
         for seq in log.seqs if log is not None else ():
-            type_, _, data, _ = log.rows[seq]  # type: ignore[union-attr]
+            type_, _, data, _ = rows[seq]
             if type_ == "assembly.completed":
                 prompt = memory_prompt(loads(data))
             elif type_ == "tool.started":
