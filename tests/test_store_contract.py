@@ -786,6 +786,17 @@ class TestEventStoreContract:
         assert await found(before=(T0 + 3, None)) == ["b", "a"]
         counts = await count_turns(store, TurnQuery(user_id=user, status="failed"))  # status aside
         assert counts == {"completed": 3, "failed": 1}
+        # a running turn is interrupted once no one owns it: neither a live
+        # actor here nor an unexpired lease (this one's ends at T0 + 30)
+        lost = ids("search-lost")
+        await start(store, lost, user_id=user, created_at=T0 + 6)
+        later = T0 + 60
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="interrupted", now=later))] == [lost]
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="running", now=later, live=[lost]))] == [lost]
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="running", now=T0))] == [lost]  # leased
+        assert await count_turns(store, TurnQuery(user_id=user, now=later)) == {"completed": 3, "failed": 1, "interrupted": 1}
+        assert await count_turns(store, TurnQuery(user_id=user, now=later, live=[lost])) == {"completed": 3, "failed": 1, "running": 1}
+        assert await count_turns(store, TurnQuery(user_id=user, now=T0)) == {"completed": 3, "failed": 1, "running": 1}
         assert await count_turns(store, TurnQuery(user_id=user, terms=parse_query("giraffe"))) == {"completed": 1}
 
     async def test_a_chat_is_named_by_its_first_turns_first_message(self, store: Store, ids: Any) -> None:
@@ -1041,7 +1052,8 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("DROP TABLE response_deletions")  # 0008's
         await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
         await admin.execute(  # 0010's (its triggers go with its functions)
-            "DROP TABLE turn_texts; DROP FUNCTION turn_texts_on_event, turn_texts_on_view, turn_texts_doc, turn_search_prompt, turn_search_words CASCADE"
+            "DROP INDEX ix_turns_user_status_created; DROP TABLE turn_texts;"
+            " DROP FUNCTION turn_texts_on_event, turn_texts_on_view, turn_texts_doc, turn_search_prompt, turn_search_words CASCADE"
         )
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Column, Integer, MetaData, Table, Text, and_, case, func, literal_column, not_, or_, select, text, tuple_
+from sqlalchemy import Column, Integer, MetaData, Table, Text, and_, func, literal_column, not_, or_, select, text, tuple_
 
 from adapters.store.common import loads
 from adapters.store.memory import MemoryEventStore
@@ -283,13 +283,20 @@ async def _sql_find(store: Any, query: TurnQuery) -> list[FoundTurn]:
 
 async def _sql_counts(store: Any, query: TurnQuery) -> dict[str, int]:
     dialect = store.engine.dialect.name
-    shown = case((and_(turns.c.status == "running", not_(_owned(query))), "interrupted"), else_=turns.c.status).label("shown")
     # The search table only when a filter needs it (a count reads every row).
     texts = bool(query.terms) or query.tools is not None or query.failed is not None
-    stmt = select(shown, func.count()).select_from(_joined() if texts else turns)
-    for clause in _filters(query, dialect, with_status=False):
-        stmt = stmt.where(clause)
-    return {row[0]: int(row[1]) for row in await store._fetch(stmt.group_by(shown))}
+    where = _filters(query, dialect, with_status=False)
+    source = _joined() if texts else turns
+    stmt = select(turns.c.status, func.count()).select_from(source).where(*where).group_by(turns.c.status)
+    counts = {row[0]: int(row[1]) for row in await store._fetch(stmt)}
+    if counts.get("running"):
+        # Stored statuses alone are counted from the index; which running
+        # turns have lost their owner is asked of those few rows only.
+        lost_stmt = select(func.count()).select_from(source).where(*where, _status_clause("interrupted", query))
+        lost = int((await store._fetch(lost_stmt))[0][0])
+        counts["running"] -= lost
+        counts["interrupted"] = lost
+    return {status: n for status, n in counts.items() if n}
 
 
 # --------------------------------------------------------------------- memory

@@ -14,7 +14,8 @@ indexed by the database: SQLite's FTS5 (``turn_fts``, external content,
 ``unicode61`` without diacritics removal) and PostgreSQL's tsvector (``doc``,
 lexemes are the lower-cased runs of letters and digits, as FTS5 makes them,
 not a text search configuration's stems). ``adapters.store.turn_search`` reads
-them. Existing turns are back-filled from their events and views.
+them. Existing turns are back-filled from their events and views. And an
+index of a user's turns by status (``ix_turns_user_status_created``).
 
 A trigger never fails the write it rides on: on PostgreSQL a value it cannot
 index (JSON that is no ``jsonb``) leaves the turn unindexed with a warning.
@@ -40,6 +41,8 @@ MAX_WORD = 200
 
 
 def upgrade() -> None:
+    # A user's turns of one status, newest first, and the counts per status.
+    op.create_index("ix_turns_user_status_created", "turns", ["user_id", "status", "created_at"])
     if op.get_bind().dialect.name == "postgresql":
         _postgres()
     else:
@@ -47,6 +50,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_turns_user_status_created", "turns")
     if op.get_bind().dialect.name == "postgresql":
         for trigger, table in (
             ("turn_texts_on_event", "events"),
