@@ -58,6 +58,7 @@ ORDER = [
     "responses_cpu",
     "stalled_clients",
     "turn_cost",
+    "turn_search",
 ]
 assert set(ORDER) == set(SCENARIOS)
 ALL = ORDER + list(NOT_IMPLEMENTED)

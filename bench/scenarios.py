@@ -1396,3 +1396,8 @@ def retrieval_quality(ctx: Ctx) -> dict[str, Any]:
 
 
 SCENARIOS["retrieval_quality"] = (retrieval_quality, False, True)
+
+
+from bench.turnsearchbench import turn_search  # noqa: E402 - its module imports this one
+
+SCENARIOS["turn_search"] = (turn_search, True, True)

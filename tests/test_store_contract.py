@@ -29,15 +29,18 @@ from adapters.http.response_deletions import metadata as deletions_metadata
 from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
 from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.presets import metadata as presets_metadata
-from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store
+from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store, turn_search
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
+from adapters.store.turn_search import TABLES as SEARCH_TABLES
+from adapters.store.turn_search import QueryError, TurnQuery, chat_openers, count_turns, find_turns, parse_query
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.chain import check
 from engine.events import Event
 from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
 from tests import chain_oracle
 from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
+from tests.pg import pg_empty_database  # noqa: F401  (fixture)
 
 #: The newest revision in migrations/versions.
 HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
@@ -45,7 +48,7 @@ HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
 #: Tables that migrations create but ``schema.metadata`` does not describe
 #: (the vector store's: their types depend on the dialect; the knowledge
 #: features', compared with their own metadata below).
-OTHER_TABLES = VECTOR_TABLES | KNOWLEDGE_TABLES
+OTHER_TABLES = VECTOR_TABLES | KNOWLEDGE_TABLES | SEARCH_TABLES
 
 T0 = 1_800_000_000.0
 
@@ -679,6 +682,148 @@ class TestEventStoreContract:
         assert [t.id for t in await store.list_turns(user_id=u2)] == [ids("d")]
         assert await store.list_turns(user_id=ids("nobody")) == []
 
+    # ------------------------------------------------------------ turn search
+
+    async def _search_corpus(self, store: Store, ids: Any) -> tuple[str, dict[str, str]]:
+        """Turns of one user (and one of another's) whose words say what ``q`` finds."""
+        user = ids("searcher")
+        t = {name: ids(f"search-{name}") for name in ("a", "b", "c", "e", "other")}
+
+        async def turn(name: str, created: float, new_messages: list[Any], *, answer: str | None, status: str, user_id: str = user, more: Any = ()) -> None:
+            await start(store, t[name], user_id=user_id, created_at=created)
+            events = [ev(t[name], 2, "assembly.completed", messages=[], new_messages=new_messages), *more]
+            await store.append(events)
+            view = {"content": answer, "title": "Printer setup" if name == "a" else None}
+            await store.append([ev(t[name], 2 + len(events), "turn." + status)], index=IndexUpdate(status=status, view=view))
+
+        await turn(
+            "a",
+            T0 + 1,
+            [{"role": "user", "content": "How do I configure the Zebra-printer driver?"}],
+            answer="Install zebra_utils 3.14 first; see the e-mail from Ünal.",
+            status="completed",
+        )
+        history = [
+            {"role": "system", "content": "You are helpful"},
+            {"role": "user", "content": "an old question about giraffes"},
+            {"role": "assistant", "content": "giraffes are tall"},
+            {"role": "user", "content": "and what about penguins?"},
+        ]
+        await turn("b", T0 + 2, history, answer="Penguins swimming.", status="failed")
+        parts = [
+            {"type": "text", "text": "Describe this"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+            {"type": "text", "text": "photo of a GIRAFFE"},
+        ]
+        tool_events = [
+            ev(t["c"], 3, "tool.started", call_id="k1", name="look", arguments="{}"),
+            ev(t["c"], 4, "tool.completed", call_id="k1", name="look", output=None, status="failed", error="boom"),
+        ]
+        await turn("c", T0 + 3, [{"role": "user", "content": parts}], answer="A giraffe standing", status="completed", more=tool_events)
+        await turn("e", T0 + 4, [{"role": "tool", "tool_call_id": "x", "content": "zebra secret tool output"}], answer=None, status="completed")
+        await turn("other", T0 + 5, [{"role": "user", "content": "zebra penguins giraffe"}], answer="zebra", status="completed", user_id=ids("someone-else"))
+        return user, t
+
+    @pytest.mark.parametrize("selective", [turn_search.SELECTIVE, 0])
+    async def test_turn_search_has_one_meaning(self, store: Store, ids: Any, selective: int, monkeypatch: pytest.MonkeyPatch) -> None:
+        """One oracle for every backend: what each ``q`` finds, written by hand
+        (on SQLite from the matches and, ``selective`` 0, by walking the turns)."""
+        monkeypatch.setattr(turn_search, "SELECTIVE", selective)
+        user, t = await self._search_corpus(store, ids)
+        expected = {
+            "zebra": ["a"],  # not a tool's output, not another user's turn
+            "ZEBRA printer": ["a"],  # no case; a hyphen separates words
+            "zebra_utils": ["a"],  # so does an underscore
+            "3.14": ["a"],
+            "ünal": ["a"],  # letters beyond ASCII, case folded
+            "unal": [],  # diacritics are kept
+            "giraffes": [],  # only in the history the client sent again
+            "giraffe": ["c"],  # the text parts of a message, and the answer
+            "giraff*": ["c"],
+            "penguins": ["b"],  # the new user message after the resent history
+            "helpful": [],  # the system message is not the user's
+            "photo standing": ["c"],  # one word from the message, one from the answer
+            "photo zebra": [],  # every word must be there
+            "setup": [],  # the title is shown, not searched
+            "swim": [],  # whole words
+            "swim*": ["b"],  # or a word's start
+            "secret": [],
+            "?!": ["e", "c", "b", "a"],  # no words: no filter
+            "": ["e", "c", "b", "a"],
+        }
+        for q, names in expected.items():
+            found = await find_turns(store, TurnQuery(user_id=user, terms=parse_query(q)))
+            assert [f.id for f in found] == [t[n] for n in names], q
+        (a,) = await find_turns(store, TurnQuery(user_id=user, terms=parse_query("zebra")))
+        assert (a.title, a.first_message, a.status, a.tools, a.failed) == (
+            "Printer setup",
+            "How do I configure the Zebra-printer driver?",
+            "completed",
+            False,
+            False,
+        )
+        (b,) = await find_turns(store, TurnQuery(user_id=user, terms=parse_query("penguins")))
+        assert (b.title, b.first_message, b.failed) == (None, "and what about penguins?", True)
+        (c,) = await find_turns(store, TurnQuery(user_id=user, terms=parse_query("giraffe")))
+        assert (c.first_message, c.tools, c.failed) == ("Describe this\nphoto of a GIRAFFE", True, True)
+
+    async def test_turn_search_filters_count_and_page(self, store: Store, ids: Any) -> None:
+        user, t = await self._search_corpus(store, ids)
+
+        async def found(**filters: Any) -> list[str]:
+            names = {v: k for k, v in t.items()}
+            return [names[f.id] for f in await find_turns(store, TurnQuery(user_id=user, **filters))]
+
+        assert await found(status="failed") == ["b"]
+        assert await found(tools=True) == ["c"]
+        assert await found(tools=False) == ["e", "b", "a"]
+        assert await found(failed=True) == ["c", "b"]  # the turn failed, or a tool call did
+        assert await found(failed=False) == ["e", "a"]
+        assert await found(since=T0 + 2, until=T0 + 4) == ["c", "b"]
+        assert await found(model="gpt-test", terms=parse_query("zebra")) == ["a"]
+        assert await found(model="another") == []
+        assert await found(limit=2) == ["e", "c"]
+        assert await found(limit=2, before=(T0 + 3, t["c"])) == ["b", "a"]
+        assert await found(before=(T0 + 3, None)) == ["b", "a"]
+        counts = await count_turns(store, TurnQuery(user_id=user, status="failed"))  # status aside
+        assert counts == {"completed": 3, "failed": 1}
+        # a running turn is interrupted once no one owns it: neither a live
+        # actor here nor an unexpired lease (this one's ends at T0 + 30)
+        lost = ids("search-lost")
+        await start(store, lost, user_id=user, created_at=T0 + 6)
+        later = T0 + 60
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="interrupted", now=later))] == [lost]
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="running", now=later, live=[lost]))] == [lost]
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id=user, status="running", now=T0))] == [lost]  # leased
+        assert await count_turns(store, TurnQuery(user_id=user, now=later)) == {"completed": 3, "failed": 1, "interrupted": 1}
+        assert await count_turns(store, TurnQuery(user_id=user, now=later, live=[lost])) == {"completed": 3, "failed": 1, "running": 1}
+        assert await count_turns(store, TurnQuery(user_id=user, now=T0)) == {"completed": 3, "failed": 1, "running": 1}
+        assert await count_turns(store, TurnQuery(user_id=user, terms=parse_query("giraffe"))) == {"completed": 1}
+
+    async def test_a_chat_is_named_by_its_first_turns_first_message(self, store: Store, ids: Any) -> None:
+        c1, c2, c3 = ids("chat-1"), ids("chat-2"), ids("chat-3")
+        said = [  # (chat, created, new messages)
+            (c1, T0 + 2, [{"role": "user", "content": "the second question"}]),
+            (c1, T0 + 1, [{"role": "user", "content": "the first question"}, {"role": "user", "content": "and more"}]),
+            (c2, T0 + 3, [{"role": "tool", "tool_call_id": "x", "content": "no user here"}]),
+            (c2, T0 + 4, [{"role": "user", "content": [{"type": "text", "text": "asked in parts"}]}]),
+            (c3, T0 + 5, []),
+        ]
+        for i, (chat, created, messages) in enumerate(said):
+            turn_id = ids(f"opener-{i}")
+            await start(store, turn_id, chat_id=chat, created_at=created)
+            await store.append([ev(turn_id, 2, "assembly.completed", messages=[], new_messages=messages)])
+        assert await chat_openers(store, [c1, c2, c3, ids("no-chat")]) == {c1: "the first question", c2: "asked in parts"}
+        assert await chat_openers(store, []) == {}
+
+    async def test_turn_search_refuses_unanswerable_queries(self, store: Store, ids: Any) -> None:
+        with pytest.raises(QueryError):
+            parse_query("x" * 201)
+        with pytest.raises(QueryError):
+            parse_query(" ".join(["w"] * 17))
+        user, _ = await self._search_corpus(store, ids)
+        assert await find_turns(store, TurnQuery(user_id=user, terms=parse_query("y" * 200))) == []
+
     # -------------------------------------------------------------- api keys
 
     async def test_api_keys_store_only_the_hash(self, store: Store, store_backend: Backend, ids: Any) -> None:
@@ -908,6 +1053,10 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("DROP TABLE response_deletions")  # 0008's
         await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
         await admin.execute("DROP TABLE presets")  # 0010's (and knowledge.shared, dropped with knowledge)
+        await admin.execute(  # 0011's (its triggers go with its functions)
+            "DROP INDEX ix_turns_user_status_created; DROP TABLE turn_texts;"
+            " DROP FUNCTION turn_texts_on_event, turn_texts_on_view, turn_texts_doc, turn_search_prompt, turn_search_words CASCADE"
+        )
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
@@ -924,5 +1073,39 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         async with store.engine.connect() as conn:
             version = (await conn.execute(text("SELECT version_num FROM alembic_version"))).scalar_one()
         assert version == HEAD
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+async def test_migration_0011_back_fills_turn_search(database: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Turns stored before the search existed are found after the upgrade, by
+    the same words as new ones."""
+    url = _sqlite_url(tmp_path)[0] if database == "sqlite" else request.getfixturevalue("pg_empty_database")()
+    await migrate(url, "0009")
+    store = await open_store(url)
+    try:
+        await start(store, "old-a", user_id="u", created_at=T0 + 1)
+        await store.append([ev("old-a", 2, "assembly.completed", messages=[], new_messages=[{"role": "user", "content": "zebra question"}])])
+        view = {"content": "an answer about okapis", "title": "Zebras"}
+        await store.append([ev("old-a", 3, "turn.completed")], index=IndexUpdate(status="completed", view=view))
+        await start(store, "old-c", user_id="u", created_at=T0 + 2)
+        await store.append(
+            [ev("old-c", 2, "assembly.completed", messages=[], new_messages=[{"role": "user", "content": [{"type": "text", "text": "zebra too"}]}])]
+        )
+        await store.append([ev("old-c", 3, "tool.started", call_id="k", name="n", arguments="{}")])
+        await store.append([ev("old-c", 4, "tool.completed", call_id="k", name="n", output=None, status="failed")])
+    finally:
+        await store.close()
+    await migrate(url)
+    store = await open_store(url)
+    try:
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id="u", terms=parse_query("zebra")))] == ["old-c", "old-a"]
+        (a,) = await find_turns(store, TurnQuery(user_id="u", terms=parse_query("okapis")))
+        assert (a.id, a.title, a.first_message) == ("old-a", "Zebras", "zebra question")
+        assert [(f.id, f.tools, f.failed) for f in await find_turns(store, TurnQuery(user_id="u", tools=True))] == [("old-c", True, True)]
+        # and the triggers index what comes after
+        await store.append([ev("old-c", 5, "turn.completed")], index=IndexUpdate(status="completed", view={"content": "fresh okapis"}))
+        assert [f.id for f in await find_turns(store, TurnQuery(user_id="u", terms=parse_query("okapis")))] == ["old-c", "old-a"]
     finally:
         await store.close()

@@ -582,3 +582,70 @@ async def test_verify_and_receipt_panels_show_what_the_server_answers(
         await browse(panels, browser)
     finally:
         await runner.cleanup()
+
+
+@pytest.mark.sqlite_only
+async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    svc = tools_service
+    tool_id = await tool_turn(svc)
+    svc.upstream.enqueue(Reply(status=500, error_message="upstream on fire"))
+    status, _, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "this one breaks"}]})
+    assert status == 502
+    failed_id = headers["X-Turn-Id"]
+    plain: list[str] = []
+    for i in range(26):  # more than a page
+        svc.upstream.enqueue(Reply(text=f"Answer {i} about okapis." if i == 7 else f"Answer {i}."))
+        status, _, headers = await svc.post(
+            "/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": f"Question {i} for the list"}]}
+        )
+        assert status == 200
+        plain.append(headers["X-Turn-Id"])
+    newest_first = [*plain[::-1], failed_id, tool_id]
+    # each row is named by the turn's title, else its first new user message
+    names = {}
+    for turn_id, question in [(tool_id, USER[0]["content"]), (failed_id, "this one breaks"), *((t, f"Question {i} for the list") for i, t in enumerate(plain))]:
+        names[turn_id] = (await svc.turn(turn_id)).get("title") or question
+
+    def row_ids(d: Any) -> list[str]:
+        return [next((t for t in newest_first if t in row), "?") for row in texts(d, "#turns-table tbody tr")]
+
+    def the_list(driver: Any) -> None:
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: row_ids(d) == newest_first[:25], lambda: f"the first page: {row_ids(driver)}")
+        for row in all_css(driver, "#turns-table tbody tr")[:3]:
+            turn_id = next(t for t in newest_first if t in row.get_attribute("textContent"))
+            assert row.find_element("css selector", "a.turn-link").text == names[turn_id]
+        wait(driver, shows("#turn-counts", "28 turns: 27 completed, 1 failed"), lambda: text_of(driver, "#turn-counts"))
+        # an untitled chat is named by its first message
+        wait(driver, shows("#chats-list li", names[plain[-1]]), lambda: f"the newest chat: {text_of(driver, '#chats-list li')}")
+        # keyset pages, both ways
+        css(driver, "nav[aria-label='Turn pages'] button:last-child").click()
+        wait(driver, lambda d: row_ids(d) == newest_first[25:], lambda: f"the second page: {row_ids(driver)}")
+        css(driver, "nav[aria-label='Turn pages'] button:first-child").click()
+        wait(driver, lambda d: row_ids(d) == newest_first[:25], "the first page again")
+        # full text: a word of one answer
+        css(driver, "#f-q").send_keys("OKAPIS", Keys.ENTER)
+        wait(driver, lambda d: row_ids(d) == [plain[7]], lambda: f"the okapi turn: {row_ids(driver)}")
+        wait(driver, shows("#turn-counts", "1 turn: 1 completed"))
+        assert "q=OKAPIS" in driver.current_url
+        screenshot(driver, request, "list-search", 1280)
+        css(driver, "#f-q").clear()
+        css(driver, "#f-q").send_keys(Keys.ENTER)
+        wait(driver, lambda d: len(row_ids(d)) == 25)
+        css(driver, "#f-tools").click()
+        wait(driver, lambda d: row_ids(d) == [tool_id], "the tool turn")
+        css(driver, "#f-tools").click()
+        css(driver, "#f-failed").click()
+        wait(driver, lambda d: row_ids(d) == [failed_id, tool_id], lambda: f"failed or a tool call failed: {row_ids(driver)}")
+        assert "failed=true" in driver.current_url
+        css(driver, "#f-failed").click()
+        # a date range without the turns (they are from today)
+        driver.execute_script("const el = document.getElementById('f-until'); el.value = '2001-01-01'; el.dispatchEvent(new Event('change'))")
+        wait(driver, shows("#turns-box", "No turns match."))
+        wait(driver, shows("#turn-counts", "0 turns"))
+        assert not unlabelled_controls(driver)
+        screenshot(driver, request, "list-filters", 390)
+
+    await browse(the_list, browser)

@@ -360,6 +360,38 @@ class UiTurnPage(_Open):
     models: list[str | None]
 
 
+class FoundTurn(_Open):
+    id: str
+    chat_id: str | None
+    status: str
+    model: str
+    title: str | None = Field(default=None, description="The background task's title, when the turn has one (left out otherwise).")
+    first_message: str | None = Field(description="The turn's first new user message (its first 500 characters).")
+    created_at: float
+    updated_at: float | None
+    used_tools: bool = Field(description="Whether the turn ran a tool.")
+    chat_title: str | None = Field(description="The chat's title, if it has one.")
+
+
+class TurnPage(_Open):
+    data: list[FoundTurn] = Field(description="Newest first.")
+    next_before: str | None = Field(description="`before` of the next page; null on the last one.")
+
+
+class UiChat(ChatSummary):
+    first_message: str | None = Field(description="The first new user message of the chat's first turn (its first 500 characters).")
+
+
+class UiChatList(_Open):
+    data: list[UiChat]
+
+
+class TurnCounts(_Open):
+    total: int
+    by_status: dict[str, int] = Field(description="Per status as the list shows it (`interrupted` apart from `running`).")
+    models: list[str] = Field(description="The models of the user's turns, whatever the filters.")
+
+
 class UiSummary(_Open):
     turn: Turn
     first_at: float | None
@@ -422,6 +454,23 @@ class UiTurnsQuery(BaseModel):
     chat_id: str | None = None
     offset: int = Field(default=0, ge=0)
     limit: int = Field(default=25, ge=1, description="Capped at 200.")
+
+
+class TurnsQuery(BaseModel):
+    q: str | None = Field(
+        default=None,
+        description="Words (runs of letters and digits, any case; `word*` a word's start) that must all be in the turn's new user messages or its answer.",
+    )
+    status: Literal["running", "completed", "cancelled", "failed", "interrupted", "waiting"] | None = None
+    model: str | None = None
+    chat_id: str | None = None
+    since: str | None = Field(default=None, description="Created at or after: Unix seconds or ISO 8601 (UTC unless it says).")
+    until: str | None = Field(default=None, description="Created before: Unix seconds or ISO 8601.")
+    tools: bool | None = Field(default=None, description="Whether the turn ran a tool.")
+    failed: bool | None = Field(default=None, description="Whether the turn, or one of its tool calls, failed.")
+    before: str | None = Field(default=None, description="The previous page's `next_before` (or a Unix time).")
+    limit: int = Field(default=25, ge=1, description="Capped at 200.")
+    user: str | None = Field(default=None, description="Another user's turns: admins only (403 otherwise).")
 
 
 class TimelineQuery(BaseModel):

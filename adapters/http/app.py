@@ -34,6 +34,7 @@ from adapters.http import (
     openapi,
     preset_routes,
     responses_routes,
+    turn_list_routes,
     turn_routes,
     ui_routes,
     ws_routes,
@@ -210,6 +211,8 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
     memory_routes.setup(app)
     file_routes.setup(app)
     turn_routes.setup(app, settings)
+    turn_list_routes.setup(app)
+    turn_list_routes.setup(app)
     fork_routes.setup(app)
     ws_routes.setup(app)
     ui_routes.setup(app)

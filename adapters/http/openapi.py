@@ -259,6 +259,27 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         errors=(400, 404, 409),
         query=m.InputItemsQuery,
     ),
+    ("GET", "/v1/turns"): Operation(
+        "Find the caller's turns: full text, filters, keyset pages",
+        "turns",
+        {200: Reply("One page, newest first.", json_(m.TurnPage))},
+        errors=(400, 403),
+        query=m.TurnsQuery,
+    ),
+    ("GET", "/v1/ui/turns/counts"): Operation(
+        "The inspector's counts: the turns the filters match, by status",
+        "inspector",
+        {200: Reply("The counts.", json_(m.TurnCounts))},
+        errors=(400, 403),
+        query=m.TurnsQuery,
+    ),
+    ("GET", "/v1/ui/chats"): Operation(
+        "The inspector's chats: the caller's chats, each with its first message",
+        "inspector",
+        {200: Reply("Newest first.", json_(m.UiChatList))},
+        errors=(400,),
+        query=m.ChatsQuery,
+    ),
     ("GET", "/v1/chats"): Operation("The caller's chats", "chats", {200: Reply("Newest first.", json_(m.ChatList))}, errors=(400,), query=m.ChatsQuery),
     ("GET", "/v1/chats/{chat_id}"): Operation("A chat and its messages", "chats", {200: Reply("The chat.", json_(m.Chat))}, errors=(404, 409)),
     ("POST", "/v1/memories"): Operation(

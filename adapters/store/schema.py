@@ -66,6 +66,9 @@ turns = Table(
     Column("view", Text, nullable=True),  # JSON of the last stored projection
     Index("ix_turns_chat_created", "chat_id", "created_at"),
     Index("ix_turns_user_created", "user_id", "created_at"),
+    # A user's turns of one status, newest first, and the counts per status
+    # (``adapters.store.turn_search``; migration 0011).
+    Index("ix_turns_user_status_created", "user_id", "status", "created_at"),
     Index("ix_turns_status_lease", "status", "lease_until"),
 )
 

@@ -68,6 +68,11 @@ function messageText(content) {
   return pretty(content);
 }
 
+function clip(text, n) {
+  if (!text) return "";
+  return text.length > n ? text.slice(0, n - 1) + "…" : text;
+}
+
 function fill(el, ...children) {
   el.replaceChildren(...children.flat().filter((c) => c !== null && c !== undefined && c !== false && c !== ""));
 }
@@ -172,53 +177,89 @@ function route() {
 async function listPage() {
   const params = new URLSearchParams(location.search);
   const state = {
+    q: params.get("q") || "",
     status: params.get("status") || "",
     model: params.get("model") || "",
+    since: params.get("since") || "",
+    until: params.get("until") || "",
+    tools: params.get("tools") === "true",
+    failed: params.get("failed") === "true",
     chat: params.get("chat") || "",
-    page: Math.max(0, parseInt(params.get("page") || "0", 10) || 0),
+    chatTitle: "",
+    cursors: [], // the `before` of each page shown before this one (keyset pages)
+    before: "",
   };
   document.title = "Chats and turns · turnlog inspector";
   const turnsBox = h("div", { id: "turns-box" }, h("p", { class: "loading" }, "Loading turns…"));
   const chatsBox = h("div", { id: "chats-box" }, h("p", { class: "loading" }, "Loading chats…"));
+  const countsBox = h("p", { id: "turn-counts", class: "muted", "aria-live": "polite" });
+  const search = h("input", { id: "f-q", name: "q", type: "search", value: state.q, placeholder: "words in a question or an answer" });
   const statusSel = h("select", { id: "f-status", name: "status" },
     h("option", { value: "" }, "any"), STATUSES.map((s) => h("option", { value: s, selected: s === state.status }, s)));
   const modelSel = h("select", { id: "f-model", name: "model" }, h("option", { value: "" }, "any"),
     state.model ? h("option", { value: state.model, selected: true }, state.model) : null);
+  const since = h("input", { id: "f-since", name: "since", type: "date", value: state.since });
+  const until = h("input", { id: "f-until", name: "until", type: "date", value: state.until });
+  const tools = h("input", { id: "f-tools", name: "tools", type: "checkbox", checked: state.tools });
+  const failed = h("input", { id: "f-failed", name: "failed", type: "checkbox", checked: state.failed });
   const chatNote = h("span", { id: "f-chat" });
-  const apply = () => {
-    state.status = statusSel.value;
-    state.model = modelSel.value;
-    state.page = 0;
+  const restart = () => {
+    state.cursors = [];
+    state.before = "";
     sync();
     loadTurns();
+    loadCounts();
   };
-  statusSel.addEventListener("change", apply);
-  modelSel.addEventListener("change", apply);
+  const apply = () => {
+    state.q = search.value.trim();
+    state.status = statusSel.value;
+    state.model = modelSel.value;
+    state.since = since.value;
+    state.until = until.value;
+    state.tools = tools.checked;
+    state.failed = failed.checked;
+    restart();
+  };
+  for (const control of [statusSel, modelSel, since, until, tools, failed]) control.addEventListener("change", apply);
+
+  function filters() {
+    const q = new URLSearchParams();
+    if (state.q) q.set("q", state.q);
+    if (state.status) q.set("status", state.status);
+    if (state.model) q.set("model", state.model);
+    if (state.since) q.set("since", state.since);
+    // the last day chosen is included: until is the start of the day after it
+    if (state.until) q.set("until", new Date(Date.parse(state.until + "T00:00:00Z") + 86400000).toISOString().slice(0, 10));
+    if (state.tools) q.set("tools", "true");
+    if (state.failed) q.set("failed", "true");
+    if (state.chat) q.set("chat_id", state.chat);
+    return q;
+  }
 
   function sync() {
     const q = new URLSearchParams();
-    if (state.status) q.set("status", state.status);
-    if (state.model) q.set("model", state.model);
-    if (state.chat) q.set("chat", state.chat);
-    if (state.page) q.set("page", String(state.page));
+    for (const name of ["q", "status", "model", "since", "until", "chat"]) if (state[name]) q.set(name, state[name]);
+    if (state.tools) q.set("tools", "true");
+    if (state.failed) q.set("failed", "true");
     const qs = q.toString();
     history.replaceState(null, "", `/ui/${qs ? "?" + qs : ""}`);
-    fill(chatNote, state.chat ? h("span", { class: "chip" }, `chat ${state.chat} `,
-      h("button", { type: "button", class: "link", "aria-label": "Show turns of all chats", onclick: () => { state.chat = ""; state.page = 0; sync(); loadTurns(); } }, "× all chats")) : "");
+    fill(chatNote, state.chat ? h("span", { class: "chip" }, `chat ${state.chatTitle || state.chat} `,
+      h("button", { type: "button", class: "link", "aria-label": "Show turns of all chats", onclick: () => { state.chat = ""; restart(); } }, "× all chats")) : "");
+  }
+
+  function showChat(id, title) {
+    state.chat = id;
+    state.chatTitle = title || "";
+    restart();
   }
 
   async function loadTurns() {
-    const q = new URLSearchParams({ limit: String(PAGE), offset: String(state.page * PAGE) });
-    if (state.status) q.set("status", state.status);
-    if (state.model) q.set("model", state.model);
-    if (state.chat) q.set("chat_id", state.chat);
+    const q = filters();
+    q.set("limit", String(PAGE));
+    if (state.before) q.set("before", state.before);
     turnsBox.setAttribute("aria-busy", "true");
     try {
-      const body = await apiJson(`/v1/ui/turns?${q}`);
-      const current = modelSel.value;
-      fill(modelSel, h("option", { value: "" }, "any"),
-        ...body.models.map((m) => h("option", { value: m, selected: m === current }, m)));
-      renderTurns(body);
+      renderTurns(await apiJson(`/v1/turns?${q}`));
     } catch (err) {
       showError(turnsBox, err);
     } finally {
@@ -226,22 +267,42 @@ async function listPage() {
     }
   }
 
+  async function loadCounts() {
+    try {
+      const body = await apiJson(`/v1/ui/turns/counts?${filters()}`);
+      const current = modelSel.value;
+      fill(modelSel, h("option", { value: "" }, "any"),
+        ...body.models.map((m) => h("option", { value: m, selected: m === current }, m)));
+      const parts = Object.entries(body.by_status).sort((a, b) => b[1] - a[1]).map(([s, n]) => `${n} ${s}`);
+      fill(countsBox, `${body.total} ${body.total === 1 ? "turn" : "turns"}${parts.length ? ": " + parts.join(", ") : ""}`);
+    } catch (err) {
+      fill(countsBox, "");
+    }
+  }
+
+  function turnName(t) {
+    return clip(t.title || t.first_message, 120) || "(no message)";
+  }
+
   function renderTurns(body) {
     const rows = body.data.map((t) => h("tr", { class: "turn-row" },
-      h("td", { "data-label": "Started" }, h("a", { href: `/ui/turns/${encodeURIComponent(t.id)}`, class: "turn-link" }, fmtTime(t.created_at))),
+      h("td", { "data-label": "Turn" },
+        h("a", { href: `/ui/turns/${encodeURIComponent(t.id)}`, class: "turn-link", title: t.first_message || "" }, turnName(t)),
+        t.used_tools ? h("span", { class: "chip tools-chip" }, "tools") : null,
+        h("br"), h("code", { class: "muted" }, t.id)),
       h("td", { "data-label": "Status" }, badge(t.status)),
       h("td", { "data-label": "Model" }, t.model),
+      h("td", { "data-label": "Started" }, fmtTime(t.created_at)),
       h("td", { "data-label": "Chat" }, h("button", { type: "button", class: "link", title: t.chat_id,
-        onclick: () => { state.chat = t.chat_id; state.page = 0; sync(); loadTurns(); } }, t.chat_title || t.chat_id)),
-      h("td", { "data-label": "Turn" }, h("code", {}, t.id))));
+        onclick: () => showChat(t.chat_id, t.chat_title) }, t.chat_title || t.chat_id))));
     const table = rows.length ? h("table", { class: "turns", id: "turns-table" },
       h("caption", { class: "sr-only" }, "Turns, newest first"),
-      h("thead", {}, h("tr", {}, ["Started", "Status", "Model", "Chat", "Turn"].map((c) => h("th", { scope: "col" }, c)))),
+      h("thead", {}, h("tr", {}, ["Turn", "Status", "Model", "Started", "Chat"].map((c) => h("th", { scope: "col" }, c)))),
       h("tbody", {}, rows)) : h("p", { class: "empty" }, "No turns match.");
     const pager = h("nav", { class: "pager", "aria-label": "Turn pages" },
-      h("button", { type: "button", disabled: state.page === 0, onclick: () => { state.page -= 1; sync(); loadTurns(); } }, "← Newer"),
-      h("span", {}, `Page ${state.page + 1}`),
-      h("button", { type: "button", disabled: !body.has_more, onclick: () => { state.page += 1; sync(); loadTurns(); } }, "Older →"));
+      h("button", { type: "button", disabled: !state.cursors.length, onclick: () => { state.before = state.cursors.pop(); loadTurns(); } }, "← Newer"),
+      h("span", {}, `Page ${state.cursors.length + 1}`),
+      h("button", { type: "button", disabled: !body.next_before, onclick: () => { state.cursors.push(state.before); state.before = body.next_before; loadTurns(); } }, "Older →"));
     fill(turnsBox, table, pager);
   }
 
@@ -250,10 +311,10 @@ async function listPage() {
     const q = new URLSearchParams({ limit: String(PAGE) });
     if (before) q.set("before", String(before));
     try {
-      const body = await apiJson(`/v1/chats?${q}`);
+      const body = await apiJson(`/v1/ui/chats?${q}`);
       const items = body.data.map((c) => h("li", {},
-        h("button", { type: "button", class: "link chat-link", onclick: () => { state.chat = c.id; state.page = 0; sync(); loadTurns(); document.getElementById("turns-h").focus(); } },
-          c.title || c.id),
+        h("button", { type: "button", class: "link chat-link", title: c.id, onclick: () => { showChat(c.id, c.title || c.first_message); document.getElementById("turns-h").focus(); } },
+          c.title || clip(c.first_message, 80) || "Untitled chat"),
         h("span", { class: "muted" }, ` · ${fmtTime(c.updated_at)}`),
         c.tags && c.tags.length ? h("span", { class: "muted" }, ` · ${c.tags.join(", ")}`) : null));
       const last = body.data.length ? body.data[body.data.length - 1].updated_at : null;
@@ -269,14 +330,21 @@ async function listPage() {
   setMain(h("div", { class: "list-layout" },
     h("section", { class: "card", "aria-labelledby": "turns-h" },
       h("h1", { id: "turns-h", tabindex: "-1" }, "Turns"),
-      h("form", { class: "filters", onsubmit: (ev) => { ev.preventDefault(); apply(); } },
+      h("form", { class: "filters", role: "search", onsubmit: (ev) => { ev.preventDefault(); apply(); } },
+        h("div", { class: "grow" }, h("label", { for: "f-q" }, "Search"), search),
         h("div", {}, h("label", { for: "f-status" }, "Status"), statusSel),
         h("div", {}, h("label", { for: "f-model" }, "Model"), modelSel),
+        h("div", {}, h("label", { for: "f-since" }, "From"), since),
+        h("div", {}, h("label", { for: "f-until" }, "To"), until),
+        h("div", { class: "check" }, tools, h("label", { for: "f-tools" }, "Used tools")),
+        h("div", { class: "check" }, failed, h("label", { for: "f-failed" }, "Failed")),
+        h("div", {}, h("button", { type: "submit", id: "f-go" }, "Search")),
         chatNote),
+      countsBox,
       turnsBox),
     h("section", { class: "card", "aria-labelledby": "chats-h" }, h("h2", { id: "chats-h" }, "Chats"), chatsBox)));
   sync();
-  await Promise.all([loadTurns(), loadChats(null)]);
+  await Promise.all([loadTurns(), loadCounts(), loadChats(null)]);
 }
 
 // ---------------------------------------------------------------- turn page
