@@ -15,6 +15,8 @@ are printed in the log.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +38,9 @@ ARTIFACTS = Path(os.environ.get("TURNLOG_UI_ARTIFACTS") or ROOT / "bench-artifac
 USER = [{"role": "user", "content": "Add some numbers for me"}]
 ANSWER = "The first sum is 5, the second is 42, and the third tool call failed. That is all I could do for you today."
 WAIT = 15  # seconds: a WebDriverWait's limit (never reached when the page works)
+#: axe-core, vendored (tests/vendor/axe-core/README.md): the file and its published hash.
+AXE = ROOT / "tests" / "vendor" / "axe-core" / "axe.min.js"
+AXE_SHA256 = "KTSJmUUM3yhJqOcLeRL8LahahJ2jnA0NU5T1HUqe2Vw="
 
 
 # ---------------------------------------------------------------- the browser
@@ -161,6 +166,27 @@ def unlabelled_controls(driver: Any) -> list[str]:
           .map(el => el.outerHTML.slice(0, 120));
     """)
     )
+
+
+def serious_violations(driver: Any) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now
+    (the WebDriver injects it: the page's own CSP does not apply to that)."""
+    source = AXE.read_bytes()
+    assert base64.b64encode(hashlib.sha256(source).digest()).decode() == AXE_SHA256, "the vendored axe.min.js is not the pinned one"
+    driver.execute_script(source.decode())
+    driver.set_script_timeout(60)
+    found: list[dict[str, Any]] = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        axe.run(document, { resultTypes: ['violations'] }).then(
+          (r) => done(r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 5).map((n) => n.target.join(' ')) }))),
+          (e) => done([{ id: 'axe-error', impact: 'critical', help: String(e), nodes: [] }]));
+    """)
+    return [f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in found if v["impact"] in ("serious", "critical")]
+
+
+def overflows(driver: Any) -> int:
+    """How far the page is wider than the window (a sideways scroll), in CSS pixels."""
+    return int(driver.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth"))
 
 
 def only_local_resources(driver: Any, base: str) -> None:
@@ -498,6 +524,8 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
     def open_it(driver: Any) -> dict[str, float]:
         driver.get(f"{svc.url}/ui/turns/{turn_id}")
         wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:timeline').length") > 0, "the timeline")
+        wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:spans').length") > 0, "the spans chart")
+        assert css(driver, "#spans-chart").get_attribute("data-spans") == "2", "assembly and the one model call"
         rows = all_css(driver, "#timeline > li")
         assert 0 < len(rows) <= 200, f"{len(rows)} rows rendered"
         wait(driver, shows("#tl-where", f"of {view['seq']}"), "the event count, once the summary is in")
@@ -507,7 +535,8 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
             "const p = performance.getEntriesByName('first-contentful-paint')[0];"
             "const t = performance.getEntriesByName('turnlog:timeline')[0];"
             "const s = performance.getEntriesByName('turnlog:summary')[0];"
-            "return {fcp: p ? p.startTime : -1, timeline: t.startTime, summary: s.startTime};"
+            "const c = performance.getEntriesByName('turnlog:spans')[0];"
+            "return {fcp: p ? p.startTime : -1, timeline: t.startTime, summary: s.startTime, spans: c.startTime};"
         )
         # the last page, by keyboard-reachable buttons: still bounded
         css(driver, "#tl-next").click()
@@ -519,11 +548,12 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
     timing = await browse(open_it, browser)
     line = (
         f"inspector on a {view['seq']}-event turn: first contentful paint {timing['fcp']:.0f} ms, "
-        f"timeline rendered {timing['timeline']:.0f} ms, all panels {timing['summary']:.0f} ms"
+        f"timeline rendered {timing['timeline']:.0f} ms, spans chart {timing['spans']:.0f} ms, all panels {timing['summary']:.0f} ms"
     )
     log_line(request, line)
     assert 0 <= timing["fcp"] < 1000, line
     assert timing["timeline"] < 1000, line
+    assert timing["spans"] < 1000, line
 
 
 @pytest.mark.sqlite_only
@@ -647,3 +677,57 @@ async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tool
         screenshot(driver, request, "list-filters", 390)
 
     await browse(the_list, browser)
+
+
+async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_axe_and_fits_a_phone(
+    tools_service: Service, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    svc = tools_service
+    turn_id = await tool_turn(svc)
+    events = await svc.events(turn_id)
+    requested = [e["seq"] for e in events if e["type"] == "model.requested"]
+    started = {e["data"]["call_id"]: e["seq"] for e in events if e["type"] == "tool.started"}
+    assert len(requested) == 3 and len(started) == 3
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: bool(all_css(d, "#spans-chart .sp-row[data-kind]")), "the spans chart")
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => [r.dataset.kind, Number(r.dataset.seq), r.title])"
+        )
+        assert [seq for kind, seq, _ in rows if kind == "model"] == requested, rows
+        assert sorted(seq for kind, seq, _ in rows if kind == "tool") == sorted(started.values()), rows
+        assert [kind for kind, _, _ in rows][:1] == ["assembly"] and sum(kind == "reinjection" for kind, _, _ in rows) == 2, rows
+        # hover: the bar's row says what it is, how long, where in the log
+        boom = next(title for kind, seq, title in rows if seq == started["call_boom"])
+        assert "tool call: explode" in boom and "failed" in boom and f"seq {started['call_boom']}" in boom, boom
+        # every bar lies on the one axis: inside the track, left to right in time
+        xs = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li .sp-bar')].map(b => [Number(b.getAttribute('x')), Number(b.getAttribute('width'))])"
+        )
+        assert all(0 <= x and x + w <= 1000.01 for x, w in xs), xs
+        model_xs = [x for (kind, _, _), (x, _) in zip(rows, xs, strict=True) if kind == "model"]
+        assert model_xs == sorted(model_xs) and model_xs[-1] > model_xs[0], model_xs
+        # choosing the failed tool's bar opens its event in the event list
+        css(driver, f"#spans-chart li.sp-row[data-seq='{started['call_boom']}'] button").click()
+        opened = f"const r = document.querySelector('#ev-{started['call_boom']} details'); return !!r && r.open"
+        wait(driver, lambda d: d.execute_script(opened), "the event opened")
+        assert driver.switch_to.active_element.text.startswith(f"#{started['call_boom']}")
+        screenshot(driver, request, "turn-shape", 1280, at="#shape")
+
+        problems = serious_violations(driver)
+        assert not problems, problems
+        # a phone: the chart and the page fit the width, bars included
+        driver.set_window_size(375, 900)
+        wait(driver, lambda d: d.execute_script("return window.innerWidth") <= 375, "the narrow window")
+        assert overflows(driver) <= 0, f"{overflows(driver)} px wider than a 375 px screen"
+        widths = driver.execute_script("return [...document.querySelectorAll('#spans-chart .sp-track')].map(t => t.getBoundingClientRect().width)")
+        assert widths and min(widths) > 200, widths
+        assert not serious_violations(driver)
+        screenshot(driver, request, "turn-shape", 375, at="#shape")
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: bool(all_css(d, "#turns-table tbody tr")), "the list")
+        problems = serious_violations(driver)
+        assert not problems, problems
+
+    await browse(look, browser)

@@ -378,6 +378,10 @@ async function turnPage(turnId) {
         h("button", { type: "button", id: "cancel-btn", class: "danger", hidden: true, onclick: () => cancelTurn() }, "Cancel turn"),
         h("span", { id: "live", class: "live", role: "status" })),
       h("div", { id: "problems" })),
+    h("section", { class: "card", id: "shape", "aria-labelledby": "shape-h" },
+      h("h2", { id: "shape-h" }, "Shape"),
+      h("p", { class: "muted" }, "The turn on one time axis: assembly, model calls (the lighter part: waiting for the first chunk), tool calls, approval waits, reinjections, outlet and background tasks. Hover a bar for its figures; choose one to open its event."),
+      h("div", { id: "spans" }, h("p", { class: "loading" }, "Loading…"))),
     h("div", { class: "cols" },
       h("div", { class: "col" },
         h("section", { class: "card", "aria-labelledby": "answer-h" }, h("h2", { id: "answer-h" }, "Answer"),
@@ -432,14 +436,22 @@ async function turnPage(turnId) {
     return Math.max(0, Math.floor((Math.max(lastSeq, 1) - 1) / TIMELINE_PAGE) * TIMELINE_PAGE);
   }
 
-  // The first page of the timeline (cheap to serve) paints first; then the
-  // summary (a fold of the whole log, slower on a long turn) fills the rest.
+  async function loadSpans() {
+    const data = await apiJson(`/v1/turns/${encodeURIComponent(turnId)}/spans`);
+    TurnlogSpans.render(q("#spans"), data, (seq) => jumpTo(seq));
+  }
+
+  // The first page of the timeline (cheap to serve) paints first, the spans
+  // beside it; then the summary (a fold of the whole log, slower on a long
+  // turn) fills the rest.
+  const spansShown = loadSpans().then(() => performance.mark("turnlog:spans"), (err) => { if (err.status !== 404) showError(q("#spans"), err); });
   try {
     await loadPage(0);
     performance.mark("turnlog:timeline");
   } catch (err) {
     if (err.status !== 404) showError(q("#timeline"), err);
   }
+
   try {
     t.summary = await apiJson(`/v1/ui/turns/${encodeURIComponent(turnId)}/summary`);
   } catch (err) {
@@ -711,7 +723,7 @@ async function turnPage(turnId) {
       do {
         t.dirty = false;
         const atEnd = Number(slider.value) >= Number(slider.max);
-        await loadSummary();
+        await Promise.all([loadSummary(), loadSpans()]);
         const last = t.summary.last_seq;
         slider.max = String(Math.max(1, last));
         if (atEnd) { slider.value = slider.max; showReplay(last, t.summary.turn, null); }
