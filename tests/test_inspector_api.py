@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Event, TurnStarted, make_event
+from engine.fold.spans import spans
 from engine.fold.turn_view import TurnView
 from engine.ports import TurnRecord
 from tests.harness import Service, make_settings, start_service, stop_service
@@ -136,6 +137,9 @@ async def test_the_spans_of_a_tool_turn_point_at_its_events(tmp_path: Path, upst
         tools = [s for s in got["spans"] if s["kind"] == "tool"]
         assert [(s["name"], s["seq"], s["end_seq"], s["status"]) for s in tools] == [("add", tool[0], tool[1], "completed")]
         assert got["spans"][0]["kind"] == "assembly" and got["marks"][-1]["type"] == "turn.completed"
+        # a SQL store reads an outline (no delta text): the same spans as from the whole log
+        whole = spans(turn_id, [Event(turn_id=turn_id, seq=e["seq"], type=e["type"], at=e["at"], data=e["data"]) for e in log])
+        assert got == whole
 
         status, missing = await svc.get("/v1/turns/no-such-turn/spans")
         assert status == 404, missing

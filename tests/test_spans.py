@@ -81,7 +81,7 @@ def test_a_tool_turn_its_assembly_steps_model_calls_tools_reinjection_outlet_and
     assert second["detail"]["first_chunk_ms"] is None
     assert (second["detail"]["input_tokens"], second["detail"]["output_tokens"]) == (50, 30)
     assert second["detail"]["tokens_per_s"] == pytest.approx(30 / 2.0)
-    assert (second["detail"]["chunks"], second["detail"]["chars"]) == (3, 9)
+    assert second["detail"]["deltas"] == 2
     assert second["detail"]["finish_reason"] == "stop"
     tools = by_kind(r, "tool")
     assert [(t["start"], t["end"], t["detail"]["call_id"], t["detail"]["error"]) for t in tools] == [
@@ -165,6 +165,6 @@ def test_ten_thousand_events_in_one_pass() -> None:
     started = time.perf_counter()
     r = spans("t1", events)
     took = time.perf_counter() - started
-    assert by_kind(r, "model")[0]["detail"]["chunks"] == 10_000
+    assert by_kind(r, "model")[0]["detail"]["deltas"] == 10_000
     assert r["last_seq"] == 10_003
     assert took < 0.5, f"{took:.3f} s for 10,003 events"

@@ -231,7 +231,7 @@ class Span(_Open):
     end_seq: int | None
     status: str = Field(description="open, completed, failed, approved, denied, restarted (begun again after a resume), interrupted or cancelled.")
     detail: dict[str, Any] = Field(
-        description="model: iteration, api, resumed, chunks, chars, finish_reason, input_tokens, output_tokens, estimated, first_chunk_ms, "
+        description="model: iteration, api, resumed, deltas, finish_reason, input_tokens, output_tokens, estimated, first_chunk_ms, "
         "tokens_per_s; tool: call_id, kind, attempt, error; assembly: messages, history_len, sources; outlet: filters, errors."
     )
 
