@@ -215,14 +215,14 @@ def call(name: str, arguments: object, id: str) -> dict[str, Any]:
     return {"name": name, "arguments": arguments, "id": id}
 
 
-async def tool_turn(service: Service) -> str:
+async def tool_turn(service: Service, **extra: Any) -> str:
     """Three model calls: two tool rounds (one call failing), then the answer."""
     service.upstream.enqueue(
         Reply(tool_calls=[call("add", {"a": 2, "b": 3}, "call_add1")], finish_reason="tool_calls"),
         Reply(tool_calls=[call("add", {"a": 20, "b": 22}, "call_add2"), call("explode", {"reason": "on purpose"}, "call_boom")], finish_reason="tool_calls"),
         Reply(text=ANSWER, chunk_size=4),
     )
-    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], **extra})
     assert status == 200, body
     return headers["X-Turn-Id"]
 
@@ -683,7 +683,12 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
     tools_service: Service, browser: Any, request: pytest.FixtureRequest
 ) -> None:
     svc = tools_service
-    turn_id = await tool_turn(svc)
+    # an earlier turn of the same chat: the conversation shows it before this one
+    svc.upstream.enqueue(Reply(text="Hello, how can I help?"))
+    status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "Hi there"}]})
+    assert status == 200, body
+    first_id, chat_id = headers["X-Turn-Id"], headers["X-Chat-Id"]
+    turn_id = await tool_turn(svc, chat_id=chat_id)
     events = await svc.events(turn_id)
     requested = [e["seq"] for e in events if e["type"] == "model.requested"]
     started = {e["data"]["call_id"]: e["seq"] for e in events if e["type"] == "tool.started"}
@@ -715,6 +720,26 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
         assert driver.switch_to.active_element.text.startswith(f"#{started['call_boom']}")
         screenshot(driver, request, "turn-shape", 1280, at="#shape")
 
+        # the conversation as its user saw it: both turns, tool calls folded with their results
+        wait(driver, lambda d: bool(all_css(d, "#chat-list > li")), "the conversation")
+        said = driver.execute_script(
+            "return [...document.querySelectorAll('#chat-list > li')].map(li => [li.dataset.role, li.classList.contains('current'),"
+            " [...li.querySelectorAll(':scope > .chat-text')].map(p => p.textContent).join(''),"
+            " [...li.querySelectorAll(':scope > details > summary')].map(s => s.textContent)])"
+        )
+        assert said == [
+            ["user", False, "Hi there", []],
+            ["assistant", False, "Hello, how can I help?", []],
+            ["user", False, USER[0]["content"], []],
+            ["assistant", True, ANSWER, ["Tool call: add", "Tool call: add", "Tool call: explode (failed)"]],
+        ], said
+        assert css(driver, "#chat-list a[href]").get_attribute("href").endswith(f"/ui/turns/{first_id}")
+        folded = all_css(driver, "#chat-list li.current > details")
+        assert not any(d.get_attribute("open") for d in folded)
+        folded[1].find_element("css selector", "summary").click()
+        wait(driver, lambda d: "42" in folded[1].text, "the second add's result, unfolded")
+        screenshot(driver, request, "turn-chat", 1280, at="#chat-h")
+
         problems = serious_violations(driver)
         assert not problems, problems
         # a phone: the chart and the page fit the width, bars included
@@ -725,6 +750,7 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
         assert widths and min(widths) > 200, widths
         assert not serious_violations(driver)
         screenshot(driver, request, "turn-shape", 375, at="#shape")
+        screenshot(driver, request, "turn-chat", 375, at="#chat-h")
         driver.get(svc.url + "/ui/")
         wait(driver, lambda d: bool(all_css(d, "#turns-table tbody tr")), "the list")
         problems = serious_violations(driver)

@@ -343,6 +343,47 @@ async function listPage() {
   await Promise.all([loadTurns(), loadCounts(), loadChats(null)]);
 }
 
+// ---------------------------------------------------------------- the conversation
+
+// One assistant message's output items as its user saw them: the text, and
+// each tool call folded with its result.
+function renderOutput(items) {
+  const results = new Map(items.filter((i) => i.type === "function_call_output").map((i) => [i.call_id, i.output]));
+  return items.filter((i) => i.type !== "function_call_output").map((item) => {
+    if (item.type === "message") {
+      return h("p", { class: "chat-text" }, (item.content || []).map((p) => p.text || "").join(""));
+    }
+    if (item.type === "function_call") {
+      const result = results.has(item.call_id) ? results.get(item.call_id) : null;
+      return h("details", { class: "chat-fold" }, h("summary", {}, `Tool call: ${item.name}`, item.status && item.status !== "completed" ? ` (${item.status})` : ""),
+        h("div", { class: "kv" }, h("span", { class: "k" }, "Arguments"), h("pre", {}, pretty(item.arguments))),
+        h("div", { class: "kv" }, h("span", { class: "k" }, "Result"), h("pre", {}, result === null ? "(no result)" : pretty(result))));
+    }
+    if (item.type === "reasoning") {
+      return h("details", { class: "chat-fold" }, h("summary", {}, "Reasoning"), h("pre", {}, messageText(item.content || item.summary || "")));
+    }
+    if (item.type === "code_interpreter") {
+      return h("details", { class: "chat-fold" }, h("summary", {}, `Code (${item.status || ""})`), h("pre", {}, item.code || ""), h("pre", {}, pretty(item.output)));
+    }
+    return h("p", { class: "muted" }, `[${item.type}]`);
+  });
+}
+
+function renderChat(messages, turnId, sources) {
+  if (!messages.length) return h("p", { class: "empty" }, "No messages.");
+  return h("ol", { class: "chat", id: "chat-list" }, messages.map((m) => {
+    const current = m.turn_id === turnId;
+    const head = h("div", { class: "msg-head" }, h("strong", {}, m.role),
+      m.turn_id && !current ? h("span", { class: "muted" }, " · ", h("a", { href: `/ui/turns/${encodeURIComponent(m.turn_id)}` }, "its turn")) : null,
+      current ? h("span", { class: "chip" }, "this turn") : null,
+      m.status && m.status !== "completed" ? h("span", {}, " ", badge(m.status)) : null);
+    const body = m.role === "assistant" && Array.isArray(m.output) && m.output.length ? renderOutput(m.output) : [h("p", { class: "chat-text" }, messageText(m.content))];
+    const cited = current && sources.length ? h("details", { class: "chat-fold" }, h("summary", {}, `Sources (${sources.length})`),
+      h("ol", { class: "sources" }, sources.map((src) => h("li", {}, `[${src.id}] ${src.name || src.url || ""}`)))) : null;
+    return h("li", { class: `chat-msg role-${m.role}${current ? " current" : ""}`, "data-role": m.role }, head, ...body, cited);
+  }));
+}
+
 // ---------------------------------------------------------------- turn page
 
 let follower = null; // the live stream of the turn shown, while it runs
@@ -386,6 +427,9 @@ async function turnPage(turnId) {
       h("div", { class: "col" },
         h("section", { class: "card", "aria-labelledby": "answer-h" }, h("h2", { id: "answer-h" }, "Answer"),
           h("div", { id: "answer" })),
+        h("section", { class: "card", "aria-labelledby": "chat-h" }, h("h2", { id: "chat-h" }, "Conversation"),
+          h("p", { class: "muted" }, "The chat as its user saw it, up to now; tool calls and sources folded."),
+          h("div", { id: "chat-view" }, h("p", { class: "loading" }, "Loading…"))),
         h("section", { class: "card", "aria-labelledby": "tools-h" }, h("h2", { id: "tools-h" }, "Tool calls"), h("div", { id: "tools" })),
         h("section", { class: "card", "aria-labelledby": "sources-h" }, h("h2", { id: "sources-h" }, "Sources and citations"), h("div", { id: "sources" })),
         h("section", { class: "card", "aria-labelledby": "requests-h" }, h("h2", { id: "requests-h" }, "Model requests"),
@@ -465,6 +509,7 @@ async function turnPage(turnId) {
   }
   renderSummary();
   performance.mark("turnlog:summary");
+  loadChat();
   const running = t.summary.turn.status === "running";
   t.followNewest = running;
   slider.max = String(Math.max(1, t.summary.last_seq));
@@ -475,6 +520,16 @@ async function turnPage(turnId) {
     follow();
   } else if (t.page) {
     renderTimeline();
+  }
+
+  async function loadChat() {
+    const box = q("#chat-view");
+    try {
+      const chat = await apiJson(`/v1/chats/${encodeURIComponent(t.summary.turn.chat_id)}`);
+      fill(box, renderChat(chat.messages, turnId, t.summary.turn.sources || []));
+    } catch (err) {
+      showError(box, err);
+    }
   }
 
   // -- the summary: facts, answer, tools, sources, requests
