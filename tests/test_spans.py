@@ -168,3 +168,22 @@ def test_ten_thousand_events_in_one_pass() -> None:
     assert by_kind(r, "model")[0]["detail"]["deltas"] == 10_000
     assert r["last_seq"] == 10_003
     assert took < 0.5, f"{took:.3f} s for 10,003 events"
+
+
+def test_a_forks_copied_events_keep_their_parents_times_off_its_axis() -> None:
+    # forked at the parent's seq 4 (its second model.requested): the fork's seqs 2-4 are the parent's 1-3, an hour earlier
+    r = spans(
+        "t1",
+        log(
+            (3600.0, "turn.forked", {"parent_turn_id": "p1", "at": 4}),  # 1
+            (0.0, "turn.started", {}),  # 2, copied
+            (0.1, "assembly.completed", {}),  # 3, copied
+            (0.2, "model.requested", {"iteration": 0}),  # 4, copied
+            (3600.3, "model.warning", {"message": "a bad line"}),  # 5: past the fork point, the fork's own
+            (3600.5, "model.completed", {"finish_reason": "stop", "usage": {"completion_tokens": 10}}),  # 6
+            (3601.0, "turn.completed", {}),  # 7
+        ),
+    )
+    assert (r["start"], r["end"]) == (T0 + 3600.0, T0 + 3601.0)
+    assert [(s["kind"], s["copied"]) for s in r["spans"]] == [("assembly", True), ("model", True)]
+    assert [(m["type"], m["seq"]) for m in r["marks"]] == [("turn.forked", 1), ("model.warning", 5), ("turn.completed", 7)]

@@ -757,3 +757,50 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
         assert not problems, problems
 
     await browse(look, browser)
+
+
+async def test_a_fork_shows_beside_its_parent_what_it_was_given_and_what_differs(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
+    svc = tools_service
+    parent_id = await tool_turn(svc)
+    batches = [e["seq"] for e in await svc.events(parent_id) if e["type"] == "tools.batch"]
+    svc.upstream.enqueue(Reply(text="With 7 in place of the failure: 5, 42 and 7."))
+    status, body, _ = await svc.post(f"/v1/turns/{parent_id}/fork", {"at": batches[1], "tool_results": {"call_boom": "7"}})
+    assert status == 201, body
+    fork_id = body["turn_id"]
+    async with svc.http.get(f"{svc.v1}/turns/{fork_id}/stream", headers=svc.headers) as response:
+        await response.text()  # to the fork's end
+    assert (await svc.turn(fork_id))["content"] == "With 7 in place of the failure: 5, 42 and 7."
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{fork_id}")
+        wait(driver, lambda d: bool(all_css(d, "#fork-table tbody tr")), "the fork beside its parent")
+        assert css(driver, "#fork-parent").get_attribute("href").endswith(f"/ui/turns/{parent_id}")
+        intro = text_of(driver, "#fork-cmp > p")
+        assert f"at its seq {batches[1]}" in intro and "given the results of call_boom" in intro, intro
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#fork-table tbody tr')].map(r => [r.className, r.querySelector('th').textContent,"
+            " [...r.querySelectorAll('td')].map(td => td.textContent)])"
+        )
+        assert [(cls, name.split(" (")[0].split(" same")[0].split(" differs")[0]) for cls, name, _ in rows] == [
+            ("same", "Model"),
+            ("same", "add result"),
+            ("same", "add result"),
+            ("differs", "explode result"),
+            ("differs", "Answer"),
+        ], rows
+        assert "given" in rows[3][1] and rows[3][2][1] == "7", rows[3]
+        assert rows[4][2] == [ANSWER, "With 7 in place of the failure: 5, 42 and 7."], rows[4]
+        # the fork's chart is its own time: the parent's copied spans are named, not drawn
+        wait(driver, lambda d: bool(all_css(d, "#spans-copied")), "the note on the copied spans")
+        drawn = [int(x) for x in driver.execute_script("return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => r.dataset.seq)")]
+        assert drawn and min(drawn) > batches[1], (drawn, batches[1])
+        assert css(driver, "#spans-copied a").get_attribute("href").endswith(f"/ui/turns/{parent_id}")
+        screenshot(driver, request, "fork", 1280, at="#fork")
+        problems = serious_violations(driver)
+        assert not problems, problems
+        driver.set_window_size(375, 900)
+        wait(driver, lambda d: d.execute_script("return window.innerWidth") <= 375, "the narrow window")
+        assert overflows(driver) <= 0, f"{overflows(driver)} px wider than a 375 px screen"
+        screenshot(driver, request, "fork", 375, at="#fork")
+
+    await browse(look, browser)

@@ -230,6 +230,7 @@ class Span(_Open):
     end: float | None = Field(description="None while it is still open.")
     end_seq: int | None
     status: str = Field(description="open, completed, failed, approved, denied, restarted (begun again after a resume), interrupted or cancelled.")
+    copied: bool = Field(description="A fork's: begun in the copy of its parent's events (at the parent's times).")
     detail: dict[str, Any] = Field(
         description="model: iteration, api, resumed, deltas, finish_reason, input_tokens, output_tokens, estimated, first_chunk_ms, "
         "tokens_per_s; tool: call_id, kind, attempt, error; assembly: messages, history_len, sources; outlet: filters, errors."

@@ -8,7 +8,9 @@ reader of the log finds it) and of the one that closed it. Events that are a
 moment rather than a stretch (a warning, a failure, a resume) are *marks*.
 
 Times are the events' own ``at`` (seconds since the epoch), so spans replay to
-the same chart whenever they are computed. A model call's time to first chunk
+the same chart whenever they are computed. A fork's log starts with a copy of
+its parent's events, at the parent's times: spans begun there are ``copied``,
+and the turn's ``start`` and ``end`` are the fork's own. A model call's time to first chunk
 comes from ``first_chunk_at`` in its ``model.completed`` when the log has it
 (older logs do not: then it is ``None``); its tokens per second are the output
 tokens over the time from the first chunk (else from the request) to the end.
@@ -64,6 +66,7 @@ class SpanFold:
         self.last_seq = 0
         self.step_from: float | None = None  # where the next assembly step began
         self.finalized: Event | None = None
+        self.copied_upto = 0  # a fork: its events up to this seq are its parent's, with the parent's times
         self._on: dict[str, Callable[[Event], None]] = {
             "turn.started": self._started,
             "assembly.step": self._step,
@@ -87,11 +90,15 @@ class SpanFold:
     def apply(self, event: Event) -> None:
         if self.first_at is None:
             self.first_at = event.at
-        self.last_at, self.last_seq = event.at, event.seq
+        if event.type == "turn.forked":
+            self.copied_upto = int(event.data.get("at") or 0)
+        if not self.copied(event):  # a copied event happened in the parent, at the parent's time
+            self.last_at = event.at
+        self.last_seq = event.seq
         handler = self._on.get(event.type)
         if handler is not None:
             handler(event)
-        if event.type in MARKS:
+        if event.type in MARKS and not self.copied(event):
             self._mark(event)
         if event.type in _ENDS:
             self._close_all(event, _ENDS[event.type])
@@ -105,6 +112,10 @@ class SpanFold:
             "spans": self.spans,
             "marks": self.marks,
         }
+
+    def copied(self, event: Event) -> bool:
+        """A fork's copy of its parent's event (after ``turn.forked``, up to the fork point)."""
+        return 1 < event.seq <= self.copied_upto
 
     # -- opening and closing
 
@@ -120,6 +131,7 @@ class SpanFold:
             "end": None,
             "end_seq": None,
             "status": "open",
+            "copied": self.copied(event),
             "detail": detail,
         }
         self.spans.append(span)

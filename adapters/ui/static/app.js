@@ -384,6 +384,40 @@ function renderChat(messages, turnId, sources) {
   }));
 }
 
+// ---------------------------------------------------------------- a fork beside its parent
+
+function toolOutputs(view) {
+  const names = new Map((view.output || []).filter((i) => i.type === "function_call").map((i) => [i.call_id, i.name]));
+  return new Map((view.output || []).filter((i) => i.type === "function_call_output").map((i) => [i.call_id, { name: names.get(i.call_id) || i.call_id, output: i.output }]));
+}
+
+function renderFork(parent, fork, forked) {
+  const given = Object.keys(forked.tool_results || {});
+  const rows = [["Model", parent.model, fork.model]];
+  const before = toolOutputs(parent);
+  const after = toolOutputs(fork);
+  for (const id of new Set([...before.keys(), ...after.keys()])) {
+    const name = (after.get(id) || before.get(id)).name;
+    rows.push([`${name} result (${id})${given.includes(id) ? ", given" : ""}`, (before.get(id) || {}).output, (after.get(id) || {}).output]);
+  }
+  rows.push(["Answer", parent.content, fork.content]);
+  const cell = (value) => h("td", {}, value === undefined || value === null ? h("span", { class: "muted" }, "(none)") : h("pre", {}, pretty(value)));
+  return [
+    h("p", {}, "Forked from turn ", h("a", { href: `/ui/turns/${encodeURIComponent(parent.id)}`, id: "fork-parent" }, h("code", {}, parent.id)),
+      ` at its seq ${forked.at ?? fork.forked_at}`, forked.model ? `, with model ${forked.model}` : "",
+      given.length ? `, given the results of ${given.join(", ")}` : "", ". Everything before that point is the parent's, copied."),
+    h("table", { class: "fork-cmp", id: "fork-table" },
+      h("caption", { class: "sr-only" }, "The parent and this fork side by side"),
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, ""), h("th", { scope: "col" }, "Parent"), h("th", { scope: "col" }, "This fork"))),
+      h("tbody", {}, rows.map(([name, a, b]) => {
+        const differs = JSON.stringify(a ?? null) !== JSON.stringify(b ?? null);
+        return h("tr", { class: differs ? "differs" : "same" },
+          h("th", { scope: "row" }, name, " ", differs ? h("span", { class: "badge s-cancelled" }, "differs") : h("span", { class: "muted" }, "same")),
+          cell(a), cell(b));
+      }))),
+  ];
+}
+
 // ---------------------------------------------------------------- turn page
 
 let follower = null; // the live stream of the turn shown, while it runs
@@ -419,6 +453,9 @@ async function turnPage(turnId) {
         h("button", { type: "button", id: "cancel-btn", class: "danger", hidden: true, onclick: () => cancelTurn() }, "Cancel turn"),
         h("span", { id: "live", class: "live", role: "status" })),
       h("div", { id: "problems" })),
+    h("section", { class: "card", id: "fork", "aria-labelledby": "fork-h", hidden: true },
+      h("h2", { id: "fork-h" }, "Fork of another turn"),
+      h("div", { id: "fork-cmp" })),
     h("section", { class: "card", id: "shape", "aria-labelledby": "shape-h" },
       h("h2", { id: "shape-h" }, "Shape"),
       h("p", { class: "muted" }, "The turn on one time axis: assembly, model calls (the lighter part: waiting for the first chunk), tool calls, approval waits, reinjections, outlet and background tasks. Hover a bar for its figures; choose one to open its event."),
@@ -510,6 +547,7 @@ async function turnPage(turnId) {
   renderSummary();
   performance.mark("turnlog:summary");
   loadChat();
+  if (t.summary.turn.parent_turn_id) loadFork(t.summary.turn);
   const running = t.summary.turn.status === "running";
   t.followNewest = running;
   slider.max = String(Math.max(1, t.summary.last_seq));
@@ -527,6 +565,22 @@ async function turnPage(turnId) {
     try {
       const chat = await apiJson(`/v1/chats/${encodeURIComponent(t.summary.turn.chat_id)}`);
       fill(box, renderChat(chat.messages, turnId, t.summary.turn.sources || []));
+    } catch (err) {
+      showError(box, err);
+    }
+  }
+
+  // A fork beside its parent: what it was given, and what came out differently.
+  async function loadFork(v) {
+    const box = q("#fork-cmp");
+    q("#fork").hidden = false;
+    try {
+      const [parent, first] = await Promise.all([
+        apiJson(`/v1/turns/${encodeURIComponent(v.parent_turn_id)}`),
+        apiJson(`/v1/turns/${encodeURIComponent(turnId)}/events?after=0&limit=1`),
+      ]);
+      const forked = (first.events[0] || {}).data || {};
+      fill(box, renderFork(parent, v, forked));
     } catch (err) {
       showError(box, err);
     }

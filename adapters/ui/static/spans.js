@@ -114,7 +114,10 @@
       return;
     }
     const total = Math.max(end - start, 0.001);
-    const rows = data.spans.map((span) => {
+    // A fork's copy of its parent's events happened at the parent's times: not on this axis.
+    const copied = data.spans.filter((span) => span.copied);
+    const forked = data.marks.find((m) => m.type === "turn.forked");
+    const rows = data.spans.filter((span) => !span.copied).map((span) => {
       const text = describe(span, start, end);
       return el("li", { class: `sp-row k-${span.kind}`, "data-seq": String(span.seq), "data-kind": span.kind, title: text },
         el("button", { type: "button", class: "link sp-label", onclick: () => onJump(span.seq) },
@@ -131,6 +134,8 @@
         el("div", { class: "sp-row sp-head" }, el("span", { class: "sp-label muted" }, `${ms(total)} in all · ${data.last_seq} events`), axis(total)),
         data.marks.length ? el("div", { class: "sp-row" }, el("span", { class: "sp-label muted" }, "Moments"), marksTrack(data, total, onJump)) : null,
         el("ol", { class: "sp-rows", "aria-label": "Spans, in the order they began" }, ...rows)),
+      copied.length && forked ? el("p", { class: "muted", id: "spans-copied" }, `${copied.length} earlier spans are the parent's, copied into this fork: see `,
+        el("a", { href: `/ui/turns/${encodeURIComponent(forked.detail || "")}` }, "the parent's chart"), ".") : null,
       legend);
   }
 
