@@ -802,5 +802,13 @@ async def test_a_fork_shows_beside_its_parent_what_it_was_given_and_what_differs
         wait(driver, lambda d: d.execute_script("return window.innerWidth") <= 375, "the narrow window")
         assert overflows(driver) <= 0, f"{overflows(driver)} px wider than a 375 px screen"
         screenshot(driver, request, "fork", 375, at="#fork")
+        # the parent names its fork (the fork index), with where it was forked
+        driver.set_window_size(1280, 900)
+        driver.get(f"{svc.url}/ui/turns/{parent_id}")
+        wait(driver, lambda d: bool(all_css(d, "#forks-of li")), "the parent's forks")
+        listed = texts(driver, "#forks-of li")
+        assert len(listed) == 1 and fork_id in listed[0] and f"at seq {batches[1]}" in listed[0], listed
+        assert css(driver, "#forks-of a").get_attribute("href").endswith(f"/ui/turns/{fork_id}")
+        screenshot(driver, request, "forks-of", 1280, at="#fork")
 
     await browse(look, browser)

@@ -411,6 +411,18 @@ class UiTimeline(_Open):
     has_more: bool
 
 
+class UiFork(_Open):
+    turn_id: str
+    at: int = Field(description="The parent's seq it was forked at.")
+    model: str
+    status: str
+    created_at: float
+
+
+class UiForks(_Open):
+    data: list[UiFork]
+
+
 # --------------------------------------------------------- query, headers
 
 

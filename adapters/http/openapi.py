@@ -331,6 +331,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         {200: Reply("The summary.", json_(m.UiSummary))},
         errors=_TURN_ERRORS,
     ),
+    ("GET", "/v1/ui/turns/{turn_id}/forks"): Operation(
+        "The inspector's list of a turn's forks",
+        "inspector",
+        {200: Reply("The caller's forks of the turn, oldest first.", json_(m.UiForks))},
+        errors=_TURN_ERRORS,
+    ),
     ("GET", "/v1/ui/turns/{turn_id}/timeline"): Operation(
         "The inspector's timeline: events with the state after each",
         "inspector",

@@ -454,8 +454,9 @@ async function turnPage(turnId) {
         h("span", { id: "live", class: "live", role: "status" })),
       h("div", { id: "problems" })),
     h("section", { class: "card", id: "fork", "aria-labelledby": "fork-h", hidden: true },
-      h("h2", { id: "fork-h" }, "Fork of another turn"),
-      h("div", { id: "fork-cmp" })),
+      h("h2", { id: "fork-h" }, "Forks"),
+      h("div", { id: "fork-cmp" }),
+      h("div", { id: "fork-list" })),
     h("section", { class: "card", id: "shape", "aria-labelledby": "shape-h" },
       h("h2", { id: "shape-h" }, "Shape"),
       h("p", { class: "muted" }, "The turn on one time axis: assembly, model calls (the lighter part: waiting for the first chunk), tool calls, approval waits, reinjections, outlet and background tasks. Hover a bar for its figures; choose one to open its event."),
@@ -548,6 +549,7 @@ async function turnPage(turnId) {
   performance.mark("turnlog:summary");
   loadChat();
   if (t.summary.turn.parent_turn_id) loadFork(t.summary.turn);
+  loadForks();
   const running = t.summary.turn.status === "running";
   t.followNewest = running;
   slider.max = String(Math.max(1, t.summary.last_seq));
@@ -583,6 +585,21 @@ async function turnPage(turnId) {
       fill(box, renderFork(parent, v, forked));
     } catch (err) {
       showError(box, err);
+    }
+  }
+
+  // This turn's own forks: each opens beside this turn on its page.
+  async function loadForks() {
+    try {
+      const body = await apiJson(`/v1/ui/turns/${encodeURIComponent(turnId)}/forks`);
+      if (!body.data.length) return;
+      q("#fork").hidden = false;
+      fill(q("#fork-list"), h("h3", {}, `Forked ${body.data.length === 1 ? "once" : `${body.data.length} times`}`),
+        h("ul", { class: "forks", id: "forks-of" }, body.data.map((f) => h("li", {},
+          h("a", { href: `/ui/turns/${encodeURIComponent(f.turn_id)}` }, h("code", {}, f.turn_id)),
+          ` at seq ${f.at} · ${f.model} · `, badge(f.status), h("span", { class: "muted" }, ` · ${fmtTime(f.created_at)}`)))));
+    } catch (err) {
+      showError(q("#fork-list"), err);
     }
   }
 
