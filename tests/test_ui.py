@@ -703,6 +703,8 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
         assert [seq for kind, seq, _ in rows if kind == "model"] == requested, rows
         assert sorted(seq for kind, seq, _ in rows if kind == "tool") == sorted(started.values()), rows
         assert [kind for kind, _, _ in rows][:1] == ["assembly"] and sum(kind == "reinjection" for kind, _, _ in rows) == 2, rows
+        # nothing but the chart and its legend: no stray text (a null appended as "null")
+        assert [n.strip() for n in driver.execute_script("return [...document.querySelector('#spans').childNodes].map(n => n.nodeName)")] == ["DIV", "UL"]
         # hover: the bar's row says what it is, how long, where in the log
         boom = next(title for kind, seq, title in rows if seq == started["call_boom"])
         assert "tool call: explode" in boom and "failed" in boom and f"seq {started['call_boom']}" in boom, boom

@@ -129,14 +129,14 @@
     });
     const legend = el("ul", { class: "sp-legend", "aria-label": "Span colours" },
       ...Object.entries(KINDS).filter(([k]) => data.spans.some((s) => s.kind === k)).map(([k, name]) => el("li", { class: `k-${k}` }, name)));
-    box.replaceChildren(
+    box.replaceChildren(...[
       el("div", { id: "spans-chart", class: "sp-chart", "data-spans": String(data.spans.length) },
         el("div", { class: "sp-row sp-head" }, el("span", { class: "sp-label muted" }, `${ms(total)} in all · ${data.last_seq} events`), axis(total)),
         data.marks.length ? el("div", { class: "sp-row" }, el("span", { class: "sp-label muted" }, "Moments"), marksTrack(data, total, onJump)) : null,
         el("ol", { class: "sp-rows", "aria-label": "Spans, in the order they began" }, ...rows)),
       copied.length && forked ? el("p", { class: "muted", id: "spans-copied" }, `${copied.length} earlier spans are the parent's, copied into this fork: see `,
         el("a", { href: `/ui/turns/${encodeURIComponent(forked.detail || "")}` }, "the parent's chart"), ".") : null,
-      legend);
+      legend].filter((node) => node !== null));
   }
 
   window.TurnlogSpans = { render, describe };
