@@ -708,6 +708,8 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
         # hover: the bar's row says what it is, how long, where in the log
         boom = next(title for kind, seq, title in rows if seq == started["call_boom"])
         assert "tool call: explode" in boom and "failed" in boom and f"seq {started['call_boom']}" in boom, boom
+        bar_title = driver.execute_script(f"return document.querySelector(\"#spans-chart li[data-seq='{started['call_boom']}'] rect title\").textContent")
+        assert bar_title == boom
         # every bar lies on the one axis: inside the track, left to right in time
         xs = driver.execute_script(
             "return [...document.querySelectorAll('#spans-chart li .sp-bar')].map(b => [Number(b.getAttribute('x')), Number(b.getAttribute('width'))])"

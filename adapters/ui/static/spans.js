@@ -65,11 +65,14 @@
     return Math.max(0, Math.min(WIDTH, ((t - start) / span) * WIDTH));
   }
 
-  function bar(span, start, end, total) {
+  function bar(span, start, end, total, text) {
     const track = svg("svg", { class: "sp-track", viewBox: `0 0 ${WIDTH} 10`, preserveAspectRatio: "none", "aria-hidden": "true", focusable: "false" });
     const from = x(span.start, start, total);
     const to = x(span.end === null ? end : span.end, start, total);
     const rect = svg("rect", { x: from.toFixed(2), y: 1, width: Math.max(2, to - from).toFixed(2), height: 8, class: `sp-bar k-${span.kind} st-${span.status}` });
+    const title = svg("title", {});
+    title.textContent = text; // the tooltip over the bar itself
+    rect.append(title);
     track.append(rect);
     const first = (span.detail || {}).first_chunk_ms;
     if (span.kind === "model" && typeof first === "number") {
@@ -125,7 +128,7 @@
           el("span", { class: "muted" }, ` ${ms((span.end === null ? end : span.end) - span.start)}`),
           // a screen reader hears what the tooltip shows (the visible text stays the name's start)
           el("span", { class: "sr-only" }, `. ${text}. Show the event.`)),
-        bar(span, start, end, total));
+        bar(span, start, end, total, text));
     });
     const legend = el("ul", { class: "sp-legend", "aria-label": "Span colours" },
       ...Object.entries(KINDS).filter(([k]) => data.spans.some((s) => s.kind === k)).map(([k, name]) => el("li", { class: `k-${k}` }, name)));
