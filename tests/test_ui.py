@@ -816,3 +816,42 @@ async def test_a_fork_shows_beside_its_parent_what_it_was_given_and_what_differs
         screenshot(driver, request, "forks-of", 1280, at="#fork")
 
     await browse(look, browser)
+
+
+async def test_the_shape_shows_an_approval_wait_and_a_background_task(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
+    svc = tools_service
+    svc.upstream.enqueue(Reply(tool_calls=[call("add", {"a": 1, "b": 2}, "call_ok")], finish_reason="tool_calls"), Reply(text="It is 3."))
+    svc.upstream.task_replies.append(("title", Reply(text='{"title": "Adding up"}')))
+    body = {
+        "model": "gpt-test",
+        "messages": USER,
+        "tool_ids": ["weather"],
+        "params": {"tool_approval": "ask"},
+        "background_tasks": {"title": True, "tags": False},
+    }
+    status, answer, headers = await svc.post("/v1/chat/completions", body)
+    assert status == 200 and answer["turnlog"]["status"] == "waiting", answer
+    turn_id = headers["X-Turn-Id"]
+    status, decided, _ = await svc.post(f"/v1/turns/{turn_id}/approvals", {"call_id": "call_ok", "approve": True})
+    assert status == 202, decided
+    async with svc.http.get(f"{svc.v1}/turns/{turn_id}/stream", headers=svc.headers) as response:
+        await response.text()  # to the turn's end
+    events = await svc.events(turn_id)
+    asked = next(e["seq"] for e in events if e["type"] == "tool.approval_requested")
+    background = next(e["seq"] for e in events if e["type"] == "background.started")
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: bool(all_css(d, "#spans-chart li.sp-row[data-kind='background']")), "the background task's span")
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => [r.dataset.kind, Number(r.dataset.seq), r.title])"
+        )
+        approval = [r for r in rows if r[0] == "approval"]
+        assert [(seq, "approval wait: approval of add" in title and "approved" in title) for _, seq, title in approval] == [(asked, True)], rows
+        title_task = [r for r in rows if r[0] == "background"]
+        assert [(seq, "background task: title" in title) for _, seq, title in title_task] == [(background, True)], rows
+        screenshot(driver, request, "turn-shape-approval", 1280, at="#shape")
+        problems = serious_violations(driver)
+        assert not problems, problems
+
+    await browse(look, browser)
