@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.events import Event, TurnStarted, make_event
+from engine.fold.spans import spans
 from engine.fold.turn_view import TurnView
 from engine.ports import TurnRecord
 from tests.harness import Service, make_settings, start_service, stop_service
@@ -106,3 +107,41 @@ async def test_running_and_interrupted_turns_are_paged_by_the_database(tmp_path:
         assert [t["status"] for t in everything["data"]] == ["interrupted", "running", "interrupted", "running", "interrupted"]
     finally:
         await stop_service(svc, verify=False)  # the rows are the test's, not turns that ran
+
+
+async def test_the_spans_of_a_tool_turn_point_at_its_events(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: Any) -> None:
+    from tests.tools_fixtures import write_tools
+
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    settings = make_settings(tmp_path, upstream.url, tools_dir=str(write_tools(tmp_path / "tools")), database_url=database_url)
+    svc = await start_service(settings, upstream)
+    try:
+        upstream.enqueue(
+            Reply(tool_calls=[{"name": "add", "arguments": {"a": 2, "b": 3}, "id": "call_add"}], finish_reason="tool_calls"),
+            Reply(text="It is 5.", chunk_size=3),
+        )
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+        assert status == 200, body
+        turn_id = headers["X-Turn-Id"]
+        log = await svc.events(turn_id)
+        requested = [e["seq"] for e in log if e["type"] == "model.requested"]
+        completed = [e["seq"] for e in log if e["type"] == "model.completed"]
+        tool = [e["seq"] for e in log if e["type"] in ("tool.started", "tool.completed")]
+        assert len(requested) == 2 and len(tool) == 2
+
+        status, got = await svc.get(f"/v1/turns/{turn_id}/spans")
+        assert status == 200, got
+        assert (got["turn_id"], got["last_seq"], got["start"], got["end"]) == (turn_id, log[-1]["seq"], log[0]["at"], log[-1]["at"])
+        models = [s for s in got["spans"] if s["kind"] == "model"]
+        assert [(s["seq"], s["end_seq"], s["status"]) for s in models] == [(requested[0], completed[0], "completed"), (requested[1], completed[1], "completed")]
+        tools = [s for s in got["spans"] if s["kind"] == "tool"]
+        assert [(s["name"], s["seq"], s["end_seq"], s["status"]) for s in tools] == [("add", tool[0], tool[1], "completed")]
+        assert got["spans"][0]["kind"] == "assembly" and got["marks"][-1]["type"] == "turn.completed"
+        # a SQL store reads an outline (no delta text): the same spans as from the whole log
+        whole = spans(turn_id, [Event(turn_id=turn_id, seq=e["seq"], type=e["type"], at=e["at"], data=e["data"]) for e in log])
+        assert got == whole
+
+        status, missing = await svc.get("/v1/turns/no-such-turn/spans")
+        assert status == 404, missing
+    finally:
+        await stop_service(svc)

@@ -30,6 +30,8 @@ from adapters.knowledge.schema import TABLES as KNOWLEDGE_TABLES
 from adapters.knowledge.schema import metadata as knowledge_metadata
 from adapters.presets import metadata as presets_metadata
 from adapters.store import MemoryEventStore, SqlEventStore, hash_api_key, migrate, open_store, turn_search
+from adapters.store.fork_index import TABLES as FORK_TABLES
+from adapters.store.fork_index import forks_of
 from adapters.store.migrate import alembic_config
 from adapters.store.schema import api_keys, metadata, turns
 from adapters.store.turn_search import TABLES as SEARCH_TABLES
@@ -48,7 +50,7 @@ HEAD = ScriptDirectory.from_config(alembic_config("")).get_current_head()
 #: Tables that migrations create but ``schema.metadata`` does not describe
 #: (the vector store's: their types depend on the dialect; the knowledge
 #: features', compared with their own metadata below).
-OTHER_TABLES = VECTOR_TABLES | KNOWLEDGE_TABLES | SEARCH_TABLES
+OTHER_TABLES = VECTOR_TABLES | KNOWLEDGE_TABLES | SEARCH_TABLES | FORK_TABLES
 
 T0 = 1_800_000_000.0
 
@@ -1057,6 +1059,7 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
             "DROP INDEX ix_turns_user_status_created; DROP TABLE turn_texts;"
             " DROP FUNCTION turn_texts_on_event, turn_texts_on_view, turn_texts_doc, turn_search_prompt, turn_search_words CASCADE"
         )
+        await admin.execute("DROP TABLE turn_forks; DROP FUNCTION turn_forks_on_event CASCADE")  # 0012's
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"
@@ -1107,5 +1110,55 @@ async def test_migration_0011_back_fills_turn_search(database: str, tmp_path: Pa
         # and the triggers index what comes after
         await store.append([ev("old-c", 5, "turn.completed")], index=IndexUpdate(status="completed", view={"content": "fresh okapis"}))
         assert [f.id for f in await find_turns(store, TurnQuery(user_id="u", terms=parse_query("okapis")))] == ["old-c", "old-a"]
+    finally:
+        await store.close()
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+async def test_migration_0012_back_fills_the_fork_index_and_its_trigger_keeps_it(database: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
+    """Forks stored before the index existed are found after the upgrade; a
+    fork stored after it is found through the trigger; a fork of another user
+    or of another turn is not."""
+    url = _sqlite_url(tmp_path)[0] if database == "sqlite" else request.getfixturevalue("pg_empty_database")()
+    await migrate(url, "0011")
+    store = await open_store(url)
+
+    async def fork(turn_id: str, parent: str, at: int, user_id: str = "u", created_at: float = T0) -> None:
+        await store.start_turn(
+            turn_record(turn_id, chat_id=f"chat-of-{turn_id}", user_id=user_id, created_at=created_at),
+            [Event(turn_id=turn_id, seq=1, type="turn.forked", at=created_at, data={"parent_turn_id": parent, "at": at})],
+            lease_seconds=30.0,
+        )
+
+    try:
+        await start(store, "parent", user_id="u")
+        await fork("old-fork", "parent", 7, created_at=T0 + 1)
+        await fork("someone-elses", "parent", 7, user_id="v", created_at=T0 + 2)
+        await start(store, "plain", user_id="u")
+    finally:
+        await store.close()
+    await migrate(url)
+    store = await open_store(url)
+    try:
+        assert [(f.turn_id, f.at) for f in await forks_of(store, "parent", "u")] == [("old-fork", 7)]
+        await fork("new-fork", "parent", 3, created_at=T0 + 3)
+        await fork("fork-of-fork", "new-fork", 2, created_at=T0 + 4)
+        assert [(f.turn_id, f.at, f.status) for f in await forks_of(store, "parent", "u")] == [("old-fork", 7, "running"), ("new-fork", 3, "running")]
+        assert [f.turn_id for f in await forks_of(store, "new-fork", "u")] == ["fork-of-fork"]
+        assert [f.turn_id for f in await forks_of(store, "parent", "v")] == ["someone-elses"]
+        assert await forks_of(store, "plain", "u") == []
+    finally:
+        await store.close()
+
+
+async def test_the_memory_store_finds_forks_as_the_index_does() -> None:
+    store = MemoryEventStore()
+    for turn_id, parent, at, user, when in (("f1", "parent", 7, "u", T0 + 1), ("f2", "parent", 3, "u", T0 + 2), ("f3", "parent", 3, "v", T0 + 3)):
+        forked = Event(turn_id=turn_id, seq=1, type="turn.forked", at=when, data={"parent_turn_id": parent, "at": at})
+        await store.start_turn(turn_record(turn_id, chat_id=f"c-{turn_id}", user_id=user, created_at=when), [forked], lease_seconds=30.0)
+    await start(store, "parent", user_id="u")
+    try:
+        assert [(f.turn_id, f.at) for f in await forks_of(store, "parent", "u")] == [("f1", 7), ("f2", 3)]
+        assert await forks_of(store, "f1", "u") == []
     finally:
         await store.close()

@@ -15,6 +15,8 @@ are printed in the log.
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import json
 import os
 import shutil
@@ -36,6 +38,9 @@ ARTIFACTS = Path(os.environ.get("TURNLOG_UI_ARTIFACTS") or ROOT / "bench-artifac
 USER = [{"role": "user", "content": "Add some numbers for me"}]
 ANSWER = "The first sum is 5, the second is 42, and the third tool call failed. That is all I could do for you today."
 WAIT = 15  # seconds: a WebDriverWait's limit (never reached when the page works)
+#: axe-core, vendored (tests/vendor/axe-core/README.md): the file and its published hash.
+AXE = ROOT / "tests" / "vendor" / "axe-core" / "axe.min.js"
+AXE_SHA256 = "KTSJmUUM3yhJqOcLeRL8LahahJ2jnA0NU5T1HUqe2Vw="
 
 
 # ---------------------------------------------------------------- the browser
@@ -163,6 +168,27 @@ def unlabelled_controls(driver: Any) -> list[str]:
     )
 
 
+def serious_violations(driver: Any) -> list[str]:
+    """axe-core's serious and critical violations on the page as it is now
+    (the WebDriver injects it: the page's own CSP does not apply to that)."""
+    source = AXE.read_bytes()
+    assert base64.b64encode(hashlib.sha256(source).digest()).decode() == AXE_SHA256, "the vendored axe.min.js is not the pinned one"
+    driver.execute_script(source.decode())
+    driver.set_script_timeout(60)
+    found: list[dict[str, Any]] = driver.execute_async_script("""
+        const done = arguments[arguments.length - 1];
+        axe.run(document, { resultTypes: ['violations'] }).then(
+          (r) => done(r.violations.map((v) => ({ id: v.id, impact: v.impact, help: v.help, nodes: v.nodes.slice(0, 5).map((n) => n.target.join(' ')) }))),
+          (e) => done([{ id: 'axe-error', impact: 'critical', help: String(e), nodes: [] }]));
+    """)
+    return [f"{v['id']} ({v['impact']}): {v['help']} at {v['nodes']}" for v in found if v["impact"] in ("serious", "critical")]
+
+
+def overflows(driver: Any) -> int:
+    """How far the page is wider than the window (a sideways scroll), in CSS pixels."""
+    return int(driver.execute_script("return document.documentElement.scrollWidth - document.documentElement.clientWidth"))
+
+
 def only_local_resources(driver: Any, base: str) -> None:
     """Everything the page loaded came from turnlog itself."""
     urls = driver.execute_script("return performance.getEntriesByType('resource').map(e => e.name)")
@@ -189,14 +215,14 @@ def call(name: str, arguments: object, id: str) -> dict[str, Any]:
     return {"name": name, "arguments": arguments, "id": id}
 
 
-async def tool_turn(service: Service) -> str:
+async def tool_turn(service: Service, **extra: Any) -> str:
     """Three model calls: two tool rounds (one call failing), then the answer."""
     service.upstream.enqueue(
         Reply(tool_calls=[call("add", {"a": 2, "b": 3}, "call_add1")], finish_reason="tool_calls"),
         Reply(tool_calls=[call("add", {"a": 20, "b": 22}, "call_add2"), call("explode", {"reason": "on purpose"}, "call_boom")], finish_reason="tool_calls"),
         Reply(text=ANSWER, chunk_size=4),
     )
-    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], **extra})
     assert status == 200, body
     return headers["X-Turn-Id"]
 
@@ -498,6 +524,8 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
     def open_it(driver: Any) -> dict[str, float]:
         driver.get(f"{svc.url}/ui/turns/{turn_id}")
         wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:timeline').length") > 0, "the timeline")
+        wait(driver, lambda d: d.execute_script("return performance.getEntriesByName('turnlog:spans').length") > 0, "the spans chart")
+        assert css(driver, "#spans-chart").get_attribute("data-spans") == "2", "assembly and the one model call"
         rows = all_css(driver, "#timeline > li")
         assert 0 < len(rows) <= 200, f"{len(rows)} rows rendered"
         wait(driver, shows("#tl-where", f"of {view['seq']}"), "the event count, once the summary is in")
@@ -507,7 +535,8 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
             "const p = performance.getEntriesByName('first-contentful-paint')[0];"
             "const t = performance.getEntriesByName('turnlog:timeline')[0];"
             "const s = performance.getEntriesByName('turnlog:summary')[0];"
-            "return {fcp: p ? p.startTime : -1, timeline: t.startTime, summary: s.startTime};"
+            "const c = performance.getEntriesByName('turnlog:spans')[0];"
+            "return {fcp: p ? p.startTime : -1, timeline: t.startTime, summary: s.startTime, spans: c.startTime};"
         )
         # the last page, by keyboard-reachable buttons: still bounded
         css(driver, "#tl-next").click()
@@ -519,11 +548,12 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
     timing = await browse(open_it, browser)
     line = (
         f"inspector on a {view['seq']}-event turn: first contentful paint {timing['fcp']:.0f} ms, "
-        f"timeline rendered {timing['timeline']:.0f} ms, all panels {timing['summary']:.0f} ms"
+        f"timeline rendered {timing['timeline']:.0f} ms, spans chart {timing['spans']:.0f} ms, all panels {timing['summary']:.0f} ms"
     )
     log_line(request, line)
     assert 0 <= timing["fcp"] < 1000, line
     assert timing["timeline"] < 1000, line
+    assert timing["spans"] < 1000, line
 
 
 @pytest.mark.sqlite_only
@@ -649,3 +679,181 @@ async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tool
         screenshot(driver, request, "list-filters", 390)
 
     await browse(the_list, browser)
+
+
+async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_axe_and_fits_a_phone(
+    tools_service: Service, browser: Any, request: pytest.FixtureRequest
+) -> None:
+    svc = tools_service
+    # an earlier turn of the same chat: the conversation shows it before this one
+    svc.upstream.enqueue(Reply(text="Hello, how can I help?"))
+    status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "Hi there"}]})
+    assert status == 200, body
+    first_id, chat_id = headers["X-Turn-Id"], headers["X-Chat-Id"]
+    turn_id = await tool_turn(svc, chat_id=chat_id)
+    events = await svc.events(turn_id)
+    requested = [e["seq"] for e in events if e["type"] == "model.requested"]
+    started = {e["data"]["call_id"]: e["seq"] for e in events if e["type"] == "tool.started"}
+    assert len(requested) == 3 and len(started) == 3
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: bool(all_css(d, "#spans-chart .sp-row[data-kind]")), "the spans chart")
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => [r.dataset.kind, Number(r.dataset.seq), r.title])"
+        )
+        assert [seq for kind, seq, _ in rows if kind == "model"] == requested, rows
+        assert sorted(seq for kind, seq, _ in rows if kind == "tool") == sorted(started.values()), rows
+        assert [kind for kind, _, _ in rows][:1] == ["assembly"] and sum(kind == "reinjection" for kind, _, _ in rows) == 2, rows
+        # nothing but the chart and its legend: no stray text (a null appended as "null")
+        assert [n.strip() for n in driver.execute_script("return [...document.querySelector('#spans').childNodes].map(n => n.nodeName)")] == ["DIV", "UL"]
+        # hover: the bar's row says what it is, how long, where in the log
+        boom = next(title for kind, seq, title in rows if seq == started["call_boom"])
+        assert "tool call: explode" in boom and "failed" in boom and f"seq {started['call_boom']}" in boom, boom
+        bar_title = driver.execute_script(f"return document.querySelector(\"#spans-chart li[data-seq='{started['call_boom']}'] rect title\").textContent")
+        assert bar_title == boom
+        # every bar lies on the one axis: inside the track, left to right in time
+        xs = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li .sp-bar')].map(b => [Number(b.getAttribute('x')), Number(b.getAttribute('width'))])"
+        )
+        assert all(0 <= x and x + w <= 1000.01 for x, w in xs), xs
+        model_xs = [x for (kind, _, _), (x, _) in zip(rows, xs, strict=True) if kind == "model"]
+        assert model_xs == sorted(model_xs) and model_xs[-1] > model_xs[0], model_xs
+        # choosing the failed tool's bar opens its event in the event list
+        css(driver, f"#spans-chart li.sp-row[data-seq='{started['call_boom']}'] button").click()
+        opened = f"const r = document.querySelector('#ev-{started['call_boom']} details'); return !!r && r.open"
+        wait(driver, lambda d: d.execute_script(opened), "the event opened")
+        assert driver.switch_to.active_element.text.startswith(f"#{started['call_boom']}")
+        screenshot(driver, request, "turn-shape", 1280, at="#shape")
+
+        # the conversation as its user saw it: both turns, tool calls folded with their results
+        wait(driver, lambda d: bool(all_css(d, "#chat-list > li")), "the conversation")
+        said = driver.execute_script(
+            "return [...document.querySelectorAll('#chat-list > li')].map(li => [li.dataset.role, li.classList.contains('current'),"
+            " [...li.querySelectorAll(':scope > .chat-text')].map(p => p.textContent).join(''),"
+            " [...li.querySelectorAll(':scope > details > summary')].map(s => s.textContent)])"
+        )
+        assert said == [
+            ["user", False, "Hi there", []],
+            ["assistant", False, "Hello, how can I help?", []],
+            ["user", False, USER[0]["content"], []],
+            ["assistant", True, ANSWER, ["Tool call: add", "Tool call: add", "Tool call: explode (failed)"]],
+        ], said
+        assert css(driver, "#chat-list a[href]").get_attribute("href").endswith(f"/ui/turns/{first_id}")
+        folded = all_css(driver, "#chat-list li.current > details")
+        assert not any(d.get_attribute("open") for d in folded)
+        folded[1].find_element("css selector", "summary").click()
+        wait(driver, lambda d: "42" in folded[1].text, "the second add's result, unfolded")
+        screenshot(driver, request, "turn-chat", 1280, at="#chat-h")
+
+        problems = serious_violations(driver)
+        assert not problems, problems
+        # a phone: the chart and the page fit the width, bars included
+        driver.set_window_size(375, 900)
+        wait(driver, lambda d: d.execute_script("return window.innerWidth") <= 375, "the narrow window")
+        assert overflows(driver) <= 0, f"{overflows(driver)} px wider than a 375 px screen"
+        widths = driver.execute_script("return [...document.querySelectorAll('#spans-chart .sp-track')].map(t => t.getBoundingClientRect().width)")
+        assert widths and min(widths) > 200, widths
+        assert not serious_violations(driver)
+        screenshot(driver, request, "turn-shape", 375, at="#shape")
+        screenshot(driver, request, "turn-chat", 375, at="#chat-h")
+        driver.get(svc.url + "/ui/")
+        wait(driver, lambda d: bool(all_css(d, "#turns-table tbody tr")), "the list")
+        problems = serious_violations(driver)
+        assert not problems, problems
+
+    await browse(look, browser)
+
+
+async def test_a_fork_shows_beside_its_parent_what_it_was_given_and_what_differs(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
+    svc = tools_service
+    parent_id = await tool_turn(svc)
+    batches = [e["seq"] for e in await svc.events(parent_id) if e["type"] == "tools.batch"]
+    svc.upstream.enqueue(Reply(text="With 7 in place of the failure: 5, 42 and 7."))
+    status, body, _ = await svc.post(f"/v1/turns/{parent_id}/fork", {"at": batches[1], "tool_results": {"call_boom": "7"}})
+    assert status == 201, body
+    fork_id = body["turn_id"]
+    async with svc.http.get(f"{svc.v1}/turns/{fork_id}/stream", headers=svc.headers) as response:
+        await response.text()  # to the fork's end
+    assert (await svc.turn(fork_id))["content"] == "With 7 in place of the failure: 5, 42 and 7."
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{fork_id}")
+        wait(driver, lambda d: bool(all_css(d, "#fork-table tbody tr")), "the fork beside its parent")
+        assert css(driver, "#fork-parent").get_attribute("href").endswith(f"/ui/turns/{parent_id}")
+        intro = text_of(driver, "#fork-cmp > p")
+        assert f"at its seq {batches[1]}" in intro and "given the results of call_boom" in intro, intro
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#fork-table tbody tr')].map(r => [r.className, r.querySelector('th').textContent,"
+            " [...r.querySelectorAll('td')].map(td => td.textContent)])"
+        )
+        assert [(cls, name.split(" (")[0].split(" same")[0].split(" differs")[0]) for cls, name, _ in rows] == [
+            ("same", "Model"),
+            ("same", "add result"),
+            ("same", "add result"),
+            ("differs", "explode result"),
+            ("differs", "Answer"),
+        ], rows
+        assert "given" in rows[3][1] and rows[3][2][1] == "7", rows[3]
+        assert rows[4][2] == [ANSWER, "With 7 in place of the failure: 5, 42 and 7."], rows[4]
+        # the fork's chart is its own time: the parent's copied spans are named, not drawn
+        wait(driver, lambda d: bool(all_css(d, "#spans-copied")), "the note on the copied spans")
+        drawn = [int(x) for x in driver.execute_script("return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => r.dataset.seq)")]
+        assert drawn and min(drawn) > batches[1], (drawn, batches[1])
+        assert css(driver, "#spans-copied a").get_attribute("href").endswith(f"/ui/turns/{parent_id}")
+        screenshot(driver, request, "fork", 1280, at="#fork")
+        problems = serious_violations(driver)
+        assert not problems, problems
+        driver.set_window_size(375, 900)
+        wait(driver, lambda d: d.execute_script("return window.innerWidth") <= 375, "the narrow window")
+        assert overflows(driver) <= 0, f"{overflows(driver)} px wider than a 375 px screen"
+        screenshot(driver, request, "fork", 375, at="#fork")
+        # the parent names its fork (the fork index), with where it was forked
+        driver.set_window_size(1280, 900)
+        driver.get(f"{svc.url}/ui/turns/{parent_id}")
+        wait(driver, lambda d: bool(all_css(d, "#forks-of li")), "the parent's forks")
+        listed = texts(driver, "#forks-of li")
+        assert len(listed) == 1 and fork_id in listed[0] and f"at seq {batches[1]}" in listed[0], listed
+        assert css(driver, "#forks-of a").get_attribute("href").endswith(f"/ui/turns/{fork_id}")
+        screenshot(driver, request, "forks-of", 1280, at="#fork")
+
+    await browse(look, browser)
+
+
+async def test_the_shape_shows_an_approval_wait_and_a_background_task(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
+    svc = tools_service
+    svc.upstream.enqueue(Reply(tool_calls=[call("add", {"a": 1, "b": 2}, "call_ok")], finish_reason="tool_calls"), Reply(text="It is 3."))
+    svc.upstream.task_replies.append(("title", Reply(text='{"title": "Adding up"}')))
+    body = {
+        "model": "gpt-test",
+        "messages": USER,
+        "tool_ids": ["weather"],
+        "params": {"tool_approval": "ask"},
+        "background_tasks": {"title": True, "tags": False},
+    }
+    status, answer, headers = await svc.post("/v1/chat/completions", body)
+    assert status == 200 and answer["turnlog"]["status"] == "waiting", answer
+    turn_id = headers["X-Turn-Id"]
+    status, decided, _ = await svc.post(f"/v1/turns/{turn_id}/approvals", {"call_id": "call_ok", "approve": True})
+    assert status == 202, decided
+    async with svc.http.get(f"{svc.v1}/turns/{turn_id}/stream", headers=svc.headers) as response:
+        await response.text()  # to the turn's end
+    events = await svc.events(turn_id)
+    asked = next(e["seq"] for e in events if e["type"] == "tool.approval_requested")
+    background = next(e["seq"] for e in events if e["type"] == "background.started")
+
+    def look(driver: Any) -> None:
+        driver.get(f"{svc.url}/ui/turns/{turn_id}")
+        wait(driver, lambda d: bool(all_css(d, "#spans-chart li.sp-row[data-kind='background']")), "the background task's span")
+        rows = driver.execute_script(
+            "return [...document.querySelectorAll('#spans-chart li.sp-row')].map(r => [r.dataset.kind, Number(r.dataset.seq), r.title])"
+        )
+        approval = [r for r in rows if r[0] == "approval"]
+        assert [(seq, "approval wait: approval of add" in title and "approved" in title) for _, seq, title in approval] == [(asked, True)], rows
+        title_task = [r for r in rows if r[0] == "background"]
+        assert [(seq, "background task: title" in title) for _, seq, title in title_task] == [(background, True)], rows
+        screenshot(driver, request, "turn-shape-approval", 1280, at="#shape")
+        problems = serious_violations(driver)
+        assert not problems, problems
+
+    await browse(look, browser)

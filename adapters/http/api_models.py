@@ -245,6 +245,37 @@ class Receipt(_Open):
     signature: str | None = Field(default=None, description="Base64 Ed25519 signature of the head, with TURNLOG_RECEIPT_KEY.")
 
 
+class Span(_Open):
+    kind: Literal["assembly", "step", "model", "tool", "approval", "reinjection", "outlet", "background"]
+    name: str
+    seq: int = Field(description="The event that opened it.")
+    start: float
+    end: float | None = Field(description="None while it is still open.")
+    end_seq: int | None
+    status: str = Field(description="open, completed, failed, approved, denied, restarted (begun again after a resume), interrupted or cancelled.")
+    copied: bool = Field(description="A fork's: begun in the copy of its parent's events (at the parent's times).")
+    detail: dict[str, Any] = Field(
+        description="model: iteration, api, resumed, deltas, finish_reason, input_tokens, output_tokens, estimated, first_chunk_ms, "
+        "tokens_per_s; tool: call_id, kind, attempt, error; assembly: messages, history_len, sources; outlet: filters, errors."
+    )
+
+
+class Mark(_Open):
+    type: str
+    seq: int
+    at: float
+    detail: str | None
+
+
+class Spans(_Open):
+    turn_id: str
+    start: float | None = Field(description="The first event's time (seconds since the epoch).")
+    end: float | None = Field(description="The last event's time.")
+    last_seq: int
+    spans: list[Span]
+    marks: list[Mark]
+
+
 class Forked(_Open):
     turn_id: str
     chat_id: str
@@ -410,6 +441,18 @@ class UiTimeline(_Open):
     events: list[TimelineEvent]
     next_after: int
     has_more: bool
+
+
+class UiFork(_Open):
+    turn_id: str
+    at: int = Field(description="The parent's seq it was forked at.")
+    model: str
+    status: str
+    created_at: float
+
+
+class UiForks(_Open):
+    data: list[UiFork]
 
 
 # --------------------------------------------------------- query, headers

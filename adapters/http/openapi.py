@@ -168,6 +168,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/turns/{turn_id}/receipt"): Operation(
         "The turn's receipt: its chain's head, signed with TURNLOG_RECEIPT_KEY", "turns", {200: Reply("The receipt.", json_(m.Receipt))}, errors=_TURN_ERRORS
     ),
+    ("GET", "/v1/turns/{turn_id}/spans"): Operation(
+        "The turn's spans on one time axis: assembly, model calls, tool calls, approvals, reinjections, outlet, background tasks",
+        "turns",
+        {200: Reply("Spans in the order they began, and the moments (failures, warnings, resumes) as marks.", json_(m.Spans))},
+        errors=_TURN_ERRORS,
+    ),
     ("POST", "/v1/turns/{turn_id}/cancel"): Operation(
         "Cancel a running turn (the partial answer is saved)", "turns", {202: Reply("Cancelled.", json_(m.TurnStatusChange))}, errors=_TURN_ERRORS
     ),
@@ -355,6 +361,12 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
         "The inspector's summary of a turn: requests sent, tool calls, problems",
         "inspector",
         {200: Reply("The summary.", json_(m.UiSummary))},
+        errors=_TURN_ERRORS,
+    ),
+    ("GET", "/v1/ui/turns/{turn_id}/forks"): Operation(
+        "The inspector's list of a turn's forks",
+        "inspector",
+        {200: Reply("The caller's forks of the turn, oldest first.", json_(m.UiForks))},
         errors=_TURN_ERRORS,
     ),
     ("GET", "/v1/ui/turns/{turn_id}/timeline"): Operation(

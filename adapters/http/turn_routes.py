@@ -20,6 +20,7 @@ from adapters.receipts import load_private_key, receipt
 from engine.chain import GENESIS, Damage, check, parse_hash
 from engine.events import Event
 from engine.fold.chat import chat_messages, chat_turn_views
+from engine.fold.spans import spans
 from engine.fold.turn_view import TurnView
 from engine.ports import TurnRecord
 from engine.run.supervisor import TurnConflict
@@ -217,6 +218,18 @@ async def get_receipt(request: web.Request) -> web.Response:
     return web.json_response(receipt(record.id, result, request.app[RECEIPT_KEY]))
 
 
+async def get_spans(request: web.Request) -> web.Response:
+    """The turn's spans and marks (``engine.fold.spans``), from its whole log in
+    one read: a chart of a 10,000-event turn needs no paging through events.
+    Like a timeline page it is a view, not a check (``/verify`` is); a SQL
+    store reads it without the deltas' text, which spans do not use."""
+    svc = services(request)
+    record = await _own_turn(request)
+    outline = getattr(svc.store, "read_outline", None)
+    events = await outline(record.id) if outline is not None else await svc.store.read(record.id)
+    return web.json_response(spans(record.id, events))
+
+
 async def post_cancel(request: web.Request) -> web.Response:
     svc = services(request)
     record = await _own_turn(request)
@@ -282,6 +295,7 @@ def setup(app: web.Application, settings: Settings) -> None:
     app.router.add_get("/v1/turns/{turn_id}", get_turn)
     app.router.add_get("/v1/turns/{turn_id}/verify", get_verify)
     app.router.add_get("/v1/turns/{turn_id}/receipt", get_receipt)
+    app.router.add_get("/v1/turns/{turn_id}/spans", get_spans)
     app.router.add_get("/v1/turns/{turn_id}/events", get_events)
     app.router.add_get("/v1/turns/{turn_id}/stream", get_stream)
     app.router.add_get("/v1/turns/{turn_id}/replay", get_replay)

@@ -7,7 +7,7 @@ asks for one when the API answers 401, keeps it in the tab's
 ``sessionStorage`` and sends it as ``Authorization: Bearer`` on every call.
 
 Besides the public API (``/v1/turns/{id}``, ``/events``, ``/replay``,
-``/stream``, ``/cancel``, ``/verify``, ``/receipt``) it reads three views made
+``/stream``, ``/cancel``, ``/verify``, ``/receipt``) it reads views made
 for it, under ``/v1/ui`` and so behind the same authentication:
 
 * ``GET /v1/ui/turns?status=&model=&chat_id=&offset=&limit=``: the user's
@@ -16,7 +16,8 @@ for it, under ``/v1/ui`` and so behind the same authentication:
   beside it: the messages each model request sent, each tool call with its
   duration, the iteration count, the failures and warnings;
 * ``GET /v1/ui/turns/{id}/timeline?after=&limit=``: one page of events, each
-  with the state the turn was in after it.
+  with the state the turn was in after it;
+* ``GET /v1/ui/turns/{id}/forks``: the turn's forks (the ``turn_forks`` index).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
 from adapters.http.turn_routes import DamagedLog, _fold, _int_query, _own_turn, _public, checked_turn_events
+from adapters.store.fork_index import forks_of
 from adapters.store.schema import chats, turns
 from engine.events import Event
 from engine.fold.turn_view import TurnView
@@ -245,6 +247,13 @@ async def turn_summary(request: web.Request) -> web.Response:
     )
 
 
+async def turn_forks(request: web.Request) -> web.Response:
+    """The turn's forks (the ``turn_forks`` index), the caller's only."""
+    record = await _own_turn(request)
+    found = await forks_of(services(request).store, record.id, request[USER])
+    return web.json_response({"data": [f.public() for f in found]})
+
+
 class TimelineFolds:
     """The fold of a turn at the end of the timeline page last served, kept for
     the page after it: a scroll through a turn folds each event once, instead
@@ -317,3 +326,4 @@ def setup(app: web.Application) -> None:
     app.router.add_get("/v1/ui/turns", list_turns)
     app.router.add_get("/v1/ui/turns/{turn_id}/summary", turn_summary)
     app.router.add_get("/v1/ui/turns/{turn_id}/timeline", turn_timeline)
+    app.router.add_get("/v1/ui/turns/{turn_id}/forks", turn_forks)

