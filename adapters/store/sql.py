@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import or_, select
+from sqlalchemy import case, or_, select
 from sqlalchemy.engine import Engine, Row
 from sqlalchemy.ext.asyncio import AsyncEngine
 
