@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -193,7 +193,8 @@ class ToolStarted(EventData):
     call_id: str
     name: str
     arguments: str  # the JSON object the tool is called with (filtered)
-    kind: str = "server"  # server | direct | builtin
+    # ``code``: a legacy code block, run by the code runner, not a tool.
+    kind: Literal["server", "direct", "builtin", "client", "code"] = "server"
     tool_id: str | None = None
     idempotent: bool = False
     attempt: int = 1
@@ -477,8 +478,48 @@ def upcast(event: Event) -> Event:
 
 
 def parse_data(event: Event) -> EventData:
-    """The typed payload of an event (unknown types keep their raw dict)."""
+    """The typed payload of an event, brought to the current version first.
+
+    Unknown types keep their raw fields (as ``EventData`` extras)."""
+    event = upcast(event)
     cls = EVENT_TYPES.get(event.type)
     if cls is None:
         return EventData.model_validate(event.data)
     return cls.model_validate(event.data)
+
+
+D = TypeVar("D", bound=EventData)
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+def data_of(event: Event, cls: type[D]) -> D:
+    """The payload of an event known to be of ``cls``'s type."""
+    if event.type != cls.TYPE:
+        raise TypeError(f"{event.type} event read as {cls.TYPE}")
+    data = parse_data(event)
+    assert isinstance(data, cls)
+    return data
+
+
+class EventHandlers(Generic[S, R]):
+    """A fold's handlers, one per event type, each taking its type's payload.
+
+    The fold looks a handler up by the event's type and parses the payload
+    only when there is one (a fold ignores most types)."""
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, Callable[[S, EventData], R]] = {}
+
+    def on(self, cls: type[D], handler: Callable[[S, D], R]) -> None:
+        def call(state: S, data: EventData) -> R:
+            assert isinstance(data, cls)  # parse_data built it from cls.TYPE
+            return handler(state, data)
+
+        self._by_type[cls.TYPE] = call
+
+    def get(self, event_type: str) -> Callable[[S, EventData], R] | None:
+        return self._by_type.get(event_type)
+
+    def __contains__(self, event_type: str) -> bool:
+        return event_type in self._by_type

@@ -25,14 +25,40 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
-from engine.events import Event
+from engine.events import (
+    AssemblyCompleted,
+    AssemblyStep,
+    BackgroundResult,
+    ContextReinjected,
+    Event,
+    EventHandlers,
+    IterationLimit,
+    ModelCompleted,
+    ModelItem,
+    ModelRequested,
+    ModelWarning,
+    OutletApplied,
+    ToolApproval,
+    ToolApprovalRequested,
+    ToolCompleted,
+    ToolsBatch,
+    ToolStarted,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinalized,
+    TurnForked,
+    TurnInterrupted,
+    TurnResumed,
+    TurnStarted,
+    parse_data,
+)
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
 from engine.machine import STATUS_AFTER, TurnMachine
 from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
@@ -138,9 +164,6 @@ class Positions:
         self.epoch = epoch
         self.last_event = epoch_base(epoch)
         self.next = self.last_event + 1
-
-
-Handler = Callable[["TurnView", dict[str, Any]], list[ChunkOut] | None]
 
 
 class TurnView:
@@ -254,8 +277,11 @@ class TurnView:
         self.machine.apply(event.type)
         self.last_seq = event.seq
         self.updated_at = event.at
-        data = event.data
         if event.type == "model.delta":
+            # The per-chunk path reads the payload as stored: ``delta_event``
+            # builds it without validation, and so does this fold (a replay
+            # folds thousands of them).
+            data = event.data
             if live_applied:
                 self.pos.last_event = data["pos"] + len(data["lens"]) - 1
                 return []
@@ -266,7 +292,7 @@ class TurnView:
             # A fork was created when it was forked, not when its parent started.
             self.created_at = event.at
         handler = _HANDLERS.get(event.type)
-        out = (handler(self, data) or []) if handler is not None else []
+        out = (handler(self, parse_data(event)) or []) if handler is not None else []
         status = STATUS_AFTER.get(event.type)
         if status is not None:
             self.status = status
@@ -282,16 +308,16 @@ class TurnView:
 
     # -- handlers, one per event type ------------------------------------------------
 
-    def _on_forked(self, data: dict[str, Any]) -> None:
-        self.parent_turn_id = data["parent_turn_id"]
-        self.forked_at = data["at"]
+    def _on_forked(self, data: TurnForked) -> None:
+        self.parent_turn_id = data.parent_turn_id
+        self.forked_at = data.at
 
-    def _on_started(self, data: dict[str, Any]) -> None:
-        self.chat_id = data["chat_id"]
-        self.user_id = data["user_id"]
-        self.model = data["model"]
-        self.stream = data.get("stream", True)
-        self.request = data["request"]
+    def _on_started(self, data: TurnStarted) -> None:
+        self.chat_id = data.chat_id
+        self.user_id = data.user_id
+        self.model = data.model
+        self.stream = data.stream
+        self.request = data.request
         params = self.request.get("params")
         tags = params.get("reasoning_tags") if isinstance(params, dict) else None
         # The assembly's decision replaces this guess; only logs written before
@@ -301,29 +327,29 @@ class TurnView:
             self._reasoning_tags = tags
             self.acc = self._new_accumulator()
 
-    def _on_assembled(self, data: dict[str, Any]) -> None:
-        decided = data.get("code_interpreter")
-        code = self.code_interpreter if decided is None else bool(decided)
-        cut = bool(data.get("code_cut"))
+    def _on_assembled(self, data: AssemblyCompleted) -> None:
+        decided = data.code_interpreter
+        code = self.code_interpreter if decided is None else decided
+        cut = data.code_cut
         if (code, cut) != (self.code_interpreter, self.code_cut):
             # The assembly decided (the model's mode, the filtered features, an
             # executor configured); nothing has streamed into the accumulator yet.
             self.code_interpreter, self.code_cut = code, cut
             self.acc = self._new_accumulator()
-        self.sources.extend(data.get("sources") or [])
-        self.new_messages = data.get("new_messages", [])
-        self.history_reset = bool(data.get("history_reset"))
-        self.turn_refs = list(data.get("turn_refs") or [])
+        self.sources.extend(data.sources)
+        self.new_messages = data.new_messages
+        self.history_reset = data.history_reset
+        self.turn_refs = list(data.turn_refs)
 
-    def _on_model_requested(self, data: dict[str, Any]) -> None:
-        if not data.get("resumed"):
+    def _on_model_requested(self, data: ModelRequested) -> None:
+        if not data.resumed:
             self._round_pos = self.pos.last_event
             if self.round_closed:
                 self.acc = self._new_accumulator()
                 self.round_closed = False
 
-    def _on_model_item(self, data: dict[str, Any]) -> None:
-        item = dict(data["item"])
+    def _on_model_item(self, data: ModelItem) -> None:
+        item = dict(data.item)
         if item.get("type") == "function_call":
             self.calls[item["call_id"]] = item
             self.round_calls.append(item)
@@ -336,61 +362,61 @@ class TurnView:
                     mine.setdefault("provider_item", responses_reasoning_item(item))
                     break
 
-    def _on_model_warning(self, data: dict[str, Any]) -> None:
-        self.warnings.append(data["message"])
+    def _on_model_warning(self, data: ModelWarning) -> None:
+        self.warnings.append(data.message)
 
-    def _on_assembly_step(self, data: dict[str, Any]) -> None:
-        step = data.get("step")
+    def _on_assembly_step(self, data: AssemblyStep) -> None:
+        step, detail = data.step, data.detail
         if step == UNSUPPORTED_STEP:
-            self.warnings.extend(warnings_of(data.get("detail") or {}))
+            self.warnings.extend(warnings_of(detail))
         elif step == "files":
-            self.warnings.extend(file_warnings(data.get("detail") or {}))
-        elif step == "memory" and (data.get("detail") or {}).get("error"):
-            self.warnings.append(f"memories were not used: {data['detail']['error']}")
-        elif step == "web_search_queries" and (data.get("detail") or {}).get("query_warning"):
-            self.warnings.append(f"web search: {data['detail']['query_warning']}")
-        elif step == "legacy_tools" and (data.get("detail") or {}).get("warning"):
-            self.warnings.append(str(data["detail"]["warning"]))
+            self.warnings.extend(file_warnings(detail))
+        elif step == "memory" and detail.get("error"):
+            self.warnings.append(f"memories were not used: {detail['error']}")
+        elif step == "web_search_queries" and detail.get("query_warning"):
+            self.warnings.append(f"web search: {detail['query_warning']}")
+        elif step == "legacy_tools" and detail.get("warning"):
+            self.warnings.append(str(detail["warning"]))
         elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
-            self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
+            self.warnings.extend(str(w) for w in detail.get("warnings") or [])
 
-    def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
-        self.finish_reason = data.get("finish_reason")
-        usage = data.get("usage")
+    def _on_model_completed(self, data: ModelCompleted) -> list[ChunkOut]:
+        self.finish_reason = data.finish_reason
+        usage = data.usage
         if usage:
             if usage.get(USAGE_ESTIMATED) is True:
                 self.usage_estimated = True
                 usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
             self.usage = merge_usage(self.usage, normalize_usage(usage))
-        if data.get("response_id"):
-            self.response_ids.append(data["response_id"])
+        if data.response_id:
+            self.response_ids.append(data.response_id)
         # Text held back as a possible tag start is released now.
         out = self._flushed(self.acc.flush())
         self.acc.finish(strip=False)
         self._close_round()
         return out
 
-    def _on_tools_batch(self, data: dict[str, Any]) -> None:
-        self.client_calls = list(data.get("client_calls", []))
-        for call in data.get("calls", []):
+    def _on_tools_batch(self, data: ToolsBatch) -> None:
+        self.client_calls = list(data.client_calls)
+        for call in data.calls:
             item = self.calls.get(call["call_id"])
             if item is not None:
                 item["status"] = "in_progress"
 
-    def _on_tool_started(self, data: dict[str, Any]) -> None:
-        self._arguments_ran[data["call_id"]] = data["arguments"]
+    def _on_tool_started(self, data: ToolStarted) -> None:
+        self._arguments_ran[data.call_id] = data.arguments
 
-    def _on_tool_completed(self, data: dict[str, Any]) -> None:
-        call_id = data["call_id"]
+    def _on_tool_completed(self, data: ToolCompleted) -> None:
+        call_id = data.call_id
         code = self.code_items.get(call_id)
         if code is not None:
             # A legacy code block's result lives on the block itself.
             try:
-                code["output"] = json.loads(data.get("output") or "null")
+                code["output"] = json.loads(data.output or "null")
             except ValueError:
-                code["output"] = data.get("output")
+                code["output"] = data.output
             return
-        status = data.get("status", "completed")
+        status = data.status
         item = self.calls.get(call_id)
         if item is not None:
             item["status"] = status
@@ -403,47 +429,52 @@ class TurnView:
             "type": "function_call_output",
             "id": self._ids.next("fco"),
             "call_id": call_id,
-            "output": data.get("output"),
+            "output": data.output,
             "status": status,
         }
-        for key in ("files", "embeds", "images"):
-            if data.get(key):
-                output[key] = data[key]
+        if data.files:
+            output["files"] = data.files
+        if data.embeds:
+            output["embeds"] = data.embeds
+        if data.images:
+            output["images"] = data.images
         self.items.append(output)
         self.outputs[call_id] = output
 
-    def _on_approval_requested(self, data: dict[str, Any]) -> None:
-        call_id = data["call_id"]
-        self.approvals[call_id] = {"call_id": call_id, "name": data["name"], "arguments": data["arguments"], "status": "pending"}
+    def _on_approval_requested(self, data: ToolApprovalRequested) -> None:
+        call_id = data.call_id
+        self.approvals[call_id] = {"call_id": call_id, "name": data.name, "arguments": data.arguments, "status": "pending"}
 
-    def _on_approval(self, data: dict[str, Any]) -> None:
-        asked = self.approvals.get(data["call_id"])
+    def _on_approval(self, data: ToolApproval) -> None:
+        asked = self.approvals.get(data.call_id)
         if asked is not None:
-            asked["status"] = "approved" if data.get("approve") else "rejected"
-            if data.get("reason"):
-                asked["reason"] = data["reason"]
+            asked["status"] = "approved" if data.approve else "rejected"
+            if data.reason:
+                asked["reason"] = data.reason
 
-    def _on_reinjected(self, data: dict[str, Any]) -> None:
-        self.sources.extend(data.get("sources") or [])
+    def _on_reinjected(self, data: ContextReinjected) -> None:
+        self.sources.extend(data.sources)
 
-    def _on_outlet(self, data: dict[str, Any]) -> None:
+    def _on_outlet(self, data: OutletApplied) -> None:
         """The outlet filters' version of the answer replaces it."""
-        output = data.get("output")
+        output = data.output
         if output is not None:
             self.items = [dict(i) for i in output]
-            self.closed_text = [data.get("content") or ""]
+            self.closed_text = [data.content or ""]
 
-    def _on_iteration_limit(self, data: dict[str, Any]) -> None:
-        for call in data.get("pending_calls", []):
+    def _on_iteration_limit(self, data: IterationLimit) -> None:
+        for call in data.pending_calls:
             item = self.calls.get(call.get("call_id", ""))
             if item is not None:
                 item["status"] = "incomplete"
 
-    def _on_finalized(self, data: dict[str, Any]) -> None:
-        self.finish_reason = data.get("finish_reason", self.finish_reason)
+    def _on_finalized(self, data: TurnFinalized) -> None:
+        # A record without the field (never written so) keeps the last round's.
+        if "finish_reason" in data.model_fields_set:
+            self.finish_reason = data.finish_reason
 
-    def _on_background_result(self, data: dict[str, Any]) -> None:
-        task, result = data["task"], data.get("result")
+    def _on_background_result(self, data: BackgroundResult) -> None:
+        task, result = data.task, data.result
         if task == "title" and isinstance(result, str):
             self.title = result
         elif task == "tags" and isinstance(result, list):
@@ -451,17 +482,17 @@ class TurnView:
         elif task == "follow_ups" and isinstance(result, list):
             self.follow_ups = result
 
-    def _on_interrupted(self, data: dict[str, Any]) -> None:
+    def _on_interrupted(self, data: TurnInterrupted) -> None:
         self.interrupted_after = self._durable_before
 
-    def _on_resumed(self, data: dict[str, Any]) -> None:
+    def _on_resumed(self, data: TurnResumed) -> None:
         # The status is still the one before this event (set after the handler).
         durable = self.interrupted_after if self.status == "interrupted" else self._durable_before
-        mode = data.get("mode") or "continue"  # logs from before restarts: continue
+        mode = data.mode  # logs from before restarts: continue (the default)
         keep = durable
         if mode == "restart" and self._supersede():
             keep = min(keep, self._round_pos)
-        self.pos.new_epoch(data["epoch"])
+        self.pos.new_epoch(data.epoch)
         if mode == "restart":
             self._round_pos = self.pos.last_event
         self.resume_point = ResumePoint(
@@ -492,10 +523,10 @@ class TurnView:
         self.round_calls = []
         return bool(dropped)
 
-    def _on_stopped(self, data: dict[str, Any]) -> list[ChunkOut]:
+    def _on_stopped(self, data: TurnCancelled | TurnFailed) -> list[ChunkOut]:
         """``turn.cancelled`` / ``turn.failed``: what was cut off is incomplete."""
-        if "error" in data:
-            self.error = data["error"]
+        if isinstance(data, TurnFailed):
+            self.error = data.error
         out: list[ChunkOut] = []
         if not self.round_closed:
             out = self._flushed(self.acc.flush())
@@ -659,30 +690,29 @@ class TurnView:
         return view
 
 
-_HANDLERS: dict[str, Handler] = {
-    "turn.forked": TurnView._on_forked,
-    "turn.started": TurnView._on_started,
-    "assembly.completed": TurnView._on_assembled,
-    "model.requested": TurnView._on_model_requested,
-    "model.item": TurnView._on_model_item,
-    "model.warning": TurnView._on_model_warning,
-    "assembly.step": TurnView._on_assembly_step,
-    "model.completed": TurnView._on_model_completed,
-    "tools.batch": TurnView._on_tools_batch,
-    "tool.started": TurnView._on_tool_started,
-    "tool.completed": TurnView._on_tool_completed,
-    "turn.iteration_limit": TurnView._on_iteration_limit,
-    "context.reinjected": TurnView._on_reinjected,
-    "outlet.applied": TurnView._on_outlet,
-    "turn.finalized": TurnView._on_finalized,
-    "background.result": TurnView._on_background_result,
-    "turn.interrupted": TurnView._on_interrupted,
-    "tool.approval_requested": TurnView._on_approval_requested,
-    "tool.approval": TurnView._on_approval,
-    "turn.resumed": TurnView._on_resumed,
-    "turn.cancelled": TurnView._on_stopped,
-    "turn.failed": TurnView._on_stopped,
-}
+_HANDLERS: EventHandlers[TurnView, list[ChunkOut] | None] = EventHandlers()
+_HANDLERS.on(TurnForked, TurnView._on_forked)
+_HANDLERS.on(TurnStarted, TurnView._on_started)
+_HANDLERS.on(AssemblyCompleted, TurnView._on_assembled)
+_HANDLERS.on(ModelRequested, TurnView._on_model_requested)
+_HANDLERS.on(ModelItem, TurnView._on_model_item)
+_HANDLERS.on(ModelWarning, TurnView._on_model_warning)
+_HANDLERS.on(AssemblyStep, TurnView._on_assembly_step)
+_HANDLERS.on(ModelCompleted, TurnView._on_model_completed)
+_HANDLERS.on(ToolsBatch, TurnView._on_tools_batch)
+_HANDLERS.on(ToolStarted, TurnView._on_tool_started)
+_HANDLERS.on(ToolCompleted, TurnView._on_tool_completed)
+_HANDLERS.on(IterationLimit, TurnView._on_iteration_limit)
+_HANDLERS.on(ContextReinjected, TurnView._on_reinjected)
+_HANDLERS.on(OutletApplied, TurnView._on_outlet)
+_HANDLERS.on(TurnFinalized, TurnView._on_finalized)
+_HANDLERS.on(BackgroundResult, TurnView._on_background_result)
+_HANDLERS.on(TurnInterrupted, TurnView._on_interrupted)
+_HANDLERS.on(ToolApprovalRequested, TurnView._on_approval_requested)
+_HANDLERS.on(ToolApproval, TurnView._on_approval)
+_HANDLERS.on(TurnResumed, TurnView._on_resumed)
+_HANDLERS.on(TurnCancelled, TurnView._on_stopped)
+_HANDLERS.on(TurnFailed, TurnView._on_stopped)
 
 
 def _item_text(item: dict[str, Any]) -> str:
