@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
-from engine.fold.accumulator import Piece, PieceKind
+from engine.pieces import Piece, PieceKind
 from engine.protocols.model_events import ModelEvent
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult
 

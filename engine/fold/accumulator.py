@@ -62,6 +62,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from engine.pieces import Piece, PieceKind
+
 __all__ = [
     "ATTRIBUTE_LIMIT",
     "CODE_INTERPRETER_TAGS",
@@ -295,7 +297,7 @@ def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, s
     return item, _Buf(item, "code")
 
 
-def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+def _reasoning_pairs(reasoning_tags: object) -> tuple[tuple[str, str], ...]:
     """``False`` disables, a 2-element list replaces the set (Open WebUI's setting).
 
     Anything else (``None``, ``True``, a malformed list) means the defaults,
@@ -416,27 +418,6 @@ def _parse_attributes(text: str | None) -> dict[str, str]:
 # Accumulator
 # --------------------------------------------------------------------------
 
-PieceKind = Literal["text", "reasoning", "code"]
-
-
-@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
-class Piece:
-    """What a live client should be shown for a chunk: text that entered a
-    message item (``"text"``), a reasoning item (``"reasoning"``) or the code
-    of a code-interpreter block (``"code"``). Consumers ignore kinds they do
-    not know.
-
-    Tags are never shown, and text that might still turn out to be a tag is
-    held back until that is decided, so that a client can append pieces
-    without ever retracting anything: the ``"text"`` pieces of a stream
-    (including those from :meth:`Accumulator.flush`) concatenate to exactly
-    :attr:`Accumulator.text` before the final strip of :meth:`Accumulator.finish`.
-    """
-
-    kind: PieceKind
-    text: str
-
-
 _KINDS: Final[dict[str, _KindInfo]] = {
     "reasoning": _KindInfo("r", "reasoning", _with_text_part(_build_reasoning)),
     "solution": _KindInfo("msg", "text", _with_text_part(_build_solution)),
@@ -515,7 +496,7 @@ class Accumulator:
         self,
         *,
         id_factory: Callable[[str], str],
-        reasoning_tags: bool | list[str] | None = None,
+        reasoning_tags: object = None,  # as the request gave it: anything JSON
         code_interpreter: bool = False,
         stop_after_code: bool = False,
     ) -> None:

@@ -23,8 +23,6 @@ that were shown more than that.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -60,8 +58,8 @@ from engine.events import (
     parse_data,
 )
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
+from engine.fold.output_items import Item, OutputItems
 from engine.machine import STATUS_AFTER, TurnMachine
-from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
 EPOCH_SHIFT = 32
 
@@ -125,22 +123,6 @@ class ResumePoint:
         return last_shown > self.keep_pos
 
 
-class ItemIds:
-    """Output item ids, deterministic in (turn, order of creation): a replay
-    reproduces every id."""
-
-    __slots__ = ("turn_id", "counter")
-
-    def __init__(self, turn_id: str) -> None:
-        self.turn_id = turn_id
-        self.counter = 0
-
-    def next(self, prefix: str) -> str:
-        self.counter += 1
-        digest = hashlib.sha256(f"{self.turn_id}:{self.counter}".encode()).hexdigest()[:24]
-        return f"{prefix}_{digest}"
-
-
 class Positions:
     """The turn's stream-position counter (see the module docstring)."""
 
@@ -167,7 +149,11 @@ class Positions:
 
 
 class TurnView:
-    """Folds one turn's events. ``apply`` returns the chunks a renderer should show."""
+    """Folds one turn's events. ``apply`` returns the chunks a renderer should show.
+
+    The view holds the turn's state; its output items are built by ``out``
+    (``engine.fold.output_items``), which the handlers tell what each event
+    means for the answer."""
 
     def __init__(self, turn_id: str, *, enforce: bool = False) -> None:
         self.id = turn_id
@@ -203,49 +189,44 @@ class TurnView:
         self.interrupted_after = 0
         self.resume_point: ResumePoint | None = None
         # Where the open round's output begins (its model.requested, or the
-        # restart that superseded what it had), and the output items restarts
-        # superseded (kept out of ``output``; their text stays in the log).
+        # restart that superseded what it had).
         self._round_pos = 0
-        self.superseded: list[dict[str, Any]] = []
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
         self.sources: list[dict[str, Any]] = []
         # Calls the client must run (the turn ended with finish_reason tool_calls).
         self.client_calls: list[dict[str, Any]] = []
-        self._ids = ItemIds(turn_id)
-        self._reasoning_tags: Any = None
-        self.code_interpreter = False  # legacy <code_interpreter> blocks are parsed
-        self.code_cut = False  # ... and an answer ends at a block's closing tag
-        self.acc = self._new_accumulator()
-        # Output of closed rounds (and tool outputs) in order; the open round's
-        # items live in ``acc`` and ``round_calls`` until model.completed.
-        self.round_closed = False
-        self.items: list[dict[str, Any]] = []
-        self.round_calls: list[dict[str, Any]] = []
-        self.round_start = 0  # index in ``items`` where the last closed round begins
-        self.closed_text: list[str] = []
-        self.closed_reasoning: list[str] = []
-        self.calls: dict[str, dict[str, Any]] = {}
-        self.outputs: dict[str, dict[str, Any]] = {}
-        self.code_items: dict[str, dict[str, Any]] = {}
-        self._arguments_ran: dict[str, str] = {}
-        self._stopped_calls: list[str] = []  # calls a cancel or a failure left incomplete
+        self.out = OutputItems(turn_id)
         # Tool approval: call_id -> {"call_id", "name", "arguments", "status", "reason"?},
         # status pending | approved | rejected | cancelled.
         self.approvals: dict[str, dict[str, Any]] = {}
 
-    def _new_accumulator(self) -> Accumulator:
-        # The accumulator gets the id source, not a method of this view: a
-        # view <-> accumulator cycle made every turn's state garbage that only
-        # the cyclic GC could free (~60 objects per turn, each collection
-        # walking them).
-        return Accumulator(
-            id_factory=self._ids.next,
-            reasoning_tags=self._reasoning_tags,
-            code_interpreter=self.code_interpreter,
-            stop_after_code=self.code_cut,
-        )
+    # -- the output's parts the agent loop and the live path read ---------------
+
+    @property
+    def acc(self) -> Accumulator:
+        """The open round's text fold."""
+        return self.out.acc
+
+    @property
+    def round_closed(self) -> bool:
+        return self.out.round_closed
+
+    @property
+    def calls(self) -> dict[str, Item]:
+        return self.out.calls
+
+    @property
+    def superseded(self) -> list[Item]:
+        return self.out.superseded
+
+    @property
+    def pending_code(self) -> Item | None:
+        return self.out.pending_code
+
+    def round_output(self) -> list[Item]:
+        return self.out.round_output()
 
     # -- the fold --------------------------------------------------------------
 
@@ -322,20 +303,14 @@ class TurnView:
         tags = params.get("reasoning_tags") if isinstance(params, dict) else None
         # The assembly's decision replaces this guess; only logs written before
         # it was recorded go by it, and in those "legacy" still meant native.
-        self.code_interpreter = legacy_code_interpreter(self.request, legacy_name=False)
-        if tags is not None or self.code_interpreter:
-            self._reasoning_tags = tags
-            self.acc = self._new_accumulator()
+        self.out.configure(code_interpreter=legacy_code_interpreter(self.request, legacy_name=False), code_cut=False, reasoning_tags=tags)
 
     def _on_assembled(self, data: AssemblyCompleted) -> None:
+        out = self.out
         decided = data.code_interpreter
-        code = self.code_interpreter if decided is None else decided
-        cut = data.code_cut
-        if (code, cut) != (self.code_interpreter, self.code_cut):
-            # The assembly decided (the model's mode, the filtered features, an
-            # executor configured); nothing has streamed into the accumulator yet.
-            self.code_interpreter, self.code_cut = code, cut
-            self.acc = self._new_accumulator()
+        # The assembly decided (the model's mode, the filtered features, an
+        # executor configured); nothing has streamed into the answer yet.
+        out.configure(code_interpreter=out.code_interpreter if decided is None else decided, code_cut=data.code_cut, reasoning_tags=out.reasoning_tags)
         self.sources.extend(data.sources)
         self.new_messages = data.new_messages
         self.history_reset = data.history_reset
@@ -344,23 +319,10 @@ class TurnView:
     def _on_model_requested(self, data: ModelRequested) -> None:
         if not data.resumed:
             self._round_pos = self.pos.last_event
-            if self.round_closed:
-                self.acc = self._new_accumulator()
-                self.round_closed = False
+            self.out.open_round()
 
     def _on_model_item(self, data: ModelItem) -> None:
-        item = dict(data.item)
-        if item.get("type") == "function_call":
-            self.calls[item["call_id"]] = item
-            self.round_calls.append(item)
-        elif item.get("type") == "reasoning" and has_provider_reasoning(item):
-            # The provider's own reasoning item (its id, its encrypted
-            # content) goes with the reasoning the stream showed, so that a
-            # Responses API upstream gets it back in continuations.
-            for mine in reversed(self.acc.output):
-                if mine.get("type") == "reasoning":
-                    mine.setdefault("provider_item", responses_reasoning_item(item))
-                    break
+        self.out.model_item(data.item)
 
     def _on_model_warning(self, data: ModelWarning) -> None:
         self.warnings.append(data.message)
@@ -391,55 +353,20 @@ class TurnView:
         if data.response_id:
             self.response_ids.append(data.response_id)
         # Text held back as a possible tag start is released now.
-        out = self._flushed(self.acc.flush())
-        self.acc.finish(strip=False)
-        self._close_round()
+        out = self._flushed(self.out.acc.flush())
+        self.out.acc.finish(strip=False)
+        self.out.close_round()
         return out
 
     def _on_tools_batch(self, data: ToolsBatch) -> None:
         self.client_calls = list(data.client_calls)
-        for call in data.calls:
-            item = self.calls.get(call["call_id"])
-            if item is not None:
-                item["status"] = "in_progress"
+        self.out.set_status([call["call_id"] for call in data.calls], "in_progress")
 
     def _on_tool_started(self, data: ToolStarted) -> None:
-        self._arguments_ran[data.call_id] = data.arguments
+        self.out.arguments_ran[data.call_id] = data.arguments
 
     def _on_tool_completed(self, data: ToolCompleted) -> None:
-        call_id = data.call_id
-        code = self.code_items.get(call_id)
-        if code is not None:
-            # A legacy code block's result lives on the block itself.
-            try:
-                code["output"] = json.loads(data.output or "null")
-            except ValueError:
-                code["output"] = data.output
-            return
-        status = data.status
-        item = self.calls.get(call_id)
-        if item is not None:
-            item["status"] = status
-            ran = self._arguments_ran.get(call_id)
-            if ran is not None:
-                # What is replayed to the model is exactly what ran (Open WebUI
-                # replayed the model's raw, possibly broken, arguments).
-                item["arguments_ran"] = ran
-        output: dict[str, Any] = {
-            "type": "function_call_output",
-            "id": self._ids.next("fco"),
-            "call_id": call_id,
-            "output": data.output,
-            "status": status,
-        }
-        if data.files:
-            output["files"] = data.files
-        if data.embeds:
-            output["embeds"] = data.embeds
-        if data.images:
-            output["images"] = data.images
-        self.items.append(output)
-        self.outputs[call_id] = output
+        self.out.tool_output(data.call_id, data.output, data.status, {"files": data.files, "embeds": data.embeds, "images": data.images})
 
     def _on_approval_requested(self, data: ToolApprovalRequested) -> None:
         call_id = data.call_id
@@ -457,16 +384,11 @@ class TurnView:
 
     def _on_outlet(self, data: OutletApplied) -> None:
         """The outlet filters' version of the answer replaces it."""
-        output = data.output
-        if output is not None:
-            self.items = [dict(i) for i in output]
-            self.closed_text = [data.content or ""]
+        if data.output is not None:
+            self.out.replace(data.output, data.content)
 
     def _on_iteration_limit(self, data: IterationLimit) -> None:
-        for call in data.pending_calls:
-            item = self.calls.get(call.get("call_id", ""))
-            if item is not None:
-                item["status"] = "incomplete"
+        self.out.set_status([call.get("call_id", "") for call in data.pending_calls], "incomplete")
 
     def _on_finalized(self, data: TurnFinalized) -> None:
         # A record without the field (never written so) keeps the last round's.
@@ -507,60 +429,20 @@ class TurnView:
         )
 
     def _supersede(self) -> bool:
-        """A restart: the open round's partial output leaves the answer (the
-        model answers that round afresh). Returns whether there was any."""
-        if self.state != "streaming" or self.round_closed:
+        """A restart: the open round's partial output leaves the answer."""
+        if self.state != "streaming" or self.out.round_closed:
             return False
-        self.acc.mark_incomplete()
-        dropped = [dict(i) for i in (*self.acc.output, *self.round_calls)]
-        dropped = [i for i in dropped if i.get("type") != "message" or _item_text(i)]
-        for item in dropped:
-            item["status"] = "incomplete"
-            if item.get("type") == "function_call":
-                self.calls.pop(item["call_id"], None)
-        self.superseded.extend(dropped)
-        self.acc = self._new_accumulator()
-        self.round_calls = []
-        return bool(dropped)
+        return self.out.supersede()
 
     def _on_stopped(self, data: TurnCancelled | TurnFailed) -> list[ChunkOut]:
         """``turn.cancelled`` / ``turn.failed``: what was cut off is incomplete."""
         if isinstance(data, TurnFailed):
             self.error = data.error
-        out: list[ChunkOut] = []
-        if not self.round_closed:
-            out = self._flushed(self.acc.flush())
-            self.acc.mark_incomplete()
-            self._close_round()
-        self._stopped_calls = []
         for asked in self.pending_approvals:
             asked["status"] = "cancelled"
-        for item in self.items:
-            # Never "completed" for what did not complete.
-            if item.get("status") == "in_progress":
-                item["status"] = "incomplete"
-                if item.get("type") == "function_call":
-                    self._stopped_calls.append(item["call_id"])
-        return out
+        return self._flushed(self.out.stop())
 
-    # -- output building ------------------------------------------------------------
-
-    def _close_round(self) -> None:
-        """Move the round's items (text, reasoning, calls) into the turn's output."""
-        self.round_start = len(self.items)
-        produced = self.acc.output
-        if self.round_calls:
-            # A round that only called tools has no answer slot to keep.
-            produced = [i for i in produced if not (i.get("type") == "message" and not _item_text(i))]
-        self.items.extend(produced)
-        self.items.extend(self.round_calls)
-        for item in produced:
-            if item.get("type") == "code_interpreter":
-                self.code_items[item["id"]] = item
-        self.closed_text.append(self.acc.text)
-        self.closed_reasoning.append(self.acc.reasoning_text)
-        self.round_calls = []
-        self.round_closed = True
+    # -- stream positions ---------------------------------------------------------------
 
     def _flushed(self, pieces: list[Piece]) -> list[ChunkOut]:
         """Pieces released by a non-delta event belong to that event's position."""
@@ -584,53 +466,28 @@ class TurnView:
     def fold_shown(self, kind: str, text: str) -> None:
         """Fold text whose positions were taken (and whose pieces were shown)
         already: the chunks a follower showed live from the actor's fold."""
-        if kind == "reasoning":
-            self.acc.feed_reasoning(text)
-        else:
-            self.acc.feed_text(text)
+        self.out.feed(kind, text)
 
     def feed_chunk(self, kind: str, text: str) -> tuple[Piece, ...]:
         """Take the next stream position for one raw upstream chunk."""
         self.pos.next += 1
-        if kind == "reasoning":
-            return tuple(self.acc.feed_reasoning(text))
-        return tuple(self.acc.feed_text(text))
+        return tuple(self.out.feed(kind, text))
 
     # -- queries -----------------------------------------------------------------
 
     @property
-    def output(self) -> list[dict[str, Any]]:
-        if self.round_closed:
-            return self.items
-        return [*self.items, *self.acc.output, *self.round_calls]
+    def output(self) -> list[Item]:
+        return self.out.output
 
     @property
     def content(self) -> str:
-        if self.round_closed:
-            return "".join(self.closed_text)
-        return "".join(self.closed_text) + self.acc.text
+        return self.out.content
 
     @property
     def reasoning_content(self) -> str:
-        if self.round_closed:
-            return "".join(self.closed_reasoning)
-        return "".join(self.closed_reasoning) + self.acc.reasoning_text
+        return self.out.reasoning_content
 
-    def round_output(self) -> list[dict[str, Any]]:
-        """The last closed round's items and the tool outputs that answered it."""
-        return list(self.items[self.round_start :])
-
-    @property
-    def pending_code(self) -> dict[str, Any] | None:
-        """The last round's final item, if it is a code block that has not run."""
-        if not self.round_closed or len(self.items) <= self.round_start:
-            return None
-        last = self.items[-1]
-        if last.get("type") == "code_interpreter" and last.get("output") is None and last.get("status") == "completed":
-            return last
-        return None
-
-    def items_touched(self, event: Event) -> list[dict[str, Any]]:
+    def items_touched(self, event: Event) -> list[Item]:
         """Snapshots of the items an (already applied) event created or changed."""
         data = event.data
         t = event.type
@@ -644,11 +501,8 @@ class TurnView:
         elif t == "turn.iteration_limit":
             ids = [c["call_id"] for c in data.get("pending_calls", [])]
         elif t in ("turn.cancelled", "turn.failed"):
-            ids = self._stopped_calls
-        out = [dict(self.calls[i]) for i in ids if i in self.calls]
-        if t == "tool.completed" and data["call_id"] in self.outputs:
-            out.append(dict(self.outputs[data["call_id"]]))
-        return out
+            ids = self.out.stopped_calls
+        return self.out.touched(ids, data["call_id"] if t == "tool.completed" else None)
 
     def public(self) -> dict[str, Any]:
         """The turn as ``GET /v1/turns/{id}`` shows it."""
@@ -713,10 +567,6 @@ _HANDLERS.on(ToolApproval, TurnView._on_approval)
 _HANDLERS.on(TurnResumed, TurnView._on_resumed)
 _HANDLERS.on(TurnCancelled, TurnView._on_stopped)
 _HANDLERS.on(TurnFailed, TurnView._on_stopped)
-
-
-def _item_text(item: dict[str, Any]) -> str:
-    return "".join(part.get("text") or "" for part in item.get("content") or [] if isinstance(part, dict))
 
 
 def fold(turn_id: str, events: Iterable[Event], upto: int | None = None, *, enforce: bool = False) -> TurnView:

@@ -180,7 +180,7 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     response = _Response()
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
-    cut = ctx.view.code_interpreter and ctx.view.code_cut
+    cut = ctx.view.out.code_interpreter and ctx.view.out.code_cut
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
     reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
