@@ -69,7 +69,7 @@ async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds) 
         if not svc.catalog.providers:
             hint = "no upstream is configured (set TURNLOG_OPENAI_BASE_URL or TURNLOG_OLLAMA_BASE_URL, or run turnlog serve --demo)"
         raise ApiError(404, f"model '{body.model}' not found: {hint}", "not_found_error", "model_not_found", "model")
-    unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.tools.known_ids())
+    unknown = sorted(set(body.tool_ids or ()) - svc.supervisor.wiring.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
     if body.chat_id:
@@ -89,7 +89,7 @@ def refuse_approvals_in_prompt_mode(svc: Services, request: dict[str, Any]) -> N
     approval: prompt mode runs what the task model selects during assembly,
     where no call can wait, and a call that asks is never run unasked."""
     tool_ids = list(request.get("tool_ids") or [])
-    handles = svc.supervisor.tools.handles(tool_ids)
+    handles = svc.supervisor.wiring.tools.handles(tool_ids)
     tools: list[tuple[str, str | None]] = [(name, h.spec.tool_id) for name, h in handles.items()]
     tools += [(spec.name, spec.tool_id) for spec in direct_tool_specs(request.get("direct_tools"))]
     # Tool servers list their functions only when the turn connects: judged by their id.
