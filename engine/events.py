@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Generic, Literal, TypeVar
+from typing import Any, ClassVar, Generic, Literal, TypedDict, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -475,6 +475,25 @@ def upcast(event: Event) -> Event:
         data = UPCASTERS[(event.type, version)](data)
         version = data["v"]
     return Event.model_construct(turn_id=event.turn_id, seq=event.seq, type=event.type, at=event.at, data=data)
+
+
+class ModelDeltaData(TypedDict):
+    """A ``model.delta`` payload as stored (``ModelDelta``'s fields)."""
+
+    v: int
+    kind: Literal["text", "reasoning"]
+    pos: int
+    text: str
+    lens: list[int]
+
+
+def delta_data(event: Event) -> ModelDeltaData:
+    """A ``model.delta``'s payload, typed but not validated: the per-chunk
+    path (a replay folds thousands of them). ``delta_event`` builds it without
+    validation too; ``parse_data`` gives the validated ``ModelDelta``."""
+    if event.type != ModelDelta.TYPE:
+        raise TypeError(f"{event.type} event read as {ModelDelta.TYPE}")
+    return cast(ModelDeltaData, event.data)
 
 
 def parse_data(event: Event) -> EventData:

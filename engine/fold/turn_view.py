@@ -36,9 +36,11 @@ from engine.events import (
     BackgroundResult,
     ContextReinjected,
     Event,
+    EventData,
     EventHandlers,
     IterationLimit,
     ModelCompleted,
+    ModelDeltaData,
     ModelItem,
     ModelRequested,
     ModelWarning,
@@ -55,6 +57,8 @@ from engine.events import (
     TurnInterrupted,
     TurnResumed,
     TurnStarted,
+    data_of,
+    delta_data,
     parse_data,
 )
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
@@ -250,30 +254,28 @@ class TurnView:
     def last_event_pos(self) -> int:
         return self.pos.last_event
 
-    def apply(self, event: Event, *, live_applied: bool = False) -> list[ChunkOut]:
+    def apply(self, event: Event, *, live_applied: bool = False, data: EventData | None = None) -> list[ChunkOut]:
         """Fold one event. ``live_applied`` marks a ``model.delta`` whose chunks the
-        live engine already fed through ``feed_chunk``."""
+        live engine already fed through ``feed_chunk``. ``data``: the event's
+        ``parse_data``, when the caller has it (it folds the event twice)."""
         if event.seq != self.last_seq + 1:
             raise ValueError(f"turn {self.id}: expected seq {self.last_seq + 1}, got {event.seq}")
         self.machine.apply(event.type)
         self.last_seq = event.seq
         self.updated_at = event.at
         if event.type == "model.delta":
-            # The per-chunk path reads the payload as stored: ``delta_event``
-            # builds it without validation, and so does this fold (a replay
-            # folds thousands of them).
-            data = event.data
+            delta = delta_data(event)
             if live_applied:
-                self.pos.last_event = data["pos"] + len(data["lens"]) - 1
+                self.pos.last_event = delta["pos"] + len(delta["lens"]) - 1
                 return []
-            return self._fold_delta(data)
+            return self._fold_delta(delta)
         self._durable_before = self.pos.last_event
         self.pos.take()
         if event.type == "turn.forked" or (event.type == "turn.started" and self.parent_turn_id is None):
             # A fork was created when it was forked, not when its parent started.
             self.created_at = event.at
         handler = _HANDLERS.get(event.type)
-        out = (handler(self, parse_data(event)) or []) if handler is not None else []
+        out = (handler(self, data if data is not None else parse_data(event)) or []) if handler is not None else []
         status = STATUS_AFTER.get(event.type)
         if status is not None:
             self.status = status
@@ -448,7 +450,7 @@ class TurnView:
         """Pieces released by a non-delta event belong to that event's position."""
         return [ChunkOut(self.pos.last_event, tuple(pieces))] if pieces else []
 
-    def _fold_delta(self, data: dict[str, Any]) -> list[ChunkOut]:
+    def _fold_delta(self, data: ModelDeltaData) -> list[ChunkOut]:
         pos = data["pos"]
         if pos != self.pos.next:
             raise ValueError(f"turn {self.id}: delta at position {pos}, expected {self.pos.next}")
@@ -489,20 +491,20 @@ class TurnView:
 
     def items_touched(self, event: Event) -> list[Item]:
         """Snapshots of the items an (already applied) event created or changed."""
-        data = event.data
         t = event.type
-        ids: list[str] = []
-        if t == "model.item" and data["item"].get("type") == "function_call":
-            ids = [data["item"]["call_id"]]
-        elif t == "tools.batch":
-            ids = [c["call_id"] for c in data.get("calls", [])]
-        elif t == "tool.completed":
-            ids = [data["call_id"]]
-        elif t == "turn.iteration_limit":
-            ids = [c["call_id"] for c in data.get("pending_calls", [])]
-        elif t in ("turn.cancelled", "turn.failed"):
-            ids = self.out.stopped_calls
-        return self.out.touched(ids, data["call_id"] if t == "tool.completed" else None)
+        if t == "model.item":
+            item = data_of(event, ModelItem).item
+            return self.out.touched([item["call_id"]] if item.get("type") == "function_call" else [])
+        if t == "tools.batch":
+            return self.out.touched([c["call_id"] for c in data_of(event, ToolsBatch).calls])
+        if t == "tool.completed":
+            call_id = data_of(event, ToolCompleted).call_id
+            return self.out.touched([call_id], output_of=call_id)
+        if t == "turn.iteration_limit":
+            return self.out.touched([c["call_id"] for c in data_of(event, IterationLimit).pending_calls])
+        if t in ("turn.cancelled", "turn.failed"):
+            return self.out.touched(self.out.stopped_calls)
+        return []
 
     def public(self) -> dict[str, Any]:
         """The turn as ``GET /v1/turns/{id}`` shows it."""

@@ -98,10 +98,11 @@ class LoopState:
         assert self.turn is not None, "turn.started is always the first event"
         return self.turn
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, data: EventData | None = None) -> None:
+        """Fold one event (``data``: its ``parse_data``, when the caller has it)."""
         handler = _HANDLERS.get(event.type)
         if handler is not None:
-            handler(self, event, parse_data(event))
+            handler(self, event, data if data is not None else parse_data(event))
 
     # -- handlers: each takes the envelope (its turn id, its time) and its typed payload
 
