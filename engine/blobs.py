@@ -42,6 +42,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from engine.json_types import JsonObject
 from engine.ports import BlobStore
 
 #: The path blobs are served under (``adapters.http.blob_routes``).
@@ -93,7 +94,7 @@ def blob_id(user_id: str, data: bytes) -> str:
     return h.hexdigest()
 
 
-def blob_ref(blob_id_: str, mime: str, size: int) -> dict[str, Any]:
+def blob_ref(blob_id_: str, mime: str, size: int) -> JsonObject:
     """The reference that replaces a payload inline."""
     return {BLOB_KEY: blob_id_, "mime": mime, "bytes": size, "url": BLOB_URL_PREFIX + blob_id_}
 
@@ -195,7 +196,7 @@ class Blobs:
         """
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        done: dict[bytes, dict[str, Any]] = {}  # one put per distinct payload
+        done: dict[bytes, JsonObject] = {}  # one put per distinct payload
         return await self._walk(payload, limit, None, None, done)
 
     async def _walk(
@@ -204,7 +205,7 @@ class Blobs:
         limit: int,
         key: str | None,
         siblings: Mapping[str, Any] | None,
-        done: dict[bytes, dict[str, Any]],
+        done: dict[bytes, JsonObject],
     ) -> Any:
         if isinstance(value, str):
             if len(value) <= limit:
@@ -222,7 +223,7 @@ class Blobs:
         text: str,
         key: str | None,
         siblings: Mapping[str, Any] | None,
-        done: dict[bytes, dict[str, Any]],
+        done: dict[bytes, JsonObject],
     ) -> Any:
         parsed = parse_data_uri(text)
         if parsed is not None:

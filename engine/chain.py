@@ -52,6 +52,7 @@ from typing import Any, Literal
 import orjson
 
 from engine.events import Event, upcast
+from engine.json_types import JsonObject
 
 #: What a receipt's ``algorithm`` says.
 ALGORITHM = "sha256-chain"
@@ -120,7 +121,7 @@ class StoredEvent:
     seq: int
     type: str
     at: float
-    data: dict[str, Any]
+    data: JsonObject
     hash: str | None
 
     def canonical(self, seq: int | None = None) -> bytes:
@@ -130,7 +131,7 @@ class StoredEvent:
         """The event as ``EventStore.read`` gives it (upcast)."""
         return upcast(Event.model_construct(turn_id=self.turn_id, seq=self.seq, type=self.type, at=self.at, data=self.data))
 
-    def exported(self) -> dict[str, Any]:
+    def exported(self) -> JsonObject:
         """The event as ``turnlog export`` writes it (one JSON line)."""
         return {"turn_id": self.turn_id, "seq": self.seq, "type": self.type, "at": self.at, "data": self.data, "hash": self.hash}
 
@@ -144,7 +145,7 @@ class Damage:
     message: str
     index: int  # position in the checked sequence (a file's line: index + its first event line)
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         return {"seq": self.seq, "kind": self.kind, "message": self.message}
 
 

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from engine.context.messages import Message
 from engine.context.sources import date_variables
+from engine.json_types import JsonObject
 
 TaskKind = Literal["title", "tags", "follow_ups", "queries"]
 
@@ -301,7 +302,7 @@ class Queries:
 _DECODER = json.JSONDecoder()
 
 
-def json_objects(text: str) -> Iterator[dict[str, Any]]:
+def json_objects(text: str) -> Iterator[JsonObject]:
     """The complete JSON objects in ``text``, in order. A ``{`` that starts no
     complete object is skipped (the next one is tried); after an object the
     scan goes on after its end (objects nested in it are not visited)."""
