@@ -103,7 +103,8 @@ def stored_history(views: list[TurnView], *, reasoning_format: str | None = None
             if referenced is None and index == files_at:
                 # The files that turn's request attached belong to its user
                 # message (the assembly lists them for the model's file tools).
-                message = {**message, "files": list(view.request.get("files") or [])}
+                files = view.request.get("files")
+                message = {**message, "files": list(files) if isinstance(files, list) else []}
             entries.append(referenced if referenced is not None else message)
         own = answers.get(view.id)
         if own is not None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
@@ -63,9 +63,20 @@ from engine.events import (
 )
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
 from engine.fold.output_items import Item, OutputItems
+from engine.json_types import JsonObject
 from engine.machine import STATUS_AFTER, TurnMachine
 
 EPOCH_SHIFT = 32
+
+
+class Approval(TypedDict):
+    """A call asked for a person's decision, as ``GET /v1/turns/{id}`` lists it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["pending", "approved", "rejected", "cancelled"]
+    reason: NotRequired[str]
 
 
 def epoch_base(epoch: int) -> int:
@@ -166,10 +177,10 @@ class TurnView:
         self.user_id: str | None = None
         self.model: str | None = None
         self.stream = True
-        self.request: dict[str, Any] = {}
+        self.request: JsonObject = {}
         self.status = "running"
-        self.error: dict[str, Any] | None = None
-        self.usage: dict[str, Any] | None = None
+        self.error: JsonObject | None = None
+        self.usage: JsonObject | None = None
         self.usage_estimated = False  # some of ``usage`` was counted by turnlog, not reported
         self.response_ids: list[str] = []
         self.finish_reason: str | None = None
@@ -204,7 +215,7 @@ class TurnView:
         self.out = OutputItems(turn_id)
         # Tool approval: call_id -> {"call_id", "name", "arguments", "status", "reason"?},
         # status pending | approved | rejected | cancelled.
-        self.approvals: dict[str, dict[str, Any]] = {}
+        self.approvals: dict[str, Approval] = {}
 
     # -- the output's parts the agent loop and the live path read ---------------
 
@@ -286,7 +297,7 @@ class TurnView:
         return out
 
     @property
-    def pending_approvals(self) -> list[dict[str, Any]]:
+    def pending_approvals(self) -> list[Approval]:
         return [a for a in self.approvals.values() if a["status"] == "pending"]
 
     # -- handlers, one per event type ------------------------------------------------
@@ -372,7 +383,7 @@ class TurnView:
 
     def _on_approval_requested(self, data: ToolApprovalRequested) -> None:
         call_id = data.call_id
-        self.approvals[call_id] = {"call_id": call_id, "name": data.name, "arguments": data.arguments, "status": "pending"}
+        self.approvals[call_id] = Approval(call_id=call_id, name=data.name, arguments=data.arguments, status="pending")
 
     def _on_approval(self, data: ToolApproval) -> None:
         asked = self.approvals.get(data.call_id)
