@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Generic, Literal, TypedDict, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from engine.json_types import JsonObject, JsonValue
+
 
 class Event(BaseModel):
     """One appended fact about one turn; ``(turn_id, seq)`` is unique."""
@@ -27,7 +29,7 @@ class Event(BaseModel):
     at: float
     data: dict[str, Any]
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         """The shape clients see in a turn's events listing."""
         return {"seq": self.seq, "type": self.type, "at": self.at, "data": self.data}
 
@@ -283,7 +285,7 @@ class BackgroundResult(EventData):
 
     TYPE: ClassVar[str] = "background.result"
     task: str
-    result: Any = None
+    result: JsonValue = None
     error: str | None = None
     reply: str | None = None
 
@@ -446,14 +448,14 @@ _new_event = object.__new__
 _set = object.__setattr__
 
 
-def _model_requested_v1(data: dict[str, Any]) -> dict[str, Any]:
+def _model_requested_v1(data: JsonObject) -> JsonObject:
     out = {k: v for k, v in data.items() if k != "provider"}
     out["v"] = 2
     return out
 
 
 # (event type, version) -> the function that turns that version into the next.
-UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+UPCASTERS: dict[tuple[str, int], Callable[[JsonObject], JsonObject]] = {
     ("model.requested", 1): _model_requested_v1,
 }
 CURRENT_VERSION: dict[str, int] = {cls.TYPE: cls.model_fields["v"].default for cls in EVENT_TYPES.values()}

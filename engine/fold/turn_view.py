@@ -413,9 +413,9 @@ class TurnView:
         if task == "title" and isinstance(result, str):
             self.title = result
         elif task == "tags" and isinstance(result, list):
-            self.tags = result
+            self.tags = [t for t in result if isinstance(t, str)]  # as parse_tags gives them
         elif task == "follow_ups" and isinstance(result, list):
-            self.follow_ups = result
+            self.follow_ups = [f for f in result if isinstance(f, str)]
 
     def _on_interrupted(self, data: TurnInterrupted) -> None:
         self.interrupted_after = self._durable_before
