@@ -25,9 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
-
-from engine.json_types import JsonObject
+from typing import Any, Protocol
 
 
 class DimensionMismatch(ValueError):
@@ -39,7 +37,7 @@ class VectorItem:
     id: str
     vector: list[float]
     text: str = ""
-    metadata: JsonObject = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -47,7 +45,7 @@ class VectorHit:
     id: str
     score: float  # cosine similarity
     text: str
-    metadata: JsonObject
+    metadata: dict[str, Any]
 
 
 class VectorStore(Protocol):
@@ -59,7 +57,7 @@ class VectorStore(Protocol):
         vector: list[float],
         k: int,
         *,
-        filter: JsonObject | None = None,
+        filter: dict[str, Any] | None = None,
     ) -> list[VectorHit]: ...
 
     async def delete(self, collection: str, ids: list[str]) -> None: ...

@@ -177,7 +177,7 @@ class TurnView:
         self.user_id: str | None = None
         self.model: str | None = None
         self.stream = True
-        self.request: JsonObject = {}
+        self.request: dict[str, Any] = {}  # the client's request body, read all over the adapters
         self.status = "running"
         self.error: JsonObject | None = None
         self.usage: JsonObject | None = None

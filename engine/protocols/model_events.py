@@ -12,8 +12,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.json_types import JsonObject
-
 
 @dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
 class TextDelta:
@@ -67,7 +65,7 @@ class ProviderItem:
     """An output item the provider returned that turnlog keeps as it is (e.g. a
     Responses API reasoning item with encrypted content, to replay it later)."""
 
-    item: JsonObject
+    item: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +75,13 @@ class Finished:
 
     reason: str | None = None
     response_id: str | None = None
-    usage: JsonObject | None = None
+    usage: dict[str, Any] | None = None
     status: str | None = None  # Responses API: completed | incomplete
 
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:
-    usage: JsonObject
+    usage: dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +103,7 @@ class StreamFailed:
 
     message: str
     code: str | None = None
-    details: JsonObject = field(default_factory=dict)
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 ModelEvent = (

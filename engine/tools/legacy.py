@@ -27,8 +27,6 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.json_types import JsonObject
-
 #: ``metadata.task`` of the task-model request.
 TASK = "function_calling"
 
@@ -61,7 +59,7 @@ When no tool should run, reply exactly:
 # --------------------------------------------------------------------------
 
 
-def _function(spec: Mapping[str, Any]) -> JsonObject:
+def _function(spec: Mapping[str, Any]) -> dict[str, Any]:
     """An OpenAI function spec; a ``{"type": "function", "function": {...}}`` tool is unwrapped."""
     inner = spec.get("function")
     if spec.get("type") == "function" and isinstance(inner, Mapping):
@@ -79,7 +77,7 @@ def _text(content: Any) -> str:
     return ""
 
 
-def _last_user_index(messages: list[JsonObject]) -> int | None:
+def _last_user_index(messages: list[dict[str, Any]]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
             return i
@@ -93,7 +91,7 @@ def render_template(template: str | None, specs: Iterable[Mapping[str, Any]]) ->
     return (template or DEFAULT_TOOLS_TEMPLATE).replace(TOOLS_PLACEHOLDER, tools_json)
 
 
-def selection_prompt(messages: list[JsonObject]) -> str:
+def selection_prompt(messages: list[dict[str, Any]]) -> str:
     """The user message: ``History:`` with up to ``HISTORY_WINDOW`` messages
     before the last user message as ``ROLE: \"\"\"content\"\"\"`` lines, then
     ``Query: <last user message>``; only the ``Query:`` line without history.
@@ -114,10 +112,10 @@ def selection_prompt(messages: list[JsonObject]) -> str:
 
 
 def build_selection_request(
-    specs: list[JsonObject],
-    messages: list[JsonObject],
+    specs: list[dict[str, Any]],
+    messages: list[dict[str, Any]],
     template: str | None = None,
-) -> list[JsonObject]:
+) -> list[dict[str, Any]]:
     """The task-model messages, as Open WebUI builds them: a system message with the rendered
     template, then a user message with the history and the query."""
     return [
@@ -139,7 +137,7 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def first_json_object(text: str) -> JsonObject | None:
+def first_json_object(text: str) -> dict[str, Any] | None:
     """The first complete JSON object in ``text`` (not first ``{`` to last ``}``).
 
     Decoding starts at the first ``{``; when no complete object starts there,
@@ -158,7 +156,7 @@ def first_json_object(text: str) -> JsonObject | None:
     return None
 
 
-def parse_selection(reply: str, known: set[str]) -> list[tuple[str, JsonObject]]:
+def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, Any]]]:
     """The calls the task model chose, in its order, as ``(name, parameters)``.
 
     Accepted: ``{"tool_calls": [{"name", "parameters"}, ...]}`` or a single
@@ -179,7 +177,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, JsonObject]]
     else:
         entries = [obj]
 
-    calls: list[tuple[str, JsonObject]] = []
+    calls: list[tuple[str, dict[str, Any]]] = []
     for entry in entries:
         if not isinstance(entry, Mapping):
             continue
@@ -196,7 +194,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, JsonObject]]
 # --------------------------------------------------------------------------
 
 
-def tool_source(tool_id: str, name: str, parameters: JsonObject, result_text: str) -> JsonObject:
+def tool_source(tool_id: str, name: str, parameters: dict[str, Any], result_text: str) -> dict[str, Any]:
     """A tool result as a RAG source, named ``<tool_id>/<name>``.
 
     ``parameters`` should be what the tool ran with (after filtering). Open
