@@ -99,7 +99,7 @@ def blob_ref(blob_id_: str, mime: str, size: int) -> JsonObject:
     return {BLOB_KEY: blob_id_, "mime": mime, "bytes": size, "url": BLOB_URL_PREFIX + blob_id_}
 
 
-def is_blob_ref(value: Any) -> bool:
+def is_blob_ref(value: object) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get(BLOB_KEY), str)
 
 
@@ -158,7 +158,7 @@ def sniff_mime(data: bytes) -> str | None:
     return None
 
 
-def _declared_mime(siblings: Mapping[str, Any]) -> str | None:
+def _declared_mime(siblings: Mapping[str, object]) -> str | None:
     for key in _MIME_KEYS:
         value = siblings.get(key)
         if isinstance(value, str) and _MIME_RE.fullmatch(value.strip()):
@@ -187,7 +187,7 @@ class Blobs:
         mime, data = found
         return f"data:{mime};base64," + base64.b64encode(data).decode()
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         """A copy of ``payload`` with every large base64 value replaced by a
         :func:`blob_ref` (see the module doc); ``payload`` itself is not changed.
 
@@ -201,10 +201,10 @@ class Blobs:
 
     async def _walk(
         self,
-        value: Any,
+        value: object,
         limit: int,
         key: str | None,
-        siblings: Mapping[str, Any] | None,
+        siblings: Mapping[str, object] | None,
         done: dict[bytes, JsonObject],
     ) -> Any:
         if isinstance(value, str):
@@ -222,7 +222,7 @@ class Blobs:
         self,
         text: str,
         key: str | None,
-        siblings: Mapping[str, Any] | None,
+        siblings: Mapping[str, object] | None,
         done: dict[bytes, JsonObject],
     ) -> Any:
         parsed = parse_data_uri(text)

@@ -47,7 +47,7 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
@@ -68,7 +68,7 @@ DamageKind = Literal["edited", "deleted", "inserted", "reordered"]
 _REORDER_WINDOW = 32
 
 
-def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
+def canonical(turn_id: str, seq: int, type: str, at: float, data: object) -> bytes:
     """The canonical form of one event (see the module docstring)."""
     obj = [turn_id, seq, type, float(at), data]
     try:
@@ -77,7 +77,7 @@ def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
         return _json_dumps(obj).encode("utf-8")
 
 
-def encode_data(data: Any) -> bytes:
+def encode_data(data: object) -> bytes:
     """``data`` as the canonical form writes it (sorted keys, compact); raises
     ``TypeError`` for what orjson cannot encode (integers beyond 64 bits).
 

@@ -422,7 +422,7 @@ class NoCodeExecutor:
 class PayloadStore(Protocol):
     """Where a turn puts big base64 payloads before they enter an event."""
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         """A copy of ``payload`` with every big base64 string replaced by a blob reference."""
         ...
 
@@ -435,7 +435,7 @@ class PayloadStore(Protocol):
 class InlinePayloads:
     """No blob store: payloads stay inline."""
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         return payload
 
     async def data_uri(self, url: str) -> str | None:
@@ -974,7 +974,7 @@ class NoObserver:
         pass
 
 
-def observe(call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+def observe(call: Callable[..., None], *args: object, **kwargs: object) -> None:
     """Call an observer method; a failing observer is logged, never the turn's failure."""
     try:
         call(*args, **kwargs)

@@ -161,7 +161,7 @@ def clean_text(text: str) -> str:
     return _MARKDOWN_IMAGE.sub("", text).strip()
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -170,7 +170,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def task_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+def task_messages(messages: Sequence[Mapping[str, object]]) -> list[Message]:
     """The chat as a task sees it: ``{"role", "content": str}`` for each user or
     assistant message, content cleaned (``clean_text``); messages left empty
     (tool-call-only assistant messages, images only, …) are dropped."""
@@ -230,7 +230,7 @@ def render_messages(messages: Sequence[Message]) -> str:
 
 def render_task_template(
     template: str,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, object]],
     *,
     now: datetime,
     user_name: str | None = None,
@@ -265,7 +265,7 @@ def render_task_template(
 
 def task_request(
     kind: TaskKind,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, object]],
     *,
     now: datetime,
     template: str | None = None,
@@ -347,7 +347,7 @@ def parse_title(reply: str) -> str | TaskFailure:
 TITLE_MAX_CHARS = 80
 
 
-def fallback_title(messages: Sequence[Mapping[str, Any]]) -> str | None:
+def fallback_title(messages: Sequence[Mapping[str, object]]) -> str | None:
     """The title when the task gives none: the first user message's cleaned text
     on one line, cut to :data:`TITLE_MAX_CHARS` (with "…"); None without one."""
     first = next((m for m in task_messages(messages) if m["role"] == "user"), None)

@@ -32,7 +32,7 @@ class ClientRequests:
         finally:
             self._waits.pop(call_id, None)
 
-    def deliver(self, call_id: str, result: Any) -> bool:
+    def deliver(self, call_id: str, result: object) -> bool:
         """A client's answer; False if no call of that id is waiting."""
         future = self._waits.get(call_id)
         if future is None or future.done():

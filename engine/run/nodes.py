@@ -597,7 +597,7 @@ async def _image_urls(ctx: TurnContext, images: list[str]) -> list[str]:
     return [ref["url"] if isinstance(ref, dict) and isinstance(ref.get("url"), str) else ref for ref in refs]
 
 
-async def inline_blob_urls(ctx: TurnContext, value: Any) -> Any:
+async def inline_blob_urls(ctx: TurnContext, value: object) -> Any:
     """``value`` (messages, input items) with each image URL that is one of the
     user's blobs replaced by its data URI: the upstream cannot fetch this
     service's URLs. Unchanged parts are the same objects (nothing is copied

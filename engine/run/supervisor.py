@@ -241,7 +241,7 @@ class Supervisor:
         """A person's decision on a call waiting for approval (``engine.run.approvals``)."""
         return await decide(self, turn_id, call_id, approve=approve, reason=reason, by=by)
 
-    def deliver_tool_result(self, turn_id: str, call_id: str, result: Any) -> bool:
+    def deliver_tool_result(self, turn_id: str, call_id: str, result: object) -> bool:
         channel = self._channels.get(turn_id)
         return channel is not None and channel.deliver(call_id, result)
 
