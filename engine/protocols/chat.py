@@ -331,7 +331,7 @@ class ChatNormalizer:
         return run
 
     @staticmethod
-    def _run_is_plain(template: dict[str, Any]) -> bool:
+    def _run_is_plain(template: Mapping[str, object]) -> bool:
         """Whether each chunk of a run (``template`` with a text-only delta)
         takes ``feed``'s per-token path: tested once per run, not per chunk."""
         choices = template.get("choices")

@@ -194,7 +194,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
 # --------------------------------------------------------------------------
 
 
-def tool_source(tool_id: str, name: str, parameters: dict[str, Any], result_text: str) -> dict[str, Any]:
+def tool_source(tool_id: str, name: str, parameters: Mapping[str, object], result_text: str) -> dict[str, Any]:
     """A tool result as a RAG source, named ``<tool_id>/<name>``.
 
     ``parameters`` should be what the tool ran with (after filtering). Open
