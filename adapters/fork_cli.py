@@ -66,7 +66,7 @@ def cmd_fork(settings: Settings, args: argparse.Namespace) -> int:
             status = actor.view.status
             sys.stdout.write(json.dumps({"turn_id": actor.turn_id, "chat_id": actor.view.chat_id, "status": status}) + "\n")
             if status != "completed":
-                error = (actor.view.error or {}).get("message", "")
+                error = str((actor.view.error or {}).get("message") or "")
                 print(f"turnlog: the fork {actor.turn_id} ended {status}{': ' + error if error else ''}", file=sys.stderr)
                 return 1
             return 0

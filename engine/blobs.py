@@ -42,6 +42,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from engine.json_types import JsonObject
 from engine.ports import BlobStore
 
 #: The path blobs are served under (``adapters.http.blob_routes``).
@@ -93,12 +94,12 @@ def blob_id(user_id: str, data: bytes) -> str:
     return h.hexdigest()
 
 
-def blob_ref(blob_id_: str, mime: str, size: int) -> dict[str, Any]:
+def blob_ref(blob_id_: str, mime: str, size: int) -> JsonObject:
     """The reference that replaces a payload inline."""
     return {BLOB_KEY: blob_id_, "mime": mime, "bytes": size, "url": BLOB_URL_PREFIX + blob_id_}
 
 
-def is_blob_ref(value: Any) -> bool:
+def is_blob_ref(value: object) -> bool:
     return isinstance(value, Mapping) and isinstance(value.get(BLOB_KEY), str)
 
 
@@ -157,7 +158,7 @@ def sniff_mime(data: bytes) -> str | None:
     return None
 
 
-def _declared_mime(siblings: Mapping[str, Any]) -> str | None:
+def _declared_mime(siblings: Mapping[str, object]) -> str | None:
     for key in _MIME_KEYS:
         value = siblings.get(key)
         if isinstance(value, str) and _MIME_RE.fullmatch(value.strip()):
@@ -186,7 +187,7 @@ class Blobs:
         mime, data = found
         return f"data:{mime};base64," + base64.b64encode(data).decode()
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         """A copy of ``payload`` with every large base64 value replaced by a
         :func:`blob_ref` (see the module doc); ``payload`` itself is not changed.
 
@@ -195,16 +196,16 @@ class Blobs:
         """
         if limit < 0:
             raise ValueError("limit must be >= 0")
-        done: dict[bytes, dict[str, Any]] = {}  # one put per distinct payload
+        done: dict[bytes, JsonObject] = {}  # one put per distinct payload
         return await self._walk(payload, limit, None, None, done)
 
     async def _walk(
         self,
-        value: Any,
+        value: object,
         limit: int,
         key: str | None,
-        siblings: Mapping[str, Any] | None,
-        done: dict[bytes, dict[str, Any]],
+        siblings: Mapping[str, object] | None,
+        done: dict[bytes, JsonObject],
     ) -> Any:
         if isinstance(value, str):
             if len(value) <= limit:
@@ -221,8 +222,8 @@ class Blobs:
         self,
         text: str,
         key: str | None,
-        siblings: Mapping[str, Any] | None,
-        done: dict[bytes, dict[str, Any]],
+        siblings: Mapping[str, object] | None,
+        done: dict[bytes, JsonObject],
     ) -> Any:
         parsed = parse_data_uri(text)
         if parsed is not None:

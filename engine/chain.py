@@ -47,11 +47,12 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 import orjson
 
 from engine.events import Event, upcast
+from engine.json_types import JsonObject
 
 #: What a receipt's ``algorithm`` says.
 ALGORITHM = "sha256-chain"
@@ -67,7 +68,7 @@ DamageKind = Literal["edited", "deleted", "inserted", "reordered"]
 _REORDER_WINDOW = 32
 
 
-def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
+def canonical(turn_id: str, seq: int, type: str, at: float, data: object) -> bytes:
     """The canonical form of one event (see the module docstring)."""
     obj = [turn_id, seq, type, float(at), data]
     try:
@@ -76,7 +77,7 @@ def canonical(turn_id: str, seq: int, type: str, at: float, data: Any) -> bytes:
         return _json_dumps(obj).encode("utf-8")
 
 
-def encode_data(data: Any) -> bytes:
+def encode_data(data: object) -> bytes:
     """``data`` as the canonical form writes it (sorted keys, compact); raises
     ``TypeError`` for what orjson cannot encode (integers beyond 64 bits).
 
@@ -120,7 +121,7 @@ class StoredEvent:
     seq: int
     type: str
     at: float
-    data: dict[str, Any]
+    data: JsonObject
     hash: str | None
 
     def canonical(self, seq: int | None = None) -> bytes:
@@ -130,7 +131,7 @@ class StoredEvent:
         """The event as ``EventStore.read`` gives it (upcast)."""
         return upcast(Event.model_construct(turn_id=self.turn_id, seq=self.seq, type=self.type, at=self.at, data=self.data))
 
-    def exported(self) -> dict[str, Any]:
+    def exported(self) -> JsonObject:
         """The event as ``turnlog export`` writes it (one JSON line)."""
         return {"turn_id": self.turn_id, "seq": self.seq, "type": self.type, "at": self.at, "data": self.data, "hash": self.hash}
 
@@ -144,7 +145,7 @@ class Damage:
     message: str
     index: int  # position in the checked sequence (a file's line: index + its first event line)
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         return {"seq": self.seq, "kind": self.kind, "message": self.message}
 
 

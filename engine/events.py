@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, Literal, TypedDict, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from engine.json_types import JsonObject, JsonValue
 
 
 class Event(BaseModel):
@@ -27,7 +29,7 @@ class Event(BaseModel):
     at: float
     data: dict[str, Any]
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         """The shape clients see in a turn's events listing."""
         return {"seq": self.seq, "type": self.type, "at": self.at, "data": self.data}
 
@@ -199,7 +201,8 @@ class ToolStarted(EventData):
     call_id: str
     name: str
     arguments: str  # the JSON object the tool is called with (filtered)
-    kind: str = "server"  # server | direct | builtin
+    # ``code``: a legacy code block, run by the code runner, not a tool.
+    kind: Literal["server", "direct", "builtin", "client", "code"] = "server"
     tool_id: str | None = None
     idempotent: bool = False
     attempt: int = 1
@@ -288,7 +291,7 @@ class BackgroundResult(EventData):
 
     TYPE: ClassVar[str] = "background.result"
     task: str
-    result: Any = None
+    result: JsonValue = None
     error: str | None = None
     reply: str | None = None
 
@@ -451,14 +454,14 @@ _new_event = object.__new__
 _set = object.__setattr__
 
 
-def _model_requested_v1(data: dict[str, Any]) -> dict[str, Any]:
+def _model_requested_v1(data: JsonObject) -> JsonObject:
     out = {k: v for k, v in data.items() if k != "provider"}
     out["v"] = 2
     return out
 
 
 # (event type, version) -> the function that turns that version into the next.
-UPCASTERS: dict[tuple[str, int], Callable[[dict[str, Any]], dict[str, Any]]] = {
+UPCASTERS: dict[tuple[str, int], Callable[[JsonObject], JsonObject]] = {
     ("model.requested", 1): _model_requested_v1,
 }
 CURRENT_VERSION: dict[str, int] = {cls.TYPE: cls.model_fields["v"].default for cls in EVENT_TYPES.values()}
@@ -482,9 +485,68 @@ def upcast(event: Event) -> Event:
     return Event.model_construct(turn_id=event.turn_id, seq=event.seq, type=event.type, at=event.at, data=data)
 
 
+class ModelDeltaData(TypedDict):
+    """A ``model.delta`` payload as stored (``ModelDelta``'s fields)."""
+
+    v: int
+    kind: Literal["text", "reasoning"]
+    pos: int
+    text: str
+    lens: list[int]
+
+
+def delta_data(event: Event) -> ModelDeltaData:
+    """A ``model.delta``'s payload, typed but not validated: the per-chunk
+    path (a replay folds thousands of them). ``delta_event`` builds it without
+    validation too; ``parse_data`` gives the validated ``ModelDelta``."""
+    if event.type != ModelDelta.TYPE:
+        raise TypeError(f"{event.type} event read as {ModelDelta.TYPE}")
+    return cast(ModelDeltaData, event.data)
+
+
 def parse_data(event: Event) -> EventData:
-    """The typed payload of an event (unknown types keep their raw dict)."""
+    """The typed payload of an event, brought to the current version first.
+
+    Unknown types keep their raw fields (as ``EventData`` extras)."""
+    event = upcast(event)
     cls = EVENT_TYPES.get(event.type)
     if cls is None:
         return EventData.model_validate(event.data)
     return cls.model_validate(event.data)
+
+
+D = TypeVar("D", bound=EventData)
+S = TypeVar("S")
+R = TypeVar("R")
+
+
+def data_of(event: Event, cls: type[D]) -> D:
+    """The payload of an event known to be of ``cls``'s type."""
+    if event.type != cls.TYPE:
+        raise TypeError(f"{event.type} event read as {cls.TYPE}")
+    data = parse_data(event)
+    assert isinstance(data, cls)
+    return data
+
+
+class EventHandlers(Generic[S, R]):
+    """A fold's handlers, one per event type, each taking its type's payload.
+
+    The fold looks a handler up by the event's type and parses the payload
+    only when there is one (a fold ignores most types)."""
+
+    def __init__(self) -> None:
+        self._by_type: dict[str, Callable[[S, EventData], R]] = {}
+
+    def on(self, cls: type[D], handler: Callable[[S, D], R]) -> None:
+        def call(state: S, data: EventData) -> R:
+            assert isinstance(data, cls)  # parse_data built it from cls.TYPE
+            return handler(state, data)
+
+        self._by_type[cls.TYPE] = call
+
+    def get(self, event_type: str) -> Callable[[S, EventData], R] | None:
+        return self._by_type.get(event_type)
+
+    def __contains__(self, event_type: str) -> bool:
+        return event_type in self._by_type

@@ -18,7 +18,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
-from engine.fold.accumulator import Piece, PieceKind
+from engine.pieces import Piece, PieceKind
 from engine.protocols.model_events import ModelEvent
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult
 
@@ -422,7 +422,7 @@ class NoCodeExecutor:
 class PayloadStore(Protocol):
     """Where a turn puts big base64 payloads before they enter an event."""
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         """A copy of ``payload`` with every big base64 string replaced by a blob reference."""
         ...
 
@@ -435,7 +435,7 @@ class PayloadStore(Protocol):
 class InlinePayloads:
     """No blob store: payloads stay inline."""
 
-    async def externalize(self, payload: Any, *, limit: int) -> Any:
+    async def externalize(self, payload: object, *, limit: int) -> Any:
         return payload
 
     async def data_uri(self, url: str) -> str | None:
@@ -1002,7 +1002,7 @@ class NoObserver:
         pass
 
 
-def observe(call: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+def observe(call: Callable[..., None], *args: object, **kwargs: object) -> None:
     """Call an observer method; a failing observer is logged, never the turn's failure."""
     try:
         call(*args, **kwargs)

@@ -36,6 +36,7 @@ from engine.ports import ChatProvider, LiveEvent, LiveMessage
 from engine.run.actor import TurnActor
 from engine.run.live import InProcessBus
 from engine.run.supervisor import Supervisor
+from engine.run.wiring import TurnWiring
 from engine.settings import EngineSettings
 from tests.harness import UPSTREAM_KEY, make_settings
 from tests.tools_fixtures import write_tools
@@ -66,15 +67,15 @@ async def engine(tmp_path: Path, upstream: ScriptedUpstream, monkeypatch: pytest
     catalog = Catalog(make_settings(tmp_path, upstream.url), providers)
     store = MemoryEventStore()
     bus = InProcessBus()
-    supervisor = Supervisor(
+    wiring = TurnWiring(
         store=store,
         blobs=store,
-        bus=bus,
         models=catalog,
         # Small delta windows: an answer is several model.delta events.
         settings=EngineSettings(flush_max_chunks=3, tool_timeout=5.0),
         tools=DirToolCatalog(write_tools(tmp_path / "tools")),
     )
+    supervisor = Supervisor(store=store, bus=bus, wiring=wiring)
     await supervisor.start()
     try:
         yield Engine(supervisor, store, bus, upstream)

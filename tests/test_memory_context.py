@@ -78,7 +78,7 @@ async def test_native_mode_gives_the_model_memory_tools_instead(service: Service
 
 async def test_a_turn_searches_only_its_users_memories(service: Service) -> None:
     await remember(service)  # the loopback user's (auth off: "local")
-    memories = service.services.supervisor.memories
+    memories = service.services.supervisor.wiring.memories
     assert memories is not None
     assert len(await memories.search("local", "Lisbon sourdough", 3)) == 2  # the two that share a word
     assert await memories.search("bob", "Lisbon sourdough", 3) == []

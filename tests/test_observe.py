@@ -388,7 +388,7 @@ async def test_no_endpoint_no_traces(tmp_path: Path, upstream: ScriptedUpstream,
     monkeypatch.delenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", raising=False)
     svc = await start_service(make_settings(tmp_path, upstream.url), upstream)
     try:
-        observer = svc.services.supervisor.observer
+        observer = svc.services.supervisor.wiring.observer
         assert isinstance(observer, Observers) and observer.tracing is None
     finally:
         await stop_service(svc)

@@ -19,6 +19,7 @@ import aiohttp
 import pytest
 
 from adapters.config import ConnectionSettings
+from engine.events import TurnStarted
 from engine.fold.turn_view import fold
 from engine.run.loop_state import run_model
 from tests.documents import upload, wait_file
@@ -277,9 +278,13 @@ async def test_shared_collections_are_read_by_all_and_changed_by_their_admin(
 
 def test_a_fork_to_another_model_leaves_the_preset_behind() -> None:
     preset = {"id": "support", "base_model": "b/llama-b"}
-    assert run_model({"model": "support", "preset": preset}) == "b/llama-b"
-    assert run_model({"model": "gpt-test", "preset": preset}) == "gpt-test"
-    assert run_model({"model": "gpt-test"}) == "gpt-test"
+
+    def started(model: str, preset: dict[str, Any] | None = None) -> TurnStarted:
+        return TurnStarted(chat_id="c", user_id="u", model=model, request={}, preset=preset)
+
+    assert run_model(started("support", preset)) == "b/llama-b"
+    assert run_model(started("gpt-test", preset)) == "gpt-test"
+    assert run_model(started("gpt-test")) == "gpt-test"
 
 
 def test_connections_resume_and_defaults(tmp_path: Path) -> None:
@@ -374,8 +379,8 @@ async def test_a_settings_preset_whose_base_model_is_unknown_is_logged_and_refus
 
 
 async def test_while_no_upstream_answers_a_prefixed_id_goes_to_its_connection(tmp_path: Path) -> None:
+    from adapters.bootstrap import open_providers
     from adapters.catalog import Catalog
-    from adapters.http.app import open_providers
 
     closed = "http://127.0.0.1:9/v1"  # nothing listens: every listing fails
     lab = {"type": "ollama", "base_url": "http://127.0.0.1:9", "prefix": "lab", "resume": "restart", "resume_params": {"keep_alive": "5m"}}

@@ -87,7 +87,7 @@ async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, 
     if preset is not None:
         recorded_preset = resolution(preset, now=datetime.now(), user_name=user, language=user_language(language))
         request = apply_preset(request, recorded_preset)
-    unknown = sorted(set(request.get("tool_ids") or ()) - svc.supervisor.tools.known_ids())
+    unknown = sorted(set(request.get("tool_ids") or ()) - svc.supervisor.wiring.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
     if (requested_mode(request) or resolved.function_calling) == "default":
@@ -100,7 +100,7 @@ def refuse_approvals_in_prompt_mode(svc: Services, request: dict[str, Any]) -> N
     approval: prompt mode runs what the task model selects during assembly,
     where no call can wait, and a call that asks is never run unasked."""
     tool_ids = list(request.get("tool_ids") or [])
-    handles = svc.supervisor.tools.handles(tool_ids)
+    handles = svc.supervisor.wiring.tools.handles(tool_ids)
     tools: list[tuple[str, str | None]] = [(name, h.spec.tool_id) for name, h in handles.items()]
     tools += [(spec.name, spec.tool_id) for spec in direct_tool_specs(request.get("direct_tools"))]
     # Tool servers list their functions only when the turn connects: judged by their id.

@@ -34,7 +34,7 @@ async def check_preset(svc: Services, spec: PresetSpec) -> None:
         raise ApiError(400, f"base_model '{spec.base_model}' is a preset: presets do not nest", code="invalid_base_model", param="base_model")
     if spec.base_model not in await svc.catalog.upstream_ids():
         raise ApiError(400, f"base_model '{spec.base_model}' is no model of the upstreams (GET /v1/models)", code="invalid_base_model", param="base_model")
-    unknown = sorted(set(spec.tool_ids) - svc.supervisor.tools.known_ids())
+    unknown = sorted(set(spec.tool_ids) - svc.supervisor.wiring.tools.known_ids())
     if unknown:
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
     for i, ref in enumerate(spec.files):
@@ -42,7 +42,7 @@ async def check_preset(svc: Services, spec: PresetSpec) -> None:
             raise ApiError(400, f"files[{i}]: a preset binds shared collections only ({{'type': 'collection', 'id'}})", code="invalid_value", param="files")
         if not await svc.knowledge.is_shared(ref["id"]):
             raise ApiError(400, f"files[{i}]: collection '{ref['id']}' is not a shared collection", code="not_shared", param="files")
-    filters = svc.supervisor.filters
+    filters = svc.supervisor.wiring.filters
     optional = filters.optional_ids() if isinstance(filters, SelectableFilters) else frozenset()
     bad = sorted(set(spec.filters) - optional)
     if bad:

@@ -36,7 +36,7 @@ from typing import Any
 Message = dict[str, Any]
 
 
-def normalized_text(content: Any) -> str:
+def normalized_text(content: object) -> str:
     """Text compared for equality: whitespace runs collapsed, ends stripped (a
     client may trim, re-wrap or pad what it shows). Non-text parts compare as JSON."""
     if content is None:

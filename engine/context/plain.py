@@ -14,8 +14,6 @@ short path taken only when it would do nothing).
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.context.steps import Draft
 from engine.ports import Filters, NoTurnToolServers, TurnToolServers
 
@@ -44,7 +42,7 @@ def plain_request(draft: Draft, filters: Filters, servers: TurnToolServers) -> b
     return all(_plain_message(m) for m in draft.messages)
 
 
-def _plain_message(message: Any) -> bool:
+def _plain_message(message: object) -> bool:
     if not isinstance(message, dict) or "files" in message:
         return False
     content = message.get("content")

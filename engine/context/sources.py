@@ -83,25 +83,25 @@ class NumberedSource(TypedDict):
 # --------------------------------------------------------------------------
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
+def _mapping(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(value: Any) -> list[Any]:
+def _list(value: object) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
-def _documents(source: Mapping[str, Any]) -> Iterator[tuple[Any, Mapping[str, Any]]]:
+def _documents(source: Mapping[str, object]) -> Iterator[tuple[Any, Mapping[str, object]]]:
     """``(document, metadata)`` pairs; documents beyond the metadata are ignored (zip)."""
     for document, metadata in zip(_list(source.get("document")), _list(source.get("metadata"))):
         yield document, _mapping(metadata)
 
 
-def citation_key(source: Mapping[str, Any], metadata: Mapping[str, Any]) -> str:
+def citation_key(source: Mapping[str, object], metadata: Mapping[str, object]) -> str:
     """``metadata.source``, else ``source.id``, else ``"N/A"`` (empty values skipped)."""
     for value in (metadata.get("source"), _mapping(source.get("source")).get("id")):
         if value is not None and value != "":
@@ -121,7 +121,7 @@ def _number(key: str, ids: dict[str, int]) -> int:
 
 
 def source_context(
-    sources: Sequence[Mapping[str, Any]],
+    sources: Sequence[Mapping[str, object]],
     *,
     source_ids: Mapping[str, int] | None = None,
     include_content: bool = True,
@@ -163,7 +163,7 @@ def source_context(
     return "".join(tags), ids
 
 
-def numbered_sources(sources: Sequence[Mapping[str, Any]], *, source_ids: Mapping[str, int] | None = None) -> list[NumberedSource]:
+def numbered_sources(sources: Sequence[Mapping[str, object]], *, source_ids: Mapping[str, int] | None = None) -> list[NumberedSource]:
     """The client-facing citation list: one entry per citation key of ``sources``,
     by number, with the numbers ``source_context`` gives for the same arguments
     (or pass the ``source_ids`` it returned).
@@ -257,7 +257,7 @@ def _last_user_index(messages: Sequence[Message]) -> int | None:
 
 def apply_source_context(
     messages: list[Message],
-    sources: Sequence[Mapping[str, Any]],
+    sources: Sequence[Mapping[str, object]],
     *,
     template: str | None,
     system_context: bool,

@@ -45,6 +45,7 @@ from typing import Any, Literal
 
 from engine.context.messages import Message
 from engine.context.sources import date_variables
+from engine.json_types import JsonObject
 
 TaskKind = Literal["title", "tags", "follow_ups", "queries", "image_prompt"]
 
@@ -178,7 +179,7 @@ def clean_text(text: str) -> str:
     return _MARKDOWN_IMAGE.sub("", text).strip()
 
 
-def _content_text(content: Any) -> str:
+def _content_text(content: object) -> str:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -187,7 +188,7 @@ def _content_text(content: Any) -> str:
     return ""
 
 
-def task_messages(messages: Sequence[Mapping[str, Any]]) -> list[Message]:
+def task_messages(messages: Sequence[Mapping[str, object]]) -> list[Message]:
     """The chat as a task sees it: ``{"role", "content": str}`` for each user or
     assistant message, content cleaned (``clean_text``); messages left empty
     (tool-call-only assistant messages, images only, …) are dropped."""
@@ -247,7 +248,7 @@ def render_messages(messages: Sequence[Message]) -> str:
 
 def render_task_template(
     template: str,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, object]],
     *,
     now: datetime,
     user_name: str | None = None,
@@ -282,7 +283,7 @@ def render_task_template(
 
 def task_request(
     kind: TaskKind,
-    messages: Sequence[Mapping[str, Any]],
+    messages: Sequence[Mapping[str, object]],
     *,
     now: datetime,
     template: str | None = None,
@@ -319,7 +320,7 @@ class Queries:
 _DECODER = json.JSONDecoder()
 
 
-def json_objects(text: str) -> Iterator[dict[str, Any]]:
+def json_objects(text: str) -> Iterator[JsonObject]:
     """The complete JSON objects in ``text``, in order. A ``{`` that starts no
     complete object is skipped (the next one is tried); after an object the
     scan goes on after its end (objects nested in it are not visited)."""
@@ -364,7 +365,7 @@ def parse_title(reply: str) -> str | TaskFailure:
 TITLE_MAX_CHARS = 80
 
 
-def fallback_title(messages: Sequence[Mapping[str, Any]]) -> str | None:
+def fallback_title(messages: Sequence[Mapping[str, object]]) -> str | None:
     """The title when the task gives none: the first user message's cleaned text
     on one line, cut to :data:`TITLE_MAX_CHARS` (with "…"); None without one."""
     first = next((m for m in task_messages(messages) if m["role"] == "user"), None)

@@ -62,6 +62,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+from engine.json_types import JsonObject, JsonValue
+from engine.pieces import Piece, PieceKind
+
 __all__ = [
     "ATTRIBUTE_LIMIT",
     "CODE_INTERPRETER_TAGS",
@@ -102,15 +105,15 @@ class ChunkParts:
     reasoning: str | None = None
     #: Raw ``delta.tool_calls`` fragments, untouched: their accumulation by
     #: index/id is a separate concern (``ChatToolCalls`` in ``engine.protocols.chat``).
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[JsonObject] = field(default_factory=list)
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
-    error: Any | None = None
+    usage: JsonObject | None = None
+    error: object = None  # a provider's error object, as sent
     response_id: str | None = None
     role: str | None = None
 
 
-def _stringify(value: Any) -> str | None:
+def _stringify(value: object) -> str | None:
     """Providers occasionally send numbers or objects as text; the spec says
     non-strings are stringified rather than dropped."""
     if value is None:
@@ -120,7 +123,7 @@ def _stringify(value: Any) -> str | None:
     return str(value)
 
 
-def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
+def parse_chat_chunk(chunk: object) -> ChunkParts:
     """Split one parsed Chat Completions chunk into its meaningful parts.
 
     Never raises, whatever the dict holds: a provider bug must not abort a turn
@@ -133,9 +136,9 @@ def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
     if not isinstance(chunk, dict):
         return ChunkParts()
 
-    choices: Any = chunk.get("choices")
+    choices = chunk.get("choices")
     has_choices = isinstance(choices, list) and len(choices) > 0
-    choice: Mapping[str, Any] = choices[0] if has_choices and isinstance(choices[0], dict) else {}
+    choice: Mapping[str, object] = choices[0] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else {}
 
     delta = choice.get("delta")
     if not isinstance(delta, dict):
@@ -155,7 +158,7 @@ def parse_chat_chunk(chunk: dict[str, Any]) -> ChunkParts:
     finish_reason = choice.get("finish_reason")
     usage = chunk.get("usage")
     timings = chunk.get("timings")
-    merged_usage: dict[str, Any] | None = None
+    merged_usage: JsonObject | None = None
     if isinstance(timings, dict) and timings:
         merged_usage = dict(timings)
     if isinstance(usage, dict) and usage:
@@ -295,7 +298,7 @@ def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, s
     return item, _Buf(item, "code")
 
 
-def _reasoning_pairs(reasoning_tags: bool | Sequence[str] | None) -> tuple[tuple[str, str], ...]:
+def _reasoning_pairs(reasoning_tags: object) -> tuple[tuple[str, str], ...]:
     """``False`` disables, a 2-element list replaces the set (Open WebUI's setting).
 
     Anything else (``None``, ``True``, a malformed list) means the defaults,
@@ -416,27 +419,6 @@ def _parse_attributes(text: str | None) -> dict[str, str]:
 # Accumulator
 # --------------------------------------------------------------------------
 
-PieceKind = Literal["text", "reasoning", "code"]
-
-
-@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
-class Piece:
-    """What a live client should be shown for a chunk: text that entered a
-    message item (``"text"``), a reasoning item (``"reasoning"``) or the code
-    of a code-interpreter block (``"code"``). Consumers ignore kinds they do
-    not know.
-
-    Tags are never shown, and text that might still turn out to be a tag is
-    held back until that is decided, so that a client can append pieces
-    without ever retracting anything: the ``"text"`` pieces of a stream
-    (including those from :meth:`Accumulator.flush`) concatenate to exactly
-    :attr:`Accumulator.text` before the final strip of :meth:`Accumulator.finish`.
-    """
-
-    kind: PieceKind
-    text: str
-
-
 _KINDS: Final[dict[str, _KindInfo]] = {
     "reasoning": _KindInfo("r", "reasoning", _with_text_part(_build_reasoning)),
     "solution": _KindInfo("msg", "text", _with_text_part(_build_solution)),
@@ -515,7 +497,7 @@ class Accumulator:
         self,
         *,
         id_factory: Callable[[str], str],
-        reasoning_tags: bool | list[str] | None = None,
+        reasoning_tags: object = None,  # as the request gave it: anything JSON
         code_interpreter: bool = False,
         stop_after_code: bool = False,
     ) -> None:
@@ -976,7 +958,7 @@ _DETAIL_KEYS: Final[tuple[str, ...]] = (
 )
 
 
-def _number(value: Any) -> int | float | None:
+def _number(value: object) -> int | float | None:
     """A usage count, or None: providers send junk (None, "", bools) at times."""
     if isinstance(value, bool):
         return None
@@ -990,7 +972,7 @@ def _number(value: Any) -> int | float | None:
     return None
 
 
-def _first_count(usage: Mapping[str, Any], keys: Sequence[str]) -> int | float | None:
+def _first_count(usage: Mapping[str, object], keys: Sequence[str]) -> int | float | None:
     for key in keys:
         value = _number(usage.get(key))
         if value:
@@ -1003,7 +985,7 @@ def _first_count(usage: Mapping[str, Any], keys: Sequence[str]) -> int | float |
 USAGE_ESTIMATED: Final = "usage_estimated"
 
 
-def normalize_usage(usage: dict[str, Any]) -> dict[str, Any]:
+def normalize_usage(usage: dict[str, Any]) -> JsonObject:
     """Add the canonical ``input_tokens``/``output_tokens``/``total_tokens`` to
     a provider's usage dict, keeping the provider's own keys.
 
@@ -1029,14 +1011,14 @@ def normalize_usage(usage: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def _add(a: Any, b: Any) -> int | float:
+def _add(a: object, b: object) -> int | float:
     return (_number(a) or 0) + (_number(b) or 0)
 
 
-def _merge_counts(current: Mapping[str, Any], incoming: Mapping[str, Any]) -> dict[str, Any]:
+def _merge_counts(current: Mapping[str, JsonValue], incoming: Mapping[str, JsonValue]) -> JsonObject:
     """Key-by-key sum of two ``*_tokens_details`` maps (nested maps recurse,
     non-numbers: the incoming value wins)."""
-    result: dict[str, Any] = {**current, **incoming}
+    result: JsonObject = {**current, **incoming}
     for key in result:
         a, b = current.get(key), incoming.get(key)
         if isinstance(a, dict) or isinstance(b, dict):
@@ -1046,7 +1028,7 @@ def _merge_counts(current: Mapping[str, Any], incoming: Mapping[str, Any]) -> di
     return result
 
 
-def merge_usage(current: dict[str, Any] | None, incoming: dict[str, Any] | None) -> dict[str, Any]:
+def merge_usage(current: dict[str, Any] | None, incoming: dict[str, Any] | None) -> JsonObject:
     """Add one model call's usage to a turn's running total (tool rounds make
     several calls per turn).
 
@@ -1061,7 +1043,7 @@ def merge_usage(current: dict[str, Any] | None, incoming: dict[str, Any] | None)
         return cur
     if not cur:
         return inc
-    result: dict[str, Any] = {**cur, **inc}
+    result: JsonObject = {**cur, **inc}
     for key in _SUMMABLE_KEYS:
         if key in cur or key in inc:
             result[key] = _add(cur.get(key), inc.get(key))

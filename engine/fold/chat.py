@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from engine.context.history import Answer, Entry, History, expand
+from engine.events import TurnForked, data_of
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import EventStore, TurnRecord
 from engine.protocols.history import convert_output_to_messages, distinct_call_ids, for_model
@@ -48,7 +49,7 @@ async def chat_turn_views(store: EventStore, chat_id: str, *, before: float | No
             forked_from = views[0].parent_turn_id
         else:  # the chat's first turn is after ``before``: its first event says
             first = await store.read(records[0].id, limit=1)
-            forked_from = first[0].data["parent_turn_id"] if first and first[0].type == "turn.forked" else None
+            forked_from = data_of(first[0], TurnForked).parent_turn_id if first and first[0].type == "turn.forked" else None
         if forked_from is not None:
             parent = await store.get_turn(str(forked_from))
             if parent is not None:
@@ -102,7 +103,8 @@ def stored_history(views: list[TurnView], *, reasoning_format: str | None = None
             if referenced is None and index == files_at:
                 # The files that turn's request attached belong to its user
                 # message (the assembly lists them for the model's file tools).
-                message = {**message, "files": list(view.request.get("files") or [])}
+                files = view.request.get("files")
+                message = {**message, "files": list(files) if isinstance(files, list) else []}
             entries.append(referenced if referenced is not None else message)
         own = answers.get(view.id)
         if own is not None:

@@ -23,21 +23,60 @@ that were shown more than that.
 
 from __future__ import annotations
 
-import hashlib
-import json
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, NotRequired, TypedDict
 
 from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
-from engine.events import Event
+from engine.events import (
+    AssemblyCompleted,
+    AssemblyStep,
+    BackgroundResult,
+    ContextReinjected,
+    Event,
+    EventData,
+    EventHandlers,
+    IterationLimit,
+    ModelCompleted,
+    ModelDeltaData,
+    ModelItem,
+    ModelRequested,
+    ModelWarning,
+    OutletApplied,
+    ToolApproval,
+    ToolApprovalRequested,
+    ToolCompleted,
+    ToolsBatch,
+    ToolStarted,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinalized,
+    TurnForked,
+    TurnInterrupted,
+    TurnResumed,
+    TurnStarted,
+    data_of,
+    delta_data,
+    parse_data,
+)
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
+from engine.fold.output_items import Item, OutputItems
+from engine.json_types import JsonObject
 from engine.machine import STATUS_AFTER, TurnMachine
-from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
 EPOCH_SHIFT = 32
+
+
+class Approval(TypedDict):
+    """A call asked for a person's decision, as ``GET /v1/turns/{id}`` lists it."""
+
+    call_id: str
+    name: str
+    arguments: str
+    status: Literal["pending", "approved", "rejected", "cancelled"]
+    reason: NotRequired[str]
 
 
 def epoch_base(epoch: int) -> int:
@@ -99,22 +138,6 @@ class ResumePoint:
         return last_shown > self.keep_pos
 
 
-class ItemIds:
-    """Output item ids, deterministic in (turn, order of creation): a replay
-    reproduces every id."""
-
-    __slots__ = ("turn_id", "counter")
-
-    def __init__(self, turn_id: str) -> None:
-        self.turn_id = turn_id
-        self.counter = 0
-
-    def next(self, prefix: str) -> str:
-        self.counter += 1
-        digest = hashlib.sha256(f"{self.turn_id}:{self.counter}".encode()).hexdigest()[:24]
-        return f"{prefix}_{digest}"
-
-
 class Positions:
     """The turn's stream-position counter (see the module docstring)."""
 
@@ -140,11 +163,12 @@ class Positions:
         self.next = self.last_event + 1
 
 
-Handler = Callable[["TurnView", dict[str, Any]], list[ChunkOut] | None]
-
-
 class TurnView:
-    """Folds one turn's events. ``apply`` returns the chunks a renderer should show."""
+    """Folds one turn's events. ``apply`` returns the chunks a renderer should show.
+
+    The view holds the turn's state; its output items are built by ``out``
+    (``engine.fold.output_items``), which the handlers tell what each event
+    means for the answer."""
 
     def __init__(self, turn_id: str, *, enforce: bool = False) -> None:
         self.id = turn_id
@@ -153,10 +177,10 @@ class TurnView:
         self.user_id: str | None = None
         self.model: str | None = None
         self.stream = True
-        self.request: dict[str, Any] = {}
+        self.request: dict[str, Any] = {}  # the client's request body, read all over the adapters
         self.status = "running"
-        self.error: dict[str, Any] | None = None
-        self.usage: dict[str, Any] | None = None
+        self.error: JsonObject | None = None
+        self.usage: JsonObject | None = None
         self.usage_estimated = False  # some of ``usage`` was counted by turnlog, not reported
         self.response_ids: list[str] = []
         self.finish_reason: str | None = None
@@ -180,49 +204,44 @@ class TurnView:
         self.interrupted_after = 0
         self.resume_point: ResumePoint | None = None
         # Where the open round's output begins (its model.requested, or the
-        # restart that superseded what it had), and the output items restarts
-        # superseded (kept out of ``output``; their text stays in the log).
+        # restart that superseded what it had).
         self._round_pos = 0
-        self.superseded: list[dict[str, Any]] = []
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
         self.sources: list[dict[str, Any]] = []
         # Calls the client must run (the turn ended with finish_reason tool_calls).
         self.client_calls: list[dict[str, Any]] = []
-        self._ids = ItemIds(turn_id)
-        self._reasoning_tags: Any = None
-        self.code_interpreter = False  # legacy <code_interpreter> blocks are parsed
-        self.code_cut = False  # ... and an answer ends at a block's closing tag
-        self.acc = self._new_accumulator()
-        # Output of closed rounds (and tool outputs) in order; the open round's
-        # items live in ``acc`` and ``round_calls`` until model.completed.
-        self.round_closed = False
-        self.items: list[dict[str, Any]] = []
-        self.round_calls: list[dict[str, Any]] = []
-        self.round_start = 0  # index in ``items`` where the last closed round begins
-        self.closed_text: list[str] = []
-        self.closed_reasoning: list[str] = []
-        self.calls: dict[str, dict[str, Any]] = {}
-        self.outputs: dict[str, dict[str, Any]] = {}
-        self.code_items: dict[str, dict[str, Any]] = {}
-        self._arguments_ran: dict[str, str] = {}
-        self._stopped_calls: list[str] = []  # calls a cancel or a failure left incomplete
+        self.out = OutputItems(turn_id)
         # Tool approval: call_id -> {"call_id", "name", "arguments", "status", "reason"?},
         # status pending | approved | rejected | cancelled.
-        self.approvals: dict[str, dict[str, Any]] = {}
+        self.approvals: dict[str, Approval] = {}
 
-    def _new_accumulator(self) -> Accumulator:
-        # The accumulator gets the id source, not a method of this view: a
-        # view <-> accumulator cycle made every turn's state garbage that only
-        # the cyclic GC could free (~60 objects per turn, each collection
-        # walking them).
-        return Accumulator(
-            id_factory=self._ids.next,
-            reasoning_tags=self._reasoning_tags,
-            code_interpreter=self.code_interpreter,
-            stop_after_code=self.code_cut,
-        )
+    # -- the output's parts the agent loop and the live path read ---------------
+
+    @property
+    def acc(self) -> Accumulator:
+        """The open round's text fold."""
+        return self.out.acc
+
+    @property
+    def round_closed(self) -> bool:
+        return self.out.round_closed
+
+    @property
+    def calls(self) -> dict[str, Item]:
+        return self.out.calls
+
+    @property
+    def superseded(self) -> list[Item]:
+        return self.out.superseded
+
+    @property
+    def pending_code(self) -> Item | None:
+        return self.out.pending_code
+
+    def round_output(self) -> list[Item]:
+        return self.out.round_output()
 
     # -- the fold --------------------------------------------------------------
 
@@ -246,27 +265,28 @@ class TurnView:
     def last_event_pos(self) -> int:
         return self.pos.last_event
 
-    def apply(self, event: Event, *, live_applied: bool = False) -> list[ChunkOut]:
+    def apply(self, event: Event, *, live_applied: bool = False, data: EventData | None = None) -> list[ChunkOut]:
         """Fold one event. ``live_applied`` marks a ``model.delta`` whose chunks the
-        live engine already fed through ``feed_chunk``."""
+        live engine already fed through ``feed_chunk``. ``data``: the event's
+        ``parse_data``, when the caller has it (it folds the event twice)."""
         if event.seq != self.last_seq + 1:
             raise ValueError(f"turn {self.id}: expected seq {self.last_seq + 1}, got {event.seq}")
         self.machine.apply(event.type)
         self.last_seq = event.seq
         self.updated_at = event.at
-        data = event.data
         if event.type == "model.delta":
+            delta = delta_data(event)
             if live_applied:
-                self.pos.last_event = data["pos"] + len(data["lens"]) - 1
+                self.pos.last_event = delta["pos"] + len(delta["lens"]) - 1
                 return []
-            return self._fold_delta(data)
+            return self._fold_delta(delta)
         self._durable_before = self.pos.last_event
         self.pos.take()
         if event.type == "turn.forked" or (event.type == "turn.started" and self.parent_turn_id is None):
             # A fork was created when it was forked, not when its parent started.
             self.created_at = event.at
         handler = _HANDLERS.get(event.type)
-        out = (handler(self, data) or []) if handler is not None else []
+        out = (handler(self, data if data is not None else parse_data(event)) or []) if handler is not None else []
         status = STATUS_AFTER.get(event.type)
         if status is not None:
             self.status = status
@@ -277,191 +297,137 @@ class TurnView:
         return out
 
     @property
-    def pending_approvals(self) -> list[dict[str, Any]]:
+    def pending_approvals(self) -> list[Approval]:
         return [a for a in self.approvals.values() if a["status"] == "pending"]
 
     # -- handlers, one per event type ------------------------------------------------
 
-    def _on_forked(self, data: dict[str, Any]) -> None:
-        self.parent_turn_id = data["parent_turn_id"]
-        self.forked_at = data["at"]
+    def _on_forked(self, data: TurnForked) -> None:
+        self.parent_turn_id = data.parent_turn_id
+        self.forked_at = data.at
 
-    def _on_started(self, data: dict[str, Any]) -> None:
-        self.chat_id = data["chat_id"]
-        self.user_id = data["user_id"]
-        self.model = data["model"]
-        self.stream = data.get("stream", True)
-        self.request = data["request"]
+    def _on_started(self, data: TurnStarted) -> None:
+        self.chat_id = data.chat_id
+        self.user_id = data.user_id
+        self.model = data.model
+        self.stream = data.stream
+        self.request = data.request
         params = self.request.get("params")
         tags = params.get("reasoning_tags") if isinstance(params, dict) else None
         # The assembly's decision replaces this guess; only logs written before
         # it was recorded go by it, and in those "legacy" still meant native.
-        self.code_interpreter = legacy_code_interpreter(self.request, legacy_name=False)
-        if tags is not None or self.code_interpreter:
-            self._reasoning_tags = tags
-            self.acc = self._new_accumulator()
+        self.out.configure(code_interpreter=legacy_code_interpreter(self.request, legacy_name=False), code_cut=False, reasoning_tags=tags)
 
-    def _on_assembled(self, data: dict[str, Any]) -> None:
-        decided = data.get("code_interpreter")
-        code = self.code_interpreter if decided is None else bool(decided)
-        cut = bool(data.get("code_cut"))
-        if (code, cut) != (self.code_interpreter, self.code_cut):
-            # The assembly decided (the model's mode, the filtered features, an
-            # executor configured); nothing has streamed into the accumulator yet.
-            self.code_interpreter, self.code_cut = code, cut
-            self.acc = self._new_accumulator()
-        self.sources.extend(data.get("sources") or [])
-        self.new_messages = data.get("new_messages", [])
-        self.history_reset = bool(data.get("history_reset"))
-        self.turn_refs = list(data.get("turn_refs") or [])
+    def _on_assembled(self, data: AssemblyCompleted) -> None:
+        out = self.out
+        decided = data.code_interpreter
+        # The assembly decided (the model's mode, the filtered features, an
+        # executor configured); nothing has streamed into the answer yet.
+        out.configure(code_interpreter=out.code_interpreter if decided is None else decided, code_cut=data.code_cut, reasoning_tags=out.reasoning_tags)
+        self.sources.extend(data.sources)
+        self.new_messages = data.new_messages
+        self.history_reset = data.history_reset
+        self.turn_refs = list(data.turn_refs)
 
-    def _on_model_requested(self, data: dict[str, Any]) -> None:
-        if not data.get("resumed"):
+    def _on_model_requested(self, data: ModelRequested) -> None:
+        if not data.resumed:
             self._round_pos = self.pos.last_event
-            if self.round_closed:
-                self.acc = self._new_accumulator()
-                self.round_closed = False
+            self.out.open_round()
 
-    def _on_model_item(self, data: dict[str, Any]) -> None:
-        item = dict(data["item"])
-        if item.get("type") == "function_call":
-            self.calls[item["call_id"]] = item
-            self.round_calls.append(item)
-        elif item.get("type") == "reasoning" and has_provider_reasoning(item):
-            # The provider's own reasoning item (its id, its encrypted
-            # content) goes with the reasoning the stream showed, so that a
-            # Responses API upstream gets it back in continuations.
-            for mine in reversed(self.acc.output):
-                if mine.get("type") == "reasoning":
-                    mine.setdefault("provider_item", responses_reasoning_item(item))
-                    break
+    def _on_model_item(self, data: ModelItem) -> None:
+        self.out.model_item(data.item)
 
-    def _on_model_warning(self, data: dict[str, Any]) -> None:
-        self.warnings.append(data["message"])
+    def _on_model_warning(self, data: ModelWarning) -> None:
+        self.warnings.append(data.message)
 
-    def _on_assembly_step(self, data: dict[str, Any]) -> None:
-        step = data.get("step")
+    def _on_assembly_step(self, data: AssemblyStep) -> None:
+        step, detail = data.step, data.detail
         if step == UNSUPPORTED_STEP:
-            self.warnings.extend(warnings_of(data.get("detail") or {}))
+            self.warnings.extend(warnings_of(detail))
         elif step == "files":
-            self.warnings.extend(file_warnings(data.get("detail") or {}))
-        elif step == "memory" and (data.get("detail") or {}).get("error"):
-            self.warnings.append(f"memories were not used: {data['detail']['error']}")
-        elif step == "web_search_queries" and (data.get("detail") or {}).get("query_warning"):
-            self.warnings.append(f"web search: {data['detail']['query_warning']}")
-        elif step == "legacy_tools" and (data.get("detail") or {}).get("warning"):
-            self.warnings.append(str(data["detail"]["warning"]))
+            self.warnings.extend(file_warnings(detail))
+        elif step == "memory" and detail.get("error"):
+            self.warnings.append(f"memories were not used: {detail['error']}")
+        elif step == "web_search_queries" and detail.get("query_warning"):
+            self.warnings.append(f"web search: {detail['query_warning']}")
+        elif step == "legacy_tools" and detail.get("warning"):
+            self.warnings.append(str(detail["warning"]))
         elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
-            self.warnings.extend(str(w) for w in (data.get("detail") or {}).get("warnings") or [])
+            self.warnings.extend(str(w) for w in detail.get("warnings") or [])
 
-    def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
-        self.finish_reason = data.get("finish_reason")
-        usage = data.get("usage")
+    def _on_model_completed(self, data: ModelCompleted) -> list[ChunkOut]:
+        self.finish_reason = data.finish_reason
+        usage = data.usage
         if usage:
             if usage.get(USAGE_ESTIMATED) is True:
                 self.usage_estimated = True
                 usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
             self.usage = merge_usage(self.usage, normalize_usage(usage))
-        if data.get("response_id"):
-            self.response_ids.append(data["response_id"])
+        if data.response_id:
+            self.response_ids.append(data.response_id)
         # Text held back as a possible tag start is released now.
-        out = self._flushed(self.acc.flush())
-        self.acc.finish(strip=False)
-        self._close_round()
+        out = self._flushed(self.out.acc.flush())
+        self.out.acc.finish(strip=False)
+        self.out.close_round()
         return out
 
-    def _on_tools_batch(self, data: dict[str, Any]) -> None:
-        self.client_calls = list(data.get("client_calls", []))
-        for call in data.get("calls", []):
-            item = self.calls.get(call["call_id"])
-            if item is not None:
-                item["status"] = "in_progress"
+    def _on_tools_batch(self, data: ToolsBatch) -> None:
+        self.client_calls = list(data.client_calls)
+        self.out.set_status([call["call_id"] for call in data.calls], "in_progress")
 
-    def _on_tool_started(self, data: dict[str, Any]) -> None:
-        self._arguments_ran[data["call_id"]] = data["arguments"]
+    def _on_tool_started(self, data: ToolStarted) -> None:
+        self.out.arguments_ran[data.call_id] = data.arguments
 
-    def _on_tool_completed(self, data: dict[str, Any]) -> None:
-        call_id = data["call_id"]
-        code = self.code_items.get(call_id)
-        if code is not None:
-            # A legacy code block's result lives on the block itself.
-            try:
-                code["output"] = json.loads(data.get("output") or "null")
-            except ValueError:
-                code["output"] = data.get("output")
-            return
-        status = data.get("status", "completed")
-        item = self.calls.get(call_id)
-        if item is not None:
-            item["status"] = status
-            ran = self._arguments_ran.get(call_id)
-            if ran is not None:
-                # What is replayed to the model is exactly what ran (Open WebUI
-                # replayed the model's raw, possibly broken, arguments).
-                item["arguments_ran"] = ran
-        output: dict[str, Any] = {
-            "type": "function_call_output",
-            "id": self._ids.next("fco"),
-            "call_id": call_id,
-            "output": data.get("output"),
-            "status": status,
-        }
-        for key in ("files", "embeds", "images"):
-            if data.get(key):
-                output[key] = data[key]
-        self.items.append(output)
-        self.outputs[call_id] = output
+    def _on_tool_completed(self, data: ToolCompleted) -> None:
+        self.out.tool_output(data.call_id, data.output, data.status, {"files": data.files, "embeds": data.embeds, "images": data.images})
 
-    def _on_approval_requested(self, data: dict[str, Any]) -> None:
-        call_id = data["call_id"]
-        self.approvals[call_id] = {"call_id": call_id, "name": data["name"], "arguments": data["arguments"], "status": "pending"}
+    def _on_approval_requested(self, data: ToolApprovalRequested) -> None:
+        call_id = data.call_id
+        self.approvals[call_id] = Approval(call_id=call_id, name=data.name, arguments=data.arguments, status="pending")
 
-    def _on_approval(self, data: dict[str, Any]) -> None:
-        asked = self.approvals.get(data["call_id"])
+    def _on_approval(self, data: ToolApproval) -> None:
+        asked = self.approvals.get(data.call_id)
         if asked is not None:
-            asked["status"] = "approved" if data.get("approve") else "rejected"
-            if data.get("reason"):
-                asked["reason"] = data["reason"]
+            asked["status"] = "approved" if data.approve else "rejected"
+            if data.reason:
+                asked["reason"] = data.reason
 
-    def _on_reinjected(self, data: dict[str, Any]) -> None:
-        self.sources.extend(data.get("sources") or [])
+    def _on_reinjected(self, data: ContextReinjected) -> None:
+        self.sources.extend(data.sources)
 
-    def _on_outlet(self, data: dict[str, Any]) -> None:
+    def _on_outlet(self, data: OutletApplied) -> None:
         """The outlet filters' version of the answer replaces it."""
-        output = data.get("output")
-        if output is not None:
-            self.items = [dict(i) for i in output]
-            self.closed_text = [data.get("content") or ""]
+        if data.output is not None:
+            self.out.replace(data.output, data.content)
 
-    def _on_iteration_limit(self, data: dict[str, Any]) -> None:
-        for call in data.get("pending_calls", []):
-            item = self.calls.get(call.get("call_id", ""))
-            if item is not None:
-                item["status"] = "incomplete"
+    def _on_iteration_limit(self, data: IterationLimit) -> None:
+        self.out.set_status([call.get("call_id", "") for call in data.pending_calls], "incomplete")
 
-    def _on_finalized(self, data: dict[str, Any]) -> None:
-        self.finish_reason = data.get("finish_reason", self.finish_reason)
+    def _on_finalized(self, data: TurnFinalized) -> None:
+        # A record without the field (never written so) keeps the last round's.
+        if "finish_reason" in data.model_fields_set:
+            self.finish_reason = data.finish_reason
 
-    def _on_background_result(self, data: dict[str, Any]) -> None:
-        task, result = data["task"], data.get("result")
+    def _on_background_result(self, data: BackgroundResult) -> None:
+        task, result = data.task, data.result
         if task == "title" and isinstance(result, str):
             self.title = result
         elif task == "tags" and isinstance(result, list):
-            self.tags = result
+            self.tags = [t for t in result if isinstance(t, str)]  # as parse_tags gives them
         elif task == "follow_ups" and isinstance(result, list):
-            self.follow_ups = result
+            self.follow_ups = [f for f in result if isinstance(f, str)]
 
-    def _on_interrupted(self, data: dict[str, Any]) -> None:
+    def _on_interrupted(self, data: TurnInterrupted) -> None:
         self.interrupted_after = self._durable_before
 
-    def _on_resumed(self, data: dict[str, Any]) -> None:
+    def _on_resumed(self, data: TurnResumed) -> None:
         # The status is still the one before this event (set after the handler).
         durable = self.interrupted_after if self.status == "interrupted" else self._durable_before
-        mode = data.get("mode") or "continue"  # logs from before restarts: continue
+        mode = data.mode  # logs from before restarts: continue (the default)
         keep = durable
         if mode == "restart" and self._supersede():
             keep = min(keep, self._round_pos)
-        self.pos.new_epoch(data["epoch"])
+        self.pos.new_epoch(data.epoch)
         if mode == "restart":
             self._round_pos = self.pos.last_event
         self.resume_point = ResumePoint(
@@ -476,66 +442,26 @@ class TurnView:
         )
 
     def _supersede(self) -> bool:
-        """A restart: the open round's partial output leaves the answer (the
-        model answers that round afresh). Returns whether there was any."""
-        if self.state != "streaming" or self.round_closed:
+        """A restart: the open round's partial output leaves the answer."""
+        if self.state != "streaming" or self.out.round_closed:
             return False
-        self.acc.mark_incomplete()
-        dropped = [dict(i) for i in (*self.acc.output, *self.round_calls)]
-        dropped = [i for i in dropped if i.get("type") != "message" or _item_text(i)]
-        for item in dropped:
-            item["status"] = "incomplete"
-            if item.get("type") == "function_call":
-                self.calls.pop(item["call_id"], None)
-        self.superseded.extend(dropped)
-        self.acc = self._new_accumulator()
-        self.round_calls = []
-        return bool(dropped)
+        return self.out.supersede()
 
-    def _on_stopped(self, data: dict[str, Any]) -> list[ChunkOut]:
+    def _on_stopped(self, data: TurnCancelled | TurnFailed) -> list[ChunkOut]:
         """``turn.cancelled`` / ``turn.failed``: what was cut off is incomplete."""
-        if "error" in data:
-            self.error = data["error"]
-        out: list[ChunkOut] = []
-        if not self.round_closed:
-            out = self._flushed(self.acc.flush())
-            self.acc.mark_incomplete()
-            self._close_round()
-        self._stopped_calls = []
+        if isinstance(data, TurnFailed):
+            self.error = data.error
         for asked in self.pending_approvals:
             asked["status"] = "cancelled"
-        for item in self.items:
-            # Never "completed" for what did not complete.
-            if item.get("status") == "in_progress":
-                item["status"] = "incomplete"
-                if item.get("type") == "function_call":
-                    self._stopped_calls.append(item["call_id"])
-        return out
+        return self._flushed(self.out.stop())
 
-    # -- output building ------------------------------------------------------------
-
-    def _close_round(self) -> None:
-        """Move the round's items (text, reasoning, calls) into the turn's output."""
-        self.round_start = len(self.items)
-        produced = self.acc.output
-        if self.round_calls:
-            # A round that only called tools has no answer slot to keep.
-            produced = [i for i in produced if not (i.get("type") == "message" and not _item_text(i))]
-        self.items.extend(produced)
-        self.items.extend(self.round_calls)
-        for item in produced:
-            if item.get("type") == "code_interpreter":
-                self.code_items[item["id"]] = item
-        self.closed_text.append(self.acc.text)
-        self.closed_reasoning.append(self.acc.reasoning_text)
-        self.round_calls = []
-        self.round_closed = True
+    # -- stream positions ---------------------------------------------------------------
 
     def _flushed(self, pieces: list[Piece]) -> list[ChunkOut]:
         """Pieces released by a non-delta event belong to that event's position."""
         return [ChunkOut(self.pos.last_event, tuple(pieces))] if pieces else []
 
-    def _fold_delta(self, data: dict[str, Any]) -> list[ChunkOut]:
+    def _fold_delta(self, data: ModelDeltaData) -> list[ChunkOut]:
         pos = data["pos"]
         if pos != self.pos.next:
             raise ValueError(f"turn {self.id}: delta at position {pos}, expected {self.pos.next}")
@@ -553,71 +479,43 @@ class TurnView:
     def fold_shown(self, kind: str, text: str) -> None:
         """Fold text whose positions were taken (and whose pieces were shown)
         already: the chunks a follower showed live from the actor's fold."""
-        if kind == "reasoning":
-            self.acc.feed_reasoning(text)
-        else:
-            self.acc.feed_text(text)
+        self.out.feed(kind, text)
 
     def feed_chunk(self, kind: str, text: str) -> tuple[Piece, ...]:
         """Take the next stream position for one raw upstream chunk."""
         self.pos.next += 1
-        if kind == "reasoning":
-            return tuple(self.acc.feed_reasoning(text))
-        return tuple(self.acc.feed_text(text))
+        return tuple(self.out.feed(kind, text))
 
     # -- queries -----------------------------------------------------------------
 
     @property
-    def output(self) -> list[dict[str, Any]]:
-        if self.round_closed:
-            return self.items
-        return [*self.items, *self.acc.output, *self.round_calls]
+    def output(self) -> list[Item]:
+        return self.out.output
 
     @property
     def content(self) -> str:
-        if self.round_closed:
-            return "".join(self.closed_text)
-        return "".join(self.closed_text) + self.acc.text
+        return self.out.content
 
     @property
     def reasoning_content(self) -> str:
-        if self.round_closed:
-            return "".join(self.closed_reasoning)
-        return "".join(self.closed_reasoning) + self.acc.reasoning_text
+        return self.out.reasoning_content
 
-    def round_output(self) -> list[dict[str, Any]]:
-        """The last closed round's items and the tool outputs that answered it."""
-        return list(self.items[self.round_start :])
-
-    @property
-    def pending_code(self) -> dict[str, Any] | None:
-        """The last round's final item, if it is a code block that has not run."""
-        if not self.round_closed or len(self.items) <= self.round_start:
-            return None
-        last = self.items[-1]
-        if last.get("type") == "code_interpreter" and last.get("output") is None and last.get("status") == "completed":
-            return last
-        return None
-
-    def items_touched(self, event: Event) -> list[dict[str, Any]]:
+    def items_touched(self, event: Event) -> list[Item]:
         """Snapshots of the items an (already applied) event created or changed."""
-        data = event.data
         t = event.type
-        ids: list[str] = []
-        if t == "model.item" and data["item"].get("type") == "function_call":
-            ids = [data["item"]["call_id"]]
-        elif t == "tools.batch":
-            ids = [c["call_id"] for c in data.get("calls", [])]
-        elif t == "tool.completed":
-            ids = [data["call_id"]]
-        elif t == "turn.iteration_limit":
-            ids = [c["call_id"] for c in data.get("pending_calls", [])]
-        elif t in ("turn.cancelled", "turn.failed"):
-            ids = self._stopped_calls
-        out = [dict(self.calls[i]) for i in ids if i in self.calls]
-        if t == "tool.completed" and data["call_id"] in self.outputs:
-            out.append(dict(self.outputs[data["call_id"]]))
-        return out
+        if t == "model.item":
+            item = data_of(event, ModelItem).item
+            return self.out.touched([item["call_id"]] if item.get("type") == "function_call" else [])
+        if t == "tools.batch":
+            return self.out.touched([c["call_id"] for c in data_of(event, ToolsBatch).calls])
+        if t == "tool.completed":
+            call_id = data_of(event, ToolCompleted).call_id
+            return self.out.touched([call_id], output_of=call_id)
+        if t == "turn.iteration_limit":
+            return self.out.touched([c["call_id"] for c in data_of(event, IterationLimit).pending_calls])
+        if t in ("turn.cancelled", "turn.failed"):
+            return self.out.touched(self.out.stopped_calls)
+        return []
 
     def public(self) -> dict[str, Any]:
         """The turn as ``GET /v1/turns/{id}`` shows it."""
@@ -659,34 +557,29 @@ class TurnView:
         return view
 
 
-_HANDLERS: dict[str, Handler] = {
-    "turn.forked": TurnView._on_forked,
-    "turn.started": TurnView._on_started,
-    "assembly.completed": TurnView._on_assembled,
-    "model.requested": TurnView._on_model_requested,
-    "model.item": TurnView._on_model_item,
-    "model.warning": TurnView._on_model_warning,
-    "assembly.step": TurnView._on_assembly_step,
-    "model.completed": TurnView._on_model_completed,
-    "tools.batch": TurnView._on_tools_batch,
-    "tool.started": TurnView._on_tool_started,
-    "tool.completed": TurnView._on_tool_completed,
-    "turn.iteration_limit": TurnView._on_iteration_limit,
-    "context.reinjected": TurnView._on_reinjected,
-    "outlet.applied": TurnView._on_outlet,
-    "turn.finalized": TurnView._on_finalized,
-    "background.result": TurnView._on_background_result,
-    "turn.interrupted": TurnView._on_interrupted,
-    "tool.approval_requested": TurnView._on_approval_requested,
-    "tool.approval": TurnView._on_approval,
-    "turn.resumed": TurnView._on_resumed,
-    "turn.cancelled": TurnView._on_stopped,
-    "turn.failed": TurnView._on_stopped,
-}
-
-
-def _item_text(item: dict[str, Any]) -> str:
-    return "".join(part.get("text") or "" for part in item.get("content") or [] if isinstance(part, dict))
+_HANDLERS: EventHandlers[TurnView, list[ChunkOut] | None] = EventHandlers()
+_HANDLERS.on(TurnForked, TurnView._on_forked)
+_HANDLERS.on(TurnStarted, TurnView._on_started)
+_HANDLERS.on(AssemblyCompleted, TurnView._on_assembled)
+_HANDLERS.on(ModelRequested, TurnView._on_model_requested)
+_HANDLERS.on(ModelItem, TurnView._on_model_item)
+_HANDLERS.on(ModelWarning, TurnView._on_model_warning)
+_HANDLERS.on(AssemblyStep, TurnView._on_assembly_step)
+_HANDLERS.on(ModelCompleted, TurnView._on_model_completed)
+_HANDLERS.on(ToolsBatch, TurnView._on_tools_batch)
+_HANDLERS.on(ToolStarted, TurnView._on_tool_started)
+_HANDLERS.on(ToolCompleted, TurnView._on_tool_completed)
+_HANDLERS.on(IterationLimit, TurnView._on_iteration_limit)
+_HANDLERS.on(ContextReinjected, TurnView._on_reinjected)
+_HANDLERS.on(OutletApplied, TurnView._on_outlet)
+_HANDLERS.on(TurnFinalized, TurnView._on_finalized)
+_HANDLERS.on(BackgroundResult, TurnView._on_background_result)
+_HANDLERS.on(TurnInterrupted, TurnView._on_interrupted)
+_HANDLERS.on(ToolApprovalRequested, TurnView._on_approval_requested)
+_HANDLERS.on(ToolApproval, TurnView._on_approval)
+_HANDLERS.on(TurnResumed, TurnView._on_resumed)
+_HANDLERS.on(TurnCancelled, TurnView._on_stopped)
+_HANDLERS.on(TurnFailed, TurnView._on_stopped)
 
 
 def fold(turn_id: str, events: Iterable[Event], upto: int | None = None, *, enforce: bool = False) -> TurnView:

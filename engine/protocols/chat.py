@@ -153,7 +153,7 @@ class ChatToolCalls:
 
     # -- routing -----------------------------------------------------------
 
-    def _route(self, fragment: Mapping[str, Any], name: str | None) -> _ChatCall:
+    def _route(self, fragment: Mapping[str, object], name: str | None) -> _ChatCall:
         index = int_index(fragment.get("index"))
         provider_id = nonempty_str(fragment.get("id"))
         if index is not None:
@@ -216,7 +216,7 @@ class ChatNormalizer:
         self.usage: dict[str, Any] | None = None
         self._finished = False
 
-    def feed(self, chunk: Any) -> list[ModelEvent]:
+    def feed(self, chunk: object) -> list[ModelEvent]:
         if self._finished:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
         if type(chunk) is not dict:
@@ -331,7 +331,7 @@ class ChatNormalizer:
         return run
 
     @staticmethod
-    def _run_is_plain(template: dict[str, Any]) -> bool:
+    def _run_is_plain(template: Mapping[str, object]) -> bool:
         """Whether each chunk of a run (``template`` with a text-only delta)
         takes ``feed``'s per-token path: tested once per run, not per chunk."""
         choices = template.get("choices")

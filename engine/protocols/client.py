@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
 
+from engine.json_types import JsonObject
 from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols import chat, ollama, responses
 from engine.protocols.common import Normalizer, call_ids_of
@@ -28,7 +29,7 @@ class WireProtocol:
     (``normalizer(id_factory, reserved_ids=…)``) and the wire body (``body(resolved, request)``)."""
 
     normalizer: Callable[..., Normalizer]
-    body: Callable[[ResolvedModel, ModelRequest], dict[str, Any]]
+    body: Callable[[ResolvedModel, ModelRequest], JsonObject]
 
 
 #: The protocol module of each model API (``ResolvedModel.api``).
@@ -46,7 +47,7 @@ def protocol_for(api: ModelApi) -> WireProtocol:
     return protocol
 
 
-def build_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+def build_body(resolved: ResolvedModel, request: ModelRequest) -> JsonObject:
     """The wire body for the model's API."""
     return protocol_for(resolved.api).body(resolved, request)
 

@@ -79,7 +79,7 @@ CALL_ID_PREFIX: Final[str] = "call"
 
 
 class Normalizer(Protocol):
-    def feed(self, obj: Any) -> list[ModelEvent]: ...
+    def feed(self, obj: object) -> list[ModelEvent]: ...
 
     def finish(self) -> list[ModelEvent]: ...
 
@@ -99,7 +99,7 @@ def outgoing_messages(request: ModelRequest) -> list[Message]:
 # --------------------------------------------------------------------------
 
 
-def arguments_text(value: Any) -> str:
+def arguments_text(value: object) -> str:
     """Tool-call arguments as the string the model produced.
 
     Strings are kept as they are (even invalid JSON: the tool layer decides),
@@ -116,17 +116,17 @@ def arguments_text(value: Any) -> str:
         return json.dumps(value, default=str)
 
 
-def nonempty_str(value: Any) -> str | None:
+def nonempty_str(value: object) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def int_index(value: Any) -> int | None:
+def int_index(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
 
 
-def error_message(error: Any) -> str:
+def error_message(error: object) -> str:
     if isinstance(error, str):
         return error
     if isinstance(error, Mapping):
@@ -167,7 +167,7 @@ class CallIds:
         return call_id
 
 
-def call_ids_of(messages: Iterable[Mapping[str, Any]]) -> set[str]:
+def call_ids_of(messages: Iterable[Mapping[str, object]]) -> set[str]:
     """Every tool-call id a transcript already uses (assistant ``tool_calls``,
     ``tool`` results): a call of the next response must not reuse one, or its
     result would be taken for the earlier call's."""
@@ -259,7 +259,7 @@ def split_tool_calls(calls: Sequence[ToolCall], id_factory: IdFactory) -> list[T
 # --------------------------------------------------------------------------
 
 
-def image_url(part: Mapping[str, Any]) -> str | None:
+def image_url(part: Mapping[str, object]) -> str | None:
     """The URL of an ``input_image`` or ``image_url`` part (string or ``{url}``)."""
     value = part.get("image_url")
     if isinstance(value, Mapping):
@@ -267,15 +267,15 @@ def image_url(part: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def is_image_part(part: Any) -> bool:
+def is_image_part(part: object) -> bool:
     return isinstance(part, Mapping) and part.get("type") in ("input_image", "image_url")
 
 
-def is_text_part(part: Any) -> bool:
+def is_text_part(part: object) -> bool:
     return isinstance(part, Mapping) and part.get("type") in ("input_text", "text", "output_text")
 
 
-def json_object(value: Any) -> dict[str, Any] | None:
+def json_object(value: object) -> dict[str, Any] | None:
     """``value`` as a JSON object: a mapping, or a string holding one; else None."""
     if isinstance(value, Mapping):
         return dict(value)
@@ -288,7 +288,7 @@ def json_object(value: Any) -> dict[str, Any] | None:
     return None
 
 
-def object_string(value: Any) -> str | None:
+def object_string(value: object) -> str | None:
     """A JSON object string for ``value``: a valid object string is kept verbatim
     (what the model wrote; also keeps provider prompt caches warm), a mapping is
     dumped; anything else → None."""

@@ -90,7 +90,7 @@ BOOKKEEPING_KEYS = frozenset({"id", "output", "model", "contextSummary", "usage"
 # --------------------------------------------------------------------------
 
 
-def _text_of_parts(parts: Any, types: Iterable[str] = ("output_text", "text")) -> str:
+def _text_of_parts(parts: object, types: Iterable[str] = ("output_text", "text")) -> str:
     """Concatenated text of content parts of the given types (``text`` is read
     too: Open WebUI pads with ``text`` parts and then cannot read them)."""
     if isinstance(parts, str):
@@ -101,7 +101,7 @@ def _text_of_parts(parts: Any, types: Iterable[str] = ("output_text", "text")) -
     return "".join(part.get("text") or "" for part in parts if isinstance(part, Mapping) and part.get("type") in wanted)
 
 
-def replay_arguments(item: Mapping[str, Any]) -> str:
+def replay_arguments(item: Mapping[str, object]) -> str:
     """The arguments string replayed for a ``function_call`` item: what ran, always a JSON object.
 
     ``arguments_ran`` (what the tool actually ran with) wins; then the stored
@@ -114,7 +114,7 @@ def replay_arguments(item: Mapping[str, Any]) -> str:
     return "{}"
 
 
-def _call_of(item: Mapping[str, Any]) -> tuple[str, str]:
+def _call_of(item: Mapping[str, object]) -> tuple[str, str]:
     """(name, arguments) as the model should see its own call: ``provider_function``
     (a call dispatched through ``call_tool``) restores the model-authored call."""
     provider = item.get("provider_function")
@@ -123,7 +123,7 @@ def _call_of(item: Mapping[str, Any]) -> tuple[str, str]:
     return str(item.get("name") or ""), replay_arguments(item)
 
 
-def _reasoning_text(item: Mapping[str, Any]) -> str:
+def _reasoning_text(item: Mapping[str, object]) -> str:
     text = _text_of_parts(item.get("content"))
     if not text:
         summary = item.get("summary")
@@ -132,7 +132,7 @@ def _reasoning_text(item: Mapping[str, Any]) -> str:
     return text
 
 
-def _replayable_details(details: Any) -> list[Any]:
+def _replayable_details(details: object) -> list[Any]:
     """Provider ``reasoning_details`` worth replaying: Anthropic entries without a
     signature cannot be verified by the provider and are dropped."""
     if not isinstance(details, list):
@@ -145,7 +145,7 @@ def _replayable_details(details: Any) -> list[Any]:
     return out
 
 
-def _code_interpreter_text(item: Mapping[str, Any]) -> str:
+def _code_interpreter_text(item: Mapping[str, object]) -> str:
     """``<code_interpreter>`` + ``<code_interpreter_output>`` blocks. The
     output is stdout, else the result, else (turnlog) stderr so the model sees
     its error; no output block when there is no output yet."""
@@ -252,7 +252,7 @@ class _OutputConverter:
         self.emitted_calls: set[Any] = set()
         self.held_reasoning: Item | None = None  # a provider reasoning item waiting for its following item
 
-    def add(self, item: Mapping[str, Any]) -> None:
+    def add(self, item: Mapping[str, object]) -> None:
         kind = item.get("type")
         follows_held = self.held_reasoning
         if kind != "reasoning":
@@ -304,7 +304,7 @@ class _OutputConverter:
         self.held_reasoning = None
         return self.assistant
 
-    def _output(self, item: Mapping[str, Any]) -> None:
+    def _output(self, item: Mapping[str, object]) -> None:
         call_id = item.get("call_id")
         if call_id not in self.replayable or call_id in self.emitted_outputs:
             return
@@ -324,7 +324,7 @@ class _OutputConverter:
             content = [dict(p) for p in parts if p.get("type") in ("input_text", "input_image")]
         self.tool_run.append({"role": "tool", "tool_call_id": call_id, "content": content})
 
-    def _call(self, item: Mapping[str, Any], follows_held: Item | None) -> None:
+    def _call(self, item: Mapping[str, object], follows_held: Item | None) -> None:
         call_id = item.get("call_id")
         if call_id not in self.replayable or call_id in self.emitted_calls:
             return
@@ -336,7 +336,7 @@ class _OutputConverter:
         self.held_reasoning = follows_held
         self._contribute(fc_item).tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
 
-    def _message(self, item: Mapping[str, Any], follows_held: Item | None) -> None:
+    def _message(self, item: Mapping[str, object], follows_held: Item | None) -> None:
         text = _text_of_parts(item.get("content"))
         if not text.strip():
             return
@@ -351,7 +351,7 @@ class _OutputConverter:
         self.held_reasoning = follows_held
         self._contribute(msg_item).content.append(text)
 
-    def _reasoning(self, item: Mapping[str, Any]) -> None:
+    def _reasoning(self, item: Mapping[str, object]) -> None:
         if self.raw:
             details = _replayable_details(item.get("reasoning_details"))
             if details:
@@ -378,14 +378,14 @@ class _OutputConverter:
 # --------------------------------------------------------------------------
 
 
-def _call_ids(message: Mapping[str, Any]) -> list[Any]:
+def _call_ids(message: Mapping[str, object]) -> list[Any]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return []
     return [call.get("id") for call in calls if isinstance(call, Mapping)]
 
 
-def _has_content(content: Any) -> bool:
+def _has_content(content: object) -> bool:
     if isinstance(content, str):
         return bool(content.strip())
     if isinstance(content, list):

@@ -83,7 +83,7 @@ def _base64_of(url: str) -> str | None:
     return payload
 
 
-def _ollama_content(content: Any) -> tuple[str, list[str]]:
+def _ollama_content(content: object) -> tuple[str, list[str]]:
     if isinstance(content, str):
         return content, []
     if not isinstance(content, list):
@@ -168,7 +168,7 @@ class OllamaNormalizer:
         self._terminal = False
         self._finished = False
 
-    def feed(self, obj: Any) -> list[ModelEvent]:
+    def feed(self, obj: object) -> list[ModelEvent]:
         if self._finished:
             raise RuntimeError("OllamaNormalizer is finished; no more lines are accepted")
         if not isinstance(obj, dict) or self._terminal:
@@ -219,19 +219,19 @@ class OllamaNormalizer:
             return []
         return [Finished(reason="tool_calls" if self._tool_calls else None, status=None)]
 
-    def _reason(self, done_reason: Any) -> str:
+    def _reason(self, done_reason: object) -> str:
         if self._tool_calls:
             return "tool_calls"
         return done_reason if isinstance(done_reason, str) and done_reason else "stop"
 
 
-def _count(value: Any) -> int | None:
+def _count(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value)
 
 
-def _ollama_usage(obj: Mapping[str, Any]) -> dict[str, Any] | None:
+def _ollama_usage(obj: Mapping[str, object]) -> dict[str, Any] | None:
     prompt, completion = _count(obj.get("prompt_eval_count")), _count(obj.get("eval_count"))
     if prompt is None and completion is None:
         return None

@@ -42,6 +42,7 @@ from engine.events import (
     TurnResumed,
     delta_event,
     make_event,
+    parse_data,
 )
 from engine.fold.turn_view import TurnView
 from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
@@ -507,8 +508,9 @@ class TurnActor:
         self._flush()
         for item in data:
             event = make_event(self.turn_id, self._view.last_seq + 1, item)
-            self._view.apply(event)
-            self._state.apply(event)
+            typed = parse_data(event)  # once, for both folds
+            self._view.apply(event, data=typed)
+            self._state.apply(event, typed)
             self._staged.append(event)
         if not durable:
             return

@@ -4,6 +4,7 @@ client's ``tool_result`` back through the supervisor."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from engine.ports import LiveBus, LiveRequest
@@ -17,7 +18,7 @@ class ClientRequests:
         self._turn_id = turn_id
         self._waits: dict[str, asyncio.Future[Any]] = {}
 
-    async def ask(self, call_id: str, name: str, arguments: dict[str, Any], timeout: float) -> Any:
+    async def ask(self, call_id: str, name: str, arguments: Mapping[str, object], timeout: float) -> Any:
         if not self._bus.has_client(self._turn_id):
             return {"error": f"no client is connected to run the direct tool {name}"}
         future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
@@ -32,7 +33,7 @@ class ClientRequests:
         finally:
             self._waits.pop(call_id, None)
 
-    def deliver(self, call_id: str, result: Any) -> bool:
+    def deliver(self, call_id: str, result: object) -> bool:
         """A client's answer; False if no call of that id is waiting."""
         future = self._waits.get(call_id)
         if future is None or future.done():

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine.events import EventData
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject
 from engine.ports import (
     Assembler,
     CodeExecutor,
@@ -108,6 +109,6 @@ class TurnContext(Protocol):
         """Wait for the writer when delta windows pile up."""
         ...
 
-    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: JsonObject | None = None) -> End:
         """Record ``turn.failed`` (unless the turn already ended) and end."""
         ...

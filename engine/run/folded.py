@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.events import Event
+from engine.events import Event, parse_data
 from engine.fold.turn_view import TurnView
 from engine.run.loop_state import LoopState
 
@@ -19,12 +19,13 @@ class Folded:
 
     @classmethod
     def of(cls, turn_id: str, events: Sequence[Event]) -> Folded:
-        view, state = TurnView(turn_id, enforce=True), LoopState()
+        folded = cls(TurnView(turn_id, enforce=True), LoopState())
         for event in events:
-            view.apply(event)
-            state.apply(event)
-        return cls(view, state)
+            folded.apply(event)
+        return folded
 
     def apply(self, event: Event) -> None:
-        self.view.apply(event)
-        self.state.apply(event)
+        # One typed read for both folds (a delta's is only the view's, unparsed).
+        data = None if event.type == "model.delta" else parse_data(event)
+        self.view.apply(event, data=data)
+        self.state.apply(event, data)

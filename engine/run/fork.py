@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine.events import Event, TurnForked
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject
 
 FORK_POINTS = ("model.requested", "tools.batch")
 _AFTER_ANSWER = ("turn.finalized", "outlet.applied", "background.started", "background.result", "turn.completed")
@@ -149,7 +150,7 @@ class _ViewFold:
         self.view.apply(event)
 
 
-def _copied_data(event: Event, view: TurnView, *, chat_id: str, model: str | None) -> dict[str, Any]:
+def _copied_data(event: Event, view: TurnView, *, chat_id: str, model: str | None) -> JsonObject:
     """An event's data as the fork records it: what names the turn's chat or
     model, and the stream positions (the fork's ``turn.forked`` takes one), are
     the fork's; everything else is the parent's, unchanged."""

@@ -12,7 +12,32 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.events import Event
+from engine.events import (
+    AssemblyCompleted,
+    AssemblyStep,
+    BackgroundResult,
+    BackgroundStarted,
+    ContextReinjected,
+    D,
+    Event,
+    EventData,
+    ModelCompleted,
+    ModelFallback,
+    ModelItem,
+    ModelRequested,
+    ToolApproval,
+    ToolApprovalRequested,
+    ToolCompleted,
+    ToolsBatch,
+    ToolStarted,
+    TurnCancelled,
+    TurnFailed,
+    TurnFinalized,
+    TurnForked,
+    TurnResumed,
+    TurnStarted,
+    parse_data,
+)
 from engine.ports import TurnInput
 
 
@@ -32,8 +57,8 @@ class LoopState:
         self.round_calls: list[dict[str, Any]] = []
         self.last_round_calls: list[dict[str, Any]] = []
         # The batch in progress (tools.batch .. context.reinjected).
-        self.batch: dict[str, Any] | None = None
-        self.started: dict[str, dict[str, Any]] = {}  # call_id -> its tool.started data
+        self.batch: ToolsBatch | None = None
+        self.started: dict[str, ToolStarted] = {}  # call_id -> its tool.started
         self.done: set[str] = set()  # call ids with a recorded result
         self.code_runs = 0
         # Stateful Responses continuation: the anchor and the new items, or broken.
@@ -57,8 +82,8 @@ class LoopState:
         self.substitutes: dict[str, str] = {}
         # Tool approval of the batch in progress: the calls asked (call_id -> the
         # request's data) and the decisions recorded (call_id -> the decision's data).
-        self.asked: dict[str, dict[str, Any]] = {}
-        self.decisions: dict[str, dict[str, Any]] = {}
+        self.asked: dict[str, ToolApprovalRequested] = {}
+        self.decisions: dict[str, ToolApproval] = {}
 
     @property
     def undecided(self) -> list[str]:
@@ -73,144 +98,157 @@ class LoopState:
         assert self.turn is not None, "turn.started is always the first event"
         return self.turn
 
-    def apply(self, event: Event) -> None:
+    def apply(self, event: Event, data: EventData | None = None) -> None:
+        """Fold one event (``data``: its ``parse_data``, when the caller has it)."""
         handler = _HANDLERS.get(event.type)
         if handler is not None:
-            handler(self, event)
+            handler(self, event, data if data is not None else parse_data(event))
 
-    # -- handlers -----------------------------------------------------------------
+    # -- handlers: each takes the envelope (its turn id, its time) and its typed payload
 
-    def _on_forked(self, event: Event) -> None:
-        self.substitutes = dict(event.data.get("tool_results") or {})
+    def _on_forked(self, event: Event, d: TurnForked) -> None:
+        self.substitutes = dict(d.tool_results)
 
-    def _on_started(self, event: Event) -> None:
-        d = event.data
-        self.turn = TurnInput(id=event.turn_id, chat_id=d["chat_id"], user_id=d["user_id"], model=run_model(d), request=d["request"], created_at=event.at)
+    def _on_started(self, event: Event, d: TurnStarted) -> None:
+        self.turn = TurnInput(id=event.turn_id, chat_id=d.chat_id, user_id=d.user_id, model=run_model(d), request=d.request, created_at=event.at)
 
-    def _on_assembly_step(self, event: Event) -> None:
-        step, detail = event.data.get("step"), event.data.get("detail", {})
+    def _on_assembly_step(self, event: Event, d: AssemblyStep) -> None:
+        step, detail = d.step, d.detail
         if step == "tools":
             self.offered_builtins = set(detail.get("builtin") or [])
         elif step == "files":
             self.file_sources = list(detail.get("sources") or [])
             self.attached_knowledge = list(detail.get("attached_knowledge") or [])
 
-    def _on_assembled(self, event: Event) -> None:
+    def _on_assembled(self, event: Event, d: AssemblyCompleted) -> None:
+        d = d
         self.assembled = True
-        self.messages = list(event.data["messages"])
+        self.messages = list(d.messages)
         self.assembled_count = len(self.messages)
-        self.params = event.data.get("params", {})
-        self.chat_turns = event.data.get("chat_turns", 0)
-        self.rag = event.data.get("rag")
+        self.params = d.params
+        self.chat_turns = d.chat_turns
+        self.rag = d.rag
 
-    def _on_model_requested(self, event: Event) -> None:
-        self.iteration = event.data.get("iteration", 0)
-        self.last_api = event.data.get("api", "chat")
+    def _on_model_requested(self, event: Event, d: ModelRequested) -> None:
+        self.iteration = d.iteration
+        self.last_api = d.api
         self.model_open = True
 
-    def _on_model_item(self, event: Event) -> None:
-        item = event.data["item"]
+    def _on_model_item(self, event: Event, d: ModelItem) -> None:
+        item = d.item
         if item.get("type") == "function_call":
             self.round_calls.append({"call_id": item["call_id"], "name": item["name"], "arguments": item.get("arguments", "")})
 
-    def _on_model_completed(self, event: Event) -> None:
+    def _on_model_completed(self, event: Event, d: ModelCompleted) -> None:
+        d = d
         self.model_open = False
-        self.finish_reason = event.data.get("finish_reason")
-        if event.data.get("response_id"):
-            self.response_ids.append(event.data["response_id"])
+        self.finish_reason = d.finish_reason
+        if d.response_id:
+            self.response_ids.append(d.response_id)
         self.last_round_calls, self.round_calls = self.round_calls, []
 
-    def _on_fallback(self, event: Event) -> None:
+    def _on_fallback(self, event: Event, d: ModelFallback) -> None:
         self.stateful_broken = True
         self.pending_stateful = None
 
-    def _on_tools_batch(self, event: Event) -> None:
+    def _on_tools_batch(self, event: Event, d: ToolsBatch) -> None:
         self.round_citations = []
-        self.batch = event.data
+        self.batch = d
         self.started = {}
         self.done = set()
         self.asked = {}
         self.decisions = {}
 
-    def _on_tool_started(self, event: Event) -> None:
-        self.started[event.data["call_id"]] = event.data
+    def _on_tool_started(self, event: Event, d: ToolStarted) -> None:
+        self.started[d.call_id] = d
 
-    def _on_tool_completed(self, event: Event) -> None:
-        sources = event.data.get("sources") or []
-        self.citations.extend(sources)
-        self.round_citations.extend(sources)
-        call_id = event.data["call_id"]
-        self.done.add(call_id)
-        if event.data.get("substituted"):
-            self.substitutes.pop(call_id, None)
-        if self.started.get(call_id, {}).get("kind") == "code":
+    def _on_tool_completed(self, event: Event, d: ToolCompleted) -> None:
+        d = d
+        self.citations.extend(d.sources)
+        self.round_citations.extend(d.sources)
+        self.done.add(d.call_id)
+        if d.substituted:
+            self.substitutes.pop(d.call_id, None)
+        started = self.started.get(d.call_id)
+        if started is not None and started.kind == "code":
             self.code_runs += 1
 
-    def _on_approval_requested(self, event: Event) -> None:
-        self.asked[event.data["call_id"]] = event.data
+    def _on_approval_requested(self, event: Event, d: ToolApprovalRequested) -> None:
+        self.asked[d.call_id] = d
 
-    def _on_approval(self, event: Event) -> None:
-        self.decisions[event.data["call_id"]] = event.data
+    def _on_approval(self, event: Event, d: ToolApproval) -> None:
+        self.decisions[d.call_id] = d
 
-    def _on_reinjected(self, event: Event) -> None:
-        d = event.data
-        rewrite = d.get("rewrite")
+    def _on_reinjected(self, event: Event, d: ContextReinjected) -> None:
+        d = d
+        rewrite = d.rewrite
         if rewrite is not None:
             self.messages[rewrite["index"]] = rewrite["message"]
             # The snapshot the context was rebuilt from, and the ids so far.
             self.rag = {**(self.rag or rewrite.get("snapshot") or {}), "source_ids": rewrite.get("source_ids") or {}}
-        self.messages.extend(d.get("messages", []))
-        self.iteration = d.get("iteration", self.iteration)
-        self.pending_stateful = (d["previous_response_id"], d.get("input_items", [])) if d.get("previous_response_id") else None
+        self.messages.extend(d.messages)
+        self.iteration = d.iteration
+        self.pending_stateful = (d.previous_response_id, d.input_items) if d.previous_response_id else None
         self.batch = None
 
-    def _on_background_started(self, event: Event) -> None:
-        self.background = list(event.data.get("tasks") or [])
+    def _on_background_started(self, event: Event, d: BackgroundStarted) -> None:
+        self.background = list(d.tasks)
 
-    def _on_background_result(self, event: Event) -> None:
-        self.background_done.add(event.data["task"])
+    def _on_background_result(self, event: Event, d: BackgroundResult) -> None:
+        self.background_done.add(d.task)
 
-    def _on_finalized(self, event: Event) -> None:
-        self.finish_reason = event.data.get("finish_reason", self.finish_reason)
+    def _on_finalized(self, event: Event, d: TurnFinalized) -> None:
+        # A record without the field (never written so) keeps the last round's.
+        if "finish_reason" in d.model_fields_set:
+            self.finish_reason = d.finish_reason
 
-    def _on_stopped(self, event: Event) -> None:
+    def _on_stopped(self, event: Event, d: TurnCancelled | TurnFailed) -> None:
         self.model_open = False
 
-    def _on_resumed(self, event: Event) -> None:
-        if event.data.get("mode") == "restart" and self.model_open:
+    def _on_resumed(self, event: Event, d: TurnResumed) -> None:
+        if d.mode == "restart" and self.model_open:
             # The cut-off round is answered afresh: the calls it had streamed are superseded.
             self.round_calls = []
 
 
-_HANDLERS: dict[str, Callable[[LoopState, Event], None]] = {
-    "turn.forked": LoopState._on_forked,
-    "turn.started": LoopState._on_started,
-    "assembly.step": LoopState._on_assembly_step,
-    "assembly.completed": LoopState._on_assembled,
-    "model.requested": LoopState._on_model_requested,
-    "model.item": LoopState._on_model_item,
-    "model.completed": LoopState._on_model_completed,
-    "model.fallback": LoopState._on_fallback,
-    "tools.batch": LoopState._on_tools_batch,
-    "tool.started": LoopState._on_tool_started,
-    "tool.completed": LoopState._on_tool_completed,
-    "context.reinjected": LoopState._on_reinjected,
-    "tool.approval_requested": LoopState._on_approval_requested,
-    "tool.approval": LoopState._on_approval,
-    "turn.finalized": LoopState._on_finalized,
-    "background.started": LoopState._on_background_started,
-    "background.result": LoopState._on_background_result,
-    "turn.cancelled": LoopState._on_stopped,
-    "turn.failed": LoopState._on_stopped,
-    "turn.resumed": LoopState._on_resumed,
-}
+_HANDLERS: dict[str, Callable[[LoopState, Event, EventData], None]] = {}
 
 
-def run_model(started: dict[str, Any]) -> str:
+def _on(cls: type[D], handler: Callable[[LoopState, Event, D], None]) -> None:
+    def call(state: LoopState, event: Event, data: EventData) -> None:
+        assert isinstance(data, cls)  # parse_data built it from cls.TYPE
+        handler(state, event, data)
+
+    _HANDLERS[cls.TYPE] = call
+
+
+_on(TurnForked, LoopState._on_forked)
+_on(TurnStarted, LoopState._on_started)
+_on(AssemblyStep, LoopState._on_assembly_step)
+_on(AssemblyCompleted, LoopState._on_assembled)
+_on(ModelRequested, LoopState._on_model_requested)
+_on(ModelItem, LoopState._on_model_item)
+_on(ModelCompleted, LoopState._on_model_completed)
+_on(ModelFallback, LoopState._on_fallback)
+_on(ToolsBatch, LoopState._on_tools_batch)
+_on(ToolStarted, LoopState._on_tool_started)
+_on(ToolCompleted, LoopState._on_tool_completed)
+_on(ContextReinjected, LoopState._on_reinjected)
+_on(ToolApprovalRequested, LoopState._on_approval_requested)
+_on(ToolApproval, LoopState._on_approval)
+_on(TurnFinalized, LoopState._on_finalized)
+_on(BackgroundStarted, LoopState._on_background_started)
+_on(BackgroundResult, LoopState._on_background_result)
+_on(TurnCancelled, LoopState._on_stopped)
+_on(TurnFailed, LoopState._on_stopped)
+_on(TurnResumed, LoopState._on_resumed)
+
+
+def run_model(started: TurnStarted) -> str:
     """The model a turn calls: a preset's recorded base model (never resolved
     again), else the model it names. A fork that names another model leaves
     the preset behind."""
-    preset = started.get("preset")
-    if isinstance(preset, dict) and preset.get("id") == started["model"] and preset.get("base_model"):
+    preset = started.preset
+    if isinstance(preset, dict) and preset.get("id") == started.model and preset.get("base_model"):
         return str(preset["base_model"])
-    return str(started["model"])
+    return started.model

@@ -180,7 +180,7 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     response = _Response()
     ids = _call_ids(ctx.turn_id, ctx.state.iteration)
     streamed = _StreamFilters(ctx) if "stream" in ctx.ports.filters.hooks() else None
-    cut = ctx.view.code_interpreter and ctx.view.code_cut
+    cut = ctx.view.out.code_interpreter and ctx.view.out.code_cut
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
     reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
@@ -436,12 +436,12 @@ class RunTools:
                 return AwaitApproval()
             # Committed with the batch's write-ahead events below.
             await ctx.record(ToolsDecided(), durable=False)
-        batch = self.batch.model_dump() if self.batch is not None else (state.batch or {})
+        batch = self.batch if self.batch is not None else (state.batch or ToolsBatch(iteration=state.iteration))
         done = set() if fresh else state.done
         started_before = {} if fresh else state.started
         runs: list[tuple[dict[str, Any], dict[str, Any], ToolHandle | None]] = []
         started: list[EventData] = [self.batch] if self.batch is not None else []
-        for call in batch.get("calls", []):
+        for call in batch.calls:
             if call["call_id"] in done:
                 continue  # its result is on the log: never run it again
             event, run = _plan_call(ctx, call, started_before)
@@ -453,13 +453,13 @@ class RunTools:
             _observe_tools(ctx, started)
         if runs:
             await asyncio.gather(*(_run_code(ctx, call, args) if handle is None else _run_tool(ctx, call, args, handle) for call, args, handle in runs))
-        if batch.get("client_calls"):
+        if batch.client_calls:
             return Finalize("tool_calls")
         return Reinject()
 
 
 def _plan_call(
-    ctx: TurnContext, call: dict[str, Any], started_before: dict[str, Any]
+    ctx: TurnContext, call: dict[str, Any], started_before: dict[str, ToolStarted]
 ) -> tuple[EventData, tuple[dict[str, Any], dict[str, Any], ToolHandle | None] | None]:
     """What a call of a batch becomes: its write-ahead ``tool.started`` and
     what to run, or the result it gets without running (a fork's substitute,
@@ -471,14 +471,14 @@ def _plan_call(
         # A fork was given this call's output: recorded, not run.
         return ToolCompleted(call_id=call_id, name=name, output=state.substitutes[call_id], substituted=True), None
     decision = state.decisions.get(call_id)
-    if decision is not None and not decision.get("approve"):
-        return _failed(call_id, name, rejected_output(name, decision.get("reason"))), None
+    if decision is not None and not decision.approve:
+        return _failed(call_id, name, rejected_output(name, decision.reason)), None
     attempt = 1
     if call_id in started_before:
         previous = started_before[call_id]
-        if not previous.get("idempotent"):
+        if not previous.idempotent:
             return _failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)), None
-        attempt = previous.get("attempt", 1) + 1
+        attempt = previous.attempt + 1
     if call.get("kind") == "code":
         code_started = ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt)
         return code_started, (call, json.loads(call["arguments"]), None)
@@ -597,7 +597,7 @@ async def _image_urls(ctx: TurnContext, images: list[str]) -> list[str]:
     return [ref["url"] if isinstance(ref, dict) and isinstance(ref.get("url"), str) else ref for ref in refs]
 
 
-async def inline_blob_urls(ctx: TurnContext, value: Any) -> Any:
+async def inline_blob_urls(ctx: TurnContext, value: object) -> Any:
     """``value`` (messages, input items) with each image URL that is one of the
     user's blobs replaced by its data URI: the upstream cannot fetch this
     service's URLs. Unchanged parts are the same objects (nothing is copied

@@ -16,58 +16,27 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from engine.blobs import Blobs
-from engine.context.live import LiveAssembler
-from engine.context.task_model import LiveTaskModel
 from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.fold.turn_view import TurnView
 from engine.machine import TERMINAL_STATUSES
 from engine.ports import (
-    BlobStore,
-    CodeExecutor,
     EventStore,
-    Filters,
-    ImageGenerator,
-    Knowledge,
     LiveBus,
     LiveEvent,
-    MemorySearch,
-    ModelCatalog,
-    ModelClient,
-    NoCodeExecutor,
-    NoFilters,
-    NoObserver,
-    NoTools,
-    NoToolServers,
-    NoTurnToolServers,
     OwnerLocks,
-    PageFetcher,
     RemoteControl,
-    TokenCounter,
-    ToolCatalog,
-    ToolServers,
-    TurnObserver,
     TurnRecord,
     TurnToolServers,
-    WebSearch,
-    turn_filters,
 )
-from engine.protocols.client import LiveModelClient
 from engine.run.actor import NotStarted, TurnActor, index_update
 from engine.run.approvals import decide, settle
 from engine.run.client_channel import ClientRequests
-from engine.run.context import TurnPorts
 from engine.run.folded import Folded
 from engine.run.fork import fork_log
 from engine.run.live import Joined
 from engine.run.loop_state import LoopState
 from engine.run.recovery import StoreRecovery
-from engine.settings import EngineSettings
-from engine.tools.builtin import BuiltinPorts
-from engine.tools.calls import LiveToolRunner, ToolHandle
-from engine.tools.direct import DirectToolHandle, direct_tool_specs
-from engine.tools.lazy import LazyBuiltins
-from engine.tools.servers import TurnTools
+from engine.run.wiring import TurnWiring
 
 log = logging.getLogger("turnlog.supervisor")
 
@@ -93,47 +62,22 @@ class Supervisor:
         self,
         *,
         store: EventStore,
-        blobs: BlobStore,
         bus: LiveBus,
-        models: ModelCatalog,
-        settings: EngineSettings,
-        tools: ToolCatalog | None = None,
-        model_client: ModelClient | None = None,
-        code: CodeExecutor | None = None,
+        wiring: TurnWiring,
         remote: RemoteControl | None = None,
-        filters: Filters | None = None,
-        memories: MemorySearch | None = None,
-        knowledge: Knowledge | None = None,
-        search: WebSearch | None = None,
-        fetcher: PageFetcher | None = None,
-        images: ImageGenerator | None = None,
-        observer: TurnObserver | None = None,
-        tool_servers: ToolServers | None = None,
         owner_locks: OwnerLocks | None = None,
-        tokens: TokenCounter | None = None,
     ) -> None:
         self.store = store
-        self.blobs = blobs
         self.bus = bus
-        self.models = models
-        self.settings = settings
-        self.tools: ToolCatalog = tools or NoTools()
-        self.model_client: ModelClient = LiveModelClient() if model_client is None else model_client
-        self.code: CodeExecutor = code or NoCodeExecutor()
+        # What each turn runs with (its tools, assembler...): engine.run.wiring.
+        self.wiring = wiring
+        self.settings = wiring.settings
         # Several processes on one database: asks a turn's owner to cancel it.
         self.remote = remote
-        self.filters: Filters = filters or NoFilters()
-        self.memories = memories
-        self.knowledge = knowledge
-        self.search = search
-        self.fetcher = fetcher
-        self.images = images
-        self.observer: TurnObserver = observer or NoObserver()
         # This process's lock, named by its owner token (the suffix says that
         # the owner holds one: an owner without it is judged by its lease only).
         self.owner_locks = owner_locks
         self.owner = f"proc_{secrets.token_hex(6)}{LOCKED if owner_locks is not None else ''}"
-        self.tokens = tokens  # usage for upstreams that report none
         self.actors: dict[str, TurnActor] = {}
         self._channels: dict[str, ClientRequests] = {}
         self._tasks: list[asyncio.Task[None]] = []
@@ -141,7 +85,6 @@ class Supervisor:
         self.retiring: dict[str, asyncio.Task[None]] = {}
 
         # MCP: each turn's connections, closed when its actor is done.
-        self.tool_servers: ToolServers = tool_servers or NoToolServers()
         self._open_servers: set[TurnToolServers] = set()
         # Set by ``drain``: no new turns, no adoption of other processes' turns.
         self.draining = False
@@ -265,7 +208,7 @@ class Supervisor:
     ) -> TurnActor:
         turn_id = folded.view.id
         channel = ClientRequests(self.bus, turn_id)
-        servers = self.tool_servers.open(list(folded.view.request.get("tool_ids") or []))
+        servers = self.wiring.open_servers(folded.view.request)
         self._open_servers.add(servers)
         actor = TurnActor(
             view=folded.view,
@@ -273,7 +216,7 @@ class Supervisor:
             fencing=fencing,
             store=self.store,
             bus=self.bus,
-            ports=self._ports(folded.view, channel, servers),
+            ports=self.wiring.ports(folded.view, channel, servers),
             settings=self.settings,
             owner=self.owner,
             history=history,
@@ -298,63 +241,7 @@ class Supervisor:
         """A person's decision on a call waiting for approval (``engine.run.approvals``)."""
         return await decide(self, turn_id, call_id, approve=approve, reason=reason, by=by)
 
-    def _ports(self, view: TurnView, channel: ClientRequests, servers: TurnToolServers | None = None) -> TurnPorts:
-        payloads = Blobs(self.blobs, view.user_id or "")
-        builtin = BuiltinPorts(
-            search=self.search,
-            fetcher=self.fetcher,
-            knowledge=self.knowledge,
-            memories=self.memories,
-            images=self.images,
-            payloads=payloads,
-            code=None if isinstance(self.code, NoCodeExecutor) else self.code,
-            search_count=self.settings.web_search_count,
-        )
-        # The turn's own tools win: a builtin never shadows them (nor a tool server's).
-        tools = TurnTools(LazyBuiltins(builtin), servers or NoTurnToolServers(), self.tool_handles(view.request, channel))
-        runner = LiveToolRunner()
-        filters = turn_filters(self.filters, view.request)  # the global ones and the opt-in ones it names
-        task_model = LiveTaskModel(self.models, self.model_client, self.settings.task_model or view.model or "")
-        return TurnPorts(
-            models=self.models,
-            model_client=self.model_client,
-            assembler=LiveAssembler(
-                store=self.store,
-                models=self.models,
-                model_client=self.model_client,
-                tool_runner=runner,
-                tools=tools,
-                settings=self.settings,
-                filters=filters,
-                task_model=task_model,
-                memories=self.memories,
-                knowledge=self.knowledge,
-                search=self.search,
-                fetcher=self.fetcher,
-                images=self.images,
-                payloads=payloads,
-                code_available=not isinstance(self.code, NoCodeExecutor),
-                search_count=self.settings.web_search_count,
-                tool_servers=servers,
-            ),
-            tools=tools,
-            tool_runner=runner,
-            code=self.code,
-            payloads=payloads,
-            filters=filters,
-            task_model=task_model,
-            observer=self.observer,
-            tokens=self.tokens,
-        )
-
-    def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:
-        """The tools this turn may run: its server tools, then its direct tools."""
-        handles: dict[str, ToolHandle] = dict(self.tools.handles(list(request.get("tool_ids") or [])))
-        for spec in direct_tool_specs(request.get("direct_tools")):
-            handles[spec.name] = DirectToolHandle(spec, channel, self.settings.direct_tool_timeout)
-        return handles
-
-    def deliver_tool_result(self, turn_id: str, call_id: str, result: Any) -> bool:
+    def deliver_tool_result(self, turn_id: str, call_id: str, result: object) -> bool:
         channel = self._channels.get(turn_id)
         return channel is not None and channel.deliver(call_id, result)
 

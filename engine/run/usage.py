@@ -96,7 +96,7 @@ def _message_texts(message: dict[str, Any]) -> Iterable[str]:
             yield value
 
 
-def _content_texts(content: Any) -> Iterable[str]:
+def _content_texts(content: object) -> Iterable[str]:
     if isinstance(content, str):
         yield content
     elif isinstance(content, list):

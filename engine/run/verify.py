@@ -27,11 +27,29 @@ from typing import Any
 from engine.events import (
     AssemblyCompleted,
     AssemblyStep,
+    BackgroundResult,
+    ContextReinjected,
     Event,
     EventData,
+    IterationLimit,
+    ModelCompleted,
+    ModelDelta,
+    ModelFallback,
+    ModelItem,
+    ModelRequested,
+    ModelWarning,
+    OutletApplied,
+    ToolApprovalRequested,
+    ToolCompleted,
+    ToolEvent,
+    ToolStarted,
     TurnCancelled,
     TurnCancelRequested,
+    TurnFailed,
     TurnInterrupted,
+    TurnResumed,
+    TurnStarted,
+    data_of,
     make_event,
 )
 from engine.ports import (
@@ -42,7 +60,6 @@ from engine.ports import (
     InlinePayloads,
     LiveEvent,
     LiveMessage,
-    ModelApi,
     ModelRequest,
     ResolvedModel,
     ResumeMode,
@@ -142,10 +159,10 @@ class _Script:
         self.tool_events: dict[str, list[Event]] = {}
         for e in events:
             if e.type == "tool.completed":
-                self.tool_results.setdefault(e.data["call_id"], []).append(e)
+                self.tool_results.setdefault(data_of(e, ToolCompleted).call_id, []).append(e)
             elif e.type == "tool.event":
-                self.tool_events.setdefault(e.data["call_id"], []).append(e)
-        self.fallbacks = [e.data.get("reason", "") for e in events if e.type == "model.fallback"]
+                self.tool_events.setdefault(data_of(e, ToolEvent).call_id, []).append(e)
+        self.fallbacks = [data_of(e, ModelFallback).reason for e in events if e.type == "model.fallback"]
         self.on_external: Callable[[Event], None] = lambda _e: None
 
     @staticmethod
@@ -184,30 +201,32 @@ class RecordedModelClient:
         for event in recorded:
             t = event.type
             if t == "model.delta":
-                text, offset = event.data["text"], 0
-                kind = TextDelta if event.data["kind"] == "text" else ReasoningDelta
+                delta = data_of(event, ModelDelta)
+                text, offset = delta.text, 0
+                kind = TextDelta if delta.kind == "text" else ReasoningDelta
                 window: list[ModelEvent] = []
-                for n in event.data["lens"]:
+                for n in delta.lens:
                     window.append(kind(text[offset : offset + n]))
                     offset += n
                 if window:
                     yield window
             elif t == "model.item":
-                item = event.data["item"]
+                item = data_of(event, ModelItem).item
                 if item.get("type") == "function_call":
                     yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"), item.get("provider_call_id"))]
                 else:
                     yield [ProviderItem(item)]
             elif t == "model.warning":
-                yield [StreamWarning(event.data["message"], event.data.get("raw"))]
+                warning = data_of(event, ModelWarning)
+                yield [StreamWarning(warning.message, warning.raw)]
             elif t == "model.fallback":
                 return
             elif t == "model.completed":
-                d = event.data
-                yield [Finished(d.get("finish_reason"), d.get("response_id"), d.get("usage") or usage, d.get("status"))]
+                d = data_of(event, ModelCompleted)
+                yield [Finished(d.finish_reason, d.response_id, d.usage or usage, d.status)]
                 return
             elif t == "turn.failed":
-                error = event.data["error"]
+                error = data_of(event, TurnFailed).error
                 if error.get("type") == "upstream_failed":
                     yield [StreamFailed(error.get("message", ""), error.get("code"))]
                     return
@@ -250,15 +269,16 @@ class RecordedToolRunner:
             if event.type in ("tools.batch", "turn.resumed"):
                 batch = []
             elif event.type == "tool.completed":
-                before[event.data["call_id"]] = list(batch)
-                batch.append(event.data["call_id"])
+                call_id = data_of(event, ToolCompleted).call_id
+                before[call_id] = list(batch)
+                batch.append(call_id)
         return before
 
     def committed(self, event: Event) -> None:
         """An event of the re-run is durable (called from verify's bus)."""
         if event.type != "tool.completed":
             return
-        self._committed.add(event.data["call_id"])
+        self._committed.add(data_of(event, ToolCompleted).call_id)
         for call_id, future in list(self._waiting):
             if self._ready(call_id):
                 self._waiting.remove((call_id, future))
@@ -284,7 +304,7 @@ class RecordedToolRunner:
         after = results[done - 1].seq if done else 0
         for emitted in self.script.tool_events.get(call_id, []):
             if ctx.emit is not None and after < emitted.seq and (recorded is None or emitted.seq < recorded.seq):
-                await ctx.emit(emitted.data["event"])
+                await ctx.emit(data_of(emitted, ToolEvent).event)
         started = self._started_seq(call_id, self._runs.get(call_id, 0))
         self._runs[call_id] = self._runs.get(call_id, 0) + 1
         stop = next(
@@ -304,13 +324,12 @@ class RecordedToolRunner:
             await asyncio.Event().wait()
         await self._in_turn(call_id)
         self._returned[call_id] = done + 1
-        d = recorded.data
-        result = ToolResult(d.get("output"), d.get("files", []), d.get("embeds", []), d.get("images", []), d.get("status", "completed"))
-        return result, d.get("error")
+        d = data_of(recorded, ToolCompleted)
+        return ToolResult(d.output, d.files, d.embeds, d.images, d.status), d.error
 
     def _started_seq(self, call_id: str | None, run: int) -> int:
         """The seq of the ``run``-th start of the call (the last one when the log has fewer)."""
-        starts = [e.seq for e in self.script.events if e.type == "tool.started" and e.data["call_id"] == call_id]
+        starts = [e.seq for e in self.script.events if e.type == "tool.started" and data_of(e, ToolStarted).call_id == call_id]
         return starts[min(run, len(starts) - 1)] if starts else 0
 
 
@@ -318,7 +337,8 @@ class RecordedCodeRunner:
     """Legacy code blocks: their recorded outputs, in order."""
 
     def __init__(self, events: list[Event]) -> None:
-        self.outputs = [json.loads(e.data.get("output") or "{}") for e in events if e.type == "tool.completed" and e.data.get("name") == "code_interpreter"]
+        completed = [data_of(e, ToolCompleted) for e in events if e.type == "tool.completed"]
+        self.outputs = [json.loads(d.output or "{}") for d in completed if d.name == "code_interpreter"]
 
     async def run(self, code: str, lang: str) -> dict[str, Any]:
         if not self.outputs:
@@ -349,14 +369,14 @@ class _RecordedAssembler:
     async def assemble(self, turn: TurnInput) -> AsyncIterator[EventData]:
         for event in self.events:
             if event.type == "assembly.step":
-                yield AssemblyStep.model_validate(event.data)
+                yield data_of(event, AssemblyStep)
             elif event.type == "assembly.completed":
-                yield AssemblyCompleted.model_validate(event.data)
+                yield data_of(event, AssemblyCompleted)
                 return
         failed = next((e for e in self.events if e.type == "turn.failed"), None)
         if failed is not None:
             # The log shows assembly itself failing (an inlet filter raised).
-            error = failed.data.get("error") or {}
+            error = data_of(failed, TurnFailed).error
             raise AssemblyError(str(error.get("message", "")), str(error.get("type", "")), [])
 
 
@@ -366,7 +386,7 @@ class _RecordedFilters:
     deltas before they were recorded, and their failures are recorded warnings.)"""
 
     def __init__(self, events: list[Event]) -> None:
-        self._outlet = next((e.data for e in events if e.type == "outlet.applied"), None)
+        self._outlet = next((data_of(e, OutletApplied) for e in events if e.type == "outlet.applied"), None)
 
     def hooks(self) -> frozenset[str]:
         return frozenset({"outlet"}) if self._outlet is not None else frozenset()
@@ -378,11 +398,11 @@ class _RecordedFilters:
         return event, []
 
     async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
-        recorded = self._outlet or {}
-        runs = [FilterRun(r["filter"], r.get("changed", False), r.get("error")) for r in recorded.get("runs") or []]
-        if recorded.get("output") is None:
+        recorded = self._outlet or OutletApplied()
+        runs = [FilterRun(r["filter"], r.get("changed", False), r.get("error")) for r in recorded.runs]
+        if recorded.output is None:
             return body, runs
-        answer = {"role": "assistant", "content": recorded.get("content"), "output": recorded["output"]}
+        answer = {"role": "assistant", "content": recorded.content, "output": recorded.output}
         return {**body, "messages": [*body["messages"][:-1], answer]}, runs
 
 
@@ -390,16 +410,17 @@ class _RecordedTaskModel:
     """Each background task's recorded reply (or its recorded failure)."""
 
     def __init__(self, events: list[Event]) -> None:
-        self._results = {e.data["task"]: e.data for e in events if e.type == "background.result"}
+        results = [data_of(e, BackgroundResult) for e in events if e.type == "background.result"]
+        self._results = {d.task: d for d in results}
 
     async def ask(self, task: str, prompt: str) -> str:
         recorded = self._results.get(task)
         if recorded is None:
             await asyncio.Event().wait()  # the log ends while this task ran
             raise AssertionError("unreachable")
-        if recorded.get("reply") is None:
-            raise UpstreamError(str(recorded.get("error") or ""), "upstream_error")
-        return str(recorded["reply"])
+        if recorded.reply is None:
+            raise UpstreamError(recorded.error or "", "upstream_error")
+        return recorded.reply
 
 
 class _RecordedHandle:
@@ -417,23 +438,24 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
     for event in events:
         if event.type != "tool.started":
             continue
-        d = event.data
-        props = handles[d["name"]].spec.parameters["properties"] if d["name"] in handles else {}
-        props = {**props, **{k: {} for k in json.loads(d["arguments"] or "{}")}}
+        d = data_of(event, ToolStarted)
+        props = handles[d.name].spec.parameters["properties"] if d.name in handles else {}
+        props = {**props, **{k: {} for k in json.loads(d.arguments or "{}")}}
         spec = ToolSpec(
-            name=d["name"],
+            name=d.name,
             description="",
             parameters={"type": "object", "properties": props},
-            tool_id=d.get("tool_id") or "",
-            kind=d.get("kind", "server"),
-            idempotent=d.get("idempotent", False),
+            tool_id=d.tool_id or "",
+            # A code block's call runs on the code runner, never through a handle.
+            kind="server" if d.kind == "code" else d.kind,
+            idempotent=d.idempotent,
         )
-        handles[d["name"]] = _RecordedHandle(spec)
+        handles[d.name] = _RecordedHandle(spec)
     for event in events:
         # A call asked for approval and rejected never started: its tool still
         # had a handle live (only a runnable call is asked).
-        if event.type == "tool.approval_requested" and event.data["name"] not in handles:
-            name = event.data["name"]
+        name = data_of(event, ToolApprovalRequested).name if event.type == "tool.approval_requested" else None
+        if name is not None and name not in handles:
             empty = ToolSpec(name=name, description="", parameters={"type": "object", "properties": {}}, tool_id="", kind="server")
             handles[name] = _RecordedHandle(empty)
     return handles
@@ -450,11 +472,11 @@ class _RecordedModels:
         mode: ResumeMode = "continue"
         for e in events:
             if e.type == "turn.resumed":
-                mode = e.data.get("mode") or "continue"
+                mode = data_of(e, TurnResumed).mode
             elif e.type == "model.requested":
-                api: ModelApi = e.data.get("api", "chat")
-                params = e.data.get("resume_params") or {}
-                self.resolved.append(ResolvedModel(provider=None, upstream_model="", api=api, resume=mode, resume_params=params))
+                requested = data_of(e, ModelRequested)
+                params = requested.resume_params or {}
+                self.resolved.append(ResolvedModel(provider=None, upstream_model="", api=requested.api, resume=mode, resume_params=params))
                 mode = "continue"
         self.resolved = self.resolved or [ResolvedModel(provider=None, upstream_model="")]
         self.calls = 0
@@ -512,9 +534,11 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
             return VerifyResult(False, [], [], [f"the log's seqs are not 1..{len(events)}: seq {want} expected, seq {event.seq} found"])
     turn_id = events[0].turn_id
     script = _Script(events)
-    started = events[head - 1]
-    stateful = any(e.type == "context.reinjected" and e.data.get("previous_response_id") for e in events) or any(e.type == "model.fallback" for e in events)
-    limit = max([e.data["limit"] for e in events if e.type == "turn.iteration_limit"] or [256])
+    started_event = events[head - 1]
+    started = data_of(started_event, TurnStarted)
+    reinjected = [data_of(e, ContextReinjected) for e in events if e.type == "context.reinjected"]
+    stateful = any(d.previous_response_id for d in reinjected) or any(e.type == "model.fallback" for e in events)
+    limit = max([data_of(e, IterationLimit).limit for e in events if e.type == "turn.iteration_limit"] or [256])
     settings = EngineSettings(
         lease_seconds=3600,
         flush_interval=3600,
@@ -524,16 +548,16 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         responses_stateful=stateful,
         # The calls the log shows asked for approval were asked: by the request or
         # by the tool's configuration then, which the re-run cannot read.
-        **{"approval_tools": frozenset(e.data["name"] for e in events if e.type == "tool.approval_requested"), **(config or {})},
+        **{"approval_tools": frozenset(data_of(e, ToolApprovalRequested).name for e in events if e.type == "tool.approval_requested"), **(config or {})},
     )
     record = TurnRecord(
         id=turn_id,
-        chat_id=started.data["chat_id"],
-        user_id=started.data["user_id"],
-        model=started.data["model"],
+        chat_id=started.chat_id,
+        user_id=started.user_id,
+        model=started.model,
         status="running",
-        created_at=started.at,
-        updated_at=started.at,
+        created_at=started_event.at,
+        updated_at=started_event.at,
         owner="verify",
     )
     fencing = await scratch.start_turn(record, events[:head], lease_seconds=3600)
@@ -576,7 +600,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         done_task.cancel()
         event = ext_task.result()
         if event.type == "turn.cancel_requested":
-            await actor.cancel(event.data.get("by"))
+            await actor.cancel(data_of(event, TurnCancelRequested).by)
             break
         # A crash: stop the actor as the dead process stopped (its open window is
         # durable in the log, so it is kept), then do what the log shows came next.

@@ -10,22 +10,22 @@ names). The question and the answer are both events (``tool.approval_requested``
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
 
+from engine.json_types import JsonObject
 from engine.tools.calls import ToolHandle
 
 ASK = "ask"
 MODES = ("ask", "auto")
 
 
-def request_mode(request: dict[str, Any]) -> str | None:
+def request_mode(request: JsonObject) -> str | None:
     """The request's ``params.tool_approval`` (None when it does not set it)."""
     params = request.get("params")
     value = params.get("tool_approval") if isinstance(params, dict) else None
     return value if isinstance(value, str) else None
 
 
-def asks(request: dict[str, Any], approval_tools: frozenset[str], name: str, handle: ToolHandle | None) -> bool:
+def asks(request: JsonObject, approval_tools: frozenset[str], name: str, handle: ToolHandle | None) -> bool:
     """Whether a call of ``name`` (run by ``handle``; None: the legacy code
     interpreter) waits for a decision. ``"auto"`` in the request does not
     override a tool configured to ask: the operator's setting wins."""
@@ -40,7 +40,7 @@ def _configured(approval_tools: frozenset[str], name: str, tool_id: str | None) 
     return bool(name and name in approval_tools) or bool(tool_id and tool_id in approval_tools)
 
 
-def unaskable(request: dict[str, Any], approval_tools: frozenset[str], tools: Iterable[tuple[str, str | None]]) -> list[str]:
+def unaskable(request: JsonObject, approval_tools: frozenset[str], tools: Iterable[tuple[str, str | None]]) -> list[str]:
     """Of a prompt-based turn's ``tools`` (``(function name, tool id)``; a tool
     server whose functions are not listed yet: ``("", its id)``), the names
     whose calls would wait for a decision. Prompt mode runs the tools it

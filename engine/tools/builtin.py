@@ -63,7 +63,7 @@ def _spec(name: str, description: str, properties: dict[str, Any], required: Seq
     )
 
 
-def _json(value: Any) -> str:
+def _json(value: object) -> str:
     return json.dumps(value, ensure_ascii=False)
 
 
@@ -71,7 +71,7 @@ def _error(message: str) -> str:
     return _json({"error": message})
 
 
-def _count(args: Mapping[str, Any], default: int, most: int) -> int:
+def _count(args: Mapping[str, object], default: int, most: int) -> int:
     value = args.get("count", default)
     return max(1, min(most, value)) if isinstance(value, int) and not isinstance(value, bool) else default
 
@@ -318,7 +318,7 @@ FEATURE_TOOLS: dict[str, tuple[str, ...]] = {
 }
 
 
-def wanted_builtins(request: Mapping[str, Any], *, model_knowledge: bool = False) -> set[str]:
+def wanted_builtins(request: Mapping[str, object], *, model_knowledge: bool = False) -> set[str]:
     """The builtin tools a request asks for: its features' tools, and the
     knowledge tools when it names files or the model has attached knowledge."""
     features = request.get("features")

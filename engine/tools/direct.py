@@ -21,7 +21,7 @@ class ClientChannel(Protocol):
         ...
 
 
-def _parameters(value: Any) -> dict[str, Any]:
+def _parameters(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {"type": "object", "properties": {}}
 
 

@@ -59,7 +59,7 @@ When no tool should run, reply exactly:
 # --------------------------------------------------------------------------
 
 
-def _function(spec: Mapping[str, Any]) -> dict[str, Any]:
+def _function(spec: Mapping[str, object]) -> dict[str, Any]:
     """An OpenAI function spec; a ``{"type": "function", "function": {...}}`` tool is unwrapped."""
     inner = spec.get("function")
     if spec.get("type") == "function" and isinstance(inner, Mapping):
@@ -67,7 +67,7 @@ def _function(spec: Mapping[str, Any]) -> dict[str, Any]:
     return dict(spec)
 
 
-def _text(content: Any) -> str:
+def _text(content: object) -> str:
     """A message's text: string content as is, list content's text parts joined."""
     if isinstance(content, str):
         return content
@@ -84,7 +84,7 @@ def _last_user_index(messages: list[dict[str, Any]]) -> int | None:
     return None
 
 
-def render_template(template: str | None, specs: Iterable[Mapping[str, Any]]) -> str:
+def render_template(template: str | None, specs: Iterable[Mapping[str, object]]) -> str:
     """The system prompt: ``template`` (the default when None or empty) with
     ``{{TOOLS}}`` replaced by the JSON list of function specs."""
     tools_json = json.dumps([_function(spec) for spec in specs], ensure_ascii=False)
@@ -194,7 +194,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
 # --------------------------------------------------------------------------
 
 
-def tool_source(tool_id: str, name: str, parameters: dict[str, Any], result_text: str) -> dict[str, Any]:
+def tool_source(tool_id: str, name: str, parameters: Mapping[str, object], result_text: str) -> dict[str, Any]:
     """A tool result as a RAG source, named ``<tool_id>/<name>``.
 
     ``parameters`` should be what the tool ran with (after filtering). Open
