@@ -60,6 +60,13 @@ class ToolSettings(BaseModel):
     approval: Literal["ask", "auto"] = "auto"
 
 
+#: Why ``rerank_engine = local`` is refused (``adapters.rerank`` says it too).
+LOCAL_RERANK_UNAVAILABLE = (
+    "rerank_engine = local: no cross-encoder ships its weights inside an installable package, and nothing is "
+    "downloaded at run time; use rerank_engine = api with a reranking server (TEI, Infinity, vLLM, Jina, Cohere)"
+)
+
+
 class McpServerSettings(BaseModel):
     """One MCP server (``TURNLOG_MCP_SERVERS`` / ``[mcp.NAME]``): its streamable
     HTTP endpoint, headers sent with every request (a token: never logged),
@@ -710,9 +717,7 @@ class Settings(BaseSettings):
                 "TURNLOG_EMBEDDING_CONNECTION)"
             )
         if self.rerank_engine == "local":
-            from adapters.rerank import LOCAL_UNAVAILABLE
-
-            raise ValueError(LOCAL_UNAVAILABLE)
+            raise ValueError(LOCAL_RERANK_UNAVAILABLE)
         if self.rerank_engine == "api" and not self.rerank_url:
             raise ValueError("TURNLOG_RERANK_ENGINE=api needs TURNLOG_RERANK_URL")
         if self.receipt_key:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Protocol
 
+from adapters.config import LOCAL_RERANK_UNAVAILABLE as LOCAL_UNAVAILABLE
 from adapters.rerank.api import ApiReranker, RerankError
 
 if TYPE_CHECKING:
@@ -30,11 +31,6 @@ if TYPE_CHECKING:
     from adapters.config import Settings
 
 __all__ = ["ApiReranker", "LOCAL_UNAVAILABLE", "RerankError", "Reranker", "open_reranker", "open_reranker_from"]
-
-LOCAL_UNAVAILABLE = (
-    "rerank_engine = local: no cross-encoder ships its weights inside an installable package, and nothing is "
-    "downloaded at run time; use rerank_engine = api with a reranking server (TEI, Infinity, vLLM, Jina, Cohere)"
-)
 
 
 class Reranker(Protocol):
