@@ -71,6 +71,9 @@ class TurnStarted(EventData):
     stream: bool = True
     # The client's request body without secrets (no auth header, no keys).
     request: dict[str, Any]
+    # The sha256 (hex) of the API key that started the turn, never the key:
+    # usage per key. Left out without one (auth off), as in older logs.
+    key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class AssemblyStep(EventData):

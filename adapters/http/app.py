@@ -35,6 +35,7 @@ from adapters.http import (
     responses_routes,
     turn_routes,
     ui_routes,
+    usage_routes,
     ws_routes,
 )
 from adapters.http.auth import auth_middleware
@@ -55,6 +56,7 @@ from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.store import create_engine, open_store
 from adapters.store.migrate import migrate
+from adapters.store.usage import Limits, Quotas, SqlUsage
 from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
 from adapters.web import open_fetcher, open_search
@@ -174,7 +176,11 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
             tokens=Cl100kCounter(),
         )
         owners.append(supervisor)
-        svc = Services(settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge)
+        service_limits = Limits(settings.quota_requests_per_minute, settings.quota_tokens_per_day)
+        quotas = Quotas(SqlUsage(store.engine), service_limits)
+        svc = Services(
+            settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge, quotas=quotas
+        )
         holder["services"] = svc
         app[SERVICES] = svc
         await knowledge.start()  # resumes the ingestions a crash interrupted
@@ -213,6 +219,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
     approval_routes.setup(app)
     openapi.setup(app)
     responses_routes.setup(app)
+    usage_routes.setup(app)
     return app
 
 

@@ -10,6 +10,7 @@ from adapters.catalog import Catalog
 from adapters.config import Settings
 from adapters.knowledge.files import FileKnowledge
 from adapters.knowledge.memories import Memories
+from adapters.store.usage import Quotas
 from engine.ports import ChatProvider, EventStore
 from engine.run.supervisor import Supervisor
 
@@ -23,6 +24,7 @@ class Services:
     providers: dict[str, ChatProvider]
     memories: Memories
     knowledge: FileKnowledge  # files, collections, retrieval (engine.ports.Knowledge)
+    quotas: Quotas | None = None  # usage and the quotas a turn's start must pass
 
 
 SERVICES = web.AppKey("turnlog_services", Services)

@@ -381,7 +381,7 @@ class Supervisor:
         except Exception:
             log.exception("turn %s: could not release the lease", turn_id)
 
-    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str) -> TurnActor:
+    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str, key_hash: str | None = None) -> TurnActor:
         """Start a new turn; return its actor once the turn is durable.
 
         The actor runs at once: ``turn.started`` goes into the log with the
@@ -399,7 +399,7 @@ class Supervisor:
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
         now = time.time()
-        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request)
+        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request, key_hash=key_hash)
         event = make_event(turn_id, 1, started, at=now)
         record = TurnRecord(id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner)
         if request.get("direct_tools"):
