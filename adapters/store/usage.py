@@ -234,7 +234,7 @@ class Quotas:
     def __init__(self, usage: UsageStore, service: Limits, clock: Any = time.time) -> None:
         self.usage = usage
         self.service = service
-        self._clock = clock
+        self.clock = clock
         # A key's quotas are written before the key is handed out and never
         # change: read once per process.
         self._keys: dict[str, Limits] = {}
@@ -244,7 +244,7 @@ class Quotas:
         key = await self._key_limits(key_hash) if key_hash is not None else Limits()
         if self.service == Limits() and key == Limits():
             return  # quotas off: nothing read, nothing counted
-        now = self._clock()
+        now = self.clock()
         # Tokens first: they are only read, so a refusal for them counts no request.
         await self._tokens(now, self.service.tokens_per_day, None, "the service's")
         if key_hash is not None:

@@ -51,7 +51,7 @@ BEGIN
     (SELECT count(*) FROM json_each(NEW.view, '$.output') WHERE json_extract(value, '$.type') = 'function_call')
       - (SELECT count(*) FROM json_each(COALESCE(OLD.view, '{{}}'), '$.output') WHERE json_extract(value, '$.type') = 'function_call'),
     CASE WHEN json_extract(NEW.view, '$.usage_estimated') = 1
-          AND NOT (json_extract(OLD.view, '$.status') IN {_TERMINAL} AND json_extract(OLD.view, '$.usage_estimated') = 1)
+          AND NOT COALESCE(json_extract(OLD.view, '$.status') IN {_TERMINAL} AND json_extract(OLD.view, '$.usage_estimated') = 1, 0)
          THEN 1 ELSE 0 END
   )
   ON CONFLICT (user_id, key_hash, day, model) DO UPDATE SET

@@ -1,0 +1,268 @@
+"""Usage and quotas: ``GET /v1/usage`` sums what each user's turns spent from
+the usage rollup (kept by the store in the commit of a turn's end), and
+quotas refuse turns over them with 429 before anything is recorded."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from datetime import UTC, datetime, timedelta
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+from sqlalchemy import text
+
+from adapters.store.common import hash_api_key
+from adapters.store.usage import MemoryUsage, SqlUsage, day_of
+from engine.events import TurnCompleted, TurnFailed, TurnResumed, TurnStarted, make_event
+from engine.fold.turn_view import fold
+from engine.ports import IndexUpdate, TurnRecord
+from tests.backends import MEMORY, POSTGRES, SQLITE, SQLITE_ASYNC, Backend, Store
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.processes import Server, cli
+from tests.upstream import Reply, ScriptedUpstream
+
+USER = [{"role": "user", "content": "hi"}]
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object", "properties": {}}}}]
+
+
+def _today() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d")
+
+
+async def _chat(svc: Service, key: str, **body: Any) -> tuple[int, Any, dict[str, str]]:
+    async with svc.http.post(svc.v1 + "/chat/completions", json={"messages": USER, **body}, headers={"Authorization": f"Bearer {key}"}) as resp:
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+async def _usage(svc: Service, key: str, query: str = "") -> tuple[int, Any]:
+    async with svc.http.get(f"{svc.v1}/usage{query}", headers={"Authorization": f"Bearer {key}"}) as resp:
+        return resp.status, await resp.json()
+
+
+async def test_usage_sums_each_users_turns_per_model_and_day(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, auth="on", database_url=database_url), upstream)
+    try:
+        store = svc.services.store
+        alice, bob, root = await store.create_api_key("alice"), await store.create_api_key("bob"), await store.create_api_key("root", "admin")
+        upstream.enqueue(
+            Reply(text="one", usage={"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}),
+            # a client tool call: the turn ends with it
+            Reply(tool_calls=[{"name": "lookup", "arguments": "{}", "id": "call_1"}], finish_reason="tool_calls", usage={"prompt_tokens": 50, "completion_tokens": 3}),
+            Reply(text="other", usage={"prompt_tokens": 20, "completion_tokens": 2}),
+            Reply(text="bob's", usage={"prompt_tokens": 1000, "completion_tokens": 1}),
+        )
+        day = _today()
+        assert (await _chat(svc, alice, model="gpt-test"))[0] == 200
+        assert (await _chat(svc, alice, model="gpt-test", tools=TOOLS))[0] == 200
+        assert (await _chat(svc, alice, model="gpt-other"))[0] == 200
+        status, _, headers = await _chat(svc, bob, model="gpt-test")
+        assert status == 200
+        bobs_turn = headers["X-Turn-Id"]
+
+        status, body = await _usage(svc, alice, "?group_by=model")
+        assert status == 200, body
+        assert body["object"] == "usage" and body["user"] == "alice"
+        assert body["data"] == [
+            {"model": "gpt-other", "turns": 1, "input_tokens": 20, "output_tokens": 2, "tool_calls": 0},
+            {"model": "gpt-test", "turns": 2, "input_tokens": 150, "output_tokens": 10, "tool_calls": 1},
+        ]
+        assert body["total"] == {"turns": 3, "input_tokens": 170, "output_tokens": 12, "tool_calls": 1}
+        status, body = await _usage(svc, alice, "?group_by=day")
+        assert body["data"] == [{"day": day, "turns": 3, "input_tokens": 170, "output_tokens": 12, "tool_calls": 1}]
+        # days outside the range: nothing
+        tomorrow = (datetime.now(UTC) + timedelta(days=1)).strftime("%Y-%m-%d")
+        status, body = await _usage(svc, alice, f"?since={tomorrow}&group_by=day")
+        assert status == 200 and body["data"] == [] and body["total"]["turns"] == 0
+        status, body = await _usage(svc, alice, f"?since={day}&until={day}")
+        assert body["total"]["turns"] == 3
+
+        # another user's: an admin's to read
+        status, body = await _usage(svc, alice, "?user=bob")
+        assert status == 403 and body["error"]["code"] == "admin_required"
+        status, body = await _usage(svc, root, "?user=bob")
+        assert status == 200 and body["total"] == {"turns": 1, "input_tokens": 1000, "output_tokens": 1, "tool_calls": 0}
+        status, body = await _usage(svc, root, "")
+        assert body["user"] == "root" and body["total"]["turns"] == 0
+
+        # bad parameters name themselves
+        for query, param in (("?since=yesterday", "since"), ("?until=2026-13-01", "until"), ("?group_by=user", "group_by"), (f"?since={tomorrow}&until={day}", "since")):
+            status, body = await _usage(svc, alice, query)
+            assert status == 400 and body["error"]["param"] == param, (query, body)
+
+        # The turn records the hash of the key that started it, never the key.
+        events = (await svc.get(f"/v1/turns/{bobs_turn}/events", headers={"Authorization": f"Bearer {bob}"}))[1]["events"]
+        assert events[0]["data"]["key_hash"] == hash_api_key(bob)
+        assert bob not in json.dumps(events)
+        usage = SqlUsage(store.engine)  # type: ignore[attr-defined]
+        assert await usage.tokens_on(day, hash_api_key(bob)) == 1001
+        assert await usage.tokens_on(day, None) == 1001 + 182
+
+        # The rollup is a projection of the log: each turn's folded view sums to it.
+        folded = [fold(r.id, await store.read(r.id)) for r in await store.list_turns(limit=100)]
+        assert sum(v.usage["input_tokens"] + v.usage["output_tokens"] for v in folded if v.usage) == 1001 + 182
+    finally:
+        await stop_service(svc)
+
+
+async def test_estimated_usage_is_flagged(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        upstream.enqueue(Reply(text="counted by turnlog", ignore_include_usage=True), Reply(text="reported", usage={"prompt_tokens": 5, "completion_tokens": 1}))
+        for _ in range(2):
+            status, _, _ = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "stream": True})
+            assert status == 200
+        status, body = await svc.get("/v1/usage")
+        assert status == 200 and body["user"] == "local", body
+        assert body["total"]["turns"] == 2 and body["total"]["usage_estimated"] is True and body["total"]["estimated_turns"] == 1
+        assert body["total"]["input_tokens"] > 5  # the estimate's prompt tokens are in the sum
+    finally:
+        await stop_service(svc)
+
+
+# --- the rollup, at the store: what a turn's end adds ---------------------------------
+
+
+@pytest.fixture
+async def store(store_backend: Backend) -> AsyncIterator[Store]:
+    s = await store_backend.open(time.time)
+    yield s
+    await s.close()
+
+
+def _view(status: str, input_tokens: int, output_tokens: int, calls: int = 0, estimated: bool = False) -> dict[str, Any]:
+    view: dict[str, Any] = {
+        "status": status,
+        "usage": {"input_tokens": input_tokens, "output_tokens": output_tokens},
+        "output": [{"type": "function_call", "call_id": f"c{i}"} for i in range(calls)] + [{"type": "message"}],
+    }
+    if estimated:
+        view["usage_estimated"] = True
+    return view
+
+
+@pytest.mark.backends(MEMORY, SQLITE, SQLITE_ASYNC, POSTGRES)
+async def test_a_turns_end_rolls_up_in_its_commit_and_a_second_end_adds_the_difference(store: Store, store_backend: Backend) -> None:
+    now = time.time()
+    record = TurnRecord(id="turn_u1", chat_id="chat_u", user_id="ann", model="m1", status="running", created_at=now, updated_at=now, owner="o1")
+    started = TurnStarted(chat_id="chat_u", user_id="ann", model="m1", request={}, key_hash="k" * 64)
+    fencing = await store.start_turn(record, [make_event("turn_u1", 1, started, at=now)], lease_seconds=30)
+    usage = MemoryUsage(store.database) if store_backend.name == MEMORY else SqlUsage(store.engine)  # type: ignore[union-attr]
+    day = day_of(now)
+    assert await usage.rows("ann", None, None) == []
+    # Appends without an end add nothing.
+    await store.append([make_event("turn_u1", 2, TurnFailed(error={"message": "x"}), at=now)], fencing=fencing, index=IndexUpdate(status="running"))
+    assert await usage.rows("ann", None, None) == []
+    await store.append(
+        [make_event("turn_u1", 3, TurnFailed(error={"message": "x"}), at=now)], fencing=fencing, index=IndexUpdate(status="failed", view=_view("failed", 10, 2, calls=1))
+    )
+    rows = await usage.rows("ann", None, None)
+    assert [(r.day, r.model, r.counts) for r in rows] == [
+        (day, "m1", {"turns": 1, "input_tokens": 10, "output_tokens": 2, "tool_calls": 1, "estimated_turns": 0})
+    ]
+    # Resumed and ended again: the same turn, only what it spent since.
+    await store.append([make_event("turn_u1", 4, TurnResumed(from_seq=3, from_pos=0, epoch=1), at=now)], fencing=fencing, index=IndexUpdate(status="running"))
+    await store.append(
+        [make_event("turn_u1", 5, TurnCompleted(), at=now)], fencing=fencing, index=IndexUpdate(status="completed", view=_view("completed", 25, 4, calls=2, estimated=True))
+    )
+    rows = await usage.rows("ann", None, None)
+    assert [r.counts for r in rows] == [{"turns": 1, "input_tokens": 25, "output_tokens": 4, "tool_calls": 2, "estimated_turns": 1}]
+    assert await usage.tokens_on(day, "k" * 64) == 29 and await usage.tokens_on(day, "other") == 0
+    assert await usage.rows("bob", None, None) == []
+
+
+# --- quotas -------------------------------------------------------------------------
+
+
+async def test_requests_per_minute_and_tokens_per_day_refuse_with_429_and_record_nothing(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, quota_requests_per_minute=2)
+    svc = await start_service(settings, upstream)
+    try:
+        quotas = svc.services.quotas
+        assert quotas is not None
+        minute = time.time() // 60 * 60  # today's (the rollup's days are the real ones)
+        quotas.clock = lambda: minute + 10  # 10 s into a minute: the window cannot end mid-test
+        upstream.enqueue(Reply(text="a", usage={"prompt_tokens": 30, "completion_tokens": 1}), Reply(text="b", usage={"prompt_tokens": 1, "completion_tokens": 1}))
+        for _ in range(2):
+            assert (await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER}))[0] == 200
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+        assert status == 429 and body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "rate_limit_error"
+        assert headers["Retry-After"] == "50"
+        assert len(await svc.services.store.list_turns(limit=100)) == 2  # nothing recorded
+
+        # The same on the WebSocket: an error message with retry_after.
+        async with svc.http.ws_connect(svc.url + "/v1/ws") as ws:
+            await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
+            message = await ws.receive_json(timeout=10)
+        assert message == {"type": "error", "message": message["message"], "code": "rate_limit_exceeded", "retry_after": 50}
+
+        # The next minute admits again; tokens per day: refused once the day's sum is over.
+        quotas.clock = lambda: minute + 70
+        quotas.service = type(quotas.service)(requests_per_minute=2, tokens_per_day=33)
+        status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+        assert status == 429 and "tokens per day" in body["error"]["message"], body
+        assert int(headers["Retry-After"]) == 86400 - (minute + 70) % 86400
+    finally:
+        await stop_service(svc)
+
+
+@pytest.mark.sqlite_only
+async def test_a_keys_own_quotas_from_keys_create(tmp_path: Path, upstream: ScriptedUpstream) -> None:
+    settings = make_settings(tmp_path, upstream.url, auth="on")
+    done = cli(settings.database_url, "keys", "create", "--user", "carol", "--requests-per-minute", "1")
+    assert done.returncode == 0, done.stderr
+    limited = done.stdout.strip()
+    assert cli(settings.database_url, "keys", "create", "--user", "carol", "--tokens-per-day", "0").returncode == 2
+    svc = await start_service(settings, upstream)
+    try:
+        assert svc.services.quotas is not None
+        minute = time.time() // 60 * 60
+        svc.services.quotas.clock = lambda: minute + 10
+        free = await svc.services.store.create_api_key("carol")
+        assert (await _chat(svc, limited, model="gpt-test"))[0] == 200
+        status, body, headers = await _chat(svc, limited, model="gpt-test")
+        assert status == 429 and body["error"]["code"] == "rate_limit_exceeded" and headers["Retry-After"] == "50"
+        assert (await _chat(svc, free, model="gpt-test"))[0] == 200  # the same user's other key: no quota
+    finally:
+        await stop_service(svc)
+
+
+@pytest.mark.backends(POSTGRES)
+async def test_two_processes_admit_exactly_60_of_61_requests_in_a_minute(pg_url: str, tmp_path: Path) -> None:
+    """The counter row is shared: without it each process would admit its own 60."""
+    upstream = ScriptedUpstream(models=["gpt-test"], default=Reply(text="ok"))
+    await upstream.start()
+    servers = [Server(pg_url, upstream.url, auto_resume=False, log_dir=tmp_path, TURNLOG_QUOTA_REQUESTS_PER_MINUTE="60") for _ in range(2)]
+    try:
+        async with aiohttp.ClientSession() as http:
+            for server in servers:
+                await server.ready(http)
+            if time.time() % 60 > 30:  # the 61 requests must fall in one minute
+                await asyncio.sleep(60.5 - time.time() % 60)
+            minute = int(time.time() // 60)
+
+            async def post(i: int) -> int:
+                url = servers[i % 2].url + "/v1/chat/completions"
+                async with http.post(url, json={"model": "gpt-test", "messages": USER}) as resp:
+                    await resp.read()
+                    return resp.status
+
+            statuses = await asyncio.gather(*(post(i) for i in range(61)))
+            assert int(time.time() // 60) == minute, "the requests spanned two minutes"
+        assert sorted(statuses) == [200] * 60 + [429]
+        from adapters.store import create_engine
+
+        engine = create_engine(pg_url)
+        try:
+            async with engine.connect() as conn:
+                assert (await conn.execute(text("SELECT count(*) FROM turns"))).scalar_one() == 60
+        finally:
+            await engine.dispose()
+    finally:
+        for server in servers:
+            server.stop()
+        await upstream.close()
