@@ -7,8 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from datetime import UTC, datetime, timedelta
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +52,11 @@ async def test_usage_sums_each_users_turns_per_model_and_day(tmp_path: Path, ups
         upstream.enqueue(
             Reply(text="one", usage={"prompt_tokens": 100, "completion_tokens": 7, "total_tokens": 107}),
             # a client tool call: the turn ends with it
-            Reply(tool_calls=[{"name": "lookup", "arguments": "{}", "id": "call_1"}], finish_reason="tool_calls", usage={"prompt_tokens": 50, "completion_tokens": 3}),
+            Reply(
+                tool_calls=[{"name": "lookup", "arguments": "{}", "id": "call_1"}],
+                finish_reason="tool_calls",
+                usage={"prompt_tokens": 50, "completion_tokens": 3},
+            ),
             Reply(text="other", usage={"prompt_tokens": 20, "completion_tokens": 2}),
             Reply(text="bob's", usage={"prompt_tokens": 1000, "completion_tokens": 1}),
         )
@@ -90,7 +94,12 @@ async def test_usage_sums_each_users_turns_per_model_and_day(tmp_path: Path, ups
         assert body["user"] == "root" and body["total"]["turns"] == 0
 
         # bad parameters name themselves
-        for query, param in (("?since=yesterday", "since"), ("?until=2026-13-01", "until"), ("?group_by=user", "group_by"), (f"?since={tomorrow}&until={day}", "since")):
+        for query, param in (
+            ("?since=yesterday", "since"),
+            ("?until=2026-13-01", "until"),
+            ("?group_by=user", "group_by"),
+            (f"?since={tomorrow}&until={day}", "since"),
+        ):
             status, body = await _usage(svc, alice, query)
             assert status == 400 and body["error"]["param"] == param, (query, body)
 
@@ -112,7 +121,9 @@ async def test_usage_sums_each_users_turns_per_model_and_day(tmp_path: Path, ups
 async def test_estimated_usage_is_flagged(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
     try:
-        upstream.enqueue(Reply(text="counted by turnlog", ignore_include_usage=True), Reply(text="reported", usage={"prompt_tokens": 5, "completion_tokens": 1}))
+        upstream.enqueue(
+            Reply(text="counted by turnlog", ignore_include_usage=True), Reply(text="reported", usage={"prompt_tokens": 5, "completion_tokens": 1})
+        )
         for _ in range(2):
             status, _, _ = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "stream": True})
             assert status == 200
@@ -158,7 +169,9 @@ async def test_a_turns_end_rolls_up_in_its_commit_and_a_second_end_adds_the_diff
     await store.append([make_event("turn_u1", 2, TurnFailed(error={"message": "x"}), at=now)], fencing=fencing, index=IndexUpdate(status="running"))
     assert await usage.rows("ann", None, None) == []
     await store.append(
-        [make_event("turn_u1", 3, TurnFailed(error={"message": "x"}), at=now)], fencing=fencing, index=IndexUpdate(status="failed", view=_view("failed", 10, 2, calls=1))
+        [make_event("turn_u1", 3, TurnFailed(error={"message": "x"}), at=now)],
+        fencing=fencing,
+        index=IndexUpdate(status="failed", view=_view("failed", 10, 2, calls=1)),
     )
     rows = await usage.rows("ann", None, None)
     assert [(r.day, r.model, r.counts) for r in rows] == [
@@ -167,7 +180,9 @@ async def test_a_turns_end_rolls_up_in_its_commit_and_a_second_end_adds_the_diff
     # Resumed and ended again: the same turn, only what it spent since.
     await store.append([make_event("turn_u1", 4, TurnResumed(from_seq=3, from_pos=0, epoch=1), at=now)], fencing=fencing, index=IndexUpdate(status="running"))
     await store.append(
-        [make_event("turn_u1", 5, TurnCompleted(), at=now)], fencing=fencing, index=IndexUpdate(status="completed", view=_view("completed", 25, 4, calls=2, estimated=True))
+        [make_event("turn_u1", 5, TurnCompleted(), at=now)],
+        fencing=fencing,
+        index=IndexUpdate(status="completed", view=_view("completed", 25, 4, calls=2, estimated=True)),
     )
     rows = await usage.rows("ann", None, None)
     assert [r.counts for r in rows] == [{"turns": 1, "input_tokens": 25, "output_tokens": 4, "tool_calls": 2, "estimated_turns": 1}]
@@ -186,7 +201,9 @@ async def test_requests_per_minute_and_tokens_per_day_refuse_with_429_and_record
         assert quotas is not None
         minute = time.time() // 60 * 60  # today's (the rollup's days are the real ones)
         quotas.clock = lambda: minute + 10  # 10 s into a minute: the window cannot end mid-test
-        upstream.enqueue(Reply(text="a", usage={"prompt_tokens": 30, "completion_tokens": 1}), Reply(text="b", usage={"prompt_tokens": 1, "completion_tokens": 1}))
+        upstream.enqueue(
+            Reply(text="a", usage={"prompt_tokens": 30, "completion_tokens": 1}), Reply(text="b", usage={"prompt_tokens": 1, "completion_tokens": 1})
+        )
         for _ in range(2):
             assert (await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER}))[0] == 200
         status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})

@@ -398,11 +398,13 @@ class UsageEntry(_Open):
     input_tokens: int
     output_tokens: int
     tool_calls: int
-    usage_estimated: bool | None = Field(default=None, description="Some tokens were counted by turnlog: an upstream reported none (`estimated_turns` of the turns).")
+    usage_estimated: bool | None = Field(
+        default=None, description="Some tokens were counted by turnlog: an upstream reported none (`estimated_turns` of the turns)."
+    )
     estimated_turns: int | None = None
 
 
-class Usage(_Open):
+class UsageReport(_Open):
     object: Literal["usage"]
     user: str
     since: str | None

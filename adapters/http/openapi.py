@@ -246,7 +246,7 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/usage"): Operation(
         "What the caller's turns spent (an admin: anyone's)",
         "usage",
-        {200: Reply("Turns, tokens and tool calls per model and/or UTC day, and their total.", json_(m.Usage))},
+        {200: Reply("Turns, tokens and tool calls per model and/or UTC day, and their total.", json_(m.UsageReport))},
         errors=(400, 403),
         query=m.UsageQuery,
     ),
