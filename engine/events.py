@@ -288,6 +288,9 @@ class BackgroundResult(EventData):
     result: Any = None
     error: str | None = None
     reply: str | None = None
+    # The task model call's usage as its upstream reported it: the turn's
+    # usage includes it. Left out when none (and in older logs).
+    usage: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TurnCompleted(EventData):

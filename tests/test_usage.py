@@ -135,6 +135,25 @@ async def test_estimated_usage_is_flagged(tmp_path: Path, upstream: ScriptedUpst
         await stop_service(svc)
 
 
+async def test_background_task_model_calls_count_toward_the_turn(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        upstream.enqueue(Reply(text="answer", usage={"prompt_tokens": 10, "completion_tokens": 2}))
+        upstream.task_replies += [
+            ("title", Reply(text='{"title": "T"}', usage={"prompt_tokens": 100, "completion_tokens": 1})),
+            ("tags", Reply(text='{"tags": ["a"]}', usage={"prompt_tokens": 200, "completion_tokens": 2})),
+            ("follow_ups", Reply(text='{"follow_ups": ["b"]}', usage={"prompt_tokens": 300, "completion_tokens": 3})),
+        ]
+        status, _, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "chat_id": "c"})
+        assert status == 200
+        view = await svc.wait_status(headers["X-Turn-Id"], "completed")
+        assert (view["usage"]["input_tokens"], view["usage"]["output_tokens"]) == (610, 8)
+        status, body = await svc.get("/v1/usage")
+        assert body["total"] == {"turns": 1, "input_tokens": 610, "output_tokens": 8, "tool_calls": 0}
+    finally:
+        await stop_service(svc)  # verify: a re-run records the same usage
+
+
 # --- the rollup, at the store: what a turn's end adds ---------------------------------
 
 

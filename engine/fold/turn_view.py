@@ -356,12 +356,7 @@ class TurnView:
 
     def _on_model_completed(self, data: dict[str, Any]) -> list[ChunkOut]:
         self.finish_reason = data.get("finish_reason")
-        usage = data.get("usage")
-        if usage:
-            if usage.get(USAGE_ESTIMATED) is True:
-                self.usage_estimated = True
-                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
-            self.usage = merge_usage(self.usage, normalize_usage(usage))
+        self._add_usage(data.get("usage"))
         if data.get("response_id"):
             self.response_ids.append(data["response_id"])
         # Text held back as a possible tag start is released now.
@@ -442,7 +437,16 @@ class TurnView:
     def _on_finalized(self, data: dict[str, Any]) -> None:
         self.finish_reason = data.get("finish_reason", self.finish_reason)
 
+    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+        """A model call's usage into the turn's (answer and task model calls alike)."""
+        if usage:
+            if usage.get(USAGE_ESTIMATED) is True:
+                self.usage_estimated = True
+                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
+            self.usage = merge_usage(self.usage, normalize_usage(usage))
+
     def _on_background_result(self, data: dict[str, Any]) -> None:
+        self._add_usage(data.get("usage"))
         task, result = data["task"], data.get("result")
         if task == "title" and isinstance(result, str):
             self.title = result

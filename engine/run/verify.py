@@ -46,6 +46,7 @@ from engine.ports import (
     ModelRequest,
     ResolvedModel,
     ResumeMode,
+    TaskReply,
     TurnInput,
     TurnRecord,
     UpstreamError,
@@ -399,7 +400,7 @@ class _RecordedTaskModel:
             raise AssertionError("unreachable")
         if recorded.get("reply") is None:
             raise UpstreamError(str(recorded.get("error") or ""), "upstream_error")
-        return str(recorded["reply"])
+        return TaskReply(str(recorded["reply"]), recorded.get("usage"))
 
 
 class _RecordedHandle:
