@@ -14,9 +14,11 @@ from typing import Any
 
 import aiohttp
 import pytest
-from sqlalchemy import text
+from alembic import command
+from sqlalchemy import Connection, text
 
 from adapters.store.common import hash_api_key
+from adapters.store.migrate import alembic_config, migrate, migration_engine
 from adapters.store.usage import MemoryUsage, SqlUsage, day_of
 from engine.events import TurnCompleted, TurnFailed, TurnResumed, TurnStarted, make_event
 from engine.fold.turn_view import fold
@@ -207,6 +209,53 @@ async def test_a_turns_end_rolls_up_in_its_commit_and_a_second_end_adds_the_diff
     assert [r.counts for r in rows] == [{"turns": 1, "input_tokens": 25, "output_tokens": 4, "tool_calls": 2, "estimated_turns": 1}]
     assert await usage.tokens_on(day, "k" * 64) == 29 and await usage.tokens_on(day, "other") == 0
     assert await usage.rows("bob", None, None) == []
+
+
+async def _downgrade(url: str, revision: str) -> None:
+    cfg, engine = alembic_config(url), migration_engine(url)
+
+    def down(connection: Connection) -> None:
+        cfg.attributes["connection"] = connection
+        command.downgrade(cfg, revision)
+
+    try:
+        async with engine.begin() as conn:
+            await conn.run_sync(down)
+    finally:
+        await engine.dispose()
+
+
+@pytest.mark.backends(SQLITE, POSTGRES)
+async def test_the_upgrade_sums_the_turns_that_had_ended_before_it(store_backend: Backend) -> None:
+    """A database at the revision before the rollup, with ended turns (and one
+    still running): the upgrade sums the ended ones; the running one is
+    counted when it ends."""
+    url = store_backend.url
+    assert url is not None
+    await _downgrade(url, "0009")  # (the fixture migrated to head)
+    store = await store_backend.open(time.time)
+    try:
+        now = time.time()
+        for n, (status, tokens) in enumerate((("completed", 10), ("failed", 5), ("running", 0))):
+            turn_id = f"turn_old{n}"
+            record = TurnRecord(id=turn_id, chat_id="c", user_id="old", model="m", status="running", created_at=now, updated_at=now, owner="o")
+            fencing = await store.start_turn(
+                record, [make_event(turn_id, 1, TurnStarted(chat_id="c", user_id="old", model="m", request={}), at=now)], lease_seconds=30
+            )
+            if status != "running":
+                end = TurnCompleted() if status == "completed" else TurnFailed(error={"message": "x"})
+                await store.append([make_event(turn_id, 2, end, at=now)], fencing=fencing, index=IndexUpdate(status=status, view=_view(status, tokens, 1)))
+    finally:
+        await store.close()
+    await migrate(url)
+    store = await store_backend.open(time.time)
+    try:
+        usage = SqlUsage(store.engine)  # type: ignore[union-attr]
+        assert [r.counts for r in await usage.rows("old", None, None)] == [
+            {"turns": 2, "input_tokens": 15, "output_tokens": 2, "tool_calls": 0, "estimated_turns": 0}
+        ]
+    finally:
+        await store.close()
 
 
 # --- quotas -------------------------------------------------------------------------
