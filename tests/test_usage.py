@@ -302,6 +302,9 @@ async def test_a_keys_own_quotas_from_keys_create(tmp_path: Path, upstream: Scri
     assert done.returncode == 0, done.stderr
     limited = done.stdout.strip()
     assert cli(settings.database_url, "keys", "create", "--user", "carol", "--tokens-per-day", "0").returncode == 2
+    done = cli(settings.database_url, "keys", "create", "--user", "carol", "--tokens-per-day", "5")
+    assert done.returncode == 0, done.stderr
+    frugal = done.stdout.strip()
     svc = await start_service(settings, upstream)
     try:
         assert svc.services.quotas is not None
@@ -312,6 +315,17 @@ async def test_a_keys_own_quotas_from_keys_create(tmp_path: Path, upstream: Scri
         status, body, headers = await _chat(svc, limited, model="gpt-test")
         assert status == 429 and body["error"]["code"] == "rate_limit_exceeded" and headers["Retry-After"] == "50"
         assert (await _chat(svc, free, model="gpt-test"))[0] == 200  # the same user's other key: no quota
+
+        # Tokens per day: the key's first turn spends 11 of its 5 (admitted: nothing
+        # spent yet); the next is refused, another key of the same user is not.
+        upstream.enqueue(Reply(text="x", usage={"prompt_tokens": 10, "completion_tokens": 1}))
+        status, _, headers = await _chat(svc, frugal, model="gpt-test")
+        assert status == 200
+        svc.headers = {"Authorization": f"Bearer {frugal}"}
+        await svc.wait_status(headers["X-Turn-Id"], "completed")
+        status, body, headers = await _chat(svc, frugal, model="gpt-test")
+        assert status == 429 and "this key's quota of 5 tokens per day" in body["error"]["message"], body
+        assert (await _chat(svc, free, model="gpt-test"))[0] == 200
     finally:
         await stop_service(svc)
 

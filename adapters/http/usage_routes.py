@@ -70,7 +70,8 @@ async def get_usage(request: web.Request) -> web.Response:
     if asked is not None and asked != user:
         require_admin(request)  # another user's usage: an admin's to read
         user = asked
-    assert svc.quotas is not None
+    if svc.quotas is None:
+        raise ApiError(501, "this service keeps no usage", "invalid_request_error", "not_supported")
     data, total = summarize(await svc.quotas.usage.rows(user, since, until), _GROUPS[group_by])
     return web.json_response({"object": "usage", "user": user, "since": since, "until": until, "data": data, "total": total})
 

@@ -16,9 +16,8 @@ Quotas (:class:`Quotas`), off unless configured:
   wait for the store's writer).
 * tokens per day: a turn is refused once the day's sum is already at or
   over the limit. Turns running when the limit is reached still finish, so
-  the day's sum may end over it by what those turns spend, and by what the
-  turns that started within the last second spend: the sum a start is
-  judged by is read at most once a second (a burst of starts reads it once).
+  the day's sum may end over it by what those turns spend. Starts that
+  come while the sum is being read share that read (a burst reads it once).
 
 A refused request still counts toward its minute.
 """
@@ -43,8 +42,6 @@ if TYPE_CHECKING:
     from adapters.store.memory import MemoryDatabase
 
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
-#: How old the day's token sum a start is judged by may be.
-TOKENS_FRESH_SECONDS = 1.0
 #: The counter of every request together; a key's is ``key:`` + its hash.
 GLOBAL_SCOPE = "*"
 _COUNTS = ("turns", "input_tokens", "output_tokens", "tool_calls", "estimated_turns")
@@ -249,9 +246,9 @@ class Quotas:
         # A key's quotas are written before the key is handed out and never
         # change: read once per process.
         self._keys: dict[str, Limits] = {}
-        # A day's tokens, read at most once per TOKENS_FRESH_SECONDS and
-        # shared by the starts that ask meanwhile (a burst reads it once).
-        self._spent: dict[tuple[str, str | None], tuple[float, asyncio.Task[int]]] = {}
+        # The day's tokens being read: the starts that ask meanwhile share
+        # the read (a burst of starts reads once, not once each).
+        self._spent: dict[tuple[str, str | None], asyncio.Future[int]] = {}
 
     async def admit(self, key_hash: str | None) -> None:
         """Raise :class:`QuotaExceeded` if the turn may not start now; count it if it may."""
@@ -277,13 +274,12 @@ class Quotas:
         return limits
 
     async def _spent_on(self, day: str, key_hash: str | None) -> int:
-        key, fresh = (day, key_hash), time.monotonic()
-        cached = self._spent.get(key)
-        if cached is None or fresh - cached[0] > TOKENS_FRESH_SECONDS or (cached[1].done() and cached[1].exception() is not None):
-            if len(self._spent) >= 100_000:
-                self._spent.clear()
-            cached = self._spent[key] = (fresh, asyncio.ensure_future(self.usage.tokens_on(day, key_hash)))
-        return await asyncio.shield(cached[1])
+        key = (day, key_hash)
+        reading = self._spent.get(key)
+        if reading is None:
+            reading = self._spent[key] = asyncio.ensure_future(self.usage.tokens_on(day, key_hash))
+            reading.add_done_callback(lambda _: self._spent.pop(key, None))
+        return await asyncio.shield(reading)
 
     async def _tokens(self, now: float, limit: int | None, key_hash: str | None, whose: str) -> None:
         if limit is None:
