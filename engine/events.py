@@ -61,6 +61,8 @@ class TurnForked(EventData):
     at: int
     model: str | None = Field(default=None, exclude_if=lambda v: v is None)
     tool_results: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    # As ``turn.started``'s: the hash of the key that made the fork.
+    key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TurnStarted(EventData):

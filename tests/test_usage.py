@@ -116,6 +116,17 @@ async def test_usage_sums_each_users_turns_per_model_and_day(tmp_path: Path, ups
         # The rollup is a projection of the log: each turn's folded view sums to it.
         folded = [fold(r.id, await store.read(r.id)) for r in await store.list_turns(limit=100)]
         assert sum(v.usage["input_tokens"] + v.usage["output_tokens"] for v in folded if v.usage) == 1001 + 182
+
+        # A fork records the key that made it, and counts as that key's turn.
+        at = next(e["seq"] for e in events if e["type"] == "model.requested")
+        upstream.enqueue(Reply(text="again", usage={"prompt_tokens": 3, "completion_tokens": 1}))
+        async with svc.http.post(f"{svc.v1}/turns/{bobs_turn}/fork", json={"at": at}, headers={"Authorization": f"Bearer {bob}"}) as resp:
+            assert resp.status == 201, await resp.text()
+            forked = (await resp.json())["turn_id"]
+        svc.headers = {"Authorization": f"Bearer {bob}"}
+        await svc.wait_status(forked, "completed")
+        assert (await svc.events(forked))[0]["data"]["key_hash"] == hash_api_key(bob)
+        assert await usage.tokens_on(day, hash_api_key(bob)) == 1001 + 4
     finally:
         await stop_service(svc)
 

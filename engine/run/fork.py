@@ -99,6 +99,7 @@ def fork_log(
     tool_results: Mapping[str, str] | None = None,
     now: float | None = None,
     into: Fold | None = None,
+    key_hash: str | None = None,
 ) -> list[Event]:
     """The fork's first events: ``turn.forked``, then the parent's events before
     ``at`` as this turn's. Checks ``at`` first (``check_fork_point``).
@@ -117,7 +118,7 @@ def fork_log(
         inherited = {k: v for k, v in (kept[0].data.get("tool_results") or {}).items() if k in recorded}
         kept = kept[1:]
     started_at = time.time() if now is None else now
-    forked = TurnForked(parent_turn_id=parent[0].turn_id, at=at, model=model, tool_results={**inherited, **given})
+    forked = TurnForked(parent_turn_id=parent[0].turn_id, at=at, model=model, tool_results={**inherited, **given}, key_hash=key_hash)
     first = Event(turn_id=turn_id, seq=1, type=forked.TYPE, at=started_at, data=forked.model_dump(mode="json"))
     fold = into if into is not None else _ViewFold(TurnView(turn_id))
     view = fold.view

@@ -422,6 +422,7 @@ class Supervisor:
         model: str | None = None,
         tool_results: Mapping[str, str] | None = None,
         parent_log: Sequence[Event] | None = None,
+        key_hash: str | None = None,
     ) -> TurnActor:
         """A new turn in a new chat that continues the parent's log from its
         event ``at`` (``engine.run.fork``): its first events are written at once,
@@ -443,7 +444,7 @@ class Supervisor:
         log = parent_log if parent_log is not None else await self.store.read(record.id)
         # The copies are folded once, into the fold the fork's actor continues.
         folded = Folded(TurnView(turn_id, enforce=True), LoopState())
-        events = fork_log(log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded)
+        events = fork_log(log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded, key_hash=key_hash)
         now = events[0].at
         fork = TurnRecord(
             id=turn_id,
