@@ -148,6 +148,20 @@ async def test_estimated_usage_is_flagged(tmp_path: Path, upstream: ScriptedUpst
         await stop_service(svc)
 
 
+async def test_a_turn_with_nul_characters_ends_and_is_counted(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    """JSON text may hold ``\\u0000``, which PostgreSQL's jsonb refuses: the
+    rollup reads the turn around it instead of failing its terminal commit."""
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+    try:
+        upstream.enqueue(Reply(text="x\x00y", usage={"prompt_tokens": 2, "completion_tokens": 1}))
+        status, body, _ = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": [{"role": "user", "content": "a\x00b"}]})
+        assert status == 200 and body["choices"][0]["message"]["content"] == "x\x00y", body
+        status, body = await svc.get("/v1/usage")
+        assert body["total"] == {"turns": 1, "input_tokens": 2, "output_tokens": 1, "tool_calls": 0}
+    finally:
+        await stop_service(svc)
+
+
 async def test_background_task_model_calls_count_toward_the_turn(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
     svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
     try:

@@ -79,8 +79,16 @@ WHERE t.status IN {_TERMINAL} AND t.view IS NOT NULL
 GROUP BY t.user_id, k, d, t.model
 """
 
-# PostgreSQL: ``view`` and ``data`` are JSON text, read as jsonb.
+# PostgreSQL: ``view`` and ``data`` are JSON text, read as jsonb. jsonb has
+# no NUL character, which a JSON text may hold as ``\u0000`` (a request, an
+# answer): such escapes are replaced before the cast, which would fail (and
+# with it the turn's terminal commit). Only usage, item types and the key's
+# hash are read, which never hold one.
 _PG_FUNCTIONS = [
+    """
+CREATE FUNCTION turnlog_jsonb(t text) RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+  SELECT replace(t, '\\u0000', '\\ufffd')::jsonb
+$$""",
     """
 CREATE FUNCTION turnlog_view_calls(v jsonb) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
   SELECT CASE WHEN jsonb_typeof(v -> 'output') = 'array'
@@ -89,17 +97,17 @@ CREATE FUNCTION turnlog_view_calls(v jsonb) RETURNS bigint LANGUAGE sql IMMUTABL
 $$""",
     """
 CREATE FUNCTION turnlog_view_tokens(v jsonb, k text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-  SELECT COALESCE((v -> 'usage' ->> k)::numeric, 0)::bigint
+  SELECT CASE WHEN jsonb_typeof(v -> 'usage' -> k) = 'number' THEN (v -> 'usage' ->> k)::numeric::bigint ELSE 0 END
 $$""",
     """
 CREATE FUNCTION turnlog_turn_key(turn text) RETURNS text LANGUAGE sql STABLE AS $$
-  SELECT COALESCE((SELECT e.data::jsonb ->> 'key_hash' FROM events e WHERE e.turn_id = turn AND e.seq = 1), '')
+  SELECT COALESCE((SELECT turnlog_jsonb(e.data) ->> 'key_hash' FROM events e WHERE e.turn_id = turn AND e.seq = 1), '')
 $$""",
     f"""
 CREATE FUNCTION turnlog_usage_rollup() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
-  nv jsonb := NEW.view::jsonb;
-  ov jsonb := COALESCE(OLD.view, '{{}}')::jsonb;
+  nv jsonb := turnlog_jsonb(NEW.view);
+  ov jsonb := turnlog_jsonb(COALESCE(OLD.view, '{{}}'));
   was_ended boolean := COALESCE(ov ->> 'status' IN {_TERMINAL}, false);
 BEGIN
   INSERT INTO usage_rollup AS r (user_id, key_hash, day, model, turns, input_tokens, output_tokens, tool_calls, estimated_turns)
@@ -136,10 +144,10 @@ INSERT INTO usage_rollup (user_id, key_hash, day, model, turns, input_tokens, ou
 SELECT t.user_id, turnlog_turn_key(t.id) AS k,
        to_char(to_timestamp(t.updated_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD') AS d,
        t.model, count(*),
-       sum(turnlog_view_tokens(t.view::jsonb, 'input_tokens')),
-       sum(turnlog_view_tokens(t.view::jsonb, 'output_tokens')),
-       sum(turnlog_view_calls(t.view::jsonb)),
-       sum(CASE WHEN t.view::jsonb ->> 'usage_estimated' = 'true' THEN 1 ELSE 0 END)
+       sum(turnlog_view_tokens(turnlog_jsonb(t.view), 'input_tokens')),
+       sum(turnlog_view_tokens(turnlog_jsonb(t.view), 'output_tokens')),
+       sum(turnlog_view_calls(turnlog_jsonb(t.view))),
+       sum(CASE WHEN turnlog_jsonb(t.view) ->> 'usage_estimated' = 'true' THEN 1 ELSE 0 END)
 FROM turns t
 WHERE t.status IN {_TERMINAL} AND t.view IS NOT NULL
 GROUP BY t.user_id, k, d, t.model
@@ -184,7 +192,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER turns_usage_rollup ON turns")
-        for fn in ("turnlog_usage_rollup()", "turnlog_turn_key(text)", "turnlog_view_tokens(jsonb, text)", "turnlog_view_calls(jsonb)"):
+        for fn in ("turnlog_usage_rollup()", "turnlog_turn_key(text)", "turnlog_view_tokens(jsonb, text)", "turnlog_view_calls(jsonb)", "turnlog_jsonb(text)"):
             op.execute(f"DROP FUNCTION {fn}")
     else:
         op.execute("DROP TRIGGER turns_usage_rollup")
