@@ -97,7 +97,9 @@ CREATE FUNCTION turnlog_view_calls(v jsonb) RETURNS bigint LANGUAGE sql IMMUTABL
 $$""",
     """
 CREATE FUNCTION turnlog_view_tokens(v jsonb, k text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
-  SELECT CASE WHEN jsonb_typeof(v -> 'usage' -> k) = 'number' THEN (v -> 'usage' ->> k)::numeric::bigint ELSE 0 END
+  -- (clamped: an absurd count an upstream reports must not overflow the cast)
+  SELECT CASE WHEN jsonb_typeof(v -> 'usage' -> k) = 'number'
+    THEN LEAST(GREATEST((v -> 'usage' ->> k)::numeric, 0), 1e15)::bigint ELSE 0 END
 $$""",
     """
 CREATE FUNCTION turnlog_turn_key(turn text) RETURNS text LANGUAGE sql STABLE AS $$
