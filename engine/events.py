@@ -63,6 +63,9 @@ class TurnForked(EventData):
     tool_results: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
     # As ``turn.started``'s: the hash of the key that made the fork.
     key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # What the copied events spent (``input_tokens``, ``output_tokens``,
+    # ``tool_calls``): the parent's, which the fork's usage must not count again.
+    copied: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
 
 class TurnStarted(EventData):

@@ -908,7 +908,8 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
         await admin.execute("ALTER TABLE api_keys DROP COLUMN role")  # 0009's
         await admin.execute("DROP TRIGGER turns_usage_rollup ON turns")  # 0010_i41's
         await admin.execute(
-            "DROP FUNCTION turnlog_usage_rollup(), turnlog_turn_key(text), turnlog_view_tokens(jsonb, text), turnlog_view_calls(jsonb), turnlog_jsonb(text)"
+            "DROP FUNCTION turnlog_usage_rollup(), turnlog_turn_key(text), turnlog_view_tokens(jsonb, text), "
+            "turnlog_view_calls(jsonb), turnlog_count(jsonb, text), turnlog_jsonb(text)"
         )
         await admin.execute("DROP TABLE usage_rollup, rate_counters, key_quotas")
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")

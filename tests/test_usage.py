@@ -20,9 +20,21 @@ from sqlalchemy import Connection, text
 from adapters.store.common import hash_api_key
 from adapters.store.migrate import alembic_config, migrate, migration_engine
 from adapters.store.usage import MemoryUsage, SqlUsage, day_of
-from engine.events import TurnCompleted, TurnFailed, TurnResumed, TurnStarted, make_event
+from engine.events import (
+    ModelCompleted,
+    ModelItem,
+    ModelRequested,
+    ToolsBatch,
+    TurnCompleted,
+    TurnFailed,
+    TurnForked,
+    TurnResumed,
+    TurnStarted,
+    make_event,
+)
 from engine.fold.turn_view import fold
 from engine.ports import IndexUpdate, TurnRecord
+from engine.run.fork import fork_log
 from tests.backends import MEMORY, POSTGRES, SQLITE, SQLITE_ASYNC, Backend, Store
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server, cli
@@ -281,6 +293,36 @@ async def test_the_upgrade_sums_the_turns_that_had_ended_before_it(store_backend
         ]
     finally:
         await store.close()
+
+
+def test_a_fork_records_what_its_copied_events_spent() -> None:
+    parent = [
+        make_event("p", 1, TurnStarted(chat_id="c", user_id="u", model="m", request={}), at=1.0),
+        make_event("p", 2, ModelRequested(), at=1.0),
+        make_event("p", 3, ModelItem(item={"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}), at=1.0),
+        make_event("p", 4, ModelCompleted(finish_reason="tool_calls", usage={"prompt_tokens": 50, "completion_tokens": 3}), at=1.0),
+        make_event("p", 5, ToolsBatch(iteration=0, calls=[{"call_id": "c1", "name": "f", "arguments": "{}"}]), at=1.0),
+    ]
+    first = fork_log(parent, at=5, turn_id="f", chat_id="c2", key_hash="k" * 64)[0]
+    assert first.type == "turn.forked" and first.data["key_hash"] == "k" * 64
+    assert first.data["copied"] == {"input_tokens": 50, "output_tokens": 3, "tool_calls": 1}
+    # nothing spent before the fork point: nothing recorded
+    assert "copied" not in fork_log(parent, at=2, turn_id="f", chat_id="c2")[0].data
+
+
+@pytest.mark.backends(MEMORY, SQLITE, SQLITE_ASYNC, POSTGRES)
+async def test_a_forks_end_leaves_out_what_its_parent_counted(store: Store, store_backend: Backend) -> None:
+    now = time.time()
+    record = TurnRecord(id="turn_f1", chat_id="chat_f", user_id="ann", model="m1", status="running", created_at=now, updated_at=now, owner="o1")
+    forked = TurnForked(parent_turn_id="turn_p", at=5, key_hash="k" * 64, copied={"input_tokens": 50, "output_tokens": 3, "tool_calls": 1})
+    fencing = await store.start_turn(record, [make_event("turn_f1", 1, forked, at=now)], lease_seconds=30)
+    end = IndexUpdate(status="completed", view=_view("completed", 60, 5, calls=2))  # the copies' 50/3/1 and its own 10/2/1
+    await store.append([make_event("turn_f1", 2, TurnCompleted(), at=now)], fencing=fencing, index=end)
+    usage = MemoryUsage(store.database) if store_backend.name == MEMORY else SqlUsage(store.engine)  # type: ignore[union-attr]
+    assert [r.counts for r in await usage.rows("ann", None, None)] == [
+        {"turns": 1, "input_tokens": 10, "output_tokens": 2, "tool_calls": 1, "estimated_turns": 0}
+    ]
+    assert await usage.tokens_on(day_of(now), "k" * 64) == 12
 
 
 # --- quotas -------------------------------------------------------------------------

@@ -206,13 +206,17 @@ def roll_up(db: MemoryDatabase, turn_id: str, old_view: str | None, new_view: st
     new, old = json.loads(new_view), json.loads(old_view) if old_view else {}
     log = db.events.get(turn_id)
     first = log.rows.get(1) if log is not None else None
-    key_hash = (json.loads(first[2]).get("key_hash") if first is not None else None) or ""
+    started = json.loads(first[2]) if first is not None else {}
+    key_hash = started.get("key_hash") or ""
     counts = db.usage_rollup.setdefault((turn.user_id, key_hash, day_of(turn.updated_at), turn.model), dict.fromkeys(_COUNTS, 0))
     was_ended = old.get("status") in TERMINAL
+    # A fork's copied events: the parent counted them (taken off at the first end).
+    forked = first is not None and first[0] == "turn.forked"
+    copied = (started.get("copied") or {}) if forked and not was_ended else {}
     counts["turns"] += 0 if was_ended else 1
     for name in ("input_tokens", "output_tokens"):
-        counts[name] += _tokens(new, name) - _tokens(old, name)
-    counts["tool_calls"] += _calls(new) - _calls(old)
+        counts[name] += _tokens(new, name) - _tokens(old, name) - int(copied.get(name) or 0)
+    counts["tool_calls"] += _calls(new) - _calls(old) - int(copied.get("tool_calls") or 0)
     if new.get("usage_estimated") is True and not (was_ended and old.get("usage_estimated") is True):
         counts["estimated_turns"] += 1
 

@@ -129,7 +129,21 @@ def fork_log(
         copy = Event(turn_id=turn_id, seq=view.last_seq + 1, type=event.type, at=event.at, data=data)
         fold.apply(copy)
         out.append(copy)
+    copied = _spent(view)
+    if copied:  # known once the copies are folded (the fold reads no such field)
+        out[0] = first.model_copy(update={"data": {**first.data, "copied": copied}})
     return out
+
+
+def _spent(view: TurnView) -> dict[str, int]:
+    """What a view's usage and tool calls add up to (zeros left out)."""
+    usage = view.usage or {}
+    spent = {
+        "input_tokens": int(usage.get("input_tokens") or 0),
+        "output_tokens": int(usage.get("output_tokens") or 0),
+        "tool_calls": sum(1 for item in view.output if item.get("type") == "function_call"),
+    }
+    return {k: v for k, v in spent.items() if v}
 
 
 class Fold(Protocol):

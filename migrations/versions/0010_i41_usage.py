@@ -33,6 +33,16 @@ depends_on: str | Sequence[str] | None = None
 
 _TERMINAL = "('completed', 'cancelled', 'failed')"
 
+
+def _sqlite_copied(name: str) -> str:
+    """What a fork's copied events spent (its ``turn.forked`` says), taken
+    off at its first end only: the parent counted it."""
+    return (
+        f"(CASE WHEN json_extract(OLD.view, '$.status') IN {_TERMINAL} THEN 0 ELSE COALESCE((SELECT json_extract(e.data, '$.copied.{name}') "
+        "FROM events e WHERE e.turn_id = NEW.id AND e.seq = 1 AND e.type = 'turn.forked'), 0) END)"
+    )
+
+
 # SQLite (json1). ``OLD.view`` is NULL before a turn's first end.
 _SQLITE_TRIGGER = f"""
 CREATE TRIGGER turns_usage_rollup AFTER UPDATE OF status, view ON turns
@@ -46,10 +56,13 @@ BEGIN
     strftime('%Y-%m-%d', NEW.updated_at, 'unixepoch'),
     NEW.model,
     CASE WHEN json_extract(OLD.view, '$.status') IN {_TERMINAL} THEN 0 ELSE 1 END,
-    COALESCE(json_extract(NEW.view, '$.usage.input_tokens'), 0) - COALESCE(json_extract(OLD.view, '$.usage.input_tokens'), 0),
-    COALESCE(json_extract(NEW.view, '$.usage.output_tokens'), 0) - COALESCE(json_extract(OLD.view, '$.usage.output_tokens'), 0),
+    COALESCE(json_extract(NEW.view, '$.usage.input_tokens'), 0) - COALESCE(json_extract(OLD.view, '$.usage.input_tokens'), 0)
+      - {_sqlite_copied("input_tokens")},
+    COALESCE(json_extract(NEW.view, '$.usage.output_tokens'), 0) - COALESCE(json_extract(OLD.view, '$.usage.output_tokens'), 0)
+      - {_sqlite_copied("output_tokens")},
     (SELECT count(*) FROM json_each(NEW.view, '$.output') WHERE json_extract(value, '$.type') = 'function_call')
-      - (SELECT count(*) FROM json_each(COALESCE(OLD.view, '{{}}'), '$.output') WHERE json_extract(value, '$.type') = 'function_call'),
+      - (SELECT count(*) FROM json_each(COALESCE(OLD.view, '{{}}'), '$.output') WHERE json_extract(value, '$.type') = 'function_call')
+      - {_sqlite_copied("tool_calls")},
     CASE WHEN json_extract(NEW.view, '$.usage_estimated') = 1
           AND NOT COALESCE(json_extract(OLD.view, '$.status') IN {_TERMINAL} AND json_extract(OLD.view, '$.usage_estimated') = 1, 0)
          THEN 1 ELSE 0 END
@@ -96,10 +109,13 @@ CREATE FUNCTION turnlog_view_calls(v jsonb) RETURNS bigint LANGUAGE sql IMMUTABL
     ELSE 0 END
 $$""",
     """
-CREATE FUNCTION turnlog_view_tokens(v jsonb, k text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+CREATE FUNCTION turnlog_count(v jsonb, k text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
   -- (clamped: an absurd count an upstream reports must not overflow the cast)
-  SELECT CASE WHEN jsonb_typeof(v -> 'usage' -> k) = 'number'
-    THEN LEAST(GREATEST((v -> 'usage' ->> k)::numeric, 0), 1e15)::bigint ELSE 0 END
+  SELECT CASE WHEN jsonb_typeof(v -> k) = 'number' THEN LEAST(GREATEST((v ->> k)::numeric, 0), 1e15)::bigint ELSE 0 END
+$$""",
+    """
+CREATE FUNCTION turnlog_view_tokens(v jsonb, k text) RETURNS bigint LANGUAGE sql IMMUTABLE AS $$
+  SELECT turnlog_count(v -> 'usage', k)
 $$""",
     """
 CREATE FUNCTION turnlog_turn_key(turn text) RETURNS text LANGUAGE sql STABLE AS $$
@@ -111,6 +127,9 @@ DECLARE
   nv jsonb := turnlog_jsonb(NEW.view);
   ov jsonb := turnlog_jsonb(COALESCE(OLD.view, '{{}}'));
   was_ended boolean := COALESCE(ov ->> 'status' IN {_TERMINAL}, false);
+  -- a fork's copied events: the parent counted them (taken off at the first end)
+  copied jsonb := CASE WHEN was_ended THEN '{{}}'::jsonb ELSE COALESCE(
+    (SELECT turnlog_jsonb(e.data) -> 'copied' FROM events e WHERE e.turn_id = NEW.id AND e.seq = 1 AND e.type = 'turn.forked'), '{{}}'::jsonb) END;
 BEGIN
   INSERT INTO usage_rollup AS r (user_id, key_hash, day, model, turns, input_tokens, output_tokens, tool_calls, estimated_turns)
   VALUES (
@@ -119,9 +138,9 @@ BEGIN
     to_char(to_timestamp(NEW.updated_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD'),
     NEW.model,
     CASE WHEN was_ended THEN 0 ELSE 1 END,
-    turnlog_view_tokens(nv, 'input_tokens') - turnlog_view_tokens(ov, 'input_tokens'),
-    turnlog_view_tokens(nv, 'output_tokens') - turnlog_view_tokens(ov, 'output_tokens'),
-    turnlog_view_calls(nv) - turnlog_view_calls(ov),
+    turnlog_view_tokens(nv, 'input_tokens') - turnlog_view_tokens(ov, 'input_tokens') - turnlog_count(copied, 'input_tokens'),
+    turnlog_view_tokens(nv, 'output_tokens') - turnlog_view_tokens(ov, 'output_tokens') - turnlog_count(copied, 'output_tokens'),
+    turnlog_view_calls(nv) - turnlog_view_calls(ov) - turnlog_count(copied, 'tool_calls'),
     CASE WHEN nv ->> 'usage_estimated' = 'true' AND NOT (was_ended AND COALESCE(ov ->> 'usage_estimated', '') = 'true') THEN 1 ELSE 0 END
   )
   ON CONFLICT (user_id, key_hash, day, model) DO UPDATE SET
@@ -194,7 +213,14 @@ def upgrade() -> None:
 def downgrade() -> None:
     if op.get_bind().dialect.name == "postgresql":
         op.execute("DROP TRIGGER turns_usage_rollup ON turns")
-        for fn in ("turnlog_usage_rollup()", "turnlog_turn_key(text)", "turnlog_view_tokens(jsonb, text)", "turnlog_view_calls(jsonb)", "turnlog_jsonb(text)"):
+        for fn in (
+            "turnlog_usage_rollup()",
+            "turnlog_turn_key(text)",
+            "turnlog_view_tokens(jsonb, text)",
+            "turnlog_view_calls(jsonb)",
+            "turnlog_count(jsonb, text)",
+            "turnlog_jsonb(text)",
+        ):
             op.execute(f"DROP FUNCTION {fn}")
     else:
         op.execute("DROP TRIGGER turns_usage_rollup")
