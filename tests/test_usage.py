@@ -351,6 +351,10 @@ async def test_requests_per_minute_and_tokens_per_day_refuse_with_429_and_record
             await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER}})
             message = await ws.receive_json(timeout=10)
         assert message == {"type": "error", "message": message["message"], "code": "rate_limit_exceeded", "retry_after": 50}
+        # and on the Responses API
+        status, body, headers = await svc.post("/v1/responses", {"model": "gpt-test", "input": "hi"})
+        assert status == 429 and body["error"]["code"] == "rate_limit_exceeded" and headers["Retry-After"] == "50"
+        assert len(await svc.services.store.list_turns(limit=100)) == 2
 
         # The next minute admits again; tokens per day: refused once the day's sum is over.
         quotas.clock = lambda: minute + 70
