@@ -51,7 +51,7 @@ class WebQueries:
         prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
         detail: Detail = {"status": {"action": "web_search", "description": "Searching the web", "done": False}}
         try:
-            reply = await self._task_model.ask("queries", prompt)
+            reply = str(await self._task_model.ask("queries", prompt))  # (the text: a TaskReply carries more)
         except UpstreamError as exc:
             draft.web_queries = [last] if last.strip() else []
             detail.update(queries=draft.web_queries, query_error=exc.message)

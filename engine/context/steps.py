@@ -384,7 +384,7 @@ class Files:
         last = get_last_user_message(draft.messages) or ""
         prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
         try:
-            reply = await self._task_model.ask("queries", prompt)
+            reply = str(await self._task_model.ask("queries", prompt))  # (the text: a TaskReply carries more)
         except UpstreamError as exc:
             return [last], {"queries": [last], "query_error": exc.message}
         parsed = parse_queries(reply)
