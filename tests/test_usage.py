@@ -36,6 +36,7 @@ from engine.fold.turn_view import fold
 from engine.ports import IndexUpdate, TurnRecord
 from engine.run.fork import fork_log
 from tests.backends import MEMORY, POSTGRES, SQLITE, SQLITE_ASYNC, Backend, Store
+from tests.documents import upload, wait_file
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.processes import Server, cli
 from tests.upstream import Reply, ScriptedUpstream
@@ -191,6 +192,25 @@ async def test_background_task_model_calls_count_toward_the_turn(tmp_path: Path,
         assert body["total"] == {"turns": 1, "input_tokens": 610, "output_tokens": 8, "tool_calls": 0}
     finally:
         await stop_service(svc)  # verify: a re-run records the same usage
+
+
+async def test_the_task_models_search_queries_count_toward_the_turn(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, chunk_tokens=24, chunk_overlap_tokens=4), upstream)
+    try:
+        status, body = await upload(svc.http, svc.url, "guide.md", b"# Proofing\n\nProof the shaped dough in the fridge for 12 hours.\n", "text/markdown")
+        assert status == 200, body
+        assert (await wait_file(svc.http, svc.url, body["id"]))["status"] == "ready"
+        upstream.task_replies.append(("queries", Reply(text='{"queries": ["proofing time"]}', usage={"prompt_tokens": 40, "completion_tokens": 4})))
+        upstream.enqueue(Reply(text="12 hours [1].", usage={"prompt_tokens": 100, "completion_tokens": 5}))
+        request = {"model": "gpt-test", "messages": USER, "files": [{"type": "file", "id": body["id"]}]}
+        status, data, headers = await svc.post("/v1/chat/completions", request)
+        assert status == 200, data
+        view = await svc.turn(headers["X-Turn-Id"])
+        assert (view["usage"]["input_tokens"], view["usage"]["output_tokens"]) == (140, 9)
+        status, body = await svc.get("/v1/usage")
+        assert (body["total"]["input_tokens"], body["total"]["output_tokens"]) == (140, 9)
+    finally:
+        await stop_service(svc)
 
 
 # --- the rollup, at the store: what a turn's end adds ---------------------------------

@@ -340,6 +340,7 @@ class TurnView:
         self.warnings.append(data["message"])
 
     def _on_assembly_step(self, data: dict[str, Any]) -> None:
+        self._add_usage((data.get("detail") or {}).get("query_usage"))  # a task model call for search queries
         step = data.get("step")
         if step == UNSUPPORTED_STEP:
             self.warnings.extend(warnings_of(data.get("detail") or {}))
