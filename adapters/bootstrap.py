@@ -46,6 +46,7 @@ from adapters.providers.openai_responses import OpenAIResponsesProvider
 from adapters.rerank import open_reranker
 from adapters.store import create_engine, open_store
 from adapters.store.migrate import migrate
+from adapters.store.usage import Limits, Quotas, SqlUsage
 from adapters.tools.catalog import DirToolCatalog
 from adapters.vectors import open_vector_store
 from adapters.web import open_fetcher, open_search
@@ -75,6 +76,7 @@ class Services:
     memories: Memories
     knowledge: FileKnowledge  # files, collections, retrieval (engine.ports.Knowledge)
     presets: Presets  # model presets (settings and /v1/presets)
+    quotas: Quotas | None = None  # usage and the quotas a turn's start must pass
 
 
 class Closable(Protocol):
@@ -179,8 +181,17 @@ async def bootstrap(settings: Settings, *, code: CodeExecutor, metrics: Metrics,
     )
     supervisor = Supervisor(store=store, bus=bus, wiring=wiring, remote=signals, owner_locks=open_owner_locks(settings.database_url))
     owners.append(supervisor)
+    quotas = Quotas(SqlUsage(store.engine), Limits(settings.quota_requests_per_minute, settings.quota_tokens_per_day))
     services = Services(
-        settings=settings, store=store, catalog=catalog, supervisor=supervisor, providers=providers, memories=memories, knowledge=knowledge, presets=presets
+        settings=settings,
+        store=store,
+        catalog=catalog,
+        supervisor=supervisor,
+        providers=providers,
+        memories=memories,
+        knowledge=knowledge,
+        presets=presets,
+        quotas=quotas,
     )
     clients: list[Closable] = [client for client in (search, images, reranker) if client is not None]
     return Runtime(services=services, observers=observers, vectors=vectors, signals=signals, embedder=opened, clients=clients)

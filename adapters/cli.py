@@ -22,8 +22,9 @@ from adapters.checked_log import checked_events as _checked_events
 from adapters.checked_log import checked_fold as _checked_fold
 from adapters.config import Settings, load_settings
 from adapters.observe.logs import configure_logging
-from adapters.store import open_store
+from adapters.store import hash_api_key, open_store
 from adapters.store.migrate import migrate
+from adapters.store.usage import Limits, SqlUsage
 from engine.chain import GENESIS, check
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.turn_view import TurnView
@@ -508,10 +509,25 @@ def cmd_keys(settings: Settings, args: argparse.Namespace) -> int:
         return 0
 
     async def run(store: Any) -> int:
-        print(await store.create_api_key(args.user, args.role))
+        key = await store.create_api_key(args.user, args.role)
+        limits = Limits(args.requests_per_minute, args.tokens_per_day)
+        if limits != Limits():
+            # Before the key is printed: nobody can use it without its quotas.
+            await SqlUsage(store.engine).set_key_limits(hash_api_key(key), limits)
+        print(key)
         return 0
 
     return asyncio.run(_with_store(settings, run, read_only=False))
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {value!r}")
+    return number
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -572,6 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     create = keys_sub.add_parser("create")
     create.add_argument("--user", required=True, help="the user the key acts as")
     create.add_argument("--role", choices=ROLES, default="user", help="admin: also the operator's endpoints (/metrics); default: user")
+    create.add_argument("--requests-per-minute", type=_positive, default=None, metavar="N", help="turns this key may start per UTC minute (default: no limit)")
+    create.add_argument("--tokens-per-day", type=_positive, default=None, metavar="N", help="tokens this key's turns may spend per UTC day (default: no limit)")
     keys_sub.add_parser("receipt-public", help="the public key (PEM) of TURNLOG_RECEIPT_KEY, to check signed receipts")
     keys.set_defaults(fn=cmd_keys)
     return parser

@@ -199,6 +199,19 @@ class Settings(BaseSettings):
         ),
     )
     max_body_bytes: int = Field(default=10 * 1024 * 1024, description="larger request bodies get 413")
+    quota_requests_per_minute: int | None = Field(
+        default=None,
+        ge=1,
+        description="turns that may start per UTC minute, all callers together (unset: no limit); over it a request gets 429 `rate_limit_exceeded`",
+    )
+    quota_tokens_per_day: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "input plus output tokens all turns may spend per UTC day (unset: no limit); a turn is refused (429) once the day's "
+            "sum is already at or over it, turns running then may still spend more"
+        ),
+    )
     host: str = Field(default="127.0.0.1", description="the address `serve` listens on")
     port: int = Field(default=8080, description="the port `serve` listens on")
     # SO_REUSEPORT: several `serve` processes on one host listen on the same

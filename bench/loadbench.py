@@ -218,6 +218,67 @@ def burst_starts(ctx: Ctx) -> dict[str, Any]:
     }
 
 
+#: Quotas high enough never to refuse a turn of the bench: what is measured
+#: is their bookkeeping on each start (the count, the day's tokens).
+QUOTA_ENV = {"TURNLOG_QUOTA_REQUESTS_PER_MINUTE": "100000000", "TURNLOG_QUOTA_TOKENS_PER_DAY": "1000000000000"}
+
+
+def burst_quota(ctx: Ctx) -> dict[str, Any]:
+    """The burst of ``burst_starts`` against two fresh turnlogs, one with
+    quotas set (``QUOTA_ENV``) and one without, in interleaved rounds (the
+    order alternates): the median first chunk with quotas minus without."""
+    turns = 50 if ctx.quick else 200
+    rounds = 3 if ctx.quick else 5
+    b = body(BURST_CHUNKS, rate=BURST_RATE, stamp=True)
+    servers = {}
+    for who, env in (("plain", {}), ("quota", QUOTA_ENV)):
+        proc, v1 = ctx.procs.start_turnlog(f"turnlog-burst-{who}", ctx.upstream_v1, ctx.workdir / f"turnlog-burst-{who}.db", extra_env=env)
+        servers[who] = (proc, v1)
+    per_round: list[dict[str, float | None]] = []
+    failed: list[str] = []
+    try:
+        for i in range(rounds):
+            ttfc: dict[str, float | None] = {}
+            for who in ("plain", "quota") if i % 2 == 0 else ("quota", "plain"):
+                v1 = servers[who][1]
+                spec = {
+                    "phases": [
+                        phase("_warmup", v1, body(5, rate=200.0, stamp=True), requests=20, concurrency=20),
+                        phase(who, v1, b, requests=turns, concurrency=turns, preconnect=True, stamps=True, raw=True),
+                    ],
+                    "timeout_s": 60 + BURST_CHUNKS / BURST_RATE * 3,
+                }
+                got = _merge([ctx.procs.run_client(spec, name=f"c-burstq-{who}{i}")])
+                failed += failures(got["streams"], BURST_CHUNKS)
+                ttfc[who] = _p([r["ttfc"] * 1000 for r in got["streams"] if r.get("ttfc") is not None], "p50")
+                time.sleep(0.5)
+            plain, quota = ttfc["plain"], ttfc["quota"]
+            over = None if plain is None or quota is None else quota - plain
+            per_round.append({"plain_ttfc_p50_ms": plain, "quota_ttfc_p50_ms": quota, "quota_over_plain_ms": over})
+    finally:
+        for proc, _ in servers.values():
+            ctx.procs.stop(proc)
+    over = med([r["quota_over_plain_ms"] for r in per_round])
+    return {
+        "status": "ok",
+        "checks": [
+            # A 2 ms difference is below what a --quick run on a busy host can tell.
+            check("quota_ttfc_p50_over_plain_ms", over, "<=", 2.0, informational=ctx.quick),
+            check("failed_turns", float(len(failed)), "<=", 0.0),
+        ],
+        "figures": {
+            "turns": turns,
+            "rounds": rounds,
+            "quota_env": QUOTA_ENV,
+            "plain_ttfc_p50_ms": spread([r["plain_ttfc_p50_ms"] for r in per_round]),
+            "quota_ttfc_p50_ms": spread([r["quota_ttfc_p50_ms"] for r in per_round]),
+            "quota_over_plain_ms": spread([r["quota_over_plain_ms"] for r in per_round]),
+            "per_round": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in per_round],
+            "failures_sample": failed[:5],
+        },
+    }
+
+
 # --------------------------------------------------------------------------- thousands
 
 

@@ -36,6 +36,7 @@ ORDER = [
     "linearity",
     "concurrent_paced",
     "burst_starts",
+    "burst_quota",
     "thousands_sse",
     "thousands_ws",
     "log_size",

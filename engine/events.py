@@ -63,6 +63,11 @@ class TurnForked(EventData):
     at: int
     model: str | None = Field(default=None, exclude_if=lambda v: v is None)
     tool_results: dict[str, str] = Field(default_factory=dict, exclude_if=lambda v: not v)
+    # As ``turn.started``'s: the hash of the key that made the fork.
+    key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
+    # What the copied events spent (``input_tokens``, ``output_tokens``,
+    # ``tool_calls``): the parent's, which the fork's usage must not count again.
+    copied: dict[str, int] = Field(default_factory=dict, exclude_if=lambda v: not v)
 
 
 class TurnStarted(EventData):
@@ -79,6 +84,9 @@ class TurnStarted(EventData):
     # "features"?, "filters"?}``, the system prompt rendered). The turn runs
     # on ``base_model``; nothing resolves the preset again. Left out otherwise.
     preset: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    # The sha256 (hex) of the API key that started the turn, never the key:
+    # usage per key. Left out without one (auth off), as in older logs.
+    key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class AssemblyStep(EventData):
@@ -294,6 +302,9 @@ class BackgroundResult(EventData):
     result: JsonValue = None
     error: str | None = None
     reply: str | None = None
+    # The task model call's usage as its upstream reported it: the turn's
+    # usage includes it. Left out when none (and in older logs).
+    usage: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TurnCompleted(EventData):

@@ -709,12 +709,25 @@ class AssemblyError(Exception):
         self.steps = list(steps)
 
 
+class TaskReply(str):
+    """A task model's reply: its text, with the usage the upstream reported
+    for the call (None: none), which the turn records and counts."""
+
+    usage: dict[str, Any] | None
+
+    def __new__(cls, text: str, usage: dict[str, Any] | None = None) -> TaskReply:
+        reply = super().__new__(cls, text)
+        reply.usage = usage
+        return reply
+
+
 class TaskModel(Protocol):
     """The model that writes titles, tags, follow-ups and retrieval queries
     (``verify``'s answers from the log)."""
 
     async def ask(self, task: str, prompt: str) -> str:
-        """The reply's text. Raises ``UpstreamError``."""
+        """The reply's text (a :class:`TaskReply` carries the call's usage).
+        Raises ``UpstreamError``."""
         ...
 
 

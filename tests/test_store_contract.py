@@ -1060,6 +1060,12 @@ async def test_migration_0004_moves_the_postgres_id_sequence_past_old_ids(pg_url
             " DROP FUNCTION turn_texts_on_event, turn_texts_on_view, turn_texts_doc, turn_search_prompt, turn_search_words CASCADE"
         )
         await admin.execute("DROP TABLE turn_forks; DROP FUNCTION turn_forks_on_event CASCADE")  # 0012's
+        await admin.execute("DROP TRIGGER turns_usage_rollup ON turns")  # 0013's
+        await admin.execute(
+            "DROP FUNCTION turnlog_usage_rollup(), turnlog_turn_key(text), turnlog_view_tokens(jsonb, text), "
+            "turnlog_view_calls(jsonb), turnlog_count(jsonb, text), turnlog_jsonb(text)"
+        )
+        await admin.execute("DROP TABLE usage_rollup, rate_counters, key_quotas")
         await admin.execute("SELECT setval(pg_get_serial_sequence('events', 'id'), 1, false)")
         await admin.execute(
             "INSERT INTO events (id, turn_id, seq, type, at, data) SELECT n, 'old-turn', n, 'test.event', 0, '{}' FROM generate_series(1, 5) AS n"

@@ -483,6 +483,35 @@ class ChatsQuery(BaseModel):
     before: float | None = Field(default=None, description="Chats updated before this Unix time.")
 
 
+class UsageQuery(BaseModel):
+    since: str | None = Field(default=None, description="The first UTC day (YYYY-MM-DD) summed; default: the first there is.")
+    until: str | None = Field(default=None, description="The last UTC day (YYYY-MM-DD) summed, included; default: today.")
+    group_by: Literal["model", "day", "model,day"] | None = Field(default=None, description="How `data` is grouped; none: one row of the sums.")
+    user: str | None = Field(default=None, description="Another user's usage (an admin key's to read).")
+
+
+class UsageEntry(_Open):
+    model: str | None = None
+    day: str | None = Field(default=None, description="YYYY-MM-DD, UTC.")
+    turns: int
+    input_tokens: int
+    output_tokens: int
+    tool_calls: int
+    usage_estimated: bool | None = Field(
+        default=None, description="Some tokens were counted by turnlog: an upstream reported none (`estimated_turns` of the turns)."
+    )
+    estimated_turns: int | None = None
+
+
+class UsageReport(_Open):
+    object: Literal["usage"]
+    user: str
+    since: str | None
+    until: str | None
+    data: list[UsageEntry]
+    total: UsageEntry
+
+
 class BlobHeaders(BaseModel):
     if_none_match: str | None = Field(default=None, alias="If-None-Match")
 

@@ -26,6 +26,7 @@ from adapters.http import (
     turn_list_routes,
     turn_routes,
     ui_routes,
+    usage_routes,
     ws_routes,
 )
 from adapters.http.auth import auth_middleware
@@ -91,6 +92,7 @@ def create_app(settings: Settings, *, code_executor: CodeExecutor | None = None,
     openapi.setup(app)
     responses_routes.setup(app)
     preset_routes.setup(app)
+    usage_routes.setup(app)
     return app
 
 

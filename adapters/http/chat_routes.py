@@ -10,7 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
-from adapters.http.auth import USER
+from adapters.http.auth import KEY_HASH, USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
 from adapters.http.direct_sse import DirectSSE, Renderer
@@ -19,6 +19,7 @@ from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
 from adapters.http.stall import StallGuard
 from adapters.presets import apply_preset, resolution, user_language
+from adapters.store.usage import QuotaExceeded
 from engine.context.assemble import requested_mode
 from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor
@@ -35,7 +36,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     user = request[USER]
     body = parse_chat_request(await read_json(request))
     ids = ChatIds.of(request)
-    actor = await start_turn(svc, body, user, ids, language=request.headers.get("Accept-Language"))
+    actor = await start_turn(svc, body, user, ids, request[KEY_HASH], language=request.headers.get("Accept-Language"))
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": ids.shown(actor.view.chat_id) or ""}
     if body.stream:
         return await stream_turn(request, actor.turn_id, headers=headers, include_usage=body.include_usage())
@@ -62,12 +63,13 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     return web.json_response(completion_body(view), headers=headers)
 
 
-async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, *, language: str | None = None) -> TurnActor:
+async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, key_hash: str | None = None, *, language: str | None = None) -> TurnActor:
     """Check what a turn request refers to, then start it (HTTP and WebSocket
     alike); the request's ``chat_id`` is the client's, ``ids`` its stored one.
     A model id that names a preset is resolved here, once: the turn records
     the resolution and the request it resolved to (``adapters.presets``);
-    ``language`` (``Accept-Language``) fills its ``{{USER_LANGUAGE}}``."""
+    ``language`` (``Accept-Language``) fills its ``{{USER_LANGUAGE}}``;
+    ``key_hash`` is the hash of the caller's key (recorded; its quotas apply)."""
     preset = await svc.presets.get(body.model)
     resolved = await svc.catalog.resolve(preset.base_model if preset is not None else body.model)
     if resolved is None:
@@ -92,7 +94,21 @@ async def start_turn(svc: Services, body: ChatRequest, user: str, ids: ChatIds, 
         raise ApiError(400, f"unknown tool_ids: {', '.join(unknown)}", code="unknown_tool", param="tool_ids")
     if (requested_mode(request) or resolved.function_calling) == "default":
         refuse_approvals_in_prompt_mode(svc, request)
-    return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model, preset=recorded_preset)
+    await admit(svc, key_hash)
+    return await svc.supervisor.start_turn(request=request, user_id=user, model=body.model, preset=recorded_preset, key_hash=key_hash)
+
+
+async def admit(svc: Services, key_hash: str | None) -> None:
+    """429 ``rate_limit_exceeded`` with ``Retry-After`` for a turn over a quota
+    (checked last: a request refused for another reason counts nothing)."""
+    if svc.quotas is None:
+        return
+    try:
+        await svc.quotas.admit(key_hash)
+    except QuotaExceeded as exc:
+        raise ApiError(
+            429, exc.message, "rate_limit_error", "rate_limit_exceeded", extra={"retry_after": exc.retry_after}, headers={"Retry-After": str(exc.retry_after)}
+        ) from None
 
 
 def refuse_approvals_in_prompt_mode(svc: Services, request: dict[str, Any]) -> None:

@@ -30,9 +30,11 @@ class ApiError(Exception):
         code: str | None = None,
         param: str | None = None,
         extra: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.extra = extra  # more fields of the error object (e.g. a damaged log's ``damage``)
+        self.headers = headers  # of the HTTP answer (``Retry-After``)
         self.status = status
         self.message = message
         self.type = type_
@@ -173,8 +175,8 @@ async def error_middleware(request: web.Request, handler: Any) -> web.StreamResp
         if exc.extra:
             body = error_body(exc.message, exc.type, exc.code, exc.param)
             body["error"].update(exc.extra)
-            return web.json_response(body, status=exc.status)
-        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param)
+            return web.json_response(body, status=exc.status, headers=exc.headers)
+        return error_response(exc.status, exc.message, exc.type, exc.code, exc.param, headers=exc.headers)
     except web.HTTPRequestEntityTooLarge:
         limit = getattr(request, "_client_max_size", None)
         return error_response(413, f"request body too large (limit {limit} bytes)", "invalid_request_error", "body_too_large")

@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
-from adapters.http.auth import USER
+from adapters.http.auth import KEY_HASH, USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.context import services
 from adapters.http.errors import ApiError, not_found
@@ -52,7 +52,7 @@ async def post_fork(request: web.Request) -> web.Response:
         hint = "GET /v1/models lists the models of the configured upstreams"
         raise ApiError(404, f"model '{model}'{whose} not found: {hint}", "not_found_error", "model_not_found", "model")
     try:
-        actor = await svc.supervisor.fork(parent, at=body.at, model=body.model, tool_results=body.outputs(), parent_log=parent_log)
+        actor = await svc.supervisor.fork(parent, at=body.at, model=body.model, tool_results=body.outputs(), parent_log=parent_log, key_hash=request[KEY_HASH])
     except KeyError as exc:
         raise not_found("turn") from exc
     except TurnConflict as exc:

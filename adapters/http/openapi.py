@@ -108,7 +108,11 @@ def _turn_failures() -> dict[int, Reply]:
             json_(m.ErrorResponse),
             TURN_HEADERS,
         ),
-        429: Reply("The upstream's rate limit: retry after `Retry-After` seconds.", json_(m.ErrorResponse), TURN_HEADERS),
+        429: Reply(
+            "The upstream's rate limit, or a quota (`rate_limit_exceeded`, nothing recorded): retry after `Retry-After` seconds.",
+            json_(m.ErrorResponse),
+            TURN_HEADERS,
+        ),
         502: Reply(
             "The turn failed upstream (`upstream_error`, `code` says how) or in an inlet filter (the turn is recorded as `failed`).",
             json_(m.ErrorResponse),
@@ -290,6 +294,13 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/chats/{chat_id}"): Operation("A chat and its messages", "chats", {200: Reply("The chat.", json_(m.Chat))}, errors=(404, 409)),
     ("POST", "/v1/memories"): Operation(
         "Store a memory", "memories", {200: Reply("The memory.", json_(m.Memory))}, errors=(*_BODY, 502), body=json_(MemoryBody)
+    ),
+    ("GET", "/v1/usage"): Operation(
+        "What the caller's turns spent (an admin: anyone's)",
+        "usage",
+        {200: Reply("Turns, tokens and tool calls per model and/or UTC day, and their total.", json_(m.UsageReport))},
+        errors=(400, 403),
+        query=m.UsageQuery,
     ),
     ("GET", "/v1/memories"): Operation("The caller's memories", "memories", {200: Reply("Every memory.", json_(m.MemoryList))}),
     ("POST", "/v1/memories/query"): Operation(

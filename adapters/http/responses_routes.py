@@ -19,7 +19,7 @@ from typing import Any, Literal, cast
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field
 
-from adapters.http.auth import USER
+from adapters.http.auth import KEY_HASH, USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import serve_sse, start_turn
 from adapters.http.context import Services, services
@@ -182,7 +182,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         chat_id, branch = await _continuation(svc, previous)
     chat_request = parse_chat_request(turn_request(body, chat_id, branch))
     # (a response's chat is one the service named: its id is not scoped)
-    actor = await start_turn(svc, chat_request, user, ChatIds.of(request), language=request.headers.get("Accept-Language"))
+    actor = await start_turn(svc, chat_request, user, ChatIds.of(request), request[KEY_HASH], language=request.headers.get("Accept-Language"))
     headers = {"X-Turn-Id": actor.turn_id, "X-Chat-Id": actor.view.chat_id or ""}
     if body.stream:
         return await stream_response(request, actor.turn_id, headers=headers)

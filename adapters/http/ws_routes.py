@@ -23,7 +23,7 @@ import orjson
 from aiohttp import WSMsgType, web
 
 from adapters.http.approval_routes import approval_request, parse_approval, record_decision
-from adapters.http.auth import USER
+from adapters.http.auth import KEY_HASH, USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
@@ -53,10 +53,13 @@ def _encode(payload: dict[str, Any]) -> bytes:
 
 
 class Connection:
-    def __init__(self, ws: web.WebSocketResponse, svc: Services, user: str, protocol: Any = None, ids: ChatIds | None = None) -> None:
+    def __init__(
+        self, ws: web.WebSocketResponse, svc: Services, user: str, protocol: Any = None, ids: ChatIds | None = None, key_hash: str | None = None
+    ) -> None:
         self.ws = ws
         self.svc = svc
         self.user = user
+        self.key_hash = key_hash  # the caller's key, as its turns record it
         self.ids = ids if ids is not None else ChatIds(user)  # the caller's chat ids (scoped with auth on)
         self.language: str | None = None  # the upgrade request's Accept-Language (a preset's {{USER_LANGUAGE}})
         self.pumps: dict[str, asyncio.Task[None]] = {}
@@ -133,7 +136,7 @@ class Connection:
 
     async def on_chat(self, message: dict[str, Any]) -> None:
         deltas = _deltas_option(message)
-        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user, self.ids, language=self.language)
+        actor = await start_turn(self.svc, parse_chat_request(message.get("request")), self.user, self.ids, self.key_hash, language=self.language)
         await self.send({"type": "turn", "turn_id": actor.turn_id, "chat_id": self.ids.shown(actor.view.chat_id)})
         self._start_pump(actor.turn_id, 0, deltas=deltas)
 
@@ -336,7 +339,7 @@ def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
 async def websocket(request: web.Request) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=services(request).settings.max_body_bytes)
     await ws.prepare(request)
-    conn = Connection(ws, services(request), request[USER], request.protocol, ChatIds.of(request))
+    conn = Connection(ws, services(request), request[USER], request.protocol, ChatIds.of(request), request[KEY_HASH])
     conn.language = request.headers.get("Accept-Language")
     guard = StallGuard(request.protocol, services(request).settings.client_stall_seconds, "WebSocket")
     try:

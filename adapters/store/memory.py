@@ -48,6 +48,7 @@ from adapters.store.common import (
     previous_hash,
     stale_token,
 )
+from adapters.store.usage import TERMINAL, Limits, roll_up
 from engine.blobs import blob_id as _blob_id
 from engine.chain import GENESIS, StoredEvent
 from engine.events import Event, upcast
@@ -145,6 +146,10 @@ class MemoryDatabase:
         self.chats: dict[str, _ChatRow] = {}
         self.api_keys: dict[str, tuple[str, float, str]] = {}
         self.blobs: dict[str, _BlobRow] = {}
+        # What the usage tables hold (``adapters.store.usage``): the rollup by
+        # (user_id, key_hash, day, model), and each key's quotas.
+        self.usage_rollup: dict[tuple[str, str, str, str], dict[str, int]] = {}
+        self.key_quotas: dict[str, Limits] = {}
 
     def taken(self, rows: Sequence[EventRow]) -> bool:
         """Whether ``rows`` repeat a ``(turn_id, seq)`` or meet a stored one (the
@@ -576,11 +581,15 @@ class MemoryEventStore:
             turn = db.turns.get(req.turn_id)
             if turn is not None:
                 status, view, updated_at, release = req.index
+                old_view = turn.view
                 if status is not None:
                     turn.status = status
                 if view is not None:
                     turn.view = view
                 turn.updated_at = updated_at
+                # The usage rollup, as the SQL stores' trigger keeps it.
+                if turn.status in TERMINAL and turn.view is not None and turn.view != old_view:
+                    roll_up(db, req.turn_id, old_view, turn.view)
                 if release is not None and turn.owner == release:
                     turn.owner = None
                     turn.lease_until = None

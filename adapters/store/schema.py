@@ -106,3 +106,43 @@ blobs = Table(
     Column("data", LargeBinary, nullable=False),
     Column("created_at", Float),
 )
+
+# Usage per user, key, UTC day and model (``adapters.store.usage``): a
+# projection of the log kept by database triggers (migration
+# ``0013_usage``) in the commit that records a turn's end. ``key_hash``
+# is '' for turns started without a key (auth off).
+usage_rollup = Table(
+    "usage_rollup",
+    metadata,
+    Column("user_id", Text, primary_key=True),
+    Column("key_hash", Text, primary_key=True),
+    Column("day", Text, primary_key=True),  # YYYY-MM-DD, UTC
+    Column("model", Text, primary_key=True),
+    Column("turns", Integer, nullable=False, server_default="0"),
+    Column("input_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("output_tokens", BigInteger, nullable=False, server_default="0"),
+    Column("tool_calls", Integer, nullable=False, server_default="0"),
+    # Turns whose tokens turnlog counted itself (the upstream reported none).
+    Column("estimated_turns", Integer, nullable=False, server_default="0"),
+    Index("ix_usage_rollup_day", "day"),
+)
+
+# Requests-per-minute quotas: one row per scope ('*' for everyone, 'key:HASH'
+# per key), the count of its current minute (epoch seconds // 60).
+rate_counters = Table(
+    "rate_counters",
+    metadata,
+    Column("scope", Text, primary_key=True),
+    Column("minute", BigInteger, nullable=False),
+    Column("count", Integer, nullable=False),
+)
+
+# A key's own quotas (``turnlog keys create --requests-per-minute N
+# --tokens-per-day N``); no row: none.
+key_quotas = Table(
+    "key_quotas",
+    metadata,
+    Column("key_hash", Text, primary_key=True),
+    Column("requests_per_minute", Integer, nullable=True),
+    Column("tokens_per_day", BigInteger, nullable=True),
+)

@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.context.messages import add_or_update_system_message, get_last_user_message
 from engine.context.steps import Detail, Draft
-from engine.context.tasks import TaskFailure, parse_image_prompt, parse_queries, query_warning, task_request, web_search_queries
+from engine.context.tasks import TaskFailure, parse_image_prompt, parse_queries, query_usage, query_warning, task_request, web_search_queries
 from engine.ports import ImageGenerator, Knowledge, PageFetcher, PayloadStore, RetrievalError, TaskModel, UpstreamError, WebError, WebSearch
 from engine.tools.builtin import stored_images
 
@@ -52,14 +52,15 @@ class WebQueries:
         prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
         detail: Detail = {"status": {"action": "web_search", "description": "Searching the web", "done": False}}
         try:
-            reply = await self._task_model.ask("queries", prompt)
+            answer = await self._task_model.ask("queries", prompt)
         except UpstreamError as exc:
             draft.web_queries = [last] if last.strip() else []
             detail.update(queries=draft.web_queries, query_error=exc.message)
             return detail
+        reply = str(answer)
         parsed = parse_queries(reply)
         draft.web_queries = web_search_queries(parsed, last)
-        detail.update(queries=draft.web_queries, query_reply=reply)
+        detail.update(queries=draft.web_queries, query_reply=reply, **query_usage(answer))
         warning = query_warning(parsed, draft.web_queries)
         if warning is not None:
             logger.warning("turn %s: web search: %s", draft.turn.id, warning)

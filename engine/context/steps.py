@@ -45,7 +45,7 @@ from engine.context.messages import (
     strip_empty_content_blocks,
 )
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
-from engine.context.tasks import parse_queries, query_warning, retrieval_queries, task_request
+from engine.context.tasks import parse_queries, query_usage, query_warning, retrieval_queries, task_request
 from engine.context.unsupported import ignored_fields
 from engine.ports import (
     FileInfo,
@@ -385,12 +385,13 @@ class Files:
         last = get_last_user_message(draft.messages) or ""
         prompt = str(task_request("queries", draft.messages, now=draft.now)[0]["content"])
         try:
-            reply = await self._task_model.ask("queries", prompt)
+            answer = await self._task_model.ask("queries", prompt)
         except UpstreamError as exc:
             return [last], {"queries": [last], "query_error": exc.message}
+        reply = str(answer)
         parsed = parse_queries(reply)
         queries = retrieval_queries(parsed, last)
-        detail: Detail = {"queries": queries, "query_reply": reply}
+        detail: Detail = {"queries": queries, "query_reply": reply, **query_usage(answer)}
         warning = query_warning(parsed, queries)
         if warning is not None:
             logger.warning("turn %s: files: %s", draft.turn.id, warning)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from typing import Any
 
-from engine.ports import ModelCatalog, ModelClient, ModelRequest, UpstreamError
-from engine.protocols.model_events import StreamFailed, TextDelta
+from engine.ports import ModelCatalog, ModelClient, ModelRequest, TaskReply, UpstreamError
+from engine.protocols.model_events import Finished, StreamFailed, TextDelta, UsageReport
 
 # A task's answer is short JSON; this bounds a model that rambles.
 TASK_MAX_TOKENS = 1000
@@ -32,13 +33,16 @@ class LiveTaskModel:
             raise UpstreamError(f"task model {self._model!r} is not available", "model_not_found")
         request = ModelRequest(messages=[{"role": "user", "content": prompt}], params={"max_tokens": TASK_MAX_TOKENS})
         text: list[str] = []
+        usage: dict[str, Any] | None = None
         async for events in self._client.stream(resolved, request, _ids()):
             for event in events:
                 if isinstance(event, TextDelta):
                     text.append(event.text)
+                elif isinstance(event, UsageReport) or (isinstance(event, Finished) and event.usage):
+                    usage = event.usage
                 elif isinstance(event, StreamFailed):
                     raise UpstreamError(event.message, "upstream_failed")
-        return "".join(text)
+        return TaskReply("".join(text), usage)
 
 
 def _ids() -> Callable[[str], str]:

@@ -46,6 +46,7 @@ from typing import Any, Literal
 from engine.context.messages import Message
 from engine.context.sources import date_variables
 from engine.json_types import JsonObject
+from engine.ports import TaskReply
 
 TaskKind = Literal["title", "tags", "follow_ups", "queries", "image_prompt"]
 
@@ -500,3 +501,11 @@ def web_search_queries(result: Queries | TaskFailure, user_message: str | None) 
     if isinstance(result, Queries):
         return list(result.queries)
     return [user_message] if user_message and user_message.strip() else []
+
+
+def query_usage(answer: str) -> dict[str, Any]:
+    """``{"query_usage": …}``, what the task model's call for search queries
+    spent as its upstream reported it (the turn's usage includes it); empty
+    when it reported none."""
+    usage = answer.usage if isinstance(answer, TaskReply) else None
+    return {"query_usage": usage} if usage else {}

@@ -341,6 +341,7 @@ class TurnView:
         self.warnings.append(data.message)
 
     def _on_assembly_step(self, data: AssemblyStep) -> None:
+        self._add_usage(data.detail.get("query_usage"))  # a task model call for search queries
         step, detail = data.step, data.detail
         if step == UNSUPPORTED_STEP:
             self.warnings.extend(warnings_of(detail))
@@ -357,12 +358,7 @@ class TurnView:
 
     def _on_model_completed(self, data: ModelCompleted) -> list[ChunkOut]:
         self.finish_reason = data.finish_reason
-        usage = data.usage
-        if usage:
-            if usage.get(USAGE_ESTIMATED) is True:
-                self.usage_estimated = True
-                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
-            self.usage = merge_usage(self.usage, normalize_usage(usage))
+        self._add_usage(data.usage)
         if data.response_id:
             self.response_ids.append(data.response_id)
         # Text held back as a possible tag start is released now.
@@ -408,7 +404,16 @@ class TurnView:
         if "finish_reason" in data.model_fields_set:
             self.finish_reason = data.finish_reason
 
+    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+        """A model call's usage into the turn's (answer and task model calls alike)."""
+        if usage:
+            if usage.get(USAGE_ESTIMATED) is True:
+                self.usage_estimated = True
+                usage = {k: v for k, v in usage.items() if k != USAGE_ESTIMATED}
+            self.usage = merge_usage(self.usage, normalize_usage(usage))
+
     def _on_background_result(self, data: BackgroundResult) -> None:
+        self._add_usage(data.usage)
         task, result = data.task, data.result
         if task == "title" and isinstance(result, str):
             self.title = result

@@ -100,6 +100,7 @@ def fork_log(
     tool_results: Mapping[str, str] | None = None,
     now: float | None = None,
     into: Fold | None = None,
+    key_hash: str | None = None,
 ) -> list[Event]:
     """The fork's first events: ``turn.forked``, then the parent's events before
     ``at`` as this turn's. Checks ``at`` first (``check_fork_point``).
@@ -118,7 +119,7 @@ def fork_log(
         inherited = {k: v for k, v in (kept[0].data.get("tool_results") or {}).items() if k in recorded}
         kept = kept[1:]
     started_at = time.time() if now is None else now
-    forked = TurnForked(parent_turn_id=parent[0].turn_id, at=at, model=model, tool_results={**inherited, **given})
+    forked = TurnForked(parent_turn_id=parent[0].turn_id, at=at, model=model, tool_results={**inherited, **given}, key_hash=key_hash)
     first = Event(turn_id=turn_id, seq=1, type=forked.TYPE, at=started_at, data=forked.model_dump(mode="json"))
     fold = into if into is not None else _ViewFold(TurnView(turn_id))
     view = fold.view
@@ -129,7 +130,25 @@ def fork_log(
         copy = Event(turn_id=turn_id, seq=view.last_seq + 1, type=event.type, at=event.at, data=data)
         fold.apply(copy)
         out.append(copy)
+    copied = _spent(view)
+    if copied:  # known once the copies are folded (the fold reads no such field)
+        out[0] = first.model_copy(update={"data": {**first.data, "copied": copied}})
     return out
+
+
+def _spent(view: TurnView) -> dict[str, int]:
+    """What a view's usage and tool calls add up to (zeros left out)."""
+    usage = view.usage or {}
+    spent = {
+        "input_tokens": _count(usage.get("input_tokens")),
+        "output_tokens": _count(usage.get("output_tokens")),
+        "tool_calls": sum(1 for item in view.output if item.get("type") == "function_call"),
+    }
+    return {k: v for k, v in spent.items() if v}
+
+
+def _count(value: object) -> int:
+    return int(value) if isinstance(value, int | float) else 0
 
 
 class Fold(Protocol):

@@ -51,7 +51,7 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
-from engine.ports import AssemblyError, ModelRequest, ResolvedModel, UpstreamError, observe
+from engine.ports import AssemblyError, ModelRequest, ResolvedModel, TaskReply, UpstreamError, observe
 from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
 from engine.protocols.model_events import (
     Finished,
@@ -830,7 +830,8 @@ class Background:
                 await ctx.record(BackgroundResult(task=task, result=fallback, error=exc.message))
                 continue
             result, error = parse_task(task, reply, chat)
-            await ctx.record(BackgroundResult(task=task, result=result, error=error, reply=reply))
+            usage = reply.usage if isinstance(reply, TaskReply) else None
+            await ctx.record(BackgroundResult(task=task, result=result, error=error, reply=str(reply), usage=usage))
         return Complete()
 
 

@@ -270,7 +270,9 @@ class Supervisor:
         except Exception:
             log.exception("turn %s: could not release the lease", turn_id)
 
-    async def start_turn(self, *, request: dict[str, Any], user_id: str, model: str, preset: dict[str, Any] | None = None) -> TurnActor:
+    async def start_turn(
+        self, *, request: dict[str, Any], user_id: str, model: str, preset: dict[str, Any] | None = None, key_hash: str | None = None
+    ) -> TurnActor:
         """Start a new turn; return its actor once the turn is durable.
 
         The actor runs at once: ``turn.started`` goes into the log with the
@@ -288,7 +290,9 @@ class Supervisor:
         turn_id = new_id("turn")
         chat_id = request.get("chat_id") or new_id("chat")
         now = time.time()
-        started = TurnStarted(chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request, preset=preset)
+        started = TurnStarted(
+            chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request, preset=preset, key_hash=key_hash
+        )
         event = make_event(turn_id, 1, started, at=now)
         record = TurnRecord(id=turn_id, chat_id=chat_id, user_id=user_id, model=model, status="running", created_at=now, updated_at=now, owner=self.owner)
         if request.get("direct_tools"):
@@ -311,6 +315,7 @@ class Supervisor:
         model: str | None = None,
         tool_results: Mapping[str, str] | None = None,
         parent_log: Sequence[Event] | None = None,
+        key_hash: str | None = None,
     ) -> TurnActor:
         """A new turn in a new chat that continues the parent's log from its
         event ``at`` (``engine.run.fork``): its first events are written at once,
@@ -332,7 +337,7 @@ class Supervisor:
         log = parent_log if parent_log is not None else await self.store.read(record.id)
         # The copies are folded once, into the fold the fork's actor continues.
         folded = Folded(TurnView(turn_id, enforce=True), LoopState())
-        events = fork_log(log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded)
+        events = fork_log(log, at=at, turn_id=turn_id, chat_id=chat_id, model=model, tool_results=tool_results, into=folded, key_hash=key_hash)
         now = events[0].at
         fork = TurnRecord(
             id=turn_id,

@@ -63,6 +63,7 @@ from engine.ports import (
     ModelRequest,
     ResolvedModel,
     ResumeMode,
+    TaskReply,
     TurnInput,
     TurnRecord,
     UpstreamError,
@@ -420,7 +421,7 @@ class _RecordedTaskModel:
             raise AssertionError("unreachable")
         if recorded.reply is None:
             raise UpstreamError(recorded.error or "", "upstream_error")
-        return recorded.reply
+        return TaskReply(recorded.reply, recorded.usage)
 
 
 class _RecordedHandle:
