@@ -18,8 +18,9 @@ from alembic import command
 from sqlalchemy import Connection, text
 
 from adapters.store.common import hash_api_key
+from adapters.store.memory_usage import MemoryUsage
 from adapters.store.migrate import alembic_config, migrate, migration_engine
-from adapters.store.usage import MemoryUsage, SqlUsage, day_of
+from adapters.store.usage import SqlUsage, day_of
 from engine.events import (
     ModelCompleted,
     ModelItem,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -48,7 +49,7 @@ from adapters.store.common import (
     previous_hash,
     stale_token,
 )
-from adapters.store.usage import TERMINAL, Limits, roll_up
+from adapters.store.usage import COUNTS, TERMINAL, Limits, day_of
 from engine.blobs import blob_id as _blob_id
 from engine.chain import GENESIS, StoredEvent
 from engine.events import Event, upcast
@@ -594,3 +595,35 @@ class MemoryEventStore:
                     turn.owner = None
                     turn.lease_until = None
         return True, None
+
+
+def roll_up(db: MemoryDatabase, turn_id: str, old_view: str | None, new_view: str) -> None:
+    """The memory store's rollup: what the database triggers do when a turn's
+    row takes a terminal status with a new view (the caller checked both)."""
+    turn = db.turns[turn_id]
+    new, old = json.loads(new_view), json.loads(old_view) if old_view else {}
+    log = db.events.get(turn_id)
+    first = log.rows.get(1) if log is not None else None
+    started = json.loads(first[2]) if first is not None else {}
+    key_hash = started.get("key_hash") or ""
+    counts = db.usage_rollup.setdefault((turn.user_id, key_hash, day_of(turn.updated_at), turn.model), dict.fromkeys(COUNTS, 0))
+    was_ended = old.get("status") in TERMINAL
+    # A fork's copied events: the parent counted them (taken off at the first end).
+    forked = first is not None and first[0] == "turn.forked"
+    copied = (started.get("copied") or {}) if forked and not was_ended else {}
+    counts["turns"] += 0 if was_ended else 1
+    for name in ("input_tokens", "output_tokens"):
+        counts[name] += _tokens(new, name) - _tokens(old, name) - int(copied.get(name) or 0)
+    counts["tool_calls"] += _calls(new) - _calls(old) - int(copied.get("tool_calls") or 0)
+    if new.get("usage_estimated") is True and not (was_ended and old.get("usage_estimated") is True):
+        counts["estimated_turns"] += 1
+
+
+def _tokens(view: dict[str, Any], name: str) -> int:
+    usage = view.get("usage")
+    return int((usage or {}).get(name) or 0) if isinstance(usage, dict) else 0
+
+
+def _calls(view: dict[str, Any]) -> int:
+    output = view.get("output")
+    return sum(1 for item in output if isinstance(item, dict) and item.get("type") == "function_call") if isinstance(output, list) else 0

@@ -25,7 +25,6 @@ A refused request still counts toward its minute.
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import time
 from dataclasses import dataclass, field
@@ -39,12 +38,12 @@ from adapters.store.schema import key_quotas, usage_rollup
 from adapters.store.sqlite import SQLITE_BEGIN
 
 if TYPE_CHECKING:
-    from adapters.store.memory import MemoryDatabase
+    pass
 
 TERMINAL = frozenset({"completed", "cancelled", "failed"})
 #: The counter of every request together; a key's is ``key:`` + its hash.
 GLOBAL_SCOPE = "*"
-_COUNTS = ("turns", "input_tokens", "output_tokens", "tool_calls", "estimated_turns")
+COUNTS = ("turns", "input_tokens", "output_tokens", "tool_calls", "estimated_turns")
 
 
 @dataclass(frozen=True)
@@ -61,7 +60,7 @@ class UsageRow:
 
     day: str
     model: str
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(_COUNTS, 0))
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTS, 0))
 
 
 def day_of(at: float) -> str:
@@ -115,7 +114,7 @@ class SqlUsage:
 
     async def rows(self, user_id: str, since: str | None, until: str | None) -> list[UsageRow]:
         r = usage_rollup.c
-        stmt = select(r.day, r.model, *(func.sum(getattr(r, c)).label(c) for c in _COUNTS)).where(r.user_id == user_id)
+        stmt = select(r.day, r.model, *(func.sum(getattr(r, c)).label(c) for c in COUNTS)).where(r.user_id == user_id)
         if since is not None:
             stmt = stmt.where(r.day >= since)
         if until is not None:
@@ -123,7 +122,7 @@ class SqlUsage:
         stmt = stmt.group_by(r.day, r.model).order_by(r.day, r.model)
         async with self._read.connect() as conn:
             found = (await conn.execute(stmt)).all()
-        return [UsageRow(row.day, row.model, {c: int(getattr(row, c) or 0) for c in _COUNTS}) for row in found]
+        return [UsageRow(row.day, row.model, {c: int(getattr(row, c) or 0) for c in COUNTS}) for row in found]
 
     async def tokens_on(self, day: str, key_hash: str | None) -> int:
         r = usage_rollup.c
@@ -163,72 +162,6 @@ class SqlUsage:
             await conn.execute(
                 key_quotas.insert().values(key_hash=key_hash, requests_per_minute=limits.requests_per_minute, tokens_per_day=limits.tokens_per_day)
             )
-
-
-class MemoryUsage:
-    """:class:`UsageStore` over a :class:`~adapters.store.memory.MemoryDatabase`."""
-
-    def __init__(self, database: MemoryDatabase) -> None:
-        self._db = database
-        self._local = LocalCounters()
-
-    async def rows(self, user_id: str, since: str | None, until: str | None) -> list[UsageRow]:
-        out: dict[tuple[str, str], UsageRow] = {}
-        for (user, _key, day, model), counts in self._db.usage_rollup.items():
-            if user != user_id or (since is not None and day < since) or (until is not None and day > until):
-                continue
-            row = out.setdefault((day, model), UsageRow(day, model))
-            for c in _COUNTS:
-                row.counts[c] += counts[c]
-        return [out[k] for k in sorted(out)]
-
-    async def tokens_on(self, day: str, key_hash: str | None) -> int:
-        return sum(
-            c["input_tokens"] + c["output_tokens"]
-            for (_user, key, d, _model), c in self._db.usage_rollup.items()
-            if d == day and (key_hash is None or key == key_hash)
-        )
-
-    async def count_request(self, scope: str, minute: int) -> int:
-        return self._local.bump(scope, minute)
-
-    async def key_limits(self, key_hash: str) -> Limits:
-        return self._db.key_quotas.get(key_hash, Limits())
-
-    async def set_key_limits(self, key_hash: str, limits: Limits) -> None:
-        self._db.key_quotas[key_hash] = limits
-
-
-def roll_up(db: MemoryDatabase, turn_id: str, old_view: str | None, new_view: str) -> None:
-    """The memory store's rollup: what the database triggers do when a turn's
-    row takes a terminal status with a new view (the caller checked both)."""
-    turn = db.turns[turn_id]
-    new, old = json.loads(new_view), json.loads(old_view) if old_view else {}
-    log = db.events.get(turn_id)
-    first = log.rows.get(1) if log is not None else None
-    started = json.loads(first[2]) if first is not None else {}
-    key_hash = started.get("key_hash") or ""
-    counts = db.usage_rollup.setdefault((turn.user_id, key_hash, day_of(turn.updated_at), turn.model), dict.fromkeys(_COUNTS, 0))
-    was_ended = old.get("status") in TERMINAL
-    # A fork's copied events: the parent counted them (taken off at the first end).
-    forked = first is not None and first[0] == "turn.forked"
-    copied = (started.get("copied") or {}) if forked and not was_ended else {}
-    counts["turns"] += 0 if was_ended else 1
-    for name in ("input_tokens", "output_tokens"):
-        counts[name] += _tokens(new, name) - _tokens(old, name) - int(copied.get(name) or 0)
-    counts["tool_calls"] += _calls(new) - _calls(old) - int(copied.get("tool_calls") or 0)
-    if new.get("usage_estimated") is True and not (was_ended and old.get("usage_estimated") is True):
-        counts["estimated_turns"] += 1
-
-
-def _tokens(view: dict[str, Any], name: str) -> int:
-    usage = view.get("usage")
-    return int((usage or {}).get(name) or 0) if isinstance(usage, dict) else 0
-
-
-def _calls(view: dict[str, Any]) -> int:
-    output = view.get("output")
-    return sum(1 for item in output if isinstance(item, dict) and item.get("type") == "function_call") if isinstance(output, list) else 0
 
 
 class QuotaExceeded(Exception):
