@@ -15,12 +15,17 @@ import random
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine.events import Event
 from engine.fold.turn_view import TurnView, fold
 from engine.ports import LiveDelta, LiveDeltas
 from engine.run.follow import EventOut, TurnFollower
 from tests.harness import Service, make_settings, sse_messages, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
+
+# Each test over the live path's shortcuts and over its plain reference path.
+pytestmark = pytest.mark.live_paths
 
 USER = [{"role": "user", "content": "go"}]
 # Tags split across chunks, held-back prefixes ("<", "<th"), a literal "a<b":
@@ -50,10 +55,13 @@ async def test_live_sse_bytes_equal_the_logs_for_tags_split_across_batched_chunk
     assert status == 200 and verified["ok"], verified
 
 
-async def test_windows_sealed_inside_a_read_keep_live_bytes_equal_to_the_logs(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> None:
+async def test_windows_sealed_inside_a_read_keep_live_bytes_equal_to_the_logs(
+    tmp_path: Path, upstream: ScriptedUpstream, database_url: str, live_path: str
+) -> None:
     """A read of more chunks than a window holds is cut into several
     ``model.delta`` events while its chunks go out as one message."""
-    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=7), upstream)
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, flush_max_chunks=7, live_fast_paths=live_path == "fast")
+    svc = await start_service(settings, upstream)
     try:
         upstream.enqueue(Reply(chunks=CHUNKS, pause_after=3))
         resp = await svc.http.post(svc.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.harness import Service
 from tests.upstream import Reply
+
+# Each test over the live path's shortcuts and over its plain reference path.
+pytestmark = pytest.mark.live_paths
 
 USER = [{"role": "user", "content": "go"}]
 

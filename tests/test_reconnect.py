@@ -6,8 +6,13 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from tests.harness import Service, sse_messages, sse_text
 from tests.upstream import Reply
+
+# Each test over the live path's shortcuts and over its plain reference path.
+pytestmark = pytest.mark.live_paths
 
 USER = [{"role": "user", "content": "go"}]
 TEXT = "Reconnect me without losing or repeating a single character. " * 4
@@ -175,6 +180,7 @@ async def test_direct_and_queued_output_interleave_in_order(service: Service) ->
     await stream_paced(service, [f"c{i} " for i in range(40)])
 
 
+@pytest.mark.live_paths("fast")  # the shortcut's own failure
 async def test_a_failing_direct_write_falls_back_without_touching_the_turn(service: Service, monkeypatch: Any, caplog: Any) -> None:
     # A bug (or an unexpected error) in the direct SSE path runs inside the
     # actor's publish: it must neither reach the actor nor lose output.

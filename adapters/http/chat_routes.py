@@ -145,7 +145,7 @@ async def serve_sse(
     )
     await response.prepare(request)
     renderer: Renderer | None = None
-    direct = DirectSSE(request, response)
+    direct = DirectSSE(request, response) if svc.settings.live_fast_paths else None
     idle = 0
     guard = StallGuard(request.protocol, svc.settings.client_stall_seconds, f"stream of turn {turn_id}")
     # The stream's last bytes go with its end (one socket write, not two: each
@@ -155,8 +155,10 @@ async def serve_sse(
         try:
             async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
                 if renderer is None:
-                    renderer = direct.renderer = make_renderer(follower.view)
-                await direct.settle()  # a direct write still in flight goes first
+                    renderer = make_renderer(follower.view)
+                if direct is not None:
+                    direct.renderer = renderer
+                    await direct.settle()  # a direct write still in flight goes first
                 renderer.view = follower.view
                 data = renderer.render(outs)
                 if renderer.done:

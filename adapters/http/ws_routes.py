@@ -225,8 +225,9 @@ class Connection:
                 return False
             return True
 
+        direct = self.outbox is not None and self.svc.settings.live_fast_paths
         try:
-            async with aclosing(tail(store, join, turn_id, after=after, sink=sink if self.outbox is not None else None)) as tailed:
+            async with aclosing(tail(store, join, turn_id, after=after, sink=sink if direct else None)) as tailed:
                 async for items in tailed:
                     out: list[bytes] = []
                     # Only ``model.delta`` events, whose text this client was

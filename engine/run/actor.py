@@ -387,6 +387,7 @@ class TurnActor:
         limit = self._settings.flush_max_chunks
         max_chars = self._settings.flush_max_chars
         publish, turn_id = self.bus.publish, self.turn_id
+        fast = self._settings.live_fast_paths
         if self._batch and kind != self._batch_kind:
             self._flush()
         while texts:
@@ -411,7 +412,7 @@ class TurnActor:
             n = len(seg)
             at = pos.next
             message: LiveDelta | LiveDeltas
-            if kind == "text" and acc.feed_plain(seg):
+            if kind == "text" and fast and acc.feed_plain(seg):
                 pos.next = at + n
                 message = LiveDeltas.run(seq, at, kind, seg)
             else:

@@ -184,7 +184,8 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     cut = ctx.view.code_interpreter and ctx.view.code_cut
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
-    reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
+    runs = streamed is None and not cut and ctx.settings.live_fast_paths
+    reads = ctx.ports.model_client.stream(resolved, request, ids, runs=runs)
     if ctx.ports.tokens is not None:
         reads = with_usage(reads, request, ctx.ports.tokens)
     async for events in _until_code_closed(ctx, reads) if cut else reads:
