@@ -218,9 +218,7 @@ async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the
 
         return call
 
-    # A paced chunk arrives as a one-chunk run (on_run), a chunk with tags as a LiveDelta.
-    for name in ("on_delta", "on_run"):
-        monkeypatch.setattr(follow_mod.TurnFollower, name, flaky(getattr(follow_mod.TurnFollower, name)))
+    monkeypatch.setattr(follow_mod.TurnFollower, "on_chunks", flaky(follow_mod.TurnFollower.on_chunks))
     await stream_paced(service, [f"e{i} " for i in range(30)])
     assert calls["n"] > 4
 

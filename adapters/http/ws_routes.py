@@ -34,7 +34,7 @@ from adapters.http.turn_routes import refuse_damaged
 from adapters.http.ws_frames import FrameOutbox
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveDelta, LiveDeltas, LiveMessage
+from engine.ports import LiveChunks, LiveMessage
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -207,19 +207,15 @@ class Connection:
             # it sent, so the order stays; while the client is behind, the
             # chunk is queued and the pump takes it (and waits in ``drain``).
             outbox = self.outbox
-            if not isinstance(message, (LiveDeltas, LiveDelta)):
+            if type(message) is not LiveChunks:
                 return False
             if outbox is None or not outbox.ready:
                 return False
             if not deltas:
                 return True  # events only: the chunk comes with its event
             try:
-                if isinstance(message, LiveDeltas):
-                    messages = _batch_messages(turn_id, message, last)
-                else:
-                    messages = _delta_messages(turn_id, message) if message.seq > last else []
-                if messages:
-                    outbox.add(messages)
+                if message.seq > last:  # else its event was sent already
+                    outbox.add(_delta_messages(turn_id, message))
             except Exception:  # never into the actor: the pump takes it instead
                 log.exception("ws live delta for %s", turn_id)
                 return False
@@ -251,11 +247,7 @@ class Connection:
                                 out.append(_encode({"type": "approval:request", "turn_id": turn_id, **approval_request(item)}))
                             elif item.type == "turn.failed":
                                 out.append(_encode(_failed_message(turn_id, item)))
-                        elif isinstance(item, LiveDeltas):
-                            hold = False
-                            if deltas:
-                                out.extend(_batch_messages(turn_id, item, 0))
-                        elif isinstance(item, LiveDelta):
+                        elif isinstance(item, LiveChunks):
                             hold = False
                             if deltas:
                                 out.extend(_delta_messages(turn_id, item))
@@ -313,23 +305,17 @@ def _deltas_option(message: dict[str, Any]) -> bool:
     return deltas
 
 
-def _batch_messages(turn_id: str, batch: LiveDeltas, after: int) -> list[bytes]:
-    """The ``delta`` messages of one published read, those of seq > ``after``:
-    a run's texts rendered directly, without a ``LiveDelta`` per chunk (each
-    chunk of a run is one piece of its own text)."""
-    texts = batch.texts
-    if texts is None:
-        return [m for d in batch.deltas if d.seq > after for m in _delta_messages(turn_id, d)]
-    if batch.seq <= after:
-        return []
-    seq, pos, kind = batch.seq, batch.pos, batch.kind
-    return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
-
-
-def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
-    """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
+def _delta_messages(turn_id: str, chunks: LiveChunks) -> list[bytes]:
+    """The ``delta`` messages of one published read: one per piece the actor
+    made of each chunk (plain chunks' texts rendered directly, one piece each)."""
+    seq, pos, kind = chunks.seq, chunks.pos, chunks.kind
+    if chunks.plain:
+        texts = chunks.texts
+        return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
     return [
-        _encode({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text}) for piece in delta.pieces
+        _encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": piece.kind, "content": piece.text})
+        for i, pieces in enumerate(chunks.pieces)
+        for piece in pieces
     ]
 
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.ports import WAKE, EventStore, LiveDelta, LiveDeltas, LiveEvent, LiveMessage, LiveRequest
+from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest
 from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
@@ -45,10 +45,9 @@ class EventOut:
     resume: ResumePoint | None = None
 
 
-# A live chunk is its own output (its position and the actor's pieces): no
-# copy per chunk and follower; so is a run of plain chunks (``LiveDeltas.run``:
-# positions ``pos, pos + 1, …``, each chunk shown as one piece of its text).
-Out = ChunkOut | LiveDelta | LiveDeltas | EventOut
+# Live chunks are their own output (their positions and the actor's pieces):
+# no copy per chunk and follower.
+Out = ChunkOut | LiveChunks | EventOut
 
 
 class Gap(Exception):
@@ -58,7 +57,8 @@ class Gap(Exception):
 class TurnFollower:
     def __init__(self, turn_id: str) -> None:
         self.view = TurnView(turn_id)
-        self._ahead: dict[int, LiveDelta] = {}
+        # Live chunks past the next position, by their first position.
+        self._ahead: dict[int, LiveChunks] = {}
         self._fed_live = 0  # chunks fed from live deltas beyond the durable log
 
     @property
@@ -86,7 +86,7 @@ class TurnFollower:
             resume = v.resume_point if event.type == "turn.resumed" else None
             out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)), resume)]
             if event.type == "turn.resumed":
-                self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
+                self._ahead = {p: m for p, m in self._ahead.items() if m.end > v.next_pos}
         out.extend(self._drain())
         return out
 
@@ -129,72 +129,57 @@ class TurnFollower:
         self._fed_live = max(0, self._fed_live - n)
         v.apply(event, live_applied=True)
 
-    def on_delta(self, delta: LiveDelta) -> list[Out]:
-        # Per streamed chunk and client: the position read once, no drain call
-        # while nothing waits ahead.
-        nxt = self.view.pos.next
-        if delta.pos != nxt:
-            if delta.pos > nxt:
-                self._ahead[delta.pos] = delta
-            return []
-        out: list[Out] = [self._feed(delta)]
-        if self._ahead:
-            out.extend(self._drain())
-        return out
-
-    def on_deltas(self, deltas: list[LiveDelta]) -> list[Out]:
-        """``on_delta`` for each chunk of one upstream read."""
+    def on_chunks(self, message: LiveChunks) -> list[Out]:
+        """Live chunks: shown now if they start at the next position (those
+        shown already are dropped), else kept until the events before them
+        arrive. Per read and client: the position read once, no drain call
+        while nothing waits ahead."""
         pos = self.view.pos
-        out: list[Out] = []
-        fed = 0
-        for delta in deltas:
-            nxt = pos.next
-            if delta.pos == nxt:
-                pos.next = nxt + 1
-                fed += 1
-                out.append(delta)
-            elif delta.pos > nxt:
-                self._ahead[delta.pos] = delta
-        self._fed_live += fed
-        if self._ahead:
-            out.extend(self._drain())
-        return out
-
-    def on_run(self, message: LiveDeltas) -> list[Out]:
-        """A published read: a run that starts at the next position (nothing
-        waiting ahead) is taken whole and is its own output; anything else
-        goes chunk by chunk (``on_deltas``)."""
-        texts = message.texts
-        if texts is not None and not self._ahead:
-            pos = self.view.pos
-            if message.pos == pos.next:
-                n = len(texts)
-                pos.next += n
-                self._fed_live += n
-                return [message]
-        return self.on_deltas(message.deltas)
-
-    def _feed(self, delta: LiveDelta) -> LiveDelta:
-        """Show a live chunk as the actor's fold made it: it takes its position
-        now; its text reaches this view's accumulator with its event."""
-        self.view.pos.next += 1
-        self._fed_live += 1
-        return delta
+        nxt = pos.next
+        if message.pos != nxt:
+            if message.pos > nxt:
+                self._ahead[message.pos] = message
+                return []
+            later = message.since(nxt)
+            if later is None:
+                return []
+            message = later
+        n = len(message.texts)
+        pos.next = nxt + n
+        self._fed_live += n
+        if not self._ahead:
+            return [message]
+        return [message, *self._drain()]
 
     def _drain(self) -> list[Out]:
+        """What waited ahead and now starts at (or spans) the next position."""
         out: list[Out] = []
-        while self._ahead:
-            delta = self._ahead.pop(self.view.next_pos, None)
-            if delta is None:
+        ahead, pos = self._ahead, self.view.pos
+        while ahead:
+            nxt = pos.next
+            found = None
+            for start in sorted(p for p in ahead if p <= nxt):  # stale ones go too
+                found = ahead.pop(start).since(nxt)
+                if found is not None:
+                    break
+            if found is None:
                 break
-            out.append(self._feed(delta))
+            n = len(found.texts)
+            pos.next = nxt + n
+            self._fed_live += n
+            out.append(found)
         return out
+
+
+def chunk_outs(chunks: LiveChunks) -> list[ChunkOut]:
+    """Live chunks one by one, as the fold of their event gives them."""
+    return [ChunkOut(pos, pieces) for pos, pieces in zip(range(chunks.pos, chunks.end), chunks.pieces)]
 
 
 def describe(out: Out) -> dict[str, Any]:
     """A debugging shape of an output element."""
-    if isinstance(out, LiveDeltas):
-        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in d.pieces] for d in out.deltas]}
+    if isinstance(out, LiveChunks):
+        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in pieces] for pieces in out.pieces]}
     if not isinstance(out, EventOut):
         return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
     return {"pos": out.pos, "event": out.event.type}
@@ -217,7 +202,7 @@ class DirectOutput(Protocol):
         ...
 
 
-Tailed = Event | LiveDelta | LiveDeltas | LiveRequest
+Tailed = Event | LiveChunks | LiveRequest
 
 
 async def tail(
@@ -365,9 +350,9 @@ class _Tail:
         history = self.joined.history
         return self.durable(history) if history is not None else await self.reread()
 
-    def window(self) -> list[LiveDelta]:
+    def window(self) -> list[LiveChunks]:
         """The chunks of the actor's open window whose event was not yielded."""
-        return [d for d in self.joined.window if d.seq > self.last]
+        return [m for m in self.joined.window if m.seq > self.last]
 
     def live(self, messages: list[LiveMessage]) -> list[Tailed]:
         """What live messages bring, in order: events past the last seq, chunks
@@ -388,13 +373,8 @@ class _Tail:
                     self.rest = messages[next(i for i, m in enumerate(messages) if m is item) + 1 :]
                     return out
                 out.extend(self.durable([item.event]))
-            elif isinstance(item, LiveDeltas):
-                if item.seq > self.last:
-                    out.append(item)
-                elif item.texts is None:  # a window's chunks whose event was yielded already
-                    out.extend(d for d in item.deltas if d.seq > self.last)
-            elif isinstance(item, LiveDelta):
-                if item.seq > self.last:
+            elif isinstance(item, LiveChunks):
+                if item.seq > self.last:  # else their event was yielded already
                     out.append(item)
             elif isinstance(item, LiveRequest):
                 out.append(item)
@@ -505,10 +485,8 @@ async def follow(
                 outs.extend(rebuilt)
             try:
                 for item in items:
-                    if isinstance(item, LiveDeltas):
-                        outs.extend(follower.on_run(item))
-                    elif isinstance(item, LiveDelta):
-                        outs.extend(follower.on_delta(item))
+                    if isinstance(item, LiveChunks):
+                        outs.extend(follower.on_chunks(item))
                     elif isinstance(item, Event):
                         outs.extend(follower.on_event(item))
             except (Gap, ValueError):
@@ -537,11 +515,11 @@ def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
     follower = state.follower
     if not state.live or state.broken or state.off or follower is None:
         return False
-    if not isinstance(message, (LiveDelta, LiveDeltas)) or not direct.ready():
+    if type(message) is not LiveChunks or not direct.ready():
         return False
     # This runs inside the actor's publish: nothing may escape into the actor.
     try:
-        outs = follower.on_delta(message) if isinstance(message, LiveDelta) else follower.on_run(message)
+        outs = follower.on_chunks(message)
     except (Gap, ValueError):
         state.broken = True  # the generator rebuilds from the log when it wakes
         return False
