@@ -807,6 +807,24 @@ class Subscription(Protocol):
     def close(self) -> None: ...
 
 
+class LiveSink(Protocol):
+    """A client's output that takes live messages inside the publisher's call,
+    one event-loop hop and task switch sooner than waking the client's task
+    (``engine.run.follow.tail`` offers a message only while that task waits
+    with everything before it sent, so the order stays). SSE streams and
+    WebSocket subscriptions implement it; a client without one reads every
+    message from its subscription (the plain path)."""
+
+    def chunks(self, message: LiveChunks) -> bool:
+        """Take live chunks now; False: not taken (the client's task gets them)."""
+        ...
+
+    def durable(self, event: Event) -> bool:
+        """Take the next durable event now, a ``model.delta`` whose chunks
+        this client showed live (it renders nothing new); False: not taken."""
+        ...
+
+
 class LiveBus(Protocol):
     """Live fan-out of a turn's deltas and committed events to subscribers."""
 

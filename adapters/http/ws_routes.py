@@ -34,7 +34,7 @@ from adapters.http.turn_routes import refuse_damaged
 from adapters.http.ws_frames import FrameOutbox
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveChunks, LiveMessage
+from engine.ports import LiveChunks
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -194,32 +194,10 @@ class Connection:
         ``model.delta`` event, one message per delta window instead of one per
         chunk."""
         store = self.svc.store
-        last = after  # the seq of the last ``event`` message sent
+        sink = _PumpSink(self, turn_id, deltas, after)
 
         def join(turn_id: str) -> Joined:
             return self.svc.supervisor.join(turn_id, runs_tools=True)
-
-        def sink(message: LiveMessage) -> bool:
-            # ``Subscription.sink``: a live chunk rendered into the outbox inside
-            # the actor's publish, without waking this task (one task switch
-            # per chunk and connection less). The subscription tries it only
-            # while this pump waits for the next item with everything before
-            # it sent, so the order stays; while the client is behind, the
-            # chunk is queued and the pump takes it (and waits in ``drain``).
-            outbox = self.outbox
-            if type(message) is not LiveChunks:
-                return False
-            if outbox is None or not outbox.ready:
-                return False
-            if not deltas:
-                return True  # events only: the chunk comes with its event
-            try:
-                if message.seq > last:  # else its event was sent already
-                    outbox.add(_delta_messages(turn_id, message))
-            except Exception:  # never into the actor: the pump takes it instead
-                log.exception("ws live delta for %s", turn_id)
-                return False
-            return True
 
         direct = self.outbox is not None and self.svc.settings.live_fast_paths
         try:
@@ -237,7 +215,7 @@ class Connection:
                             out.append(
                                 _encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": data}})
                             )
-                            last = item.seq
+                            sink.last = item.seq
                             hold = hold and item.type == "model.delta"
                             if item.type == "turn.resumed":
                                 await self.send_many(out)
@@ -277,6 +255,35 @@ class Connection:
     def close(self) -> None:
         for task in self.pumps.values():
             task.cancel()
+
+
+class _PumpSink:
+    """A subscription's ``LiveSink``: live chunks rendered as ``delta``
+    messages into the connection's outbox inside the actor's publish,
+    without waking the pump (one task switch per chunk and connection
+    less). While the client is behind (the outbox not ready), chunks queue
+    and the pump takes them."""
+
+    def __init__(self, conn: Connection, turn_id: str, deltas: bool, last: int) -> None:
+        self.conn, self.turn_id, self.deltas = conn, turn_id, deltas
+        self.last = last  # the seq of the last ``event`` message sent
+
+    def chunks(self, message: LiveChunks) -> bool:
+        outbox = self.conn.outbox
+        if outbox is None or not outbox.ready:
+            return False
+        if not self.deltas:
+            return True  # events only: the chunk comes with its event
+        try:
+            if message.seq > self.last:  # else its event was sent already
+                outbox.add(_delta_messages(self.turn_id, message))
+        except Exception:  # never into the actor: the pump takes it instead
+            log.exception("ws live delta for %s", self.turn_id)
+            return False
+        return True
+
+    def durable(self, event: Event) -> bool:
+        return False  # every event goes out as an ``event`` message, by the pump
 
 
 def _failed_message(turn_id: str, event: Event) -> dict[str, Any]:

@@ -14,17 +14,16 @@ mid-stream, or reconnects: each position exactly once, in order.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest
+from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest, LiveSink
 from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
@@ -212,8 +211,7 @@ async def tail(
     *,
     after: int = 0,
     poll_seconds: float = POLL_SECONDS,
-    sink: Callable[[LiveMessage], bool] | None = None,
-    event_sink: Callable[[Event], bool] | None = None,
+    sink: LiveSink | None = None,
 ) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
     order — and its live messages, until a terminal event (or shutdown).
@@ -231,18 +229,17 @@ async def tail(
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
-    ``sink``: a synchronous consumer for live messages (``Subscription.sink``),
-    tried while this generator waits with nothing queued. ``event_sink``: the
-    same for the next durable ``model.delta`` event (a paced stream's window
-    is sealed per chunk: waking this generator and its consumer for an event
-    that renders nothing cost more than the chunk itself); taken by it, the
-    event counts as yielded.
+    ``sink``: the client's ``LiveSink``, offered live chunks and the next
+    durable ``model.delta`` event while this generator waits with nothing
+    queued (a paced stream's window is sealed per chunk: waking this
+    generator and its consumer for an event that renders nothing cost more
+    than the chunk itself); an event it takes counts as yielded.
     """
     # The loop below is the per-chunk path (a queued or awaited message, then
     # ``_Tail.live``, synchronous); each rarer branch is one ``_Tail`` method.
     t = _Tail(store, join(turn_id), turn_id, after, poll_seconds)
     sub = t.sub
-    t.install(sink, event_sink)
+    t.install(sink)
     try:
         first = await t.catch_up()
         while t.more and not t.done:
@@ -308,20 +305,19 @@ class _Tail:
         self.rest: list[LiveMessage] | None = None
         self.woken = False
 
-    def install(self, sink: Callable[[LiveMessage], bool] | None, event_sink: Callable[[Event], bool] | None) -> None:
-        """Give the subscription its sink: ``sink`` for live messages and,
-        with ``event_sink``, the next durable ``model.delta`` to that."""
+    def install(self, sink: LiveSink | None) -> None:
+        """Offer the subscription's messages to ``sink``: live chunks, and the
+        next durable ``model.delta``."""
         if sink is None:
-            return
-        if event_sink is None:
-            self.sub.sink = sink
             return
 
         def take(message: LiveMessage) -> bool:
+            if type(message) is LiveChunks:
+                return sink.chunks(message)
             if type(message) is not LiveEvent:
-                return sink(message)
+                return False
             event = message.event
-            if event.seq != self.last + 1 or self.done or event.type != "model.delta" or not event_sink(event):
+            if event.seq != self.last + 1 or self.done or event.type != "model.delta" or not sink.durable(event):
                 return False
             self.last = event.seq  # taken: it counts as yielded
             return True
@@ -470,11 +466,9 @@ async def follow(
     hop sooner. Events (and anything while ``direct`` is not ready) take the
     normal path.
     """
-    state = _Direct()
+    state = _DirectSink(direct)
     follower = state.follower = TurnFollower(turn_id)
-    sink = functools.partial(_sink, direct, state) if direct is not None else None
-    event_sink = functools.partial(_event_sink, state) if direct is not None else None
-    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink, event_sink=event_sink)) as tailed:
+    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=state if direct is not None else None)) as tailed:
         async for items in tailed:
             outs, state.undelivered = state.undelivered, []
             if state.broken:
@@ -501,61 +495,59 @@ async def follow(
                 return
 
 
-@dataclass
-class _Direct:
-    follower: TurnFollower | None = None
-    live: bool = False  # the catch-up was yielded: the caller can render
-    broken: bool = False  # a delta failed to fold on the direct path: resync
-    off: bool = False  # the direct output failed once: not used again
-    undelivered: list[Out] = field(default_factory=list)  # folded, not sent: the generator yields them
+class _DirectSink:
+    """``follow``'s ``LiveSink``: live chunks folded by the follower and
+    handed to the client's ``DirectOutput`` inside the publisher's call."""
 
+    def __init__(self, direct: DirectOutput | None) -> None:
+        self.direct = direct
+        self.follower: TurnFollower | None = None
+        self.live = False  # the catch-up was yielded: the caller can render
+        self.broken = False  # a chunk failed to fold on the direct path: resync
+        self.off = False  # the direct output failed once: not used again
+        self.undelivered: list[Out] = []  # folded, not sent: the generator yields them
 
-def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
-    """``Subscription.sink`` of a follower with a direct output."""
-    follower = state.follower
-    if not state.live or state.broken or state.off or follower is None:
-        return False
-    if type(message) is not LiveChunks or not direct.ready():
-        return False
-    # This runs inside the actor's publish: nothing may escape into the actor.
-    try:
-        outs = follower.on_chunks(message)
-    except (Gap, ValueError):
-        state.broken = True  # the generator rebuilds from the log when it wakes
-        return False
-    if not outs:
+    def chunks(self, message: LiveChunks) -> bool:
+        follower, direct = self.follower, self.direct
+        if not self.live or self.broken or self.off or follower is None or direct is None or not direct.ready():
+            return False
+        # This runs inside the actor's publish: nothing may escape into the actor.
+        try:
+            outs = follower.on_chunks(message)
+        except (Gap, ValueError):
+            self.broken = True  # the generator rebuilds from the log when it wakes
+            return False
+        if not outs:
+            return True
+        try:
+            direct.deliver(follower, outs)
+        except Exception:
+            # The follower has taken the chunks: their output goes out through
+            # the generator instead (queueing the message wakes it), and this
+            # stream stays on the plain path from now on.
+            log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
+            self.undelivered.extend(outs)
+            self.off = True
+            return False
         return True
-    try:
-        direct.deliver(follower, outs)
-    except Exception:
-        # The follower has taken the delta: its output goes out through the
-        # generator instead (queueing the message wakes it), and this stream
-        # stays on the normal path from now on.
-        log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
-        state.undelivered.extend(outs)
-        state.off = True
-        return False
-    return True
 
-
-def _event_sink(state: _Direct, event: Event) -> bool:
-    """``tail``'s ``event_sink`` of a follower with a direct output: a
-    ``model.delta`` whose chunks this follower already showed live (nothing
-    waiting ahead) renders nothing, so it is folded here, inside the actor's
-    publish, instead of waking the generator and the handler for it."""
-    follower = state.follower
-    if not state.live or state.broken or state.off or follower is None or follower._ahead:
-        return False
-    v = follower.view
-    data = event.data
-    if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
-        return False
-    try:
-        follower.fold_shown_event(event)  # what ``on_event`` does for it, without the dispatch
-    except (Gap, ValueError):
-        state.broken = True  # the generator rebuilds from the log when it wakes
-        return False
-    return True
+    def durable(self, event: Event) -> bool:
+        """A ``model.delta`` whose chunks this follower already showed live
+        (nothing waiting ahead) renders nothing, so it is folded here, inside
+        the actor's publish, instead of waking the generator and the handler."""
+        follower = self.follower
+        if not self.live or self.broken or self.off or follower is None or follower._ahead:
+            return False
+        v = follower.view
+        data = event.data
+        if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
+            return False
+        try:
+            follower.fold_shown_event(event)  # what ``on_event`` does for it, without the dispatch
+        except (Gap, ValueError):
+            self.broken = True  # the generator rebuilds from the log when it wakes
+            return False
+        return True
 
 
 def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
