@@ -436,7 +436,7 @@ class Settings(BaseSettings):
     )
     # -- faults (README "Operating turnlog") ------------------------------------
     # Seconds a streaming client (SSE, WebSocket) may read nothing while data
-    # waits for it before it is disconnected (adapters.http.stall; 0: never).
+    # waits for it before it is disconnected (adapters.http.live_sinks; 0: never).
     client_stall_seconds: float = Field(
         default=60.0,
         ge=0,

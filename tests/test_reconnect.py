@@ -184,9 +184,9 @@ async def test_direct_and_queued_output_interleave_in_order(service: Service) ->
 async def test_a_failing_direct_write_falls_back_without_touching_the_turn(service: Service, monkeypatch: Any, caplog: Any) -> None:
     # A bug (or an unexpected error) in the direct SSE path runs inside the
     # actor's publish: it must neither reach the actor nor lose output.
-    from adapters.http import direct_sse
+    from adapters.http import live_sinks
 
-    real = direct_sse.DirectSSE.deliver
+    real = live_sinks.DirectSSE.deliver
     calls = {"n": 0}
 
     def flaky(self: Any, follower: Any, outs: list[Any]) -> None:
@@ -195,7 +195,7 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(servi
             raise RuntimeError("injected failure in deliver")
         real(self, follower, outs)
 
-    monkeypatch.setattr(direct_sse.DirectSSE, "deliver", flaky)
+    monkeypatch.setattr(live_sinks.DirectSSE, "deliver", flaky)
     chunks = [f"d{i} " for i in range(30)]
     turn_id, _body = await stream_paced(service, chunks)
     assert calls["n"] >= 3, "the direct path was used"

@@ -18,7 +18,7 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-import engine.run.catchup as catchup
+import engine.run.follow as catchup  # the catch-up reads
 from adapters.store import MemoryEventStore
 from engine.events import Event, ModelCompleted, TurnCompleted, TurnFinalized
 from engine.ports import LiveChunks, LiveRequest, Subscription

@@ -12,11 +12,10 @@ from aiohttp import web
 from adapters.http.auth import USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
-from adapters.http.direct_sse import DirectSSE, Renderer
 from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, turn_error, unavailable_response
+from adapters.http.live_sinks import DirectSSE, Renderer, StallGuard
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
-from adapters.http.stall import StallGuard
 from engine.context.assemble import requested_mode
 from engine.fold.turn_view import TurnView, fold
 from engine.run.actor import TurnActor

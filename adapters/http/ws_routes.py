@@ -28,10 +28,9 @@ from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, turn_error
+from adapters.http.live_sinks import FrameOutbox, StallGuard
 from adapters.http.schemas import parse_chat_request, parse_json
-from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
-from adapters.http.ws_frames import FrameOutbox
 from engine.events import Event
 from engine.fold.turn_view import fold
 from engine.ports import LiveChunks
@@ -60,7 +59,7 @@ class Connection:
         self.ids = ids if ids is not None else ChatIds(user)  # the caller's chat ids (scoped with auth on)
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
-        # Frames written together (adapters.http.ws_frames); None:
+        # Frames written together (adapters.http.live_sinks); None:
         # aiohttp's own path (permessage-deflate negotiated).
         outbox = FrameOutbox(ws, protocol) if protocol is not None else None
         self.outbox = outbox if outbox is not None and outbox.usable else None
@@ -207,7 +206,7 @@ class Connection:
                     # Only ``model.delta`` events, whose text this client was
                     # already sent as ``delta`` messages, may wait for the next
                     # message (the next chunk's delta: one write for both), at
-                    # most ws_frames.HOLD_SECONDS.
+                    # most live_sinks.HOLD_SECONDS.
                     hold = deltas
                     for item in items:
                         if isinstance(item, Event):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -24,7 +25,6 @@ from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
 from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest, LiveSink
-from engine.run.catchup import QuietRead, is_full, read_batch
 from engine.run.live import Joined
 
 
@@ -184,6 +184,97 @@ def describe(out: Out) -> dict[str, Any]:
     return {"pos": out.pos, "event": out.event.type}
 
 
+# --------------------------------------------------------------------------- catch-up reads
+#
+# Catch-up reads of a turn's log, shared and in batches.
+#
+# Every streaming client falls back on the log when its live subscription cannot
+# serve it (it joined late, lagged, or the loop fell behind its quiet-spell
+# timer). Under load that is thousands of reads at once: the same turn's
+# followers at the same position share one read here (one round trip for a
+# turn's many viewers reconnecting together), and a read returns at most
+# ``BATCH`` events, so a follower far behind gets its durable events batch by
+# batch, each sent before the next is read, instead of one whole log in memory
+# per follower. How many reads run at once is the store's business (its read
+# pool: ``adapters.store.sql``); a read waits there, it never fails for being
+# queued.
+
+#: Events per catch-up read.
+BATCH = 512
+
+_Key = tuple[str, int, int]
+# Reads in flight per store: (turn, after, limit) -> the shared read.
+_inflight: weakref.WeakKeyDictionary[Any, dict[_Key, asyncio.Task[list[Event]]]] = weakref.WeakKeyDictionary()
+
+
+async def read_batch(store: EventStore, turn_id: str, after: int, limit: int | None = None) -> list[Event]:
+    """Up to ``limit`` (default ``BATCH``) events of ``turn_id`` after seq ``after``, in seq order.
+
+    Concurrent callers asking for the same batch share one store read (the
+    result list is shared: callers must not modify it). A caller cancelled
+    while waiting does not cancel the read for the others.
+    """
+    if limit is None:
+        limit = BATCH
+    try:
+        reads = _inflight[store]
+    except KeyError:
+        reads = _inflight[store] = {}
+    except TypeError:  # a store without weak references: no sharing
+        return await store.read(turn_id, after=after, limit=limit)
+    key = (turn_id, after, limit)
+    task = reads.get(key)
+    if task is None:
+        task = asyncio.ensure_future(store.read(turn_id, after=after, limit=limit))
+        reads[key] = task
+        task.add_done_callback(lambda t: _done(reads, key, t))
+    return await asyncio.shield(task)
+
+
+def _done(reads: dict[_Key, asyncio.Task[list[Event]]], key: _Key, task: asyncio.Task[list[Event]]) -> None:
+    if reads.get(key) is task:
+        del reads[key]
+    if not task.cancelled():
+        task.exception()  # retrieved: every waiter may have been cancelled
+
+
+def is_full(events: list[Event], limit: int | None = None) -> bool:
+    """Whether a batch may have left events behind (read the next one)."""
+    return len(events) >= (BATCH if limit is None else limit)
+
+
+#: Quiet-spell re-reads (a safety net: the live subscription normally has
+#: everything) running at once in this process; more are skipped, not queued.
+QUIET_READS_AT_ONCE = 8
+_quiet_reads = 0
+
+
+class QuietRead:
+    """A slot for one optional re-read: ``async with QuietRead() as ok``;
+    ``ok`` False means enough are running, skip this one (try next spell).
+
+    Thousands of followers of turns waiting for a slow model would otherwise
+    all queue such a read, and a follower waiting for its read delivers
+    nothing meanwhile (bench ``thousands_ws``: up to 18 s)."""
+
+    def __init__(self) -> None:
+        self._held = False
+
+    async def __aenter__(self) -> bool:
+        global _quiet_reads
+        if _quiet_reads >= QUIET_READS_AT_ONCE:
+            return False
+        _quiet_reads += 1
+        self._held = True
+        return True
+
+    async def __aexit__(self, *exc: object) -> None:
+        global _quiet_reads
+        if self._held:
+            _quiet_reads -= 1
+            self._held = False
+
+
 POLL_SECONDS = 1.0
 QUIET_READS_MAX = 4  # a quiet turn's log is re-read at least every 4 poll periods
 log = logging.getLogger("turnlog.follow")
@@ -224,7 +315,7 @@ async def tail(
     next seq, a wake-up from another process or a quiet spell of
     ``poll_seconds`` (the first; while re-reads find nothing, every second,
     then every ``QUIET_READS_MAX``-th; not while this loop's timers run late,
-    nor beyond ``catchup.QUIET_READS_AT_ONCE`` at once) each lead to a re-read
+    nor beyond ``QUIET_READS_AT_ONCE`` at once) each lead to a re-read
     of the log after the last seq, in batches, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
@@ -336,7 +427,7 @@ class _Tail:
 
     async def reread(self) -> list[Tailed]:
         # Shared with the turn's other followers at the same seq, one batch at
-        # a time (engine.run.catchup); the caller reads on while ``more``.
+        # a time (``read_batch``); the caller reads on while ``more``.
         batch = await read_batch(self.store, self.turn_id, self.last)
         self.more = is_full(batch)
         return self.durable(batch)
