@@ -45,3 +45,36 @@ async def test_a_call_without_answer_chunks_records_no_first_chunk_time(service:
     events = await service.events(headers["X-Turn-Id"])
     # Left out, as in logs written before it was recorded.
     assert "first_chunk_at" not in _one(events, "model.completed")["data"]
+
+
+async def test_the_plain_path_takes_no_shortcut_and_the_fast_path_does(service: Service, live_path: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference path is what the tests over both paths compare against:
+    it must not take the shortcuts (plain chunks folded as one run, chunks
+    written from the publish), and the fast path must take them."""
+    from adapters.http import live_sinks
+    from engine.ports import LiveChunks
+    from engine.run.live import InProcessBus
+
+    direct, messages = [], []
+    deliver, publish = live_sinks.DirectSSE.deliver, InProcessBus.publish
+
+    def counted_deliver(self: live_sinks.DirectSSE, follower: object, outs: list[object]) -> None:
+        direct.append(len(outs))
+        deliver(self, follower, outs)  # type: ignore[arg-type]
+
+    def counted_publish(self: InProcessBus, turn_id: str, message: object) -> None:
+        if isinstance(message, LiveChunks):
+            messages.append(message.plain)
+        publish(self, turn_id, message)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(live_sinks.DirectSSE, "deliver", counted_deliver)
+    monkeypatch.setattr(InProcessBus, "publish", counted_publish)
+    service.upstream.enqueue(Reply(chunks=[f"w{i} " for i in range(20)], delay=0.005))
+    async with service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True}) as resp:
+        assert resp.status == 200
+        await resp.read()
+    assert messages, "no live chunks were published"
+    if live_path == "plain":
+        assert not direct and not any(messages)
+    else:
+        assert direct and any(messages)  # (the answer's first chunk is folded on its own)
