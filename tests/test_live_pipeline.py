@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from tests.harness import Service
@@ -52,20 +54,21 @@ async def test_the_plain_path_takes_no_shortcut_and_the_fast_path_does(service: 
     it must not take the shortcuts (plain chunks folded as one run, chunks
     written from the publish), and the fast path must take them."""
     from adapters.http import live_sinks
-    from engine.ports import LiveChunks
+    from engine.ports import LiveChunks, LiveMessage
     from engine.run.live import InProcessBus
 
-    direct, messages = [], []
+    direct: list[int] = []
+    messages: list[bool] = []
     deliver, publish = live_sinks.DirectSSE.deliver, InProcessBus.publish
 
-    def counted_deliver(self: live_sinks.DirectSSE, follower: object, outs: list[object]) -> None:
+    def counted_deliver(self: live_sinks.DirectSSE, follower: Any, outs: list[Any]) -> None:
         direct.append(len(outs))
-        deliver(self, follower, outs)  # type: ignore[arg-type]
+        deliver(self, follower, outs)
 
-    def counted_publish(self: InProcessBus, turn_id: str, message: object) -> None:
+    def counted_publish(self: InProcessBus, turn_id: str, message: LiveMessage) -> None:
         if isinstance(message, LiveChunks):
             messages.append(message.plain)
-        publish(self, turn_id, message)  # type: ignore[arg-type]
+        publish(self, turn_id, message)
 
     monkeypatch.setattr(live_sinks.DirectSSE, "deliver", counted_deliver)
     monkeypatch.setattr(InProcessBus, "publish", counted_publish)
