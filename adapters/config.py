@@ -304,6 +304,16 @@ class Settings(BaseSettings):
             "`TURNLOG_FLUSH_INTERVAL`: never stretched"
         ),
     )
+    # The live path's shortcuts; off, the plain reference path the tests run too.
+    live_fast_paths: bool = Field(
+        default=True,
+        description=(
+            "`false`: the plain reference path of live output: each streamed chunk is folded on its own and every client's "
+            "handler takes it from its subscription, instead of plain text chunks folded as one run and written to the "
+            "client's socket inside the turn's publish. The same bytes either way, more CPU per chunk; for checking the "
+            "shortcuts against it"
+        ),
+    )
     # Sealed delta windows a turn may have waiting for the store before it
     # stops reading its upstream (backpressure): slack for a store's peak,
     # against how much a crash may take of what clients were already shown.
@@ -558,7 +568,7 @@ class Settings(BaseSettings):
     )
     # -- faults (README "Operating turnlog") ------------------------------------
     # Seconds a streaming client (SSE, WebSocket) may read nothing while data
-    # waits for it before it is disconnected (adapters.http.stall; 0: never).
+    # waits for it before it is disconnected (adapters.http.live_sinks; 0: never).
     client_stall_seconds: float = Field(
         default=60.0,
         ge=0,
@@ -687,6 +697,7 @@ class Settings(BaseSettings):
             flush_interval=self.flush_interval,
             flush_max_chunks=self.flush_max_chunks,
             flush_max_interval=self.flush_max_interval,
+            live_fast_paths=self.live_fast_paths,
             max_inflight_flushes=self.max_inflight_flushes,
             max_tool_call_iterations=self.max_tool_call_iterations,
             tool_timeout=self.tool_timeout,

@@ -27,6 +27,10 @@ ABSOLUTE_FLOORS = {
     "added_ttfc_ms": 40.0,
     # burst_starts: the TTFC of simultaneous starts is CPU time of a shared core.
     "ttfc_p50_over_floor_ms": 150.0,
+    # paced_cpu / burst_cpu: one short round; at 50 streams a start's cost
+    # still weighs on the per-chunk figure.
+    "paced_cpu_over_relay": 6.0,
+    "burst_loop_cpu_over_write_ahead": 6.0,
 }
 
 

@@ -151,8 +151,9 @@ class Procs:
         *,
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
+        port: int | None = None,
     ) -> tuple[subprocess.Popen[bytes], str]:
-        """``turnlog serve`` (python -m adapters.cli) on a free port, temp SQLite DB, auth off.
+        """``turnlog serve`` (python -m adapters.cli) on a free port (or ``port``), temp SQLite DB, auth off.
 
         ``TURNLOG_*`` variables of the caller's environment are NOT passed on (a
         benchmark must not pick up a real deployment's settings); ``turnlog_env``
@@ -160,7 +161,7 @@ class Procs:
         those a scenario needs (e.g. ``TURNLOG_TOOLS_DIR``); ``database_url``
         replaces the SQLite file (e.g. a PostgreSQL URL).
         """
-        port = free_port()
+        port = port or free_port()
         env = {
             **self.turnlog_env,
             **(extra_env or {}),

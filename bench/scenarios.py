@@ -1183,6 +1183,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 
 NOT_IMPLEMENTED: dict[str, str] = {}
 
+from bench.livebench import burst_cpu, burst_procs_pg, paced_cpu  # noqa: E402 - likewise
 from bench.loadbench import burst_quota, burst_starts, thousands_sse, thousands_ws  # noqa: E402 - likewise
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
 from bench.ragbench import rag_tool_loop, rag_ttfc  # noqa: E402 - likewise
@@ -1287,6 +1288,9 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "waiting_turns_rss": (waiting_turns_rss, True, True),
     "burst_starts": (burst_starts, True, True),
     "burst_quota": (burst_quota, True, True),
+    "paced_cpu": (paced_cpu, True, True),
+    "burst_cpu": (burst_cpu, True, True),
+    "burst_procs_pg": (burst_procs_pg, True, False),
     "thousands_sse": (thousands_sse, True, True),
     "thousands_ws": (thousands_ws, True, True),
 }

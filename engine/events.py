@@ -181,6 +181,13 @@ class ModelCompleted(EventData):
     usage: dict[str, Any] | None = None
     response_id: str | None = None
     status: str | None = None  # Responses API: completed | incomplete
+    # Left out when no answer chunk came, and in logs written before it was recorded.
+    first_chunk_at: float | None = Field(
+        default=None,
+        exclude_if=lambda v: v is None,
+        description="when the call's first answer chunk (text, reasoning or a tool call) arrived, on the clock of the "
+        "events' `at`: the model's own time to first token is this minus the `model.requested` event's `at`",
+    )
 
 
 class ModelWarning(EventData):

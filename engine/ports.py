@@ -747,69 +747,59 @@ class Assembler(Protocol):
 # -- live fan-out -------------------------------------------------------------------------
 
 
-@dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
-class LiveDelta:
-    """One upstream chunk, shown live. ``seq`` is the durable event it will belong to.
+class LiveChunks:
+    """Chunks of one upstream read that fall in one delta window, shown live:
+    the one message shape from the read to the renderer (a fast upstream
+    brings hundreds per read, and each message costs every subscriber a
+    mailbox put, a wake-up or a direct delivery, and a socket write).
 
-    ``kind``/``text`` are the raw chunk (what the durable ``model.delta`` will hold);
-    ``pieces`` are what the sender's accumulator made of it (for WebSocket clients).
+    ``seq`` is the durable ``model.delta`` event they will belong to; the
+    chunks take positions ``pos, pos + 1, …``; ``texts`` are the raw chunks
+    (what that event will hold). ``pieces`` is what the sender's fold made
+    of each chunk (what clients are shown). Plain chunks (the per-token case:
+    no tag can start, nothing held back) are each one piece of their own text;
+    such a message holds no object per chunk, and a renderer that knows it is
+    ``plain`` renders the texts directly.
     """
 
-    seq: int
-    pos: int
-    kind: str
-    text: str
-    pieces: tuple[Piece, ...]
+    __slots__ = ("seq", "pos", "kind", "texts", "_pieces")
 
-
-class LiveDeltas:
-    """The chunks of one upstream read (those of one delta window), published
-    as one message: a fast upstream brings hundreds per read, and each message
-    costs every subscriber a mailbox put, a wake-up (or a direct delivery) and
-    a socket write.
-
-    Two forms. ``LiveDeltas(deltas)``: any chunks, a ``LiveDelta`` each.
-    ``LiveDeltas.run(seq, pos, kind, texts)``: plain chunks of one window, as
-    columns — positions ``pos, pos + 1, …``, each shown as one piece of its own
-    text (``Piece(kind, text)``: the accumulator's per-token case). A run holds
-    no object per chunk; ``deltas`` makes them when a consumer asks (once,
-    shared by every subscriber), so a consumer that knows runs (the SSE
-    renderer) renders the texts directly.
-    """
-
-    __slots__ = ("seq", "pos", "kind", "texts", "_deltas")
-
-    def __init__(self, deltas: list[LiveDelta]) -> None:
-        self._deltas: list[LiveDelta] | None = deltas
-        #: The first chunk's seq and position.
-        self.seq = deltas[0].seq if deltas else 0
-        self.pos = deltas[0].pos if deltas else 0
-        self.kind = deltas[0].kind if deltas else "text"
-        #: A run's texts (None: not a run).
-        self.texts: list[str] | None = None
-
-    @classmethod
-    def run(cls, seq: int, pos: int, kind: str, texts: list[str]) -> LiveDeltas:
-        msg = cls.__new__(cls)
-        msg.seq, msg.pos, msg.kind, msg.texts, msg._deltas = seq, pos, kind, texts, None
-        return msg
+    def __init__(self, seq: int, pos: int, kind: str, texts: list[str], pieces: list[tuple[Piece, ...]] | None = None) -> None:
+        self.seq, self.pos, self.kind, self.texts, self._pieces = seq, pos, kind, texts, pieces
 
     @property
-    def deltas(self) -> list[LiveDelta]:
-        deltas = self._deltas
-        if deltas is None:
-            texts = self.texts or []
-            seq, pos, kind = self.seq, self.pos, self.kind
-            shown: PieceKind = "reasoning" if kind == "reasoning" else "text"  # a run is text or reasoning
-            deltas = self._deltas = [LiveDelta(seq, pos + i, kind, t, (Piece(shown, t),)) for i, t in enumerate(texts)]
-        return deltas
+    def plain(self) -> bool:
+        return self._pieces is None
+
+    @property
+    def pieces(self) -> list[tuple[Piece, ...]]:
+        """Each chunk's pieces (made once for a plain message, shared by every subscriber)."""
+        pieces = self._pieces
+        if pieces is None:
+            shown: PieceKind = "reasoning" if self.kind == "reasoning" else "text"
+            pieces = self._pieces = [(Piece(shown, t),) for t in self.texts]
+        return pieces
+
+    @property
+    def end(self) -> int:
+        """The position after the last chunk."""
+        return self.pos + len(self.texts)
+
+    def since(self, pos: int) -> LiveChunks | None:
+        """The chunks at position ``pos`` and after (None: there are none)."""
+        skip = pos - self.pos
+        if skip <= 0:
+            return self
+        if skip >= len(self.texts):
+            return None
+        pieces = self._pieces
+        return LiveChunks(self.seq, pos, self.kind, self.texts[skip:], None if pieces is None else pieces[skip:])
 
     def __len__(self) -> int:
-        texts = self.texts
-        return len(texts) if texts is not None else len(self._deltas or ())
+        return len(self.texts)
 
     def __repr__(self) -> str:
-        return f"LiveDeltas(seq={self.seq}, pos={self.pos}, n={len(self)}, run={self.texts is not None})"
+        return f"LiveChunks(seq={self.seq}, pos={self.pos}, n={len(self.texts)}, plain={self._pieces is None})"
 
 
 @dataclass(slots=True)
@@ -835,7 +825,7 @@ class Wake:
 
 WAKE = Wake()
 
-LiveMessage = LiveDelta | LiveDeltas | LiveEvent | LiveRequest | Wake
+LiveMessage = LiveChunks | LiveEvent | LiveRequest | Wake
 
 
 class Subscription(Protocol):
@@ -856,6 +846,24 @@ class Subscription(Protocol):
     def reset(self) -> None: ...
 
     def close(self) -> None: ...
+
+
+class LiveSink(Protocol):
+    """A client's output that takes live messages inside the publisher's call,
+    one event-loop hop and task switch sooner than waking the client's task
+    (``engine.run.follow.tail`` offers a message only while that task waits
+    with everything before it sent, so the order stays). SSE streams and
+    WebSocket subscriptions implement it; a client without one reads every
+    message from its subscription (the plain path)."""
+
+    def chunks(self, message: LiveChunks) -> bool:
+        """Take live chunks now; False: not taken (the client's task gets them)."""
+        ...
+
+    def durable(self, event: Event) -> bool:
+        """Take the next durable event now, a ``model.delta`` whose chunks
+        this client showed live (it renders nothing new); False: not taken."""
+        ...
 
 
 class LiveBus(Protocol):

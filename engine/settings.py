@@ -31,6 +31,9 @@ class EngineSettings:
     # clients cap (aiohttp at 4 MiB, browsers lower); a fast upstream read
     # can bring 512 large chunks before the timer has a chance to fire.
     flush_max_chars: int = 256 * 1024
+    # Off: the plain reference path (each chunk folded and published on its
+    # own, no text runs); the shortcuts must give the same output.
+    live_fast_paths: bool = True
     # Sealed windows allowed in flight before the model stream waits for the
     # writer (backpressure). 16, not 4: at 2,000 paced streams the store's
     # peak left 4 windows (2 s of a slow stream) too little slack, and every

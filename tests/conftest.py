@@ -52,15 +52,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "sqlite_only: the test reads the SQLite file itself")
     config.addinivalue_line("markers", "backends(*names): the backends the test can run on (tests/backends.py)")
+    config.addinivalue_line("markers", "live_paths(*paths): the test runs over the live path's shortcuts and over its plain reference path (or those named)")
     try:
         parse_selection(config.getoption("backend"))
     except ValueError as exc:
         raise pytest.UsageError(str(exc)) from None
 
 
+#: The live path's two implementations (``TURNLOG_LIVE_FAST_PATHS``): a test
+#: marked ``live_paths`` runs over both, as one suite runs over a parser's C
+#: and Python implementations.
+LIVE_PATHS = ("fast", "plain")
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     """Every test that uses ``db_backend`` (the service's ``database_url``, the
-    store's ``store_backend``) runs on each selected backend it supports."""
+    store's ``store_backend``) runs on each selected backend it supports; one
+    marked ``live_paths`` on each live path too."""
+    paths = metafunc.definition.get_closest_marker("live_paths")
+    if "live_path" in metafunc.fixturenames and paths is not None:
+        metafunc.parametrize("live_path", paths.args or LIVE_PATHS, indirect=True)
     if "db_backend" not in metafunc.fixturenames:
         return
     selection = parse_selection(metafunc.config.getoption("backend"))
@@ -84,8 +95,15 @@ async def store_backend(db_backend: str, tmp_path: Path, request: pytest.Fixture
 
 
 @pytest.fixture
-async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str) -> AsyncIterator[Service]:
-    svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)
+def live_path(request: pytest.FixtureRequest) -> str:
+    """Which live path the service runs (``LIVE_PATHS``; the shortcuts unless the test is marked ``live_paths``)."""
+    return str(getattr(request, "param", "fast"))
+
+
+@pytest.fixture
+async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, live_path: str) -> AsyncIterator[Service]:
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, live_fast_paths=live_path == "fast")
+    svc = await start_service(settings, upstream)
     try:
         yield svc
     finally:

@@ -1,5 +1,5 @@
 """One callback per loop pass ends the bursts of every direct SSE stream
-(``adapters.http.direct_sse``); the streams here are the mechanism's inputs,
+(``adapters.http.live_sinks``); the streams here are the mechanism's inputs,
 shaped as ``DirectSSE`` is towards it (a loop, a burst, ``_end_burst``)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import gc
 import weakref
 from typing import Any
 
-from adapters.http import direct_sse
+from adapters.http import live_sinks
 
 
 class Stream:
@@ -29,8 +29,8 @@ class Stream:
 
 async def test_one_callback_ends_every_open_burst_and_a_failure_stops_only_its_stream() -> None:
     loop = asyncio.get_running_loop()
-    ends = direct_sse._ENDS.get(loop)
-    assert direct_sse._ENDS.get(loop) is ends  # one per loop
+    ends = live_sinks._ENDS.get(loop)
+    assert live_sinks._ENDS.get(loop) is ends  # one per loop
     streams = [Stream(loop), Stream(loop, fails=True), Stream(loop)]
     scheduled = []
     real_call_soon = loop.call_soon
@@ -56,7 +56,7 @@ async def test_one_callback_ends_every_open_burst_and_a_failure_stops_only_its_s
 
 def test_a_closed_loop_is_not_kept_alive() -> None:
     loop = asyncio.new_event_loop()
-    direct_sse._ENDS.get(loop)
+    live_sinks._ENDS.get(loop)
     gone = weakref.ref(loop)
     loop.close()
     del loop

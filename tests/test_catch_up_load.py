@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-import engine.run.catchup as catchup
+import engine.run.follow as catchup  # the catch-up reads
 from adapters.store import open_store
 from engine.run.live import InProcessBus
 from tests.harness import Service, make_settings, sse_text, start_service, stop_service

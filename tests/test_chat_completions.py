@@ -13,6 +13,9 @@ from tests.harness import Service, make_settings, sse_messages, sse_text, start_
 from tests.oracle import check_stream_against_log
 from tests.upstream import Reply, ScriptedUpstream
 
+# Each test over the live path's shortcuts and over its plain reference path.
+pytestmark = pytest.mark.live_paths
+
 
 def client(service: Service, **kw: Any) -> openai.AsyncOpenAI:
     return openai.AsyncOpenAI(base_url=service.v1, api_key="unused", max_retries=0, **kw)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 from aiohttp import web
 
 from adapters.providers.chat_runs import TemplateRuns
@@ -89,14 +90,15 @@ def _blank(raw: str, turn_id: str) -> str:
     return re.sub(r"chat_[0-9a-f]{24}", "CHAT", raw)
 
 
-async def client_bytes(tmp_path: Path, database_url: str, name: str, api: str = "chat") -> tuple[str, str]:
+async def client_bytes(tmp_path: Path, database_url: str, name: str, api: str = "chat", live_path: str = "fast") -> tuple[str, str]:
     """What a streaming client received for the recorded stream ``name`` (over
     Chat Completions, or the Responses API with ``api="responses"``), and what a
     client reading the turn from the log afterwards received (blanked)."""
     upstream = RecordedUpstream((DATA / f"{name}.sse").read_bytes())
     await upstream.start()
     try:
-        svc = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url), upstream)  # type: ignore[arg-type]
+        settings = make_settings(tmp_path, upstream.url, database_url=database_url, live_fast_paths=live_path == "fast")
+        svc = await start_service(settings, upstream)  # type: ignore[arg-type]
         try:
             if api == "responses":
                 async with svc.http.post(svc.v1 + "/responses", json={"model": "gpt-test", "input": "go", "stream": True}) as resp:
@@ -123,12 +125,13 @@ async def client_bytes(tmp_path: Path, database_url: str, name: str, api: str = 
     return _blank(live, turn_id), _blank(replayed, turn_id)
 
 
-async def test_recorded_streams_give_the_previous_versions_bytes(tmp_path: Path, database_url: str) -> None:
+@pytest.mark.live_paths
+async def test_recorded_streams_give_the_previous_versions_bytes(tmp_path: Path, database_url: str, live_path: str) -> None:
     for name in STREAMS:
-        live, replayed = await client_bytes(tmp_path / name, database_url, name)
+        live, replayed = await client_bytes(tmp_path / name, database_url, name, live_path=live_path)
         assert live == (DATA / f"{name}.expected").read_text(encoding="utf-8"), name
         assert replayed == live, name
-    live, replayed = await client_bytes(tmp_path / "responses", database_url, "text", api="responses")
+    live, replayed = await client_bytes(tmp_path / "responses", database_url, "text", api="responses", live_path=live_path)
     assert live == (DATA / "text.responses.expected").read_text(encoding="utf-8")
     assert replayed == live
 

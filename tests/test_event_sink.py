@@ -10,8 +10,8 @@ its text); the client is shown exactly the answer; and the follower ends
 equal to the fold of the log.
 
 The turn is driven the way its actor drives it, through the real in-process
-bus and store: chunks published as ``LiveDelta``s with the pieces of the
-sender's own fold, each window appended and then published as a
+bus and store: chunks published one ``LiveChunks`` each with the pieces of
+the sender's own fold, each window appended and then published as a
 ``LiveEvent``.
 """
 
@@ -36,7 +36,7 @@ from engine.events import (
     make_event,
 )
 from engine.fold.turn_view import ChunkOut, TurnView, fold
-from engine.ports import LiveDelta, LiveEvent, TurnRecord
+from engine.ports import LiveChunks, LiveEvent, TurnRecord
 from engine.run.follow import EventOut, Out, TurnFollower, follow
 from engine.run.live import InProcessBus, Joined
 
@@ -61,7 +61,9 @@ def shown(outs: list[Out]) -> str:
     """The answer text a client shows for ``outs``."""
     text: list[str] = []
     for out in outs:
-        if isinstance(out, (LiveDelta, ChunkOut, EventOut)):
+        if isinstance(out, LiveChunks):
+            text.extend(p.text for pieces in out.pieces for p in pieces if p.kind == "text")
+        elif isinstance(out, (ChunkOut, EventOut)):
             text.extend(p.text for p in out.pieces if p.kind == "text")
     return "".join(text)
 
@@ -101,7 +103,7 @@ class Actor:
             pos = self.view.next_pos
             pieces = self.view.feed_chunk("text", text)
             if live:
-                self.bus.publish(self.turn_id, LiveDelta(seq, pos, "text", text, pieces))
+                self.bus.publish(self.turn_id, LiveChunks(seq, pos, "text", [text], [pieces]))
         event = make_event(self.turn_id, seq, ModelDelta(kind="text", pos=first, text="".join(chunks), lens=[len(c) for c in chunks]))
         self.view.apply(event, live_applied=True)
         await self.store.append([event], fencing=self.token)

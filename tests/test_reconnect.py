@@ -6,8 +6,13 @@ import asyncio
 import json
 from typing import Any
 
+import pytest
+
 from tests.harness import Service, sse_messages, sse_text
 from tests.upstream import Reply
+
+# Each test over the live path's shortcuts and over its plain reference path.
+pytestmark = pytest.mark.live_paths
 
 USER = [{"role": "user", "content": "go"}]
 TEXT = "Reconnect me without losing or repeating a single character. " * 4
@@ -175,12 +180,13 @@ async def test_direct_and_queued_output_interleave_in_order(service: Service) ->
     await stream_paced(service, [f"c{i} " for i in range(40)])
 
 
+@pytest.mark.live_paths("fast")  # the shortcut's own failure
 async def test_a_failing_direct_write_falls_back_without_touching_the_turn(service: Service, monkeypatch: Any, caplog: Any) -> None:
     # A bug (or an unexpected error) in the direct SSE path runs inside the
     # actor's publish: it must neither reach the actor nor lose output.
-    from adapters.http import direct_sse
+    from adapters.http import live_sinks
 
-    real = direct_sse.DirectSSE.deliver
+    real = live_sinks.DirectSSE.deliver
     calls = {"n": 0}
 
     def flaky(self: Any, follower: Any, outs: list[Any]) -> None:
@@ -189,7 +195,7 @@ async def test_a_failing_direct_write_falls_back_without_touching_the_turn(servi
             raise RuntimeError("injected failure in deliver")
         real(self, follower, outs)
 
-    monkeypatch.setattr(direct_sse.DirectSSE, "deliver", flaky)
+    monkeypatch.setattr(live_sinks.DirectSSE, "deliver", flaky)
     chunks = [f"d{i} " for i in range(30)]
     turn_id, _body = await stream_paced(service, chunks)
     assert calls["n"] >= 3, "the direct path was used"
@@ -212,9 +218,7 @@ async def test_a_delta_that_fails_to_fold_on_the_direct_path_is_rebuilt_from_the
 
         return call
 
-    # A paced chunk arrives as a one-chunk run (on_run), a chunk with tags as a LiveDelta.
-    for name in ("on_delta", "on_run"):
-        monkeypatch.setattr(follow_mod.TurnFollower, name, flaky(getattr(follow_mod.TurnFollower, name)))
+    monkeypatch.setattr(follow_mod.TurnFollower, "on_chunks", flaky(follow_mod.TurnFollower.on_chunks))
     await stream_paced(service, [f"e{i} " for i in range(30)])
     assert calls["n"] > 4
 

@@ -18,10 +18,10 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-import engine.run.catchup as catchup
+import engine.run.follow as catchup  # the catch-up reads
 from adapters.store import MemoryEventStore
 from engine.events import Event, ModelCompleted, TurnCompleted, TurnFinalized
-from engine.ports import LiveDelta, LiveDeltas, LiveRequest, Subscription
+from engine.ports import LiveChunks, LiveRequest, Subscription
 from engine.run.follow import Tailed, tail
 from engine.run.live import InProcessBus, Joined
 from tests.test_event_sink import Actor
@@ -104,7 +104,7 @@ async def test_a_missed_live_event_and_a_wake_up_read_the_log() -> None:
     bus.publish(actor.turn_id, LiveRequest({"type": "execute:tool"}))  # after the gap, in the same batch
     got = await asyncio.wait_for(tailed.__anext__(), 5)
     assert seqs([got]) == [4, 5]
-    assert [(d.seq, d.text) for d in got if isinstance(d, LiveDelta)] == [(5, "b ")]
+    assert [(d.seq, d.texts) for d in got if isinstance(d, LiveChunks)] == [(5, ["b "])]
     assert isinstance(got[-1], LiveRequest) and len(got) == 4
     await unpublished(actor, "c ")  # seq 6, appended "elsewhere"
     bus.wake(actor.turn_id)
@@ -118,14 +118,13 @@ async def test_chunks_whose_event_was_yielded_are_dropped_and_requests_pass() ->
     actor, tailed, _ = await started(store, bus)
     await actor.window(["a ", "b "])  # two chunks, then their event (seq 4)
     got = await asyncio.wait_for(tailed.__anext__(), 5)
-    assert [type(item).__name__ for item in got] == ["LiveDelta", "LiveDelta", "Event"]
-    pieces = got[0].pieces if isinstance(got[0], LiveDelta) else ()
+    assert [type(item).__name__ for item in got] == ["LiveChunks", "LiveChunks", "Event"]
     turn = actor.turn_id
-    bus.publish(turn, LiveDeltas([LiveDelta(4, 0, "text", "a ", pieces), LiveDelta(5, 2, "text", "c ", pieces)]))
-    bus.publish(turn, LiveDeltas.run(4, 0, "text", ["a ", "b "]))
+    bus.publish(turn, LiveChunks(4, 0, "text", ["a ", "b "]))  # seq 4 was yielded: dropped
+    bus.publish(turn, LiveChunks(5, 2, "text", ["c "]))
     bus.publish(turn, LiveRequest({"type": "execute:tool"}))
     got = await asyncio.wait_for(tailed.__anext__(), 5)
-    assert [(d.seq, d.text) for d in got if isinstance(d, LiveDelta)] == [(5, "c ")]
+    assert [(d.seq, d.texts) for d in got if isinstance(d, LiveChunks)] == [(5, ["c "])]
     assert [item.payload for item in got if isinstance(item, LiveRequest)] == [{"type": "execute:tool"}]
     assert len(got) == 2
     await tailed.aclose()

@@ -13,11 +13,10 @@ from aiohttp import web
 from adapters.http.auth import KEY_HASH, USER
 from adapters.http.chat_ids import ChatIds
 from adapters.http.context import Services, services
-from adapters.http.direct_sse import DirectSSE, Renderer
 from adapters.http.errors import DRAIN_RETRY_AFTER, ApiError, turn_error, unavailable_response
+from adapters.http.live_sinks import DirectSSE, Renderer, StallGuard
 from adapters.http.openai_format import ChunkRenderer, completion_body
 from adapters.http.schemas import ChatRequest, parse_chat_request, read_json
-from adapters.http.stall import StallGuard
 from adapters.presets import apply_preset, resolution, user_language
 from adapters.store.usage import QuotaExceeded
 from engine.context.assemble import requested_mode
@@ -172,7 +171,7 @@ async def serve_sse(
     )
     await response.prepare(request)
     renderer: Renderer | None = None
-    direct = DirectSSE(request, response)
+    direct = DirectSSE(request, response) if svc.settings.live_fast_paths else None
     idle = 0
     guard = StallGuard(request.protocol, svc.settings.client_stall_seconds, f"stream of turn {turn_id}")
     # The stream's last bytes go with its end (one socket write, not two: each
@@ -182,8 +181,10 @@ async def serve_sse(
         try:
             async for follower, outs in follow(svc.store, svc.supervisor.join, turn_id, direct=direct):
                 if renderer is None:
-                    renderer = direct.renderer = make_renderer(follower.view)
-                await direct.settle()  # a direct write still in flight goes first
+                    renderer = make_renderer(follower.view)
+                if direct is not None:
+                    direct.renderer = renderer
+                    await direct.settle()  # a direct write still in flight goes first
                 renderer.view = follower.view
                 data = renderer.render(outs)
                 if renderer.done:

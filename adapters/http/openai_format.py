@@ -19,8 +19,8 @@ from adapters.http.errors import turn_error
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
 from engine.context.unsupported import file_warnings, warnings_of
 from engine.fold.turn_view import TurnView
-from engine.ports import LiveDeltas
-from engine.run.follow import EventOut, Out
+from engine.ports import LiveChunks
+from engine.run.follow import EventOut, Out, chunk_outs
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
@@ -91,9 +91,9 @@ class ChunkRenderer:
     def render(self, outs: list[Out]) -> bytes:
         parts: list[bytes] = []
         for out in outs:
-            if isinstance(out, LiveDeltas):
+            if isinstance(out, LiveChunks):
                 if not self.done:
-                    self._run(out, parts)
+                    self._chunks(out, parts)
                 continue
             if out.pos <= self.last_sent or self.done:
                 continue
@@ -131,20 +131,17 @@ class ChunkRenderer:
             self.last_sent = out.pos
         return b"".join(parts)
 
-    def _run(self, run: LiveDeltas, parts: list[bytes]) -> None:
-        """The chunks of a live message: for a run (plain text chunks), per
-        chunk one ``orjson.dumps`` of its text and one formatting of the whole
-        SSE message, the same bytes as the per-token case of ``render``."""
-        texts = run.texts
-        if texts is None or run.kind != "text":
-            parts.append(self.render(list(run.deltas)))
+    def _chunks(self, chunks: LiveChunks, parts: list[bytes]) -> None:
+        """The chunks of a live message: for plain text chunks, per chunk one
+        ``orjson.dumps`` of its text and one formatting of the whole SSE
+        message, the same bytes as the per-token case of ``render``."""
+        if not chunks.plain or chunks.kind != "text":
+            parts.append(self.render(list(chunk_outs(chunks))))
             return
-        first = run.pos
-        skip = self.last_sent - first + 1  # chunks a reconnect already had
-        if skip >= len(texts):
+        later = chunks.since(self.last_sent + 1)  # not those a reconnect already had
+        if later is None:
             return
-        if skip > 0:
-            texts, first = texts[skip:], first + skip
+        texts, first = later.texts, later.pos
         head = self._text_head or self._make_text_head()
         message, dumpb = _TEXT_MESSAGE, _dumpb
         parts.append(b"".join([message % (pos, head, dumpb(text)) for pos, text in zip(range(first, first + len(texts)), texts)]))

@@ -21,8 +21,8 @@ import orjson
 from adapters.http.errors import turn_error
 from engine.events import Event
 from engine.fold.turn_view import TurnView
-from engine.ports import LiveDeltas
-from engine.run.follow import EventOut, Out, TurnFollower
+from engine.ports import LiveChunks
+from engine.run.follow import EventOut, Out, TurnFollower, chunk_outs
 
 RESPONSE_PREFIX = "resp_"
 #: Where a turn request keeps what only the Responses API needs (never sent upstream).
@@ -477,16 +477,15 @@ class ResponsesRenderer:
             self._finish("failed", "response.failed")
 
     def render(self, outs: list[Out]) -> bytes:
-        if any(type(out) is LiveDeltas and (out.texts is None or out.kind != "text") for out in outs):
-            # Live chunks other than a text run: one by one.
-            outs = [d for out in outs for d in (out.deltas if isinstance(out, LiveDeltas) and (out.texts is None or out.kind != "text") else (out,))]
+        if any(type(out) is LiveChunks and not _plain_text(out) for out in outs):
+            # Live chunks other than plain text: one by one.
+            outs = [c for out in outs for c in (chunk_outs(out) if type(out) is LiveChunks and not _plain_text(out) else (out,))]
         for out in outs:
-            if isinstance(out, LiveDeltas):
-                if not self.done and out.texts is not None:
-                    texts, skip = out.texts, self.last_sent - out.pos + 1  # chunks a reconnect already had
-                    if skip < len(texts):
-                        self._text_run(texts[skip:] if skip > 0 else texts)
-                        self.last_sent = out.pos + len(texts) - 1
+            if isinstance(out, LiveChunks):
+                later = None if self.done else out.since(self.last_sent + 1)  # not those a reconnect already had
+                if later is not None:
+                    self._text_run(later.texts)
+                    self.last_sent = later.end - 1
                 continue
             if out.pos <= self.last_sent or self.done:
                 continue
@@ -505,6 +504,10 @@ class ResponsesRenderer:
 
 
 _TEXT_DELTA = b'%s%s,"logprobs":[],"sequence_number":%d}\n\n'
+
+
+def _plain_text(chunks: LiveChunks) -> bool:
+    return chunks.plain and chunks.kind == "text"
 
 
 def fold_response(turn_id: str, events: list[Event]) -> tuple[dict[str, Any], TurnView]:

@@ -28,13 +28,12 @@ from adapters.http.chat_ids import ChatIds
 from adapters.http.chat_routes import start_turn
 from adapters.http.context import Services, services
 from adapters.http.errors import ApiError, turn_error
+from adapters.http.live_sinks import FrameOutbox, StallGuard
 from adapters.http.schemas import parse_chat_request, parse_json
-from adapters.http.stall import StallGuard
 from adapters.http.turn_routes import refuse_damaged
-from adapters.http.ws_frames import FrameOutbox
 from engine.events import Event
 from engine.fold.turn_view import fold
-from engine.ports import LiveDelta, LiveDeltas, LiveMessage
+from engine.ports import LiveChunks
 from engine.run.follow import tail
 from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
@@ -64,7 +63,7 @@ class Connection:
         self.language: str | None = None  # the upgrade request's Accept-Language (a preset's {{USER_LANGUAGE}})
         self.pumps: dict[str, asyncio.Task[None]] = {}
         self._lock = asyncio.Lock()
-        # Frames written together (adapters.http.ws_frames); None:
+        # Frames written together (adapters.http.live_sinks); None:
         # aiohttp's own path (permessage-deflate negotiated).
         outbox = FrameOutbox(ws, protocol) if protocol is not None else None
         self.outbox = outbox if outbox is not None and outbox.usable else None
@@ -198,45 +197,20 @@ class Connection:
         ``model.delta`` event, one message per delta window instead of one per
         chunk."""
         store = self.svc.store
-        last = after  # the seq of the last ``event`` message sent
+        sink = _PumpSink(self, turn_id, deltas, after)
 
         def join(turn_id: str) -> Joined:
             return self.svc.supervisor.join(turn_id, runs_tools=True)
 
-        def sink(message: LiveMessage) -> bool:
-            # ``Subscription.sink``: a live chunk rendered into the outbox inside
-            # the actor's publish, without waking this task (one task switch
-            # per chunk and connection less). The subscription tries it only
-            # while this pump waits for the next item with everything before
-            # it sent, so the order stays; while the client is behind, the
-            # chunk is queued and the pump takes it (and waits in ``drain``).
-            outbox = self.outbox
-            if not isinstance(message, (LiveDeltas, LiveDelta)):
-                return False
-            if outbox is None or not outbox.ready:
-                return False
-            if not deltas:
-                return True  # events only: the chunk comes with its event
-            try:
-                if isinstance(message, LiveDeltas):
-                    messages = _batch_messages(turn_id, message, last)
-                else:
-                    messages = _delta_messages(turn_id, message) if message.seq > last else []
-                if messages:
-                    outbox.add(messages)
-            except Exception:  # never into the actor: the pump takes it instead
-                log.exception("ws live delta for %s", turn_id)
-                return False
-            return True
-
+        direct = self.outbox is not None and self.svc.settings.live_fast_paths
         try:
-            async with aclosing(tail(store, join, turn_id, after=after, sink=sink if self.outbox is not None else None)) as tailed:
+            async with aclosing(tail(store, join, turn_id, after=after, sink=sink if direct else None)) as tailed:
                 async for items in tailed:
                     out: list[bytes] = []
                     # Only ``model.delta`` events, whose text this client was
                     # already sent as ``delta`` messages, may wait for the next
                     # message (the next chunk's delta: one write for both), at
-                    # most ws_frames.HOLD_SECONDS.
+                    # most live_sinks.HOLD_SECONDS.
                     hold = deltas
                     for item in items:
                         if isinstance(item, Event):
@@ -244,7 +218,7 @@ class Connection:
                             out.append(
                                 _encode({"type": "event", "turn_id": turn_id, "seq": item.seq, "event": {"type": item.type, "at": item.at, "data": data}})
                             )
-                            last = item.seq
+                            sink.last = item.seq
                             hold = hold and item.type == "model.delta"
                             if item.type == "turn.resumed":
                                 await self.send_many(out)
@@ -254,11 +228,7 @@ class Connection:
                                 out.append(_encode({"type": "approval:request", "turn_id": turn_id, **approval_request(item)}))
                             elif item.type == "turn.failed":
                                 out.append(_encode(_failed_message(turn_id, item)))
-                        elif isinstance(item, LiveDeltas):
-                            hold = False
-                            if deltas:
-                                out.extend(_batch_messages(turn_id, item, 0))
-                        elif isinstance(item, LiveDelta):
+                        elif isinstance(item, LiveChunks):
                             hold = False
                             if deltas:
                                 out.extend(_delta_messages(turn_id, item))
@@ -290,6 +260,35 @@ class Connection:
             task.cancel()
 
 
+class _PumpSink:
+    """A subscription's ``LiveSink``: live chunks rendered as ``delta``
+    messages into the connection's outbox inside the actor's publish,
+    without waking the pump (one task switch per chunk and connection
+    less). While the client is behind (the outbox not ready), chunks queue
+    and the pump takes them."""
+
+    def __init__(self, conn: Connection, turn_id: str, deltas: bool, last: int) -> None:
+        self.conn, self.turn_id, self.deltas = conn, turn_id, deltas
+        self.last = last  # the seq of the last ``event`` message sent
+
+    def chunks(self, message: LiveChunks) -> bool:
+        outbox = self.conn.outbox
+        if outbox is None or not outbox.ready:
+            return False
+        if not self.deltas:
+            return True  # events only: the chunk comes with its event
+        try:
+            if message.seq > self.last:  # else its event was sent already
+                outbox.add(_delta_messages(self.turn_id, message))
+        except Exception:  # never into the actor: the pump takes it instead
+            log.exception("ws live delta for %s", self.turn_id)
+            return False
+        return True
+
+    def durable(self, event: Event) -> bool:
+        return False  # every event goes out as an ``event`` message, by the pump
+
+
 def _failed_message(turn_id: str, event: Event) -> dict[str, Any]:
     """The ``error`` message of a failed turn: what an HTTP request for it is
     answered (its status, the error object, ``retry_after``)."""
@@ -316,23 +315,17 @@ def _deltas_option(message: dict[str, Any]) -> bool:
     return deltas
 
 
-def _batch_messages(turn_id: str, batch: LiveDeltas, after: int) -> list[bytes]:
-    """The ``delta`` messages of one published read, those of seq > ``after``:
-    a run's texts rendered directly, without a ``LiveDelta`` per chunk (each
-    chunk of a run is one piece of its own text)."""
-    texts = batch.texts
-    if texts is None:
-        return [m for d in batch.deltas if d.seq > after for m in _delta_messages(turn_id, d)]
-    if batch.seq <= after:
-        return []
-    seq, pos, kind = batch.seq, batch.pos, batch.kind
-    return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
-
-
-def _delta_messages(turn_id: str, delta: LiveDelta) -> list[bytes]:
-    """The ``delta`` messages of one live chunk (one per piece the actor made of it)."""
+def _delta_messages(turn_id: str, chunks: LiveChunks) -> list[bytes]:
+    """The ``delta`` messages of one published read: one per piece the actor
+    made of each chunk (plain chunks' texts rendered directly, one piece each)."""
+    seq, pos, kind = chunks.seq, chunks.pos, chunks.kind
+    if chunks.plain:
+        texts = chunks.texts
+        return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
     return [
-        _encode({"type": "delta", "turn_id": turn_id, "seq": delta.seq, "pos": delta.pos, "kind": piece.kind, "content": piece.text}) for piece in delta.pieces
+        _encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": piece.kind, "content": piece.text})
+        for i, pieces in enumerate(chunks.pieces)
+        for piece in pieces
     ]
 
 

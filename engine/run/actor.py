@@ -52,8 +52,7 @@ from engine.ports import (
     IndexUpdate,
     LeaseLost,
     LiveBus,
-    LiveDelta,
-    LiveDeltas,
+    LiveChunks,
     LiveEvent,
     ResumeMode,
     TurnRecord,
@@ -124,8 +123,8 @@ class TurnActor:
         # Delta batch (group commit window): the chunks as published, so that a
         # subscriber joining mid-window gets them exactly as the others did.
         self._batch: list[str] = []  # the open window's chunk texts
-        # What was published of it (a run, a read's LiveDeltas or a LiveDelta).
-        self._batch_live: list[LiveDelta | LiveDeltas] = []
+        # What was published of it: a message per read.
+        self._batch_live: list[LiveChunks] = []
         self._batch_kind = "text"
         self._batch_chars = 0  # the open window's text, in characters
         self._batch_pos = 0
@@ -261,12 +260,12 @@ class TurnActor:
         read of the log."""
         return list(self._history) if self._history is not None else None
 
-    def open_batch(self) -> list[LiveDelta]:
+    def open_batch(self) -> list[LiveChunks]:
         """The chunks already shown live but not yet sealed into an event.
 
         A subscriber that joins mid-window takes these together with its
         subscription (no await in between), so it misses nothing."""
-        return [d for m in self._batch_live for d in (m.deltas if isinstance(m, LiveDeltas) else (m,))]
+        return list(self._batch_live)
 
     async def _main(self, resume: bool) -> None:
         current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
@@ -377,12 +376,11 @@ class TurnActor:
         """The non-empty chunks of one read: shown now (published), written
         with their window (group commit).
 
-        Per window the read's chunks are one message. Plain text chunks (the
-        per-token case: no tag can start, nothing held back) are folded in one
-        step and published as a run (``LiveDeltas.run``: their texts, no
-        object per chunk); anything else is folded chunk by chunk into a
-        ``LiveDelta`` each. Either way the windows, positions and pieces are
-        those of folding one chunk at a time.
+        Per window the read's chunks are one ``LiveChunks`` message. Plain
+        text chunks (the per-token case: no tag can start, nothing held back)
+        are folded in one step (no object per chunk); anything else chunk by
+        chunk, with the pieces of each. Either way the windows, positions and
+        pieces are those of folding one chunk at a time.
         """
         v = self._view
         pos = v.pos
@@ -390,6 +388,7 @@ class TurnActor:
         limit = self._settings.flush_max_chunks
         max_chars = self._settings.flush_max_chars
         publish, turn_id = self.bus.publish, self.turn_id
+        fast = self._settings.live_fast_paths
         if self._batch and kind != self._batch_kind:
             self._flush()
         while texts:
@@ -413,19 +412,12 @@ class TurnActor:
                 seg = seg[:cut]
             n = len(seg)
             at = pos.next
-            message: LiveDelta | LiveDeltas
-            if kind == "text" and acc.feed_plain(seg):
-                pos.next = at + n
-                message = LiveDeltas.run(seq, at, kind, seg)
+            pos.next = at + n
+            if kind == "text" and fast and acc.feed_plain(seg):
+                message = LiveChunks(seq, at, kind, seg)
             else:
                 feed = acc.feed_reasoning if kind == "reasoning" else acc.feed_text
-                live: list[LiveDelta] = []
-                for text in seg:
-                    # TurnView.feed_chunk, inlined.
-                    at = pos.next
-                    pos.next = at + 1
-                    live.append(LiveDelta(seq, at, kind, text, tuple(feed(text))))
-                message = live[0] if n == 1 else LiveDeltas(live)
+                message = LiveChunks(seq, at, kind, seg, [tuple(feed(text)) for text in seg])
             batch.extend(seg)
             self._batch_live.append(message)
             self._batch_chars += ends[n - 1]

@@ -14,18 +14,17 @@ mid-stream, or reconnects: each position exactly once, in order.
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
+import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
-from engine.ports import WAKE, EventStore, LiveDelta, LiveDeltas, LiveEvent, LiveMessage, LiveRequest
-from engine.run.catchup import QuietRead, is_full, read_batch
+from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest, LiveSink
 from engine.run.live import Joined
 
 
@@ -45,10 +44,9 @@ class EventOut:
     resume: ResumePoint | None = None
 
 
-# A live chunk is its own output (its position and the actor's pieces): no
-# copy per chunk and follower; so is a run of plain chunks (``LiveDeltas.run``:
-# positions ``pos, pos + 1, …``, each chunk shown as one piece of its text).
-Out = ChunkOut | LiveDelta | LiveDeltas | EventOut
+# Live chunks are their own output (their positions and the actor's pieces):
+# no copy per chunk and follower.
+Out = ChunkOut | LiveChunks | EventOut
 
 
 class Gap(Exception):
@@ -58,7 +56,8 @@ class Gap(Exception):
 class TurnFollower:
     def __init__(self, turn_id: str) -> None:
         self.view = TurnView(turn_id)
-        self._ahead: dict[int, LiveDelta] = {}
+        # Live chunks past the next position, by their first position.
+        self._ahead: dict[int, LiveChunks] = {}
         self._fed_live = 0  # chunks fed from live deltas beyond the durable log
 
     @property
@@ -86,7 +85,7 @@ class TurnFollower:
             resume = v.resume_point if event.type == "turn.resumed" else None
             out = [EventOut(v.last_event_pos, event, released, tuple(v.items_touched(event)), resume)]
             if event.type == "turn.resumed":
-                self._ahead = {p: d for p, d in self._ahead.items() if p >= v.next_pos}
+                self._ahead = {p: m for p, m in self._ahead.items() if m.end > v.next_pos}
         out.extend(self._drain())
         return out
 
@@ -129,75 +128,151 @@ class TurnFollower:
         self._fed_live = max(0, self._fed_live - n)
         v.apply(event, live_applied=True)
 
-    def on_delta(self, delta: LiveDelta) -> list[Out]:
-        # Per streamed chunk and client: the position read once, no drain call
-        # while nothing waits ahead.
-        nxt = self.view.pos.next
-        if delta.pos != nxt:
-            if delta.pos > nxt:
-                self._ahead[delta.pos] = delta
-            return []
-        out: list[Out] = [self._feed(delta)]
-        if self._ahead:
-            out.extend(self._drain())
-        return out
-
-    def on_deltas(self, deltas: list[LiveDelta]) -> list[Out]:
-        """``on_delta`` for each chunk of one upstream read."""
+    def on_chunks(self, message: LiveChunks) -> list[Out]:
+        """Live chunks: shown now if they start at the next position (those
+        shown already are dropped), else kept until the events before them
+        arrive. Per read and client: the position read once, no drain call
+        while nothing waits ahead."""
         pos = self.view.pos
-        out: list[Out] = []
-        fed = 0
-        for delta in deltas:
-            nxt = pos.next
-            if delta.pos == nxt:
-                pos.next = nxt + 1
-                fed += 1
-                out.append(delta)
-            elif delta.pos > nxt:
-                self._ahead[delta.pos] = delta
-        self._fed_live += fed
-        if self._ahead:
-            out.extend(self._drain())
-        return out
-
-    def on_run(self, message: LiveDeltas) -> list[Out]:
-        """A published read: a run that starts at the next position (nothing
-        waiting ahead) is taken whole and is its own output; anything else
-        goes chunk by chunk (``on_deltas``)."""
-        texts = message.texts
-        if texts is not None and not self._ahead:
-            pos = self.view.pos
-            if message.pos == pos.next:
-                n = len(texts)
-                pos.next += n
-                self._fed_live += n
-                return [message]
-        return self.on_deltas(message.deltas)
-
-    def _feed(self, delta: LiveDelta) -> LiveDelta:
-        """Show a live chunk as the actor's fold made it: it takes its position
-        now; its text reaches this view's accumulator with its event."""
-        self.view.pos.next += 1
-        self._fed_live += 1
-        return delta
+        nxt = pos.next
+        if message.pos != nxt:
+            if message.pos > nxt:
+                self._ahead[message.pos] = message
+                return []
+            later = message.since(nxt)
+            if later is None:
+                return []
+            message = later
+        n = len(message.texts)
+        pos.next = nxt + n
+        self._fed_live += n
+        if not self._ahead:
+            return [message]
+        return [message, *self._drain()]
 
     def _drain(self) -> list[Out]:
+        """What waited ahead and now starts at (or spans) the next position."""
         out: list[Out] = []
-        while self._ahead:
-            delta = self._ahead.pop(self.view.next_pos, None)
-            if delta is None:
+        ahead, pos = self._ahead, self.view.pos
+        while ahead:
+            nxt = pos.next
+            found = None
+            for start in sorted(p for p in ahead if p <= nxt):  # stale ones go too
+                found = ahead.pop(start).since(nxt)
+                if found is not None:
+                    break
+            if found is None:
                 break
-            out.append(self._feed(delta))
+            n = len(found.texts)
+            pos.next = nxt + n
+            self._fed_live += n
+            out.append(found)
         return out
+
+
+def chunk_outs(chunks: LiveChunks) -> list[ChunkOut]:
+    """Live chunks one by one, as the fold of their event gives them."""
+    return [ChunkOut(pos, pieces) for pos, pieces in zip(range(chunks.pos, chunks.end), chunks.pieces)]
 
 
 def describe(out: Out) -> dict[str, Any]:
     """A debugging shape of an output element."""
-    if isinstance(out, LiveDeltas):
-        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in d.pieces] for d in out.deltas]}
+    if isinstance(out, LiveChunks):
+        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in pieces] for pieces in out.pieces]}
     if not isinstance(out, EventOut):
         return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
     return {"pos": out.pos, "event": out.event.type}
+
+
+# --------------------------------------------------------------------------- catch-up reads
+#
+# Catch-up reads of a turn's log, shared and in batches.
+#
+# Every streaming client falls back on the log when its live subscription cannot
+# serve it (it joined late, lagged, or the loop fell behind its quiet-spell
+# timer). Under load that is thousands of reads at once: the same turn's
+# followers at the same position share one read here (one round trip for a
+# turn's many viewers reconnecting together), and a read returns at most
+# ``BATCH`` events, so a follower far behind gets its durable events batch by
+# batch, each sent before the next is read, instead of one whole log in memory
+# per follower. How many reads run at once is the store's business (its read
+# pool: ``adapters.store.sql``); a read waits there, it never fails for being
+# queued.
+
+#: Events per catch-up read.
+BATCH = 512
+
+_Key = tuple[str, int, int]
+# Reads in flight per store: (turn, after, limit) -> the shared read.
+_inflight: weakref.WeakKeyDictionary[Any, dict[_Key, asyncio.Task[list[Event]]]] = weakref.WeakKeyDictionary()
+
+
+async def read_batch(store: EventStore, turn_id: str, after: int, limit: int | None = None) -> list[Event]:
+    """Up to ``limit`` (default ``BATCH``) events of ``turn_id`` after seq ``after``, in seq order.
+
+    Concurrent callers asking for the same batch share one store read (the
+    result list is shared: callers must not modify it). A caller cancelled
+    while waiting does not cancel the read for the others.
+    """
+    if limit is None:
+        limit = BATCH
+    try:
+        reads = _inflight[store]
+    except KeyError:
+        reads = _inflight[store] = {}
+    except TypeError:  # a store without weak references: no sharing
+        return await store.read(turn_id, after=after, limit=limit)
+    key = (turn_id, after, limit)
+    task = reads.get(key)
+    if task is None:
+        task = asyncio.ensure_future(store.read(turn_id, after=after, limit=limit))
+        reads[key] = task
+        task.add_done_callback(lambda t: _done(reads, key, t))
+    return await asyncio.shield(task)
+
+
+def _done(reads: dict[_Key, asyncio.Task[list[Event]]], key: _Key, task: asyncio.Task[list[Event]]) -> None:
+    if reads.get(key) is task:
+        del reads[key]
+    if not task.cancelled():
+        task.exception()  # retrieved: every waiter may have been cancelled
+
+
+def is_full(events: list[Event], limit: int | None = None) -> bool:
+    """Whether a batch may have left events behind (read the next one)."""
+    return len(events) >= (BATCH if limit is None else limit)
+
+
+#: Quiet-spell re-reads (a safety net: the live subscription normally has
+#: everything) running at once in this process; more are skipped, not queued.
+QUIET_READS_AT_ONCE = 8
+_quiet_reads = 0
+
+
+class QuietRead:
+    """A slot for one optional re-read: ``async with QuietRead() as ok``;
+    ``ok`` False means enough are running, skip this one (try next spell).
+
+    Thousands of followers of turns waiting for a slow model would otherwise
+    all queue such a read, and a follower waiting for its read delivers
+    nothing meanwhile (bench ``thousands_ws``: up to 18 s)."""
+
+    def __init__(self) -> None:
+        self._held = False
+
+    async def __aenter__(self) -> bool:
+        global _quiet_reads
+        if _quiet_reads >= QUIET_READS_AT_ONCE:
+            return False
+        _quiet_reads += 1
+        self._held = True
+        return True
+
+    async def __aexit__(self, *exc: object) -> None:
+        global _quiet_reads
+        if self._held:
+            _quiet_reads -= 1
+            self._held = False
 
 
 POLL_SECONDS = 1.0
@@ -217,7 +292,7 @@ class DirectOutput(Protocol):
         ...
 
 
-Tailed = Event | LiveDelta | LiveDeltas | LiveRequest
+Tailed = Event | LiveChunks | LiveRequest
 
 
 async def tail(
@@ -227,8 +302,7 @@ async def tail(
     *,
     after: int = 0,
     poll_seconds: float = POLL_SECONDS,
-    sink: Callable[[LiveMessage], bool] | None = None,
-    event_sink: Callable[[Event], bool] | None = None,
+    sink: LiveSink | None = None,
 ) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
     order — and its live messages, until a terminal event (or shutdown).
@@ -241,23 +315,22 @@ async def tail(
     next seq, a wake-up from another process or a quiet spell of
     ``poll_seconds`` (the first; while re-reads find nothing, every second,
     then every ``QUIET_READS_MAX``-th; not while this loop's timers run late,
-    nor beyond ``catchup.QUIET_READS_AT_ONCE`` at once) each lead to a re-read
+    nor beyond ``QUIET_READS_AT_ONCE`` at once) each lead to a re-read
     of the log after the last seq, in batches, so a missed live message delays output but never loses it. An empty list is a
     heartbeat (the consumer may send a keep-alive). A live chunk whose durable
     event was already yielded is dropped.
 
-    ``sink``: a synchronous consumer for live messages (``Subscription.sink``),
-    tried while this generator waits with nothing queued. ``event_sink``: the
-    same for the next durable ``model.delta`` event (a paced stream's window
-    is sealed per chunk: waking this generator and its consumer for an event
-    that renders nothing cost more than the chunk itself); taken by it, the
-    event counts as yielded.
+    ``sink``: the client's ``LiveSink``, offered live chunks and the next
+    durable ``model.delta`` event while this generator waits with nothing
+    queued (a paced stream's window is sealed per chunk: waking this
+    generator and its consumer for an event that renders nothing cost more
+    than the chunk itself); an event it takes counts as yielded.
     """
     # The loop below is the per-chunk path (a queued or awaited message, then
     # ``_Tail.live``, synchronous); each rarer branch is one ``_Tail`` method.
     t = _Tail(store, join(turn_id), turn_id, after, poll_seconds)
     sub = t.sub
-    t.install(sink, event_sink)
+    t.install(sink)
     try:
         first = await t.catch_up()
         while t.more and not t.done:
@@ -323,20 +396,19 @@ class _Tail:
         self.rest: list[LiveMessage] | None = None
         self.woken = False
 
-    def install(self, sink: Callable[[LiveMessage], bool] | None, event_sink: Callable[[Event], bool] | None) -> None:
-        """Give the subscription its sink: ``sink`` for live messages and,
-        with ``event_sink``, the next durable ``model.delta`` to that."""
+    def install(self, sink: LiveSink | None) -> None:
+        """Offer the subscription's messages to ``sink``: live chunks, and the
+        next durable ``model.delta``."""
         if sink is None:
-            return
-        if event_sink is None:
-            self.sub.sink = sink
             return
 
         def take(message: LiveMessage) -> bool:
+            if type(message) is LiveChunks:
+                return sink.chunks(message)
             if type(message) is not LiveEvent:
-                return sink(message)
+                return False
             event = message.event
-            if event.seq != self.last + 1 or self.done or event.type != "model.delta" or not event_sink(event):
+            if event.seq != self.last + 1 or self.done or event.type != "model.delta" or not sink.durable(event):
                 return False
             self.last = event.seq  # taken: it counts as yielded
             return True
@@ -355,7 +427,7 @@ class _Tail:
 
     async def reread(self) -> list[Tailed]:
         # Shared with the turn's other followers at the same seq, one batch at
-        # a time (engine.run.catchup); the caller reads on while ``more``.
+        # a time (``read_batch``); the caller reads on while ``more``.
         batch = await read_batch(self.store, self.turn_id, self.last)
         self.more = is_full(batch)
         return self.durable(batch)
@@ -365,9 +437,9 @@ class _Tail:
         history = self.joined.history
         return self.durable(history) if history is not None else await self.reread()
 
-    def window(self) -> list[LiveDelta]:
+    def window(self) -> list[LiveChunks]:
         """The chunks of the actor's open window whose event was not yielded."""
-        return [d for d in self.joined.window if d.seq > self.last]
+        return [m for m in self.joined.window if m.seq > self.last]
 
     def live(self, messages: list[LiveMessage]) -> list[Tailed]:
         """What live messages bring, in order: events past the last seq, chunks
@@ -388,13 +460,8 @@ class _Tail:
                     self.rest = messages[next(i for i, m in enumerate(messages) if m is item) + 1 :]
                     return out
                 out.extend(self.durable([item.event]))
-            elif isinstance(item, LiveDeltas):
-                if item.seq > self.last:
-                    out.append(item)
-                elif item.texts is None:  # a window's chunks whose event was yielded already
-                    out.extend(d for d in item.deltas if d.seq > self.last)
-            elif isinstance(item, LiveDelta):
-                if item.seq > self.last:
+            elif isinstance(item, LiveChunks):
+                if item.seq > self.last:  # else their event was yielded already
                     out.append(item)
             elif isinstance(item, LiveRequest):
                 out.append(item)
@@ -490,11 +557,9 @@ async def follow(
     hop sooner. Events (and anything while ``direct`` is not ready) take the
     normal path.
     """
-    state = _Direct()
+    state = _DirectSink(direct)
     follower = state.follower = TurnFollower(turn_id)
-    sink = functools.partial(_sink, direct, state) if direct is not None else None
-    event_sink = functools.partial(_event_sink, state) if direct is not None else None
-    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=sink, event_sink=event_sink)) as tailed:
+    async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=state if direct is not None else None)) as tailed:
         async for items in tailed:
             outs, state.undelivered = state.undelivered, []
             if state.broken:
@@ -505,10 +570,8 @@ async def follow(
                 outs.extend(rebuilt)
             try:
                 for item in items:
-                    if isinstance(item, LiveDeltas):
-                        outs.extend(follower.on_run(item))
-                    elif isinstance(item, LiveDelta):
-                        outs.extend(follower.on_delta(item))
+                    if isinstance(item, LiveChunks):
+                        outs.extend(follower.on_chunks(item))
                     elif isinstance(item, Event):
                         outs.extend(follower.on_event(item))
             except (Gap, ValueError):
@@ -523,61 +586,59 @@ async def follow(
                 return
 
 
-@dataclass
-class _Direct:
-    follower: TurnFollower | None = None
-    live: bool = False  # the catch-up was yielded: the caller can render
-    broken: bool = False  # a delta failed to fold on the direct path: resync
-    off: bool = False  # the direct output failed once: not used again
-    undelivered: list[Out] = field(default_factory=list)  # folded, not sent: the generator yields them
+class _DirectSink:
+    """``follow``'s ``LiveSink``: live chunks folded by the follower and
+    handed to the client's ``DirectOutput`` inside the publisher's call."""
 
+    def __init__(self, direct: DirectOutput | None) -> None:
+        self.direct = direct
+        self.follower: TurnFollower | None = None
+        self.live = False  # the catch-up was yielded: the caller can render
+        self.broken = False  # a chunk failed to fold on the direct path: resync
+        self.off = False  # the direct output failed once: not used again
+        self.undelivered: list[Out] = []  # folded, not sent: the generator yields them
 
-def _sink(direct: DirectOutput, state: _Direct, message: LiveMessage) -> bool:
-    """``Subscription.sink`` of a follower with a direct output."""
-    follower = state.follower
-    if not state.live or state.broken or state.off or follower is None:
-        return False
-    if not isinstance(message, (LiveDelta, LiveDeltas)) or not direct.ready():
-        return False
-    # This runs inside the actor's publish: nothing may escape into the actor.
-    try:
-        outs = follower.on_delta(message) if isinstance(message, LiveDelta) else follower.on_run(message)
-    except (Gap, ValueError):
-        state.broken = True  # the generator rebuilds from the log when it wakes
-        return False
-    if not outs:
+    def chunks(self, message: LiveChunks) -> bool:
+        follower, direct = self.follower, self.direct
+        if not self.live or self.broken or self.off or follower is None or direct is None or not direct.ready():
+            return False
+        # This runs inside the actor's publish: nothing may escape into the actor.
+        try:
+            outs = follower.on_chunks(message)
+        except (Gap, ValueError):
+            self.broken = True  # the generator rebuilds from the log when it wakes
+            return False
+        if not outs:
+            return True
+        try:
+            direct.deliver(follower, outs)
+        except Exception:
+            # The follower has taken the chunks: their output goes out through
+            # the generator instead (queueing the message wakes it), and this
+            # stream stays on the plain path from now on.
+            log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
+            self.undelivered.extend(outs)
+            self.off = True
+            return False
         return True
-    try:
-        direct.deliver(follower, outs)
-    except Exception:
-        # The follower has taken the delta: its output goes out through the
-        # generator instead (queueing the message wakes it), and this stream
-        # stays on the normal path from now on.
-        log.exception("turn %s: direct output failed; the handler takes over", follower.view.id)
-        state.undelivered.extend(outs)
-        state.off = True
-        return False
-    return True
 
-
-def _event_sink(state: _Direct, event: Event) -> bool:
-    """``tail``'s ``event_sink`` of a follower with a direct output: a
-    ``model.delta`` whose chunks this follower already showed live (nothing
-    waiting ahead) renders nothing, so it is folded here, inside the actor's
-    publish, instead of waking the generator and the handler for it."""
-    follower = state.follower
-    if not state.live or state.broken or state.off or follower is None or follower._ahead:
-        return False
-    v = follower.view
-    data = event.data
-    if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
-        return False
-    try:
-        follower.fold_shown_event(event)  # what ``on_event`` does for it, without the dispatch
-    except (Gap, ValueError):
-        state.broken = True  # the generator rebuilds from the log when it wakes
-        return False
-    return True
+    def durable(self, event: Event) -> bool:
+        """A ``model.delta`` whose chunks this follower already showed live
+        (nothing waiting ahead) renders nothing, so it is folded here, inside
+        the actor's publish, instead of waking the generator and the handler."""
+        follower = self.follower
+        if not self.live or self.broken or self.off or follower is None or follower._ahead:
+            return False
+        v = follower.view
+        data = event.data
+        if event.seq != v.last_seq + 1 or v.pos.next - data["pos"] < len(data["lens"]):
+            return False
+        try:
+            follower.fold_shown_event(event)  # what ``on_event`` does for it, without the dispatch
+        except (Gap, ValueError):
+            self.broken = True  # the generator rebuilds from the log when it wakes
+            return False
+        return True
 
 
 def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:

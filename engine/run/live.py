@@ -1,10 +1,8 @@
 """In-process live fan-out: what a running turn tells its subscribers.
 
-The bus carries two kinds of messages: a ``LiveDelta`` per upstream chunk, or a
-``LiveDeltas`` holding the chunks of one upstream read that fall in one delta
-window (sent at once, before they are durable; plain text chunks as a run of
-strings) and a ``LiveEvent`` per committed event (sent in
-seq order after its commit). Subscribers are a convenience, never the truth: a
+The bus carries ``LiveChunks``, the chunks of one upstream read that fall in
+one delta window (sent at once, before they are durable), and a ``LiveEvent``
+per committed event (sent in seq order after its commit). Subscribers are a convenience, never the truth: a
 subscriber that falls behind is marked ``lagged`` and catches up from the log.
 """
 
@@ -17,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.events import Event
-from engine.ports import WAKE, LiveDelta, LiveDeltas, LiveEvent, LiveMessage
+from engine.ports import WAKE, LiveChunks, LiveEvent, LiveMessage
 from engine.ports import Subscription as SubscriptionPort
 
 
@@ -28,7 +26,7 @@ class Joined:
     committed events so far (None: read the log)."""
 
     subscription: SubscriptionPort
-    window: list[LiveDelta]
+    window: list[LiveChunks]
     history: list[Event] | None
 
 
@@ -43,7 +41,7 @@ class Subscription:
         self._items: deque[LiveMessage] = deque()
         self._waiter: asyncio.Future[Any] | None = None
         self._limit = limit
-        # Chunks queued beyond one per message (a read's ``LiveDeltas`` holds
+        # Chunks queued beyond one per message (a read's ``LiveChunks`` holds
         # many): the limit bounds chunks, not messages.
         self._extra = 0
         # Kept, not looked up per wait: get_running_loop() costs a getpid()
@@ -72,7 +70,7 @@ class Subscription:
             if waiter is not None and not waiter.done() and sink(message):
                 self._sunk = True
                 return
-        extra = len(message) - 1 if type(message) is LiveDeltas else 0
+        extra = len(message) - 1 if type(message) is LiveChunks else 0
         if len(self._items) + self._extra + extra >= self._limit:
             # A slow reader: stop buffering; it must re-read from the log.
             self.lagged = True
@@ -113,7 +111,7 @@ class Subscription:
                         continue
                     return None
             item = self._items.popleft()
-            if type(item) is LiveDeltas:
+            if type(item) is LiveChunks:
                 self._extra -= len(item) - 1
             return item
         finally:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import time
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -183,10 +184,13 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     cut = ctx.view.out.code_interpreter and ctx.view.out.code_cut
     # Without stream filters, a read's text chunks come as runs (TextRun: a
     # list of their texts, no object per chunk).
-    reads = ctx.ports.model_client.stream(resolved, request, ids, runs=streamed is None and not cut)
+    runs = streamed is None and not cut and ctx.settings.live_fast_paths
+    reads = ctx.ports.model_client.stream(resolved, request, ids, runs=runs)
     if ctx.ports.tokens is not None:
         reads = with_usage(reads, request, ctx.ports.tokens)
     async for events in _until_code_closed(ctx, reads) if cut else reads:
+        if response.first_chunk_at is None and _answers(events):
+            response.first_chunk_at = time.time()
         # A read's consecutive chunks of one kind go out as one live message
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []
@@ -233,6 +237,18 @@ class _Response:
     """What one model response has reported so far, besides its events."""
 
     usage: dict[str, Any] | None = None
+    first_chunk_at: float | None = None  # when the first answer chunk arrived
+
+
+def _answers(events: list[ModelEvent]) -> bool:
+    """Whether a read holds part of the answer (not only a usage report, a
+    warning or the finish)."""
+    for event in events:
+        if type(event) is TextRun or isinstance(event, ToolCall | ProviderItem):
+            return True
+        if isinstance(event, TextDelta | ReasoningDelta) and event.text:
+            return True
+    return False
 
 
 async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFilters | None, response: _Response) -> bool | None:
@@ -260,7 +276,9 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
         return False
     elif isinstance(event, Finished):
         usage = event.usage or response.usage
-        await ctx.record(ModelCompleted(finish_reason=event.reason, usage=usage, response_id=event.response_id, status=event.status))
+        first = response.first_chunk_at
+        completed = ModelCompleted(finish_reason=event.reason, usage=usage, response_id=event.response_id, status=event.status, first_chunk_at=first)
+        await ctx.record(completed)
         observe(ctx.ports.observer.model_call_ended, ctx.turn_id, finish_reason=event.reason, usage=usage, response_id=event.response_id)
         return True
     return None

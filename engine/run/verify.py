@@ -87,7 +87,12 @@ from engine.settings import EngineSettings
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult, ToolSpec
 
 EXTERNAL = ("turn.cancel_requested", "turn.interrupted", "turn.resumed")
-IGNORED_FIELDS = {"turn.resumed": ("owner", "from_seq"), "turn.interrupted": ("last_owner",), "turn.cancel_requested": ("by",)}
+IGNORED_FIELDS = {
+    "turn.resumed": ("owner", "from_seq"),
+    "turn.interrupted": ("last_owner",),
+    "turn.cancel_requested": ("by",),
+    "model.completed": ("first_chunk_at",),  # a timestamp
+}
 
 
 @dataclass
