@@ -567,3 +567,22 @@ async def test_a_large_image_result_is_a_blob_in_the_log_and_inline_for_the_mode
         if p["type"] == "image_url"
     ]
     assert again == images
+
+
+async def test_a_turn_a_bug_ended_is_recorded_and_verifies(agent: Service, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model call that dies of a bug (not an upstream error) ends the turn
+    ``internal_error``; verify re-runs it to the same ``turn.failed``."""
+
+    async def broken(body: dict) -> AsyncIterator[list]:
+        raise RuntimeError("boom")
+        yield []  # an async generator, as the port's
+
+    provider = agent.services.providers["openai"]
+    for name in ("stream_batches", "stream_runs"):  # the plain transport and its fast one
+        monkeypatch.setattr(provider, name, broken)
+    status, data, headers = await agent.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status >= 500 and status != 500, data
+    failed = [e for e in await agent.events(headers["X-Turn-Id"]) if e["type"] == "turn.failed"]
+    assert [e["data"]["error"]["type"] for e in failed] == ["internal_error"]
+    assert "boom" in failed[0]["data"]["error"]["message"]
+    # stop_service verifies every turn of the service

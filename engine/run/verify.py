@@ -236,6 +236,9 @@ class RecordedModelClient:
                 if error.get("type") == "upstream_failed":
                     yield [StreamFailed(error.get("message", ""), error.get("code"))]
                     return
+                if error.get("type") == "internal_error":
+                    # A bug (a pipe that raised, say) ended the call: the actor records it the same way again.
+                    raise _RecordedBug(str(error.get("message", "")).removeprefix("internal error: "))
                 raise recorded_upstream_error(error)
             elif t in ("turn.cancel_requested", "turn.interrupted"):
                 script.on_external(event)
@@ -410,6 +413,10 @@ class _RecordedFilters:
             return body, runs
         answer = {"role": "assistant", "content": recorded.content, "output": recorded.output}
         return {**body, "messages": [*body["messages"][:-1], answer]}, runs
+
+
+class _RecordedBug(Exception):
+    """A recorded ``internal_error``, raised again where it happened."""
 
 
 class _RecordedTaskModel:
