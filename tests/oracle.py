@@ -293,7 +293,7 @@ def check_completion_against_turn(body: dict[str, Any], turn: dict[str, Any]) ->
         assert "tool_calls" not in message
         assert message["content"] == turn["content"]
     assert message.get("reasoning_content") == turn["reasoning_content"]
-    assert body["usage"] == _openai_usage(turn["usage"])
+    assert body["usage"] == _openai_usage(turn.get("answer_usage", turn["usage"]))
     extension = body.get("turnlog") or {}
     assert extension.get("status", "completed") == turn["status"]
     assert extension.get("warnings", []) == turn["warnings"]

@@ -528,9 +528,10 @@ async def test_outlet_filters_and_title_prompts_see_text_between_tool_rounds_onc
     svc = await start_service(settings, upstream)
     try:
         upstream.enqueue(tool_reply(call("add", {"a": 1, "b": 2}, "c1"), text="Let me add. "), Reply(text="It is 3."))
-        _, body = await run(svc, chat_id="rounds")
+        turn_id, body = await run(svc, chat_id="rounds")
         seen = json.loads(body["choices"][0]["message"]["content"])
         assert seen == [["user", USER[0]["content"]], ["assistant", "Let me add. It is 3."]]
+        await svc.wait_status(turn_id, "completed")  # the answer comes back before its background tasks run
         titles = [r["messages"][-1]["content"] for r in upstream.task_requests if "title" in r["messages"][-1]["content"].lower()]
         assert titles and all(t.count("Let me add.") == 1 for t in titles)
     finally:

@@ -66,6 +66,7 @@ async def _run(service: Service, label: str) -> list[tuple[bytes, str, str]]:
         def neutral(text: str, turn_id: str = turn_id, chat_id: str = chat_id) -> str:
             text = text.replace(turn_id, "TURN").replace(chat_id, "CHAT")
             text = re.sub(r"chatcmpl-[0-9a-f]{24}", "chatcmpl-UPSTREAM", text)  # the upstream's response ids
+            text = re.sub(r'"first_chunk_at": ?[\d.]+', '"first_chunk_at": 0', text)  # a clock reading of the run
             return re.sub(r'"created": ?\d+', '"created": 0', text)
 
         out.append((upstream, neutral(json.dumps(events, sort_keys=True)), neutral(client)))

@@ -360,8 +360,8 @@ async def test_requests_per_minute_and_tokens_per_day_refuse_with_429_and_record
         upstream.enqueue(
             Reply(text="a", usage={"prompt_tokens": 30, "completion_tokens": 1}), Reply(text="b", usage={"prompt_tokens": 1, "completion_tokens": 1})
         )
-        for _ in range(2):
-            assert (await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER}))[0] == 200
+        admitted = [await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER}) for _ in range(2)]
+        assert [status for status, _, _ in admitted] == [200, 200]
         status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
         assert status == 429 and body["error"]["code"] == "rate_limit_exceeded" and body["error"]["type"] == "rate_limit_error"
         assert headers["Retry-After"] == "50"
@@ -378,6 +378,8 @@ async def test_requests_per_minute_and_tokens_per_day_refuse_with_429_and_record
         assert len(await svc.services.store.list_turns(limit=100)) == 2
 
         # The next minute admits again; tokens per day: refused once the day's sum is over.
+        for _, _, turn_headers in admitted:  # their background tasks done: the day's sum has them
+            await svc.wait_status(turn_headers["X-Turn-Id"], "completed")
         quotas.clock = lambda: minute + 70
         quotas.service = type(quotas.service)(requests_per_minute=2, tokens_per_day=33)
         status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})

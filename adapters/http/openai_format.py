@@ -205,7 +205,7 @@ class ChunkRenderer:
             return [self._chunk({}, extra={"turnlog": {"outlet": {"content": event.data["content"]}}})]
         if t == "background.started":
             self._answer_now = True
-            usage = _openai_usage(v.usage)
+            usage = _openai_usage(v.reply_usage)
             return [self._usage_chunk(usage)] if self.include_usage and usage else []
         if t == "turn.iteration_limit":
             error = {"message": event.data.get("message", ""), "type": "iteration_limit"}
@@ -218,7 +218,7 @@ class ChunkRenderer:
             return [*payloads, self._chunk({}, finish=finish)]
         if t == "turn.completed":
             self.done = True
-            usage = _openai_usage(v.usage)
+            usage = _openai_usage(v.reply_usage)
             return [self._usage_chunk(usage)] if self.include_usage and usage and not self.answered else []
         if t == "turn.cancelled":
             self.done = True
@@ -267,7 +267,7 @@ def completion_body(view: TurnView) -> dict[str, Any]:
         "created": int(view.created_at or 0),
         "model": view.model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": view.finish_reason or "stop"}],
-        "usage": _openai_usage(view.usage),
+        "usage": _openai_usage(view.reply_usage),
     }
     if view.usage_estimated:  # counted by turnlog: the upstream reported no usage
         body["usage_estimated"] = True

@@ -325,7 +325,11 @@ OPERATIONS: dict[tuple[str, str], Operation] = {
     ("GET", "/v1/files/{file_id}"): Operation("A file's metadata and status", "files", {200: Reply("The file.", json_(m.FileObject))}, errors=(404,)),
     ("DELETE", "/v1/files/{file_id}"): Operation("Delete a file and its chunks", "files", {200: Reply("Deleted.", json_(m.Deleted))}, errors=(404,)),
     ("POST", "/v1/knowledge"): Operation(
-        "Create a knowledge collection", "knowledge", {200: Reply("The collection.", json_(m.Collection))}, errors=_BODY, body=json_(NewCollection)
+        "Create a knowledge collection (a shared one: admin)",
+        "knowledge",
+        {200: Reply("The collection.", json_(m.Collection))},
+        errors=(*_BODY, 403),
+        body=json_(NewCollection),
     ),
     ("GET", "/v1/knowledge"): Operation("The caller's collections", "knowledge", {200: Reply("Every collection.", json_(m.CollectionList))}),
     ("GET", "/v1/knowledge/{knowledge_id}"): Operation(

@@ -409,7 +409,7 @@ class ResponsesRenderer:
             self._head = base_object(self.view)
         body = {**self._head, "status": status, "output": [dict(i) for i in self.output]}
         if status in ("completed", "incomplete", "failed", "cancelled"):
-            body["usage"] = _usage(self.view.usage)
+            body["usage"] = _usage(self.view.reply_usage)
             if self.view.usage_estimated:  # counted by turnlog: the upstream reported no usage
                 body["usage_estimated"] = True
             body["error"] = self._error

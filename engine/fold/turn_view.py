@@ -181,6 +181,10 @@ class TurnView:
         self.status = "running"
         self.error: JsonObject | None = None
         self.usage: JsonObject | None = None
+        # ``usage`` when the answer was final: what the answer's own response
+        # reports (background task-model calls after it count in ``usage`` only).
+        self.answer_usage: JsonObject | None = None
+        self._answered = False
         self.usage_estimated = False  # some of ``usage`` was counted by turnlog, not reported
         self.response_ids: list[str] = []
         self.finish_reason: str | None = None
@@ -403,6 +407,12 @@ class TurnView:
         # A record without the field (never written so) keeps the last round's.
         if "finish_reason" in data.model_fields_set:
             self.finish_reason = data.finish_reason
+        self.answer_usage, self._answered = (dict(self.usage) if self.usage else None), True
+
+    @property
+    def reply_usage(self) -> JsonObject | None:
+        """The usage an answer's response reports: as of the answer's end."""
+        return self.answer_usage if self._answered else self.usage
 
     def _add_usage(self, usage: dict[str, Any] | None) -> None:
         """A model call's usage into the turn's (answer and task model calls alike)."""
@@ -546,6 +556,8 @@ class TurnView:
         }
         if self.usage_estimated:
             view["usage_estimated"] = True
+        if self.reply_usage != self.usage:
+            view["answer_usage"] = self.reply_usage  # usage also counts the background task-model calls
         if self.parent_turn_id is not None:
             view["parent_turn_id"] = self.parent_turn_id
             view["forked_at"] = self.forked_at
