@@ -14,6 +14,7 @@ prompt rendered) and the request it resolved to: a resume, a replay or a
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -97,6 +98,10 @@ class ReadOnlyPreset(Exception):
     """A preset of the settings: changed in the settings, not over HTTP."""
 
 
+#: How old the stored presets a turn's start reads may be (another process's changes).
+STALE_SECONDS = 2.0
+
+
 class Presets:
     """The presets of the settings and of the ``presets`` table."""
 
@@ -105,13 +110,42 @@ class Presets:
         self._write = engine.execution_options(**{SQLITE_BEGIN: "BEGIN IMMEDIATE"})
         self._read = engine.execution_options(**{SQLITE_BEGIN: None})
         self._clock = clock
+        # Every turn's start asks for its model id: the stored presets are read
+        # once per ``STALE_SECONDS`` (one query for all, shared by the starts
+        # waiting on it), not once per start (a burst of starts queued on the
+        # database for it). This process's own changes are seen at once; another
+        # process's within ``STALE_SECONDS``.
+        self._stored: dict[str, PresetSpec] | None = None
+        self._read_at = 0.0
+        self._loading: asyncio.Task[dict[str, PresetSpec]] | None = None
 
     async def get(self, preset_id: str) -> PresetSpec | None:
         if preset_id in self.configured:
             return self.configured[preset_id]
+        return (await self._snapshot()).get(preset_id)
+
+    async def _snapshot(self) -> dict[str, PresetSpec]:
+        if self._stored is not None and time.monotonic() - self._read_at < STALE_SECONDS:
+            return self._stored
+        if self._loading is None:
+            self._loading = asyncio.ensure_future(self._load())
+        loading = self._loading
+        try:
+            return await asyncio.shield(loading)
+        finally:
+            if self._loading is loading and loading.done():
+                self._loading = None
+
+    async def _load(self) -> dict[str, PresetSpec]:
+        began = time.monotonic()
         async with self._read.connect() as conn:
-            row = (await conn.execute(select(presets_table.c.body).where(presets_table.c.id == preset_id))).first()
-        return PresetSpec.model_validate_json(row[0]) if row else None
+            rows = (await conn.execute(select(presets_table.c.body))).all()
+        stored = {spec.id: spec for spec in (PresetSpec.model_validate_json(row[0]) for row in rows)}
+        self._stored, self._read_at = stored, began
+        return stored
+
+    def _changed(self) -> None:
+        self._stored, self._loading = None, None
 
     async def all(self) -> list[PresetSpec]:
         async with self._read.connect() as conn:
@@ -127,6 +161,7 @@ class Presets:
             if (await conn.execute(select(presets_table.c.id).where(presets_table.c.id == spec.id))).first():
                 raise PresetConflict(spec.id)
             await conn.execute(insert(presets_table).values(id=spec.id, body=spec.model_dump_json(), created_at=now, updated_at=now))
+        self._changed()
 
     async def replace(self, spec: PresetSpec) -> bool:
         if spec.id in self.configured:
@@ -135,6 +170,7 @@ class Presets:
             result = await conn.execute(
                 update(presets_table).where(presets_table.c.id == spec.id).values(body=spec.model_dump_json(), updated_at=self._clock())
             )
+        self._changed()
         return bool(result.rowcount)
 
     async def delete(self, preset_id: str) -> bool:
@@ -142,6 +178,7 @@ class Presets:
             raise ReadOnlyPreset(preset_id)
         async with self._write.begin() as conn:
             result = await conn.execute(delete(presets_table).where(presets_table.c.id == preset_id))
+        self._changed()
         return bool(result.rowcount)
 
 

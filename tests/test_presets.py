@@ -424,3 +424,32 @@ async def test_the_responses_api_serves_a_preset(tmp_path: Path, upstream: Scrip
         assert second.requests[0]["model"] == "llama-b" and _system(second.requests[0]).endswith("in it.")
     finally:
         await stop_service(svc)
+
+
+async def test_a_burst_of_starts_reads_the_stored_presets_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every start asks whether its model is a preset: a burst shares one read
+    of the table; this process's changes are seen at once, another's once the
+    read is older than STALE_SECONDS."""
+    from sqlalchemy import event
+
+    from adapters import presets as presets_module
+    from adapters.presets import Presets, PresetSpec
+    from adapters.store import create_engine, migrate
+
+    url = f"sqlite+aiosqlite:///{tmp_path / 'presets.db'}"
+    await migrate(url)
+    engine = create_engine(url)
+    queries: list[str] = []
+    event.listen(engine.sync_engine, "before_cursor_execute", lambda *args: queries.append(str(args[2])))
+    try:
+        mine, other = Presets({}, engine), Presets({}, engine)
+        assert await asyncio.gather(*(mine.get("support") for _ in range(50))) == [None] * 50
+        assert len([q for q in queries if "FROM presets" in q]) == 1
+        await other.get("support")  # the other process has read the table too
+        await mine.create(PresetSpec(id="support", base_model="gpt-test"))
+        assert (await mine.get("support")) is not None  # its own change: at once
+        assert (await other.get("support")) is None  # another's: not before its read is stale
+        monkeypatch.setattr(presets_module, "STALE_SECONDS", 0.0)
+        assert (await other.get("support")) is not None
+    finally:
+        await engine.dispose()
