@@ -101,7 +101,9 @@ class ChunkRenderer:
                 pieces = out.pieces
                 if not pieces:
                     continue
-                if len(pieces) == 1 and pieces[0].kind == "text":
+                if pieces[0].kind == "tool_arguments":
+                    parts.append(self._sse(out.pos, [self._tool_arguments(p) for p in pieces]))
+                elif len(pieces) == 1 and pieces[0].kind == "text":
                     # The per-token case: one text piece, no dict to build,
                     # one formatting of the whole SSE message.
                     head = self._text_head or self._make_text_head()
@@ -146,6 +148,11 @@ class ChunkRenderer:
         message, dumpb = _TEXT_MESSAGE, _dumpb
         parts.append(b"".join([message % (pos, head, dumpb(text)) for pos, text in zip(range(first, first + len(texts)), texts)]))
         self.last_sent = first + len(texts) - 1
+
+    def _tool_arguments(self, piece: Any) -> bytes:
+        """A fragment of a streaming call's arguments: a ``turnlog`` extension
+        chunk (the call itself was shown as a ``turnlog.item``)."""
+        return self._chunk({}, extra={"turnlog": {"tool_arguments": {"call_id": piece.call_id, "delta": piece.text}}})
 
     def _approval_request(self, out: EventOut) -> bytes:
         """A call waits for approval: a named ``turnlog`` event (a raw SSE reader
@@ -240,6 +247,8 @@ _TEXT_MESSAGE = b"id: %d\ndata: %s%s" + _TEXT_END + b"\n\n"
 def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:
     delta: dict[str, str] = {}
     for piece in pieces:
+        if piece.kind == "tool_arguments":
+            continue  # shown as their own extension chunks
         key = "content" if piece.kind == "text" else "reasoning_content"
         delta[key] = delta.get(key, "") + piece.text
     return delta

@@ -95,6 +95,12 @@ class OutputItems:
         """An item the model sent whole (a function call, a provider's reasoning item)."""
         item = dict(item)
         if item.get("type") == "function_call":
+            started = self.calls.get(item["call_id"])
+            if started is not None and started.get("status") == "in_progress" and any(c is started for c in self.round_calls):
+                # The call announced while its arguments streamed, now whole.
+                started.clear()
+                started.update(item)
+                return
             self.calls[item["call_id"]] = item
             self.round_calls.append(item)
         elif item.get("type") == "reasoning" and has_provider_reasoning(item):
@@ -189,10 +195,15 @@ class OutputItems:
                     self.stopped_calls.append(item["call_id"])
         return pieces
 
-    def feed(self, kind: str, text: str) -> list[Piece]:
-        """One raw upstream chunk of text or reasoning."""
+    def feed(self, kind: str, text: str, call_id: str | None = None) -> list[Piece]:
+        """One raw upstream chunk of text, reasoning, or a started call's arguments."""
         if kind == "reasoning":
             return self.acc.feed_reasoning(text)
+        if kind == "tool_arguments":
+            call = self.calls.get(call_id or "")
+            if call is not None and call.get("status") == "in_progress":
+                call["arguments"] = call.get("arguments", "") + text
+            return [Piece("tool_arguments", text, call_id)]
         return self.acc.feed_text(text)
 
     # -- queries -------------------------------------------------------------------

@@ -60,6 +60,7 @@ from engine.protocols.model_events import (
     TextDelta,
     TextRun,
     ToolCall,
+    ToolArgumentsDelta,
     ToolCallStarted,
     UsageReport,
 )
@@ -109,12 +110,14 @@ class ChatToolCalls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted]:
+    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted | ToolArgumentsDelta]:
         """Add the fragments of one chunk. Returns a :class:`ToolCallStarted`
-        for each call that got its name in this chunk."""
+        for each call that got its name in this chunk, and a
+        :class:`ToolArgumentsDelta` for each argument fragment of a named call
+        (those that came before its name, joined, right after its start)."""
         if self._result is not None:
             raise RuntimeError("ChatToolCalls is finished; no more fragments are accepted")
-        started: list[ToolCallStarted] = []
+        started: list[ToolCallStarted | ToolArgumentsDelta] = []
         for fragment in fragments:
             if not isinstance(fragment, dict):
                 continue
@@ -131,6 +134,9 @@ class ChatToolCalls:
             if call.name and not call.announced:
                 call.announced = True
                 started.append(ToolCallStarted(call_id=call.call_id, name=call.name))
+                text = "".join(call.arguments)
+            if text and call.announced:
+                started.append(ToolArgumentsDelta(call.call_id, text))
         return started
 
     def finish(self) -> list[ToolCall]:

@@ -42,6 +42,15 @@ class ToolCallStarted:
     name: str
 
 
+@dataclass(slots=True)
+class ToolArgumentsDelta:
+    """A fragment of a started call's arguments, as the model writes them: for
+    live progress (the complete call still comes as a ``ToolCall``)."""
+
+    call_id: str
+    text: str
+
+
 @dataclass(frozen=True, slots=True)
 class ToolCall:
     """A complete function call requested by the model.
@@ -107,5 +116,5 @@ class StreamFailed:
 
 
 ModelEvent = (
-    TextDelta | TextRun | ReasoningDelta | ToolCallStarted | ToolCall | ProviderItem | Finished | UsageReport | ResponseStarted | StreamWarning | StreamFailed
+    TextDelta | TextRun | ReasoningDelta | ToolCallStarted | ToolArgumentsDelta | ToolCall | ProviderItem | Finished | UsageReport | ResponseStarted | StreamWarning | StreamFailed
 )

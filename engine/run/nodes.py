@@ -63,7 +63,9 @@ from engine.protocols.model_events import (
     StreamWarning,
     TextDelta,
     TextRun,
+    ToolArgumentsDelta,
     ToolCall,
+    ToolCallStarted,
     UsageReport,
 )
 from engine.protocols.responses import stateful_continuation_input
@@ -244,7 +246,7 @@ def _answers(events: list[ModelEvent]) -> bool:
     """Whether a read holds part of the answer (not only a usage report, a
     warning or the finish)."""
     for event in events:
-        if type(event) is TextRun or isinstance(event, ToolCall | ProviderItem):
+        if type(event) is TextRun or isinstance(event, ToolCall | ProviderItem | ToolCallStarted):
             return True
         if isinstance(event, TextDelta | ReasoningDelta) and event.text:
             return True
@@ -258,6 +260,12 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
     if isinstance(event, TextDelta | ReasoningDelta):
         if event.text and streamed is not None:
             await streamed.delta("text" if isinstance(event, TextDelta) else "reasoning", event.text)
+    elif isinstance(event, ToolArgumentsDelta):
+        ctx.deltas("tool_arguments", [event.text], call_id=event.call_id)
+    elif isinstance(event, ToolCallStarted):
+        # Announced as its name arrives, so clients show the call while its
+        # arguments stream (recorded: a replay shows it at the same place).
+        await ctx.record(ModelItem(item=_started_item(event)))
     elif isinstance(event, ToolCall):
         await ctx.record(ModelItem(item=_call_item(event)))
     elif isinstance(event, ProviderItem):
@@ -284,6 +292,11 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
     return None
 
 
+def _started_item(event: ToolCallStarted) -> dict[str, Any]:
+    """The ``function_call`` item of a call whose arguments are still streaming."""
+    return {"type": "function_call", "id": event.call_id, "call_id": event.call_id, "name": event.name, "arguments": "", "status": "in_progress"}
+
+
 def _call_item(event: ToolCall) -> dict[str, Any]:
     """The ``function_call`` output item of a tool call the model made."""
     item: dict[str, Any] = {
@@ -300,7 +313,7 @@ def _call_item(event: ToolCall) -> dict[str, Any]:
 
 
 #: Events of a response that carry its answer (dropped after a code block's end).
-_ANSWER_EVENTS = (TextDelta, ReasoningDelta, ToolCall, ProviderItem)
+_ANSWER_EVENTS = (TextDelta, ReasoningDelta, ToolCallStarted, ToolArgumentsDelta, ToolCall, ProviderItem)
 
 
 async def _until_code_closed(ctx: TurnContext, reads: AsyncGenerator[list[ModelEvent], None]) -> AsyncGenerator[list[ModelEvent], None]:
