@@ -33,6 +33,7 @@ from engine.protocols.model_events import (
     StreamWarning,
     TextDelta,
     ToolCall,
+    ToolArgumentsDelta,
     ToolCallStarted,
     UsageReport,
 )
@@ -74,12 +75,18 @@ def fragments(*frags: dict[str, Any]) -> dict[str, Any]:
     return chunk({"tool_calls": list(frags)})
 
 
-def run_chat(chunks: Iterable[Any], **kwargs: Any) -> list[Any]:
+def run_chat(chunks: Iterable[Any], *, arguments: bool = False, **kwargs: Any) -> list[Any]:
+    """The events of a stream; without ``arguments``, less the live argument
+    fragments (their own tests below)."""
     normalizer = ChatNormalizer(counter_ids(), **kwargs)
     events: list[Any] = []
     for c in chunks:
         events += normalizer.feed(c)
-    return events + normalizer.finish()
+    return _without_fragments(events + normalizer.finish(), arguments)
+
+
+def _without_fragments(events: list[Any], keep: bool) -> list[Any]:
+    return events if keep else [e for e in events if not isinstance(e, ToolArgumentsDelta)]
 
 
 def tool_calls_of(events: list[Any]) -> list[ToolCall]:
@@ -240,8 +247,37 @@ def accumulate(*chunks_of_fragments: list[dict[str, Any]], **kwargs: Any) -> tup
     acc = ChatToolCalls(counter_ids(), **kwargs)
     started: list[Any] = []
     for frags in chunks_of_fragments:
-        started += acc.feed(frags)
+        started += [e for e in acc.feed(frags) if isinstance(e, ToolCallStarted)]
     return acc.finish(), started
+
+
+def fed(*chunks_of_fragments: list[dict[str, Any]]) -> list[list[Any]]:
+    """What ``ChatToolCalls.feed`` returns for each chunk of fragments."""
+    acc = ChatToolCalls(counter_ids())
+    return [acc.feed(frags) for frags in chunks_of_fragments]
+
+
+def test_argument_fragments_stream_as_they_arrive() -> None:
+    """Each argument fragment of a named call is a live delta when its chunk
+    comes, parallel calls apart by call id; together they are the call's
+    arguments."""
+    out = fed(
+        [{"index": 0, "id": "call_A", "function": fn("add", "")}],
+        [{"index": 0, "function": fn(arguments='{"a"')}],
+        [{"index": 1, "id": "call_B", "function": fn("echo", '{"t"')}, {"index": 0, "function": fn(arguments=":1}")}],
+        [{"index": 1, "function": fn(arguments=':"x"}')}],
+    )
+    assert out == [
+        [ToolCallStarted("call_A", "add")],
+        [ToolArgumentsDelta("call_A", '{"a"')],
+        [ToolCallStarted("call_B", "echo"), ToolArgumentsDelta("call_B", '{"t"'), ToolArgumentsDelta("call_A", ":1}")],
+        [ToolArgumentsDelta("call_B", ':"x"}')],
+    ]
+
+
+def test_arguments_before_the_name_come_right_after_the_start() -> None:
+    out = fed([{"index": 0, "id": "call_A", "function": fn(arguments='{"a"')}], [{"index": 0, "function": fn("add", ":1}")}])
+    assert out == [[], [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a":1}')]]
 
 
 def fn(name: str | None = None, arguments: Any = None) -> dict[str, Any]:
@@ -465,12 +501,22 @@ def test_chat_feed_after_finish_raises() -> None:
 # --------------------------------------------------------------------------
 
 
-def run_responses(events: Iterable[Any]) -> list[Any]:
+def run_responses(events: Iterable[Any], *, arguments: bool = False) -> list[Any]:
     normalizer = ResponsesNormalizer(counter_ids())
     out: list[Any] = []
     for event in events:
         out += normalizer.feed(event)
-    return out + normalizer.finish()
+    return _without_fragments(out + normalizer.finish(), arguments)
+
+
+def test_responses_argument_deltas_stream_between_start_and_call() -> None:
+    events = run_responses(FULL_STREAM, arguments=True)
+    started = events.index(ToolCallStarted("call_Kx1", "get_weather"))
+    done = next(i for i, e in enumerate(events) if isinstance(e, ToolCall))
+    fragments = [e for e in events if isinstance(e, ToolArgumentsDelta)]
+    assert len(fragments) > 1 and all(f.call_id == "call_Kx1" for f in fragments)
+    assert "".join(f.text for f in fragments) == events[done].arguments
+    assert events[started + 1 : done] == fragments
 
 
 def test_responses_full_stream() -> None:
@@ -830,7 +876,7 @@ def test_fold_vector_through_the_normalizer(vector: dict[str, Any]) -> None:
     events: list[Any] = []
     for event in [*copy.deepcopy(stream), *after]:
         events += normalizer.feed(event)
-    assert events + normalizer.finish() == expected
+    assert _without_fragments(events + normalizer.finish(), False) == expected
 
 
 # -- the final output against the stream ---------------------------------------------
