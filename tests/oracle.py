@@ -50,6 +50,7 @@ class Step:
     outlet: str | None = None  # the outlet filters' version of the content
     background: dict[str, Any] = field(default_factory=dict)  # task -> result (named events after [DONE])
     asked: list[str] = field(default_factory=list)  # call ids of approval requests (named events before [DONE])
+    arguments: list[tuple[str, str]] = field(default_factory=list)  # (call_id, fragment) of calls being written
 
 
 @dataclass
@@ -82,6 +83,11 @@ class ClientStream:
             view.reasoning += step.reasoning
             for item in step.items:
                 view.items[item["id"]] = item
+            for call_id, fragment in step.arguments:
+                # A client appends a fragment to the call it names.
+                for key, item in view.items.items():
+                    if item.get("call_id") == call_id and item.get("type") == "function_call":
+                        view.items[key] = {**item, "arguments": item.get("arguments", "") + fragment}
             view.finish = step.finish or view.finish
             view.status = step.status or view.status
             view.error = step.error or view.error
@@ -172,6 +178,8 @@ def _read_payload(step: Step, payload: dict[str, Any]) -> None:
         step.outlet = ext["outlet"]["content"]
     if "item" in ext:
         step.items.append(ext["item"])
+    if "tool_arguments" in ext:
+        step.arguments.append((ext["tool_arguments"]["call_id"], ext["tool_arguments"]["delta"]))
     if "status" in ext:
         step.status = ext["status"]
 

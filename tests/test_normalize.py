@@ -511,7 +511,7 @@ def run_responses(events: Iterable[Any], *, arguments: bool = False) -> list[Any
 
 def test_responses_argument_deltas_stream_between_start_and_call() -> None:
     events = run_responses(FULL_STREAM, arguments=True)
-    started = events.index(ToolCallStarted("call_Kx1", "get_weather"))
+    started = events.index(ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"))
     done = next(i for i, e in enumerate(events) if isinstance(e, ToolCall))
     fragments = [e for e in events if isinstance(e, ToolArgumentsDelta)]
     assert len(fragments) > 1 and all(f.call_id == "call_Kx1" for f in fragments)
@@ -528,7 +528,7 @@ def test_responses_full_stream() -> None:
         TextDelta(" the"),
         TextDelta(" weather"),
         TextDelta("."),
-        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"),
         ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
         Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),
     ]
@@ -627,8 +627,8 @@ def test_responses_calls_without_output_item_done_are_emitted_by_finish() -> Non
         ]
     )
     assert events == [
-        ToolCallStarted("call_1", "add"),
-        ToolCallStarted("call_2", "echo"),
+        ToolCallStarted("call_1", "add", "fc_1"),
+        ToolCallStarted("call_2", "echo", "fc_2"),
         ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"),
         ToolCall("call_2", "echo", '{"q":"x"}', item_id="fc_2"),
         Finished(reason="tool_calls", response_id=None, usage=None, status=None),
@@ -646,7 +646,7 @@ def test_responses_completed_flushes_pending_calls_before_finished() -> None:
     )
     assert events == [
         ResponseStarted("resp_1"),
-        ToolCallStarted("call_1", "add"),
+        ToolCallStarted("call_1", "add", "fc_1"),
         ToolCall("call_1", "add", "{}", item_id="fc_1"),
         Finished(reason="tool_calls", response_id="resp_1", usage=None, status="completed"),
     ]
@@ -686,7 +686,7 @@ def test_responses_incomplete() -> None:
     # The cut-off call is not emitted: its arguments are truncated.
     assert events == [
         ResponseStarted("resp_2"),
-        ToolCallStarted("call_1", "add"),
+        ToolCallStarted("call_1", "add", "fc_1"),
         Finished(
             reason="length",
             response_id="resp_2",
@@ -853,7 +853,7 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
             ReasoningDelta("nk"),
             TextDelta("Let me "),
             TextDelta("add."),
-            ToolCallStarted("call_1", "add"),
+            ToolCallStarted("call_1", "add", "fc_1"),
             ToolCall("call_1", "add", '{"a":1,"b":2}', item_id="fc_1"),
             Finished(reason="tool_calls", response_id="resp_1", status=None),
         ],

@@ -563,7 +563,7 @@ async def test_model_events_of_a_full_stream(raw_server) -> None:
     assert await model_events(await raw_server(sse_handler(sse_events(FULL_STREAM)))) == [
         ResponseStarted("resp_68a"),
         *(TextDelta(t) for t in ["Let", " me", " check", " the", " weather", "."]),
-        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"),
         *(ToolArgumentsDelta("call_Kx1", t) for t in ['{"', "city", '":"', "Paris", '"}']),
         ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
         Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),

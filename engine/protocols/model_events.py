@@ -40,6 +40,7 @@ class ToolCallStarted:
 
     call_id: str
     name: str
+    item_id: str | None = None  # the provider's item id where it has one (Responses API ``fc_…``)
 
 
 @dataclass(slots=True)

@@ -595,7 +595,7 @@ class ResponsesNormalizer:
         if call.emitted or call.announced or not call.name:
             return []
         call.announced = True
-        started: list[ModelEvent] = [ToolCallStarted(call_id=call.call_id, name=call.name)]
+        started: list[ModelEvent] = [ToolCallStarted(call_id=call.call_id, name=call.name, item_id=nonempty_str(item.get("id")))]
         if call.deltas:
             started.append(ToolArgumentsDelta(call.call_id, "".join(call.deltas)))
         return started

@@ -235,7 +235,7 @@ class RecordedModelClient:
             elif t == "model.item":
                 item = data_of(event, ModelItem).item
                 if item.get("type") == "function_call" and item.get("status") == "in_progress":
-                    yield [ToolCallStarted(item["call_id"], item["name"])]
+                    yield [ToolCallStarted(item["call_id"], item["name"], item.get("id"))]
                 elif item.get("type") == "function_call":
                     yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"), item.get("provider_call_id"))]
                 else:
