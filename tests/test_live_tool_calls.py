@@ -1,0 +1,145 @@
+"""Tool calls visible while the model writes them.
+
+The scripted upstream streams a call's arguments in fragments and stops before
+the last one until the test releases it; the test releases it only after its
+client has read the first fragment, so a pass proves the client saw the call
+(``in_progress``) and its first argument fragment while the model was still
+writing it. Each stream is then held against the log: the SSE body against
+the fold of every prefix (tests/oracle.py), the WebSocket's fragments against
+the recorded ``tool_arguments`` windows, and every turn through ``turnlog
+verify`` (the engine re-run on the recorded results appends the same events)
+when the service stops.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.harness import Service, make_settings, start_service, stop_service
+from tests.oracle import check_stream_against_log
+from tests.tools_fixtures import write_tools
+from tests.upstream import Reply, ScriptedUpstream
+
+USER = [{"role": "user", "content": "What is 2 + 3?"}]
+ARGUMENTS = '{"a": 2, "b": 3}'  # four fragments of four characters
+
+
+def slow_call(call_id: str = "call_add") -> Reply:
+    return Reply(
+        tool_calls=[{"name": "add", "arguments": ARGUMENTS, "id": call_id}],
+        finish_reason="tool_calls",
+        chunk_size=4,
+        pause_before_last_argument=True,
+    )
+
+
+@pytest.fixture
+async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+    monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
+    tools = write_tools(tmp_path / "tools")
+    svc = await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), database_url=database_url), upstream)
+    try:
+        yield svc
+    finally:
+        await stop_service(svc)
+
+
+def _payload(block: bytes) -> dict[str, Any] | None:
+    for line in block.decode().split("\n"):
+        if line.startswith("data: {"):
+            return dict(json.loads(line[6:]))
+    return None
+
+
+async def _read_until_first_fragment(resp: aiohttp.ClientResponse) -> tuple[bytes, list[dict[str, Any]]]:
+    """The SSE body up to and including the first ``turnlog.tool_arguments``
+    chunk, and the ``turnlog`` extensions read on the way."""
+    raw = b""
+    seen: list[dict[str, Any]] = []
+    while True:
+        block = await resp.content.readuntil(b"\n\n")
+        assert block, "the stream ended before any argument fragment"
+        raw += block
+        payload = _payload(block)
+        ext = (payload or {}).get("turnlog") or {}
+        if ext:
+            seen.append(ext)
+        if "tool_arguments" in ext:
+            return raw, seen
+
+
+async def test_sse_shows_the_call_in_progress_and_its_arguments_as_they_stream(service: Service) -> None:
+    up = service.upstream
+    up.enqueue(slow_call(), Reply(text="It is 5."))
+    body = {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
+    async with service.http.post(service.v1 + "/chat/completions", json=body, headers=service.headers) as resp:
+        assert resp.status == 200
+        turn_id = resp.headers["X-Turn-Id"]
+        head, seen = await asyncio.wait_for(_read_until_first_fragment(resp), 10)
+        # The model has not written the last fragment yet (it waits for us).
+        assert up.paused.is_set()
+        items = [e["item"] for e in seen if "item" in e]
+        assert items[-1] == {"type": "function_call", "id": "call_add", "call_id": "call_add", "name": "add", "arguments": "", "status": "in_progress"}
+        assert seen[-1] == {"tool_arguments": {"call_id": "call_add", "delta": ARGUMENTS[:4]}}
+        up.release()
+        raw = head + await resp.content.read()
+    exts = [p.get("turnlog") or {} for p in map(_payload, raw.split(b"\n\n")) if p]
+    fragments = [e["tool_arguments"]["delta"] for e in exts if "tool_arguments" in e]
+    assert fragments == [ARGUMENTS[i : i + 4] for i in range(0, len(ARGUMENTS), 4)]
+    done = [e["item"] for e in exts if e.get("item", {}).get("type") == "function_call" and e["item"]["status"] != "in_progress"]
+    assert done[0]["arguments"] == ARGUMENTS
+    # Replay equals live: what the client was sent at each position is what
+    # the log folds to there (the fragments appended to the call they name),
+    # for this client and for one that follows the finished turn.
+    await check_stream_against_log(service, turn_id, raw.decode())
+    async with service.http.get(f"{service.v1}/turns/{turn_id}/stream", headers={**service.headers, "Last-Event-ID": "0"}) as again:
+        replayed = await again.text()
+    await check_stream_against_log(service, turn_id, replayed)
+    assert replayed.split("data: [DONE]")[0] == raw.decode().split("data: [DONE]")[0]
+
+
+async def test_websocket_gets_the_item_event_then_argument_deltas(service: Service) -> None:
+    up = service.upstream
+    up.enqueue(slow_call(), Reply(text="It is 5."))
+    messages: list[dict[str, Any]] = []
+    async with service.http.ws_connect(service.v1 + "/ws", headers=service.headers) as ws:
+        await ws.send_json({"type": "chat", "request": {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]}})
+
+        async def until(done: Any) -> None:
+            while True:
+                messages.append(await ws.receive_json())
+                if done(messages[-1]):
+                    return
+
+        await asyncio.wait_for(until(lambda m: m["type"] == "delta" and m["kind"] == "tool_arguments"), 10)
+        assert up.paused.is_set()
+        up.release()
+        await asyncio.wait_for(until(lambda m: m["type"] == "event" and m["event"]["type"] == "turn.completed"), 10)
+    turn_id = messages[0]["turn_id"]
+    announced = next(i for i, m in enumerate(messages) if m["type"] == "event" and m["event"]["type"] == "model.item")
+    assert messages[announced]["event"]["data"]["item"]["status"] == "in_progress"
+    deltas = [m for m in messages if m["type"] == "delta" and m["kind"] == "tool_arguments"]
+    assert [m["call_id"] for m in deltas] == ["call_add"] * 4
+    assert "".join(m["content"] for m in deltas) == ARGUMENTS
+    assert messages.index(deltas[0]) > announced
+    # The fragments are the log's tool_arguments windows, at their positions.
+    logged = [e for e in await service.events(turn_id) if e["type"] == "model.delta" and e["data"]["kind"] == "tool_arguments"]
+    recorded = []
+    for event in logged:
+        d = event["data"]
+        assert d["call_id"] == "call_add"
+        offset = 0
+        for i, n in enumerate(d["lens"]):
+            recorded.append((event["seq"], d["pos"] + i, d["text"][offset : offset + n]))
+            offset += n
+    assert [(m["seq"], m["pos"], m["content"]) for m in deltas] == recorded
+    view = await service.turn(turn_id)
+    calls = [i for i in view["output"] if i["type"] == "function_call"]
+    assert [(c["call_id"], c["arguments"], c["status"]) for c in calls] == [("call_add", ARGUMENTS, "completed")]
