@@ -143,3 +143,24 @@ async def test_websocket_gets_the_item_event_then_argument_deltas(service: Servi
     view = await service.turn(turn_id)
     calls = [i for i in view["output"] if i["type"] == "function_call"]
     assert [(c["call_id"], c["arguments"], c["status"]) for c in calls] == [("call_add", ARGUMENTS, "completed")]
+
+
+async def test_streamed_arguments_keep_the_log_compact(service: Service) -> None:
+    """A call's argument fragments are group-committed like text: the windows,
+    the announce and the whole call together stay within 3x the call's bytes."""
+    arguments = json.dumps({"q": " ".join(f"word{i}" for i in range(600))})  # ~5,000 bytes, ~1,200 fragments
+    service.upstream.enqueue(
+        Reply(tool_calls=[{"name": "search", "arguments": arguments, "id": "call_s"}], finish_reason="tool_calls", chunk_size=4),
+        Reply(text="Found."),
+    )
+    status, body, headers = await service.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"]})
+    assert status == 200, body
+    events = await service.events(headers["X-Turn-Id"])
+    windows = [e for e in events if e["type"] == "model.delta" and e["data"]["kind"] == "tool_arguments"]
+    items = [e for e in events if e["type"] == "model.item"]
+    assert "".join(e["data"]["text"] for e in windows) == arguments
+    fragments = sum(len(e["data"]["lens"]) for e in windows)
+    assert len(windows) < fragments / 10, "fragments are batched, not one event per fragment"
+    log_bytes = sum(len(json.dumps(e["data"], separators=(",", ":"))) for e in windows + items)
+    print(f"tool_arguments log: {len(windows)} windows, {fragments} fragments, {log_bytes} bytes for {len(arguments)} bytes of arguments")
+    assert log_bytes <= 3 * len(arguments.encode())
