@@ -162,5 +162,4 @@ async def test_streamed_arguments_keep_the_log_compact(service: Service) -> None
     fragments = sum(len(e["data"]["lens"]) for e in windows)
     assert len(windows) < fragments / 10, "fragments are batched, not one event per fragment"
     log_bytes = sum(len(json.dumps(e["data"], separators=(",", ":"))) for e in windows + items)
-    print(f"tool_arguments log: {len(windows)} windows, {fragments} fragments, {log_bytes} bytes for {len(arguments)} bytes of arguments")
     assert log_bytes <= 3 * len(arguments.encode())
