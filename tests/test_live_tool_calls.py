@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from tests.harness import Service, make_settings, start_service, stop_service
@@ -163,3 +164,42 @@ async def test_streamed_arguments_keep_the_log_compact(service: Service) -> None
     assert len(windows) < fragments / 10, "fragments are batched, not one event per fragment"
     log_bytes = sum(len(json.dumps(e["data"], separators=(",", ":"))) for e in windows + items)
     assert log_bytes <= 3 * len(arguments.encode())
+
+
+async def test_responses_api_streams_a_function_call_while_the_model_writes_it(service: Service) -> None:
+    """The real ``openai`` SDK on ``POST /v1/responses`` with a client function
+    tool: ``output_item.added`` (in_progress) and the first arguments delta
+    arrive before the model has written the last fragment."""
+    tool: Any = {"type": "function", "name": "add", "description": "Adds", "parameters": {"type": "object", "properties": {}}}
+    up = service.upstream
+    up.enqueue(slow_call())
+    sdk = openai.AsyncOpenAI(base_url=service.v1, api_key="unused", max_retries=0)
+    stream = await sdk.responses.create(model="gpt-test", input="What is 2 + 3?", tools=[tool], stream=True)
+    live: list[Any] = []
+
+    async def until(kind: str) -> None:
+        async for event in stream:
+            live.append(event)
+            if event.type == kind:
+                return
+
+    await asyncio.wait_for(until("response.function_call_arguments.delta"), 10)
+    assert up.paused.is_set()
+    up.release()
+    await asyncio.wait_for(until("response.completed"), 10)
+    types = [e.type for e in live if e.type.startswith(("response.output_item", "response.function_call"))]
+    assert types == [
+        "response.output_item.added",
+        *["response.function_call_arguments.delta"] * 4,
+        "response.function_call_arguments.done",
+        "response.output_item.done",
+    ]
+    added = next(e for e in live if e.type == "response.output_item.added")
+    assert (added.item.type, added.item.status, added.item.call_id, added.item.arguments) == ("function_call", "in_progress", "call_add", "")
+    deltas = [e for e in live if e.type == "response.function_call_arguments.delta"]
+    assert all(d.item_id == added.item.id for d in deltas) and "".join(d.delta for d in deltas) == ARGUMENTS
+    final = live[-1].response
+    assert [(i.call_id, i.arguments, i.status) for i in final.output if i.type == "function_call"] == [("call_add", ARGUMENTS, "completed")]
+    # Replay gives the same sequence.
+    replayed = [e async for e in await sdk.responses.retrieve(final.id, stream=True)]
+    assert [e.model_dump() for e in replayed] == [e.model_dump() for e in live]
