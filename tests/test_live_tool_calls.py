@@ -24,7 +24,7 @@ import openai
 import pytest
 
 from tests.harness import Service, make_settings, start_service, stop_service
-from tests.oracle import check_stream_against_log
+from tests.oracle import check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
@@ -32,9 +32,9 @@ USER = [{"role": "user", "content": "What is 2 + 3?"}]
 ARGUMENTS = '{"a": 2, "b": 3}'  # four fragments of four characters
 
 
-def slow_call(call_id: str = "call_add") -> Reply:
+def slow_call(call_id: str = "call_add", name: str = "add") -> Reply:
     return Reply(
-        tool_calls=[{"name": "add", "arguments": ARGUMENTS, "id": call_id}],
+        tool_calls=[{"name": name, "arguments": ARGUMENTS, "id": call_id}],
         finish_reason="tool_calls",
         chunk_size=4,
         pause_before_last_argument=True,
@@ -203,3 +203,46 @@ async def test_responses_api_streams_a_function_call_while_the_model_writes_it(s
     # Replay gives the same sequence.
     replayed = [e async for e in await sdk.responses.retrieve(final.id, stream=True)]
     assert [e.model_dump() for e in replayed] == [e.model_dump() for e in live]
+
+
+async def test_chat_completions_streams_a_client_tool_call_as_openai_does(service: Service) -> None:
+    """The real ``openai`` SDK on a Chat Completions stream with a tool of the
+    client's own: the call's ``tool_calls`` deltas arrive as the model writes
+    them (id and name first, then each fragment), not all at the end."""
+    tool: Any = {"type": "function", "function": {"name": "multiply", "parameters": {"type": "object", "properties": {}}}}
+    up = service.upstream
+    up.enqueue(slow_call("call_mul", "multiply"))
+    sdk = openai.AsyncOpenAI(base_url=service.v1, api_key="unused", max_retries=0)
+    stream = await sdk.chat.completions.create(model="gpt-test", messages=USER, tools=[tool], stream=True)  # type: ignore[arg-type]
+    deltas: list[Any] = []
+    finish = None
+
+    async def until_first_fragment() -> None:
+        async for chunk in stream:
+            for call in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+                deltas.append(call)
+                if call.function and call.function.arguments:
+                    return
+
+    await asyncio.wait_for(until_first_fragment(), 10)
+    assert up.paused.is_set()
+    up.release()
+    async for chunk in stream:
+        if chunk.choices:
+            deltas.extend(chunk.choices[0].delta.tool_calls or [])
+            finish = chunk.choices[0].finish_reason or finish
+    assert finish == "tool_calls"
+    assert (deltas[0].index, deltas[0].id, deltas[0].function.name, deltas[0].function.arguments) == (0, "call_mul", "multiply", "")
+    fragments = [d.function.arguments for d in deltas[1:]]
+    assert all(d.index == 0 for d in deltas) and fragments == [ARGUMENTS[i : i + 4] for i in range(0, len(ARGUMENTS), 4)]
+    # A client reading the finished turn from the log gets the same deltas.
+    turn_id = (await service.get("/v1/turns?limit=1"))[1]["data"][0]["id"]
+    raw = await read_stream(service, turn_id)
+    await check_stream_against_log(service, turn_id, raw)
+    replayed = [
+        call
+        for p in map(_payload, raw.encode().split(b"\n\n"))
+        if p and p.get("choices")
+        for call in p["choices"][0]["delta"].get("tool_calls") or []
+    ]
+    assert replayed == [d.model_dump(exclude_none=True) for d in deltas]
