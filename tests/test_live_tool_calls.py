@@ -22,13 +22,14 @@ from typing import Any
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.oracle import check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "What is 2 + 3?"}]
+USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2 + 3?"}]
 ARGUMENTS = '{"a": 2, "b": 3}'  # four fragments of four characters
 
 
@@ -213,7 +214,7 @@ async def test_chat_completions_streams_a_client_tool_call_as_openai_does(servic
     up = service.upstream
     up.enqueue(slow_call("call_mul", "multiply"))
     sdk = openai.AsyncOpenAI(base_url=service.v1, api_key="unused", max_retries=0)
-    stream = await sdk.chat.completions.create(model="gpt-test", messages=USER, tools=[tool], stream=True)  # type: ignore[arg-type]
+    stream = await sdk.chat.completions.create(model="gpt-test", messages=USER, tools=[tool], stream=True)
     deltas: list[Any] = []
     finish = None
 

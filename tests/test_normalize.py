@@ -32,8 +32,8 @@ from engine.protocols.model_events import (
     StreamFailed,
     StreamWarning,
     TextDelta,
-    ToolCall,
     ToolArgumentsDelta,
+    ToolCall,
     ToolCallStarted,
     UsageReport,
 )

@@ -59,8 +59,8 @@ from engine.protocols.model_events import (
     StreamWarning,
     TextDelta,
     TextRun,
-    ToolCall,
     ToolArgumentsDelta,
+    ToolCall,
     ToolCallStarted,
     UsageReport,
 )

@@ -117,5 +117,16 @@ class StreamFailed:
 
 
 ModelEvent = (
-    TextDelta | TextRun | ReasoningDelta | ToolCallStarted | ToolArgumentsDelta | ToolCall | ProviderItem | Finished | UsageReport | ResponseStarted | StreamWarning | StreamFailed
+    TextDelta
+    | TextRun
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolArgumentsDelta
+    | ToolCall
+    | ProviderItem
+    | Finished
+    | UsageReport
+    | ResponseStarted
+    | StreamWarning
+    | StreamFailed
 )

@@ -67,8 +67,8 @@ from engine.protocols.model_events import (
     StreamFailed,
     StreamWarning,
     TextDelta,
-    ToolCall,
     ToolArgumentsDelta,
+    ToolCall,
     ToolCallStarted,
 )
 

@@ -294,7 +294,8 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
 
 def _started_item(event: ToolCallStarted) -> dict[str, Any]:
     """The ``function_call`` item of a call whose arguments are still streaming."""
-    return {"type": "function_call", "id": event.item_id or event.call_id, "call_id": event.call_id, "name": event.name, "arguments": "", "status": "in_progress"}
+    item_id = event.item_id or event.call_id
+    return {"type": "function_call", "id": item_id, "call_id": event.call_id, "name": event.name, "arguments": "", "status": "in_progress"}
 
 
 def _call_item(event: ToolCall) -> dict[str, Any]:
