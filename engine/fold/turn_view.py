@@ -512,6 +512,8 @@ class TurnView:
         if t == "model.item":
             item = data_of(event, ModelItem).item
             return self.out.touched([item["call_id"]] if item.get("type") == "function_call" else [])
+        if t == "model.completed":
+            return [dict(call) for call in self.out.unfinished]  # they end, shown ``incomplete``
         if t == "tools.batch":
             return self.out.touched([c["call_id"] for c in data_of(event, ToolsBatch).calls])
         if t == "tool.completed":
