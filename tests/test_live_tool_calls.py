@@ -247,3 +247,23 @@ async def test_chat_completions_streams_a_client_tool_call_as_openai_does(servic
         for call in p["choices"][0]["delta"].get("tool_calls") or []
     ]
     assert replayed == [d.model_dump(exclude_none=True) for d in deltas]
+
+
+async def test_a_call_cut_off_by_a_cancel_ends_incomplete(service: Service) -> None:
+    """Cancelled while the model writes a call: the call it announced ends
+    ``incomplete`` with the arguments written so far, live and in the log."""
+    up = service.upstream
+    up.enqueue(slow_call())
+    body = {"model": "gpt-test", "messages": USER, "tool_ids": ["weather"], "stream": True}
+    async with service.http.post(service.v1 + "/chat/completions", json=body, headers=service.headers) as resp:
+        turn_id = resp.headers["X-Turn-Id"]
+        head, _ = await asyncio.wait_for(_read_until_first_fragment(resp), 10)
+        status, _, _ = await service.post(f"/v1/turns/{turn_id}/cancel")
+        assert status == 202
+        raw = head + await asyncio.wait_for(resp.content.read(), 10)
+    up.release()
+    written = ARGUMENTS[: len(ARGUMENTS) - 4]  # all but the fragment the model never sent
+    view = await service.wait_status(turn_id, "cancelled")
+    calls = [(i["call_id"], i["arguments"], i["status"]) for i in view["output"] if i["type"] == "function_call"]
+    assert calls == [("call_add", written, "incomplete")]
+    await check_stream_against_log(service, turn_id, raw.decode())
