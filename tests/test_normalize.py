@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from engine.ports import RawChunk
 from engine.protocols.chat import ChatNormalizer, ChatToolCalls
 from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
 from engine.protocols.model_events import (
@@ -273,6 +274,23 @@ def test_argument_fragments_stream_as_they_arrive() -> None:
         [ToolCallStarted("call_B", "echo"), ToolArgumentsDelta("call_B", '{"t"'), ToolArgumentsDelta("call_A", ":1}")],
         [ToolArgumentsDelta("call_B", ':"x"}')],
     ]
+
+
+def test_a_call_whole_in_the_read_that_finishes_is_not_announced() -> None:
+    """Started and finished in one network read (a tool round answered at
+    once): no live progress for it, the call comes whole; one that started in
+    an earlier read keeps its progress."""
+    normalizer = ChatNormalizer(counter_ids())
+    first = normalizer.feed_read([RawChunk(fragments({"index": 0, "id": "call_A", "function": fn("add", '{"a"')}))])
+    last = normalizer.feed_read(
+        [
+            RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
+            RawChunk(chunk(finish_reason="tool_calls")),
+        ]
+    )
+    assert first == [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a"')]
+    assert last == [ToolArgumentsDelta("call_A", ":1}")]
+    assert [c.call_id for c in tool_calls_of(normalizer.finish())] == ["call_A", "call_B"]
 
 
 def test_arguments_before_the_name_come_right_after_the_start() -> None:

@@ -197,7 +197,7 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []
         run_kind = "text"
-        for event in events:
+        for event in _unannounced_whole(events):
             cls = type(event)
             if type(event) is TextRun:  # type(), not isinstance: the per-chunk test of the hot loop
                 texts = event.texts
@@ -232,6 +232,16 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     _upstream_failed(ctx, "upstream_truncated")
     await ctx.fail("the model stream ended without finishing", "upstream_truncated")
     return False
+
+
+def _unannounced_whole(events: list[ModelEvent]) -> list[ModelEvent]:
+    """A read's events, less the live progress of calls it also brings whole
+    (started and done in it): announcing them would cost a commit and show
+    nothing sooner."""
+    whole = {event.call_id for event in events if type(event) is ToolCall}
+    if not whole:
+        return events
+    return [e for e in events if not (isinstance(e, ToolCallStarted | ToolArgumentsDelta) and e.call_id in whole)]
 
 
 @dataclass
