@@ -29,6 +29,8 @@ from tests.oracle import check_stream_against_log, read_stream
 from tests.tools_fixtures import write_tools
 from tests.upstream import Reply, ScriptedUpstream
 
+pytestmark = pytest.mark.live_paths
+
 USER: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is 2 + 3?"}]
 ARGUMENTS = '{"a": 2, "b": 3}'  # four fragments of four characters
 
@@ -43,10 +45,11 @@ def slow_call(call_id: str = "call_add", name: str = "add") -> Reply:
 
 
 @pytest.fixture
-async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
+async def service(tmp_path: Path, upstream: ScriptedUpstream, database_url: str, live_path: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Service]:
     monkeypatch.setenv("TURNLOG_TEST_TOOL_LOG", str(tmp_path / "tool.log"))
     tools = write_tools(tmp_path / "tools")
-    svc = await start_service(make_settings(tmp_path, upstream.url, tools_dir=str(tools), database_url=database_url), upstream)
+    settings = make_settings(tmp_path, upstream.url, tools_dir=str(tools), database_url=database_url, live_fast_paths=live_path == "fast")
+    svc = await start_service(settings, upstream)
     try:
         yield svc
     finally:
