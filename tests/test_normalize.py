@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from engine.ports import RawChunk
-from engine.protocols.chat import ChatNormalizer, ChatToolCalls
+from engine.protocols.chat import ChatNormalizer, ChatToolCalls, whole_in_read
 from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
 from engine.protocols.model_events import (
     Finished,
@@ -282,11 +282,13 @@ def test_a_call_whole_in_the_read_that_finishes_is_not_announced() -> None:
     an earlier read keeps its progress."""
     normalizer = ChatNormalizer(counter_ids())
     first = normalizer.feed_read([RawChunk(fragments({"index": 0, "id": "call_A", "function": fn("add", '{"a"')}))])
-    last = normalizer.feed_read(
-        [
-            RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
-            RawChunk(chunk(finish_reason="tool_calls")),
-        ]
+    last = whole_in_read(
+        normalizer.feed_read(
+            [
+                RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
+                RawChunk(chunk(finish_reason="tool_calls")),
+            ]
+        )
     )
     assert first == [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a"')]
     assert last == [ToolArgumentsDelta("call_A", ":1}")]

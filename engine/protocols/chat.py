@@ -200,11 +200,12 @@ class ChatToolCalls:
 _PLAIN_DELTA_KEYS: Final[frozenset[str]] = frozenset({"content", "role", "refusal"})
 
 
-def _whole_in_read(events: list[ModelEvent]) -> list[ModelEvent]:
+def whole_in_read(events: list[ModelEvent]) -> list[ModelEvent]:
     """The events of the read that finished the response, less the live
     progress of calls that also started in it: they come whole with the
     finish, and announcing them would show nothing sooner (and cost a commit
-    per tool round)."""
+    per tool round). For the caller that knows the read finished it
+    (``finish_reason`` became set)."""
     whole = {e.call_id for e in events if type(e) is ToolCallStarted}
     if not whole:
         return events
@@ -288,7 +289,6 @@ class ChatNormalizer:
         if self._finished:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
         response_id = self.response_id
-        finish_before = self.finish_reason
         for raw in raws:
             if isinstance(raw, RawChunk):
                 chunk = raw.data
@@ -322,8 +322,6 @@ class ChatNormalizer:
             response_id = self.response_id
         if run:
             append(TextRun(run))
-        if self.finish_reason is not None and finish_before is None:
-            return _whole_in_read(events)
         return events
 
     def _feed_other(self, raw: RawChunk | RawWarning | RawRun, events: list[ModelEvent], run: list[str], runs: bool) -> list[str]:
