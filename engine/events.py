@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any, ClassVar, Generic, Literal, TypedDict, TypeVar, cast
+from typing import Any, ClassVar, Generic, Literal, NotRequired, TypedDict, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -159,13 +159,18 @@ class ModelDelta(EventData):
     length so that a reader can cut the text back into chunks and give each its
     own stream position (``pos`` is the first chunk's). Live subscribers already
     saw these chunks one by one; this event is the durable record.
+
+    ``kind: "tool_arguments"``: fragments of the arguments of the function call
+    ``call_id`` (announced by an ``in_progress`` ``model.item``), recorded so a
+    replay shows them where a live client saw them.
     """
 
     TYPE: ClassVar[str] = "model.delta"
-    kind: Literal["text", "reasoning"] = "text"
+    kind: Literal["text", "reasoning", "tool_arguments"] = "text"
     pos: int
     text: str
     lens: list[int]
+    call_id: str | None = Field(default=None, exclude_if=lambda v: v is None, description="the call whose arguments these are (`tool_arguments` only)")
 
 
 class ModelItem(EventData):
@@ -449,14 +454,16 @@ def make_event(turn_id: str, seq: int, data: EventData, at: float | None = None)
     )
 
 
-def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str]) -> Event:
+def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str], call_id: str | None = None) -> Event:
     """``make_event`` of a ``ModelDelta``, built without validation.
 
     Sealed every flush window of every streaming turn, so it skips pydantic: the
     fields are produced here, by the actor, never by a client. A test holds it
     equal to ``make_event(..., ModelDelta(...))``.
     """
-    data = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
+    data: dict[str, Any] = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
+    if call_id is not None:
+        data["call_id"] = call_id
     # What ``Event.model_construct`` does for these five fields, without its
     # generic loop over the model's fields, which costs more than the rest
     # together (once per window).
@@ -507,10 +514,11 @@ class ModelDeltaData(TypedDict):
     """A ``model.delta`` payload as stored (``ModelDelta``'s fields)."""
 
     v: int
-    kind: Literal["text", "reasoning"]
+    kind: Literal["text", "reasoning", "tool_arguments"]
     pos: int
     text: str
     lens: list[int]
+    call_id: NotRequired[str]
 
 
 def delta_data(event: Event) -> ModelDeltaData:

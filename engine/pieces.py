@@ -8,15 +8,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-PieceKind = Literal["text", "reasoning", "code"]
+PieceKind = Literal["text", "reasoning", "code", "tool_arguments"]
 
 
 @dataclass(slots=True)  # immutable by convention (frozen init is 4x slower, per chunk)
 class Piece:
     """What a live client should be shown for a chunk: text that entered a
     message item (``"text"``), a reasoning item (``"reasoning"``) or the code
-    of a code-interpreter block (``"code"``). Consumers ignore kinds they do
-    not know.
+    of a code-interpreter block (``"code"``), or a fragment of the arguments
+    of the function call ``call_id`` (``"tool_arguments"``). Consumers ignore
+    kinds they do not know.
 
     Tags are never shown, and text that might still turn out to be a tag is
     held back until that is decided, so that a client can append pieces
@@ -27,3 +28,4 @@ class Piece:
 
     kind: PieceKind
     text: str
+    call_id: str | None = None

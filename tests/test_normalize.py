@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from engine.protocols.chat import ChatNormalizer, ChatToolCalls
+from engine.ports import RawChunk
+from engine.protocols.chat import ChatNormalizer, ChatToolCalls, whole_in_read
 from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
 from engine.protocols.model_events import (
     Finished,
@@ -32,6 +33,7 @@ from engine.protocols.model_events import (
     StreamFailed,
     StreamWarning,
     TextDelta,
+    ToolArgumentsDelta,
     ToolCall,
     ToolCallStarted,
     UsageReport,
@@ -74,12 +76,18 @@ def fragments(*frags: dict[str, Any]) -> dict[str, Any]:
     return chunk({"tool_calls": list(frags)})
 
 
-def run_chat(chunks: Iterable[Any], **kwargs: Any) -> list[Any]:
+def run_chat(chunks: Iterable[Any], *, arguments: bool = False, **kwargs: Any) -> list[Any]:
+    """The events of a stream; without ``arguments``, less the live argument
+    fragments (their own tests below)."""
     normalizer = ChatNormalizer(counter_ids(), **kwargs)
     events: list[Any] = []
     for c in chunks:
         events += normalizer.feed(c)
-    return events + normalizer.finish()
+    return _without_fragments(events + normalizer.finish(), arguments)
+
+
+def _without_fragments(events: list[Any], keep: bool) -> list[Any]:
+    return events if keep else [e for e in events if not isinstance(e, ToolArgumentsDelta)]
 
 
 def tool_calls_of(events: list[Any]) -> list[ToolCall]:
@@ -240,8 +248,56 @@ def accumulate(*chunks_of_fragments: list[dict[str, Any]], **kwargs: Any) -> tup
     acc = ChatToolCalls(counter_ids(), **kwargs)
     started: list[Any] = []
     for frags in chunks_of_fragments:
-        started += acc.feed(frags)
+        started += [e for e in acc.feed(frags) if isinstance(e, ToolCallStarted)]
     return acc.finish(), started
+
+
+def fed(*chunks_of_fragments: list[dict[str, Any]]) -> list[list[Any]]:
+    """What ``ChatToolCalls.feed`` returns for each chunk of fragments."""
+    acc = ChatToolCalls(counter_ids())
+    return [acc.feed(frags) for frags in chunks_of_fragments]
+
+
+def test_argument_fragments_stream_as_they_arrive() -> None:
+    """Each argument fragment of a named call is a live delta when its chunk
+    comes, parallel calls apart by call id; together they are the call's
+    arguments."""
+    out = fed(
+        [{"index": 0, "id": "call_A", "function": fn("add", "")}],
+        [{"index": 0, "function": fn(arguments='{"a"')}],
+        [{"index": 1, "id": "call_B", "function": fn("echo", '{"t"')}, {"index": 0, "function": fn(arguments=":1}")}],
+        [{"index": 1, "function": fn(arguments=':"x"}')}],
+    )
+    assert out == [
+        [ToolCallStarted("call_A", "add")],
+        [ToolArgumentsDelta("call_A", '{"a"')],
+        [ToolCallStarted("call_B", "echo"), ToolArgumentsDelta("call_B", '{"t"'), ToolArgumentsDelta("call_A", ":1}")],
+        [ToolArgumentsDelta("call_B", ':"x"}')],
+    ]
+
+
+def test_a_call_whole_in_the_read_that_finishes_is_not_announced() -> None:
+    """Started and finished in one network read (a tool round answered at
+    once): no live progress for it, the call comes whole; one that started in
+    an earlier read keeps its progress."""
+    normalizer = ChatNormalizer(counter_ids())
+    first = normalizer.feed_read([RawChunk(fragments({"index": 0, "id": "call_A", "function": fn("add", '{"a"')}))])
+    last = whole_in_read(
+        normalizer.feed_read(
+            [
+                RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
+                RawChunk(chunk(finish_reason="tool_calls")),
+            ]
+        )
+    )
+    assert first == [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a"')]
+    assert last == [ToolArgumentsDelta("call_A", ":1}")]
+    assert [c.call_id for c in tool_calls_of(normalizer.finish())] == ["call_A", "call_B"]
+
+
+def test_arguments_before_the_name_come_right_after_the_start() -> None:
+    out = fed([{"index": 0, "id": "call_A", "function": fn(arguments='{"a"')}], [{"index": 0, "function": fn("add", ":1}")}])
+    assert out == [[], [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a":1}')]]
 
 
 def fn(name: str | None = None, arguments: Any = None) -> dict[str, Any]:
@@ -465,12 +521,22 @@ def test_chat_feed_after_finish_raises() -> None:
 # --------------------------------------------------------------------------
 
 
-def run_responses(events: Iterable[Any]) -> list[Any]:
+def run_responses(events: Iterable[Any], *, arguments: bool = False) -> list[Any]:
     normalizer = ResponsesNormalizer(counter_ids())
     out: list[Any] = []
     for event in events:
         out += normalizer.feed(event)
-    return out + normalizer.finish()
+    return _without_fragments(out + normalizer.finish(), arguments)
+
+
+def test_responses_argument_deltas_stream_between_start_and_call() -> None:
+    events = run_responses(FULL_STREAM, arguments=True)
+    started = events.index(ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"))
+    done = next(i for i, e in enumerate(events) if isinstance(e, ToolCall))
+    fragments = [e for e in events if isinstance(e, ToolArgumentsDelta)]
+    assert len(fragments) > 1 and all(f.call_id == "call_Kx1" for f in fragments)
+    assert "".join(f.text for f in fragments) == events[done].arguments
+    assert events[started + 1 : done] == fragments
 
 
 def test_responses_full_stream() -> None:
@@ -482,7 +548,7 @@ def test_responses_full_stream() -> None:
         TextDelta(" the"),
         TextDelta(" weather"),
         TextDelta("."),
-        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"),
         ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
         Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),
     ]
@@ -581,8 +647,8 @@ def test_responses_calls_without_output_item_done_are_emitted_by_finish() -> Non
         ]
     )
     assert events == [
-        ToolCallStarted("call_1", "add"),
-        ToolCallStarted("call_2", "echo"),
+        ToolCallStarted("call_1", "add", "fc_1"),
+        ToolCallStarted("call_2", "echo", "fc_2"),
         ToolCall("call_1", "add", '{"a":1}', item_id="fc_1"),
         ToolCall("call_2", "echo", '{"q":"x"}', item_id="fc_2"),
         Finished(reason="tool_calls", response_id=None, usage=None, status=None),
@@ -600,7 +666,7 @@ def test_responses_completed_flushes_pending_calls_before_finished() -> None:
     )
     assert events == [
         ResponseStarted("resp_1"),
-        ToolCallStarted("call_1", "add"),
+        ToolCallStarted("call_1", "add", "fc_1"),
         ToolCall("call_1", "add", "{}", item_id="fc_1"),
         Finished(reason="tool_calls", response_id="resp_1", usage=None, status="completed"),
     ]
@@ -640,7 +706,7 @@ def test_responses_incomplete() -> None:
     # The cut-off call is not emitted: its arguments are truncated.
     assert events == [
         ResponseStarted("resp_2"),
-        ToolCallStarted("call_1", "add"),
+        ToolCallStarted("call_1", "add", "fc_1"),
         Finished(
             reason="length",
             response_id="resp_2",
@@ -807,7 +873,7 @@ FOLD_PORTS: dict[str, tuple[list[dict[str, Any]], list[dict[str, Any]], list[Any
             ReasoningDelta("nk"),
             TextDelta("Let me "),
             TextDelta("add."),
-            ToolCallStarted("call_1", "add"),
+            ToolCallStarted("call_1", "add", "fc_1"),
             ToolCall("call_1", "add", '{"a":1,"b":2}', item_id="fc_1"),
             Finished(reason="tool_calls", response_id="resp_1", status=None),
         ],
@@ -830,7 +896,7 @@ def test_fold_vector_through_the_normalizer(vector: dict[str, Any]) -> None:
     events: list[Any] = []
     for event in [*copy.deepcopy(stream), *after]:
         events += normalizer.feed(event)
-    assert events + normalizer.finish() == expected
+    assert _without_fragments(events + normalizer.finish(), False) == expected
 
 
 # -- the final output against the stream ---------------------------------------------

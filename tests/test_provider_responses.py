@@ -16,7 +16,17 @@ from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
 from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols.client import LiveModelClient
-from engine.protocols.model_events import Finished, ModelEvent, ProviderItem, ReasoningDelta, ResponseStarted, TextDelta, ToolCall, ToolCallStarted
+from engine.protocols.model_events import (
+    Finished,
+    ModelEvent,
+    ProviderItem,
+    ReasoningDelta,
+    ResponseStarted,
+    TextDelta,
+    ToolArgumentsDelta,
+    ToolCall,
+    ToolCallStarted,
+)
 from tests.polling import until
 from tests.responses_events import FULL_STREAM, USAGE
 from tests.stepped import Stepped
@@ -548,12 +558,13 @@ async def model_events(base_url: str) -> list[ModelEvent]:
 
 
 async def test_model_events_of_a_full_stream(raw_server) -> None:
-    """Item order, text deltas, call arguments, usage and the response id, as
+    """Item order, text deltas, call arguments (as they stream, then whole), usage and the response id, as
     the engine gets them (tests/responses_events.py, served as SSE bytes)."""
     assert await model_events(await raw_server(sse_handler(sse_events(FULL_STREAM)))) == [
         ResponseStarted("resp_68a"),
         *(TextDelta(t) for t in ["Let", " me", " check", " the", " weather", "."]),
-        ToolCallStarted("call_Kx1", "get_weather"),
+        ToolCallStarted("call_Kx1", "get_weather", "fc_68a1"),
+        *(ToolArgumentsDelta("call_Kx1", t) for t in ['{"', "city", '":"', "Paris", '"}']),
         ToolCall("call_Kx1", "get_weather", '{"city":"Paris"}', item_id="fc_68a1"),
         Finished(reason="tool_calls", response_id="resp_68a", usage=USAGE, status="completed"),
     ]

@@ -276,6 +276,11 @@ class Reply:
     pause_after: int | None = None
     """After this many content chunks (capped at the last one), set
     ``upstream.paused`` and wait for ``release()``."""
+    pause_before_last_argument: bool = False
+    """Before the last argument fragment of the last tool call, set
+    ``upstream.paused`` and wait for ``release()`` (Chat Completions and
+    Responses streams): a test can see what a client got of a call still
+    being written."""
     comments: bool = False
     """Interleave ``: keep-alive`` SSE comment lines (SSE APIs only)."""
     response_id: str | None = None
@@ -733,6 +738,8 @@ class ScriptedUpstream:
             )
             n = reply.chunk_size
             for j in range(0, len(args), n):
+                if j + n >= len(args) and i == len(plan.tool_calls) - 1:
+                    await self._pause_before_last(reply)
                 await send(delta({"tool_calls": [{"index": i, "function": {"arguments": args[j : j + n]}}]}))
 
         await send([{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reply.finish_reason}])
@@ -829,6 +836,8 @@ class ScriptedUpstream:
             index, item_id, args = len(output), rs.call_ids[i], tc["arguments"]
             await emit("response.output_item.added", output_index=index, item=rs.call_item(i, "", "in_progress"))
             for j in range(0, len(args), n):
+                if j + n >= len(args) and i == len(plan.tool_calls) - 1:
+                    await self._pause_before_last(reply)
                 await emit("response.function_call_arguments.delta", item_id=item_id, output_index=index, delta=args[j : j + n])
             await emit("response.function_call_arguments.done", item_id=item_id, output_index=index, arguments=args)
             item = rs.call_item(i, args, "completed")
@@ -933,6 +942,12 @@ class ScriptedUpstream:
             await send(piece)
             sent += 1
         return True
+
+    async def _pause_before_last(self, reply: Reply) -> None:
+        if reply.pause_before_last_argument:
+            release = self._release
+            self.paused.set()
+            await self._wait(release)
 
     # -- waiting ---------------------------------------------------------------
 

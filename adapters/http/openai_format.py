@@ -21,6 +21,7 @@ from engine.context.unsupported import file_warnings, warnings_of
 from engine.fold.turn_view import TurnView
 from engine.ports import LiveChunks
 from engine.run.follow import EventOut, Out, chunk_outs
+from engine.run.nodes import client_tool_names
 
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 # The per-chunk part (the delta) goes through orjson: same compact UTF-8 JSON, faster.
@@ -47,6 +48,10 @@ class ChunkRenderer:
         self._answer_now = False
         self._prefix: bytes | None = None
         self._text_head: bytes | None = None  # the prefix and '{"content":'
+        # The client's calls streamed as ``tool_calls`` deltas while the model
+        # writes them: call id -> their index in the message's ``tool_calls``.
+        self._streamed: dict[str, int] = {}
+        self._client_names: set[str] | None = None
 
     def _chunk_prefix(self) -> bytes:
         if self._prefix is None:
@@ -95,13 +100,19 @@ class ChunkRenderer:
                 if not self.done:
                     self._chunks(out, parts)
                 continue
+            if type(out) is EventOut and out.event.type == "model.item":
+                # Before the skip: a client resuming after the announce has
+                # its index (and its later fragments and end follow it).
+                self._note_call(out.event.data["item"])
             if out.pos <= self.last_sent or self.done:
                 continue
             if not isinstance(out, EventOut):
                 pieces = out.pieces
                 if not pieces:
                     continue
-                if len(pieces) == 1 and pieces[0].kind == "text":
+                if pieces[0].kind == "tool_arguments":
+                    parts.append(self._sse(out.pos, [self._tool_arguments(p) for p in pieces]))
+                elif len(pieces) == 1 and pieces[0].kind == "text":
                     # The per-token case: one text piece, no dict to build,
                     # one formatting of the whole SSE message.
                     head = self._text_head or self._make_text_head()
@@ -147,6 +158,34 @@ class ChunkRenderer:
         parts.append(b"".join([message % (pos, head, dumpb(text)) for pos, text in zip(range(first, first + len(texts)), texts)]))
         self.last_sent = first + len(texts) - 1
 
+    def _tool_arguments(self, piece: Any) -> bytes:
+        """A fragment of a streaming call's arguments: a ``turnlog`` extension
+        chunk (the call itself was shown as a ``turnlog.item``); for a call of
+        the client's tools also a ``tool_calls`` delta, as OpenAI streams one."""
+        index = self._streamed.get(piece.call_id)
+        delta: dict[str, Any] = {} if index is None else {"tool_calls": [{"index": index, "function": {"arguments": piece.text}}]}
+        return self._chunk(delta, extra={"turnlog": {"tool_arguments": {"call_id": piece.call_id, "delta": piece.text}}})
+
+    def _note_call(self, item: dict[str, Any]) -> None:
+        """A call announced while the model writes it: a call of the client's
+        own tools (the plain ``tools`` field) gets the next ``tool_calls`` index."""
+        if item.get("type") != "function_call" or item.get("status") != "in_progress" or item["call_id"] in self._streamed:
+            return
+        if self._client_names is None:
+            self._client_names = client_tool_names(self.view.request)
+        if item.get("name") in self._client_names:
+            self._streamed[item["call_id"]] = len(self._streamed)
+
+    def _call_announced(self, out: EventOut) -> list[bytes]:
+        """The ``turnlog.item`` of an announced call; a client's call starts
+        its ``tool_calls`` delta in the same chunk (id, name, no arguments yet)."""
+        item = out.event.data["item"]
+        index = self._streamed.get(item["call_id"])
+        if index is None:
+            return [self._chunk({}, extra={"turnlog": {"item": i}}) for i in out.items]
+        start = {"index": index, "id": item["call_id"], "type": "function", "function": {"name": item["name"], "arguments": ""}}
+        return [self._chunk({"tool_calls": [start]}, extra={"turnlog": {"item": i}}) for i in out.items]
+
     def _approval_request(self, out: EventOut) -> bytes:
         """A call waits for approval: a named ``turnlog`` event (a raw SSE reader
         takes it by name) whose data is still a ``chat.completion.chunk`` with
@@ -181,6 +220,8 @@ class ChunkRenderer:
         payloads: list[bytes] = [self._chunk({}, extra={"turnlog": {"item": item}}) for item in out.items]
         if t == "turn.started":
             return [self._chunk({"role": "assistant", "content": ""})]
+        if t == "model.item" and event.data["item"].get("status") == "in_progress":
+            return self._call_announced(out)
         if t == "turn.resumed":
             point = out.resume
             # ``render`` shows this event only to a client behind its position (the
@@ -213,8 +254,10 @@ class ChunkRenderer:
         if t == "turn.finalized":
             finish = v.finish_reason or "stop"
             calls = v.client_calls if finish == "tool_calls" else []
+            # Calls streamed while the model wrote them are complete already.
+            calls = [c for c in calls if c["call_id"] not in self._streamed]
             if calls:
-                payloads.append(self._chunk({"tool_calls": openai_tool_calls(calls)}))
+                payloads.append(self._chunk({"tool_calls": openai_tool_calls(calls, first=len(self._streamed))}))
             return [*payloads, self._chunk({}, finish=finish)]
         if t == "turn.completed":
             self.done = True
@@ -240,15 +283,19 @@ _TEXT_MESSAGE = b"id: %d\ndata: %s%s" + _TEXT_END + b"\n\n"
 def _delta(pieces: tuple[Any, ...]) -> dict[str, str]:
     delta: dict[str, str] = {}
     for piece in pieces:
+        if piece.kind == "tool_arguments":
+            continue  # shown as their own extension chunks
         key = "content" if piece.kind == "text" else "reasoning_content"
         delta[key] = delta.get(key, "") + piece.text
     return delta
 
 
-def openai_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Client tool calls in OpenAI's shape (the client runs them)."""
+def openai_tool_calls(calls: list[dict[str, Any]], *, first: int = 0) -> list[dict[str, Any]]:
+    """Client tool calls in OpenAI's shape (the client runs them); ``first``:
+    the index of the first (after calls already streamed)."""
     return [
-        {"index": i, "id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "")}} for i, c in enumerate(calls)
+        {"index": i, "id": c["call_id"], "type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", "")}}
+        for i, c in enumerate(calls, first)
     ]
 
 

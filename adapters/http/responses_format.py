@@ -23,6 +23,7 @@ from engine.events import Event
 from engine.fold.turn_view import TurnView
 from engine.ports import LiveChunks
 from engine.run.follow import EventOut, Out, TurnFollower, chunk_outs
+from engine.run.nodes import client_tool_names
 
 RESPONSE_PREFIX = "resp_"
 #: Where a turn request keeps what only the Responses API needs (never sent upstream).
@@ -297,6 +298,9 @@ class ResponsesRenderer:
         self._error: dict[str, Any] | None = None
         self._incomplete: dict[str, Any] | None = None
         self._head: dict[str, Any] | None = None
+        # The client's function calls shown while the model writes them: call id -> (output index, item).
+        self._writing: dict[str, tuple[int, dict[str, Any]]] = {}
+        self._client_names: set[str] | None = None
 
     # -- writing --
 
@@ -353,6 +357,9 @@ class ResponsesRenderer:
 
     def _pieces(self, pieces: tuple[Any, ...]) -> None:
         for piece in pieces:
+            if piece.kind == "tool_arguments":
+                self._arguments_delta(piece.call_id, piece.text)
+                continue
             if piece.kind not in ("text", "reasoning") or not piece.text:
                 continue
             opened = self._open_item(piece.kind)
@@ -380,9 +387,47 @@ class ResponsesRenderer:
         after, dumpb, message = self.starting_after, _dumpb, _TEXT_DELTA
         self._parts += [message % (head, dumpb(text), n) for n, text in zip(range(first, first + len(texts)), texts) if n > after]
 
+    def _call_started(self, item: dict[str, Any]) -> None:
+        """A call announced while the model writes it: a call of the client's
+        function tools is streamed as the Responses API streams one."""
+        if self._client_names is None:
+            self._client_names = client_tool_names(self.view.request)
+        if item.get("type") != "function_call" or item.get("name") not in self._client_names or item["call_id"] in self._writing:
+            return
+        self._close_item("completed")
+        index = len(self.output)
+        call = {"id": self._item_id("fc"), "type": "function_call", "status": "in_progress", "call_id": item["call_id"], "name": item["name"], "arguments": ""}
+        self.output.append(call)
+        self._writing[item["call_id"]] = (index, call)
+        self._event("response.output_item.added", {"output_index": index, "item": dict(call)})
+
+    def _arguments_delta(self, call_id: str | None, text: str) -> None:
+        written = self._writing.get(call_id or "")
+        if written is None or not text:
+            return
+        index, call = written
+        call["arguments"] += text
+        self._event("response.function_call_arguments.delta", {"item_id": call["id"], "output_index": index, "delta": text})
+
+    def _end_call(self, index: int, item: dict[str, Any], arguments: str, status: str) -> None:
+        self._event("response.function_call_arguments.done", {"item_id": item["id"], "output_index": index, "name": item["name"], "arguments": arguments})
+        item["arguments"] = arguments
+        item["status"] = status
+        self._event("response.output_item.done", {"output_index": index, "item": dict(item)})
+
+    def _stop_calls(self, status: str) -> None:
+        """The turn ended while calls were being written: they end ``status``."""
+        for index, item in self._writing.values():
+            if item["status"] == "in_progress":
+                self._end_call(index, item, item["arguments"], status)
+
     def _function_calls(self, calls: list[dict[str, Any]]) -> None:
         self._close_item("completed")
         for call in calls:
+            written = self._writing.get(call["call_id"])
+            if written is not None:
+                self._end_call(*written, call.get("arguments") or "", "completed")
+                continue
             index = len(self.output)
             item = {
                 "id": self._item_id("fc"),
@@ -444,6 +489,8 @@ class ResponsesRenderer:
         if t == "turn.started":
             self._event("response.created", {"response": self.snapshot("in_progress")})
             self._event("response.in_progress", {"response": self.snapshot("in_progress")})
+        elif t == "model.item" and event.data["item"].get("status") == "in_progress":
+            self._call_started(event.data["item"])
         elif t == "model.completed":
             self._close_item("completed")
         elif t == "turn.resumed" and out.resume is not None and out.resume.mode == "restart":
@@ -458,6 +505,7 @@ class ResponsesRenderer:
             self._incomplete = {"reason": "max_tool_calls"}
         elif t in ("background.started", "turn.completed"):
             self._close_item("completed")
+            self._stop_calls("incomplete")  # announced, never handed to the client
             reason = self.view.finish_reason
             if self._incomplete is None and reason in ("length", "content_filter"):
                 self._incomplete = {"reason": "max_output_tokens" if reason == "length" else "content_filter"}
@@ -467,9 +515,11 @@ class ResponsesRenderer:
                 self._finish("completed", "response.completed")
         elif t == "turn.cancelled":
             self._close_item("incomplete")
+            self._stop_calls("incomplete")
             self._finish("cancelled", "response.incomplete")
         elif t == "turn.failed":
             self._close_item("incomplete")
+            self._stop_calls("incomplete")
             answer = turn_error(event.data.get("error") or {})
             self._error = {"code": answer.code or answer.type, "message": answer.message, "param": answer.param}
             # The error object a request refused before its stream gets, then the failed response.

@@ -33,6 +33,7 @@ from adapters.http.schemas import parse_chat_request, parse_json
 from adapters.http.turn_routes import refuse_damaged
 from engine.events import Event
 from engine.fold.turn_view import fold
+from engine.pieces import Piece
 from engine.ports import LiveChunks
 from engine.run.follow import tail
 from engine.run.live import Joined
@@ -322,11 +323,14 @@ def _delta_messages(turn_id: str, chunks: LiveChunks) -> list[bytes]:
     if chunks.plain:
         texts = chunks.texts
         return [_encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": kind, "content": text}) for i, text in enumerate(texts)]
-    return [
-        _encode({"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos + i, "kind": piece.kind, "content": piece.text})
-        for i, pieces in enumerate(chunks.pieces)
-        for piece in pieces
-    ]
+    return [_encode(_delta_message(turn_id, seq, pos + i, piece)) for i, pieces in enumerate(chunks.pieces) for piece in pieces]
+
+
+def _delta_message(turn_id: str, seq: int, pos: int, piece: Piece) -> dict[str, object]:
+    message: dict[str, object] = {"type": "delta", "turn_id": turn_id, "seq": seq, "pos": pos, "kind": piece.kind, "content": piece.text}
+    if piece.call_id is not None:
+        message["call_id"] = piece.call_id  # a ``tool_arguments`` fragment's call
+    return message
 
 
 async def websocket(request: web.Request) -> web.WebSocketResponse:

@@ -64,6 +64,7 @@ class OutputItems:
         # The output items restarts superseded (kept out of ``output``; their
         # text stays in the log).
         self.superseded: list[Item] = []
+        self.unfinished: list[Item] = []  # announced calls the last closed round dropped
 
     def _new_accumulator(self) -> Accumulator:
         # The accumulator gets the id source, not a method of this object: a
@@ -95,6 +96,12 @@ class OutputItems:
         """An item the model sent whole (a function call, a provider's reasoning item)."""
         item = dict(item)
         if item.get("type") == "function_call":
+            started = self.calls.get(item["call_id"])
+            if started is not None and started.get("status") == "in_progress" and any(c is started for c in self.round_calls):
+                # The call announced while its arguments streamed, now whole.
+                started.clear()
+                started.update(item)
+                return
             self.calls[item["call_id"]] = item
             self.round_calls.append(item)
         elif item.get("type") == "reasoning" and has_provider_reasoning(item):
@@ -106,9 +113,20 @@ class OutputItems:
                     mine.setdefault("provider_item", responses_reasoning_item(item))
                     break
 
-    def close_round(self) -> None:
-        """Move the round's items (text, reasoning, calls) into the turn's output."""
+    def close_round(self, *, completed: bool = True) -> None:
+        """Move the round's items (text, reasoning, calls) into the turn's
+        output (``completed``: the model's response ended; else it was cut off,
+        and calls still streaming stay, to end ``incomplete``)."""
         self.round_start = len(self.items)
+        self.unfinished = [c for c in self.round_calls if c.get("status") == "in_progress"] if completed else []
+        if self.unfinished:
+            # Calls announced while they streamed that never came whole (a
+            # glued call became its pieces): not calls of the answer.
+            self.round_calls = [c for c in self.round_calls if c.get("status") != "in_progress"]
+            for call in self.unfinished:
+                call["status"] = "incomplete"
+                del self.calls[call["call_id"]]
+            self.superseded.extend(self.unfinished)
         produced = self.acc.output
         if self.round_calls:
             # A round that only called tools has no answer slot to keep.
@@ -179,7 +197,7 @@ class OutputItems:
         if not self.round_closed:
             pieces = self.acc.flush()
             self.acc.mark_incomplete()
-            self.close_round()
+            self.close_round(completed=False)
         self.stopped_calls = []
         for item in self.items:
             # Never "completed" for what did not complete.
@@ -189,10 +207,15 @@ class OutputItems:
                     self.stopped_calls.append(item["call_id"])
         return pieces
 
-    def feed(self, kind: str, text: str) -> list[Piece]:
-        """One raw upstream chunk of text or reasoning."""
+    def feed(self, kind: str, text: str, call_id: str | None = None) -> list[Piece]:
+        """One raw upstream chunk of text, reasoning, or a started call's arguments."""
         if kind == "reasoning":
             return self.acc.feed_reasoning(text)
+        if kind == "tool_arguments":
+            call = self.calls.get(call_id or "")
+            if call is not None and call.get("status") == "in_progress":
+                call["arguments"] = call.get("arguments", "") + text
+            return [Piece("tool_arguments", text, call_id)]
         return self.acc.feed_text(text)
 
     # -- queries -------------------------------------------------------------------

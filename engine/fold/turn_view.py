@@ -482,24 +482,25 @@ class TurnView:
             raise ValueError(f"turn {self.id}: delta at position {pos}, expected {self.pos.next}")
         text = data["text"]
         kind = data.get("kind", "text")
+        call_id = data.get("call_id")
         out: list[ChunkOut] = []
         offset = 0
         for n in data["lens"]:
             piece = text[offset : offset + n]
             offset += n
-            out.append(ChunkOut(self.pos.next, self.feed_chunk(kind, piece)))
+            out.append(ChunkOut(self.pos.next, self.feed_chunk(kind, piece, call_id)))
         self.pos.last_event = self.pos.next - 1
         return out
 
-    def fold_shown(self, kind: str, text: str) -> None:
+    def fold_shown(self, kind: str, text: str, call_id: str | None = None) -> None:
         """Fold text whose positions were taken (and whose pieces were shown)
         already: the chunks a follower showed live from the actor's fold."""
-        self.out.feed(kind, text)
+        self.out.feed(kind, text, call_id)
 
-    def feed_chunk(self, kind: str, text: str) -> tuple[Piece, ...]:
+    def feed_chunk(self, kind: str, text: str, call_id: str | None = None) -> tuple[Piece, ...]:
         """Take the next stream position for one raw upstream chunk."""
         self.pos.next += 1
-        return tuple(self.out.feed(kind, text))
+        return tuple(self.out.feed(kind, text, call_id))
 
     # -- queries -----------------------------------------------------------------
 
@@ -521,6 +522,8 @@ class TurnView:
         if t == "model.item":
             item = data_of(event, ModelItem).item
             return self.out.touched([item["call_id"]] if item.get("type") == "function_call" else [])
+        if t == "model.completed":
+            return [dict(call) for call in self.out.unfinished]  # they end, shown ``incomplete``
         if t == "tools.batch":
             return self.out.touched([c["call_id"] for c in data_of(event, ToolsBatch).calls])
         if t == "tool.completed":

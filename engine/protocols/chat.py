@@ -59,6 +59,7 @@ from engine.protocols.model_events import (
     StreamWarning,
     TextDelta,
     TextRun,
+    ToolArgumentsDelta,
     ToolCall,
     ToolCallStarted,
     UsageReport,
@@ -109,12 +110,14 @@ class ChatToolCalls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted]:
+    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted | ToolArgumentsDelta]:
         """Add the fragments of one chunk. Returns a :class:`ToolCallStarted`
-        for each call that got its name in this chunk."""
+        for each call that got its name in this chunk, and a
+        :class:`ToolArgumentsDelta` for each argument fragment of a named call
+        (those that came before its name, joined, right after its start)."""
         if self._result is not None:
             raise RuntimeError("ChatToolCalls is finished; no more fragments are accepted")
-        started: list[ToolCallStarted] = []
+        started: list[ToolCallStarted | ToolArgumentsDelta] = []
         for fragment in fragments:
             if not isinstance(fragment, dict):
                 continue
@@ -131,6 +134,9 @@ class ChatToolCalls:
             if call.name and not call.announced:
                 call.announced = True
                 started.append(ToolCallStarted(call_id=call.call_id, name=call.name))
+                text = "".join(call.arguments)
+            if text and call.announced:
+                started.append(ToolArgumentsDelta(call.call_id, text))
         return started
 
     def finish(self) -> list[ToolCall]:
@@ -192,6 +198,18 @@ class ChatToolCalls:
 # --------------------------------------------------------------------------
 
 _PLAIN_DELTA_KEYS: Final[frozenset[str]] = frozenset({"content", "role", "refusal"})
+
+
+def whole_in_read(events: list[ModelEvent]) -> list[ModelEvent]:
+    """The events of the read that finished the response, less the live
+    progress of calls that also started in it: they come whole with the
+    finish, and announcing them would show nothing sooner (and cost a commit
+    per tool round). For the caller that knows the read finished it
+    (``finish_reason`` became set)."""
+    whole = {e.call_id for e in events if type(e) is ToolCallStarted}
+    if not whole:
+        return events
+    return [e for e in events if not (isinstance(e, ToolCallStarted | ToolArgumentsDelta) and e.call_id in whole)]
 
 
 class ChatNormalizer:

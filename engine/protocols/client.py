@@ -76,7 +76,10 @@ class LiveModelClient:
         async with aclosing(batches) as reads:
             async for raws in reads:
                 if feed_read is not None:
+                    open_ = getattr(normalizer, "finish_reason", None) is None
                     events = feed_read(raws, runs=True) if runs else feed_read(raws)
+                    if open_ and getattr(normalizer, "finish_reason", None) is not None:
+                        events = chat.whole_in_read(events)  # this read finished the response
                     if events:
                         yield events
                     continue

@@ -40,6 +40,16 @@ class ToolCallStarted:
 
     call_id: str
     name: str
+    item_id: str | None = None  # the provider's item id where it has one (Responses API ``fc_…``)
+
+
+@dataclass(slots=True)
+class ToolArgumentsDelta:
+    """A fragment of a started call's arguments, as the model writes them: for
+    live progress (the complete call still comes as a ``ToolCall``)."""
+
+    call_id: str
+    text: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,5 +117,16 @@ class StreamFailed:
 
 
 ModelEvent = (
-    TextDelta | TextRun | ReasoningDelta | ToolCallStarted | ToolCall | ProviderItem | Finished | UsageReport | ResponseStarted | StreamWarning | StreamFailed
+    TextDelta
+    | TextRun
+    | ReasoningDelta
+    | ToolCallStarted
+    | ToolArgumentsDelta
+    | ToolCall
+    | ProviderItem
+    | Finished
+    | UsageReport
+    | ResponseStarted
+    | StreamWarning
+    | StreamFailed
 )

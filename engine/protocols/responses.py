@@ -67,6 +67,7 @@ from engine.protocols.model_events import (
     StreamFailed,
     StreamWarning,
     TextDelta,
+    ToolArgumentsDelta,
     ToolCall,
     ToolCallStarted,
 )
@@ -471,7 +472,8 @@ class ResponsesNormalizer:
       A delta's event type says what it is: unlike Open WebUI's fold, a text
       delta whose ``output_index`` names a reasoning item (or the reverse) is
       not dropped.
-    * ``response.output_item.added`` of a ``function_call`` → ``ToolCallStarted``;
+    * ``response.output_item.added`` of a ``function_call`` → ``ToolCallStarted``,
+      its ``function_call_arguments.delta`` → ``ToolArgumentsDelta``;
       its ``output_item.done`` → ``ToolCall`` (the done item is authoritative;
       ``item_id`` = the item's ``fc_…`` id). A call is emitted once.
     * ``response.output_item.done`` of a ``reasoning`` item → ``ProviderItem``
@@ -593,12 +595,18 @@ class ResponsesNormalizer:
         if call.emitted or call.announced or not call.name:
             return []
         call.announced = True
-        return [ToolCallStarted(call_id=call.call_id, name=call.name)]
+        started: list[ModelEvent] = [ToolCallStarted(call_id=call.call_id, name=call.name, item_id=nonempty_str(item.get("id")))]
+        if call.deltas:
+            started.append(ToolArgumentsDelta(call.call_id, "".join(call.deltas)))
+        return started
 
     def _arguments_delta(self, event: Mapping[str, Any]) -> list[ModelEvent]:
         delta = event.get("delta")
         if isinstance(delta, str) and delta:
-            self._call_for(event).deltas.append(delta)
+            call = self._call_for(event)
+            call.deltas.append(delta)
+            if call.announced and not call.emitted and call.call_id is not None:
+                return [ToolArgumentsDelta(call.call_id, delta)]
         return []
 
     def _arguments_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:

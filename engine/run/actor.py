@@ -126,6 +126,7 @@ class TurnActor:
         # What was published of it: a message per read.
         self._batch_live: list[LiveChunks] = []
         self._batch_kind = "text"
+        self._batch_call: str | None = None  # the call of a ``tool_arguments`` window
         self._batch_chars = 0  # the open window's text, in characters
         self._batch_pos = 0
         self._batch_seq = 0
@@ -372,7 +373,7 @@ class TurnActor:
         """One chunk: show it now, write it with its window."""
         self.deltas(kind, [text])
 
-    def deltas(self, kind: str, texts: list[str]) -> None:
+    def deltas(self, kind: str, texts: list[str], *, call_id: str | None = None) -> None:
         """The non-empty chunks of one read: shown now (published), written
         with their window (group commit).
 
@@ -389,12 +390,13 @@ class TurnActor:
         max_chars = self._settings.flush_max_chars
         publish, turn_id = self.bus.publish, self.turn_id
         fast = self._settings.live_fast_paths
-        if self._batch and kind != self._batch_kind:
+        if self._batch and (kind != self._batch_kind or call_id != self._batch_call):
             self._flush()
         while texts:
             batch = self._batch
             if not batch:
                 self._batch_kind = kind
+                self._batch_call = call_id
                 self._batch_pos = pos.next
                 self._batch_seq = v.last_seq + 1
                 self._window += 1
@@ -415,6 +417,8 @@ class TurnActor:
             pos.next = at + n
             if kind == "text" and fast and acc.feed_plain(seg):
                 message = LiveChunks(seq, at, kind, seg)
+            elif kind == "tool_arguments":
+                message = LiveChunks(seq, at, kind, seg, [tuple(v.out.feed(kind, text, call_id)) for text in seg])
             else:
                 feed = acc.feed_reasoning if kind == "reasoning" else acc.feed_text
                 message = LiveChunks(seq, at, kind, seg, [tuple(feed(text)) for text in seg])
@@ -451,7 +455,7 @@ class TurnActor:
         self._batch = []
         self._batch_live = []
         self._batch_chars = 0
-        event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts)
+        event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts, self._batch_call)
         self._view.apply(event, live_applied=True)
         events, self._staged = [*self._staged, event], []
         # No task per window: the store's future, and the bookkeeping in its

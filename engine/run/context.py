@@ -96,9 +96,10 @@ class TurnContext(Protocol):
         """Show one upstream chunk live now; it is written with its window."""
         ...
 
-    def deltas(self, kind: str, texts: list[str]) -> None:
+    def deltas(self, kind: str, texts: list[str], *, call_id: str | None = None) -> None:
         """``delta`` for each of one network read's chunks of one kind, shown
-        live as one message."""
+        live as one message (``call_id``: the call a ``tool_arguments``
+        chunk belongs to)."""
         ...
 
     def writes_behind(self) -> bool:

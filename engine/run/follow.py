@@ -107,11 +107,12 @@ class TurnFollower:
         out: list[Out] = []
         text: str = data["text"]
         kind = data.get("kind", "text")
+        call_id = data.get("call_id")
         offset = sum(lens[:already])
-        v.fold_shown(kind, text[:offset])
+        v.fold_shown(kind, text[:offset], call_id)
         for n in lens[already:]:
             pos = v.next_pos
-            out.append(ChunkOut(pos, v.feed_chunk(kind, text[offset : offset + n])))
+            out.append(ChunkOut(pos, v.feed_chunk(kind, text[offset : offset + n], call_id)))
             offset += n
         self._fed_live = max(0, self._fed_live - already)
         v.apply(event, live_applied=True)
@@ -124,7 +125,7 @@ class TurnFollower:
         v = self.view
         data = event.data
         n = len(data["lens"])
-        v.fold_shown(data.get("kind", "text"), data["text"])
+        v.fold_shown(data.get("kind", "text"), data["text"], data.get("call_id"))
         self._fed_live = max(0, self._fed_live - n)
         v.apply(event, live_applied=True)
 

@@ -136,7 +136,7 @@ class LoopState:
 
     def _on_model_item(self, event: Event, d: ModelItem) -> None:
         item = d.item
-        if item.get("type") == "function_call":
+        if item.get("type") == "function_call" and item.get("status") != "in_progress":  # not a call announced while it streams
             self.round_calls.append({"call_id": item["call_id"], "name": item["name"], "arguments": item.get("arguments", "")})
 
     def _on_model_completed(self, event: Event, d: ModelCompleted) -> None:

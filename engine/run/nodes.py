@@ -63,7 +63,9 @@ from engine.protocols.model_events import (
     StreamWarning,
     TextDelta,
     TextRun,
+    ToolArgumentsDelta,
     ToolCall,
+    ToolCallStarted,
     UsageReport,
 )
 from engine.protocols.responses import stateful_continuation_input
@@ -195,7 +197,7 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
         # (ctx.deltas); anything else in the read waits for those before it.
         run: list[str] = []
         run_kind = "text"
-        for event in events:
+        for event in _unannounced_whole(events):
             cls = type(event)
             if type(event) is TextRun:  # type(), not isinstance: the per-chunk test of the hot loop
                 texts = event.texts
@@ -232,6 +234,16 @@ async def _consume(ctx: TurnContext, resolved: ResolvedModel, request: ModelRequ
     return False
 
 
+def _unannounced_whole(events: list[ModelEvent]) -> list[ModelEvent]:
+    """A read's events, less the live progress of calls it also brings whole
+    (started and done in it): announcing them would cost a commit and show
+    nothing sooner."""
+    whole = {event.call_id for event in events if type(event) is ToolCall}
+    if not whole:
+        return events
+    return [e for e in events if not (isinstance(e, ToolCallStarted | ToolArgumentsDelta) and e.call_id in whole)]
+
+
 @dataclass
 class _Response:
     """What one model response has reported so far, besides its events."""
@@ -244,7 +256,7 @@ def _answers(events: list[ModelEvent]) -> bool:
     """Whether a read holds part of the answer (not only a usage report, a
     warning or the finish)."""
     for event in events:
-        if type(event) is TextRun or isinstance(event, ToolCall | ProviderItem):
+        if type(event) is TextRun or isinstance(event, ToolCall | ProviderItem | ToolCallStarted):
             return True
         if isinstance(event, TextDelta | ReasoningDelta) and event.text:
             return True
@@ -258,6 +270,12 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
     if isinstance(event, TextDelta | ReasoningDelta):
         if event.text and streamed is not None:
             await streamed.delta("text" if isinstance(event, TextDelta) else "reasoning", event.text)
+    elif isinstance(event, ToolArgumentsDelta):
+        ctx.deltas("tool_arguments", [event.text], call_id=event.call_id)
+    elif isinstance(event, ToolCallStarted):
+        # Announced as its name arrives, so clients show the call while its
+        # arguments stream (recorded: a replay shows it at the same place).
+        await ctx.record(ModelItem(item=_started_item(event)))
     elif isinstance(event, ToolCall):
         await ctx.record(ModelItem(item=_call_item(event)))
     elif isinstance(event, ProviderItem):
@@ -284,6 +302,12 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
     return None
 
 
+def _started_item(event: ToolCallStarted) -> dict[str, Any]:
+    """The ``function_call`` item of a call whose arguments are still streaming."""
+    item_id = event.item_id or event.call_id
+    return {"type": "function_call", "id": item_id, "call_id": event.call_id, "name": event.name, "arguments": "", "status": "in_progress"}
+
+
 def _call_item(event: ToolCall) -> dict[str, Any]:
     """The ``function_call`` output item of a tool call the model made."""
     item: dict[str, Any] = {
@@ -300,7 +324,7 @@ def _call_item(event: ToolCall) -> dict[str, Any]:
 
 
 #: Events of a response that carry its answer (dropped after a code block's end).
-_ANSWER_EVENTS = (TextDelta, ReasoningDelta, ToolCall, ProviderItem)
+_ANSWER_EVENTS = (TextDelta, ReasoningDelta, ToolCallStarted, ToolArgumentsDelta, ToolCall, ProviderItem)
 
 
 async def _until_code_closed(ctx: TurnContext, reads: AsyncGenerator[list[ModelEvent], None]) -> AsyncGenerator[list[ModelEvent], None]:

@@ -76,7 +76,9 @@ from engine.protocols.model_events import (
     StreamFailed,
     StreamWarning,
     TextDelta,
+    ToolArgumentsDelta,
     ToolCall,
+    ToolCallStarted,
 )
 from engine.run.actor import TurnActor
 from engine.run.context import TurnPorts
@@ -115,7 +117,13 @@ def normalize(events: list[Event]) -> list[dict[str, Any]]:
             data.pop(name, None)
         if event.type == "turn.resumed":
             data.setdefault("mode", "continue")  # logs from before resume modes
-        if event.type == "model.delta" and out and out[-1]["type"] == "model.delta" and out[-1]["data"]["kind"] == data["kind"]:
+        if (
+            event.type == "model.delta"
+            and out
+            and out[-1]["type"] == "model.delta"
+            and out[-1]["data"]["kind"] == data["kind"]
+            and out[-1]["data"].get("call_id") == data.get("call_id")
+        ):
             prev = out[-1]["data"]
             prev["text"] += data["text"]
             prev["lens"] = prev["lens"] + data["lens"]
@@ -189,6 +197,20 @@ class _Script:
         return rounds
 
 
+def _recorded_chunks(delta: ModelDelta) -> list[ModelEvent]:
+    """A ``model.delta`` window's chunks as the model events that made them."""
+    text, offset = delta.text, 0
+    window: list[ModelEvent] = []
+    for n in delta.lens:
+        chunk = text[offset : offset + n]
+        offset += n
+        if delta.kind == "tool_arguments":
+            window.append(ToolArgumentsDelta(delta.call_id or "", chunk))
+        else:
+            window.append(TextDelta(chunk) if delta.kind == "text" else ReasoningDelta(chunk))
+    return window
+
+
 class RecordedModelClient:
     """Answers each model request with the recorded response of that request."""
 
@@ -208,17 +230,13 @@ class RecordedModelClient:
             t = event.type
             if t == "model.delta":
                 delta = data_of(event, ModelDelta)
-                text, offset = delta.text, 0
-                kind = TextDelta if delta.kind == "text" else ReasoningDelta
-                window: list[ModelEvent] = []
-                for n in delta.lens:
-                    window.append(kind(text[offset : offset + n]))
-                    offset += n
-                if window:
+                if window := _recorded_chunks(delta):
                     yield window
             elif t == "model.item":
                 item = data_of(event, ModelItem).item
-                if item.get("type") == "function_call":
+                if item.get("type") == "function_call" and item.get("status") == "in_progress":
+                    yield [ToolCallStarted(item["call_id"], item["name"], item.get("id"))]
+                elif item.get("type") == "function_call":
                     yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"), item.get("provider_call_id"))]
                 else:
                     yield [ProviderItem(item)]
