@@ -243,12 +243,7 @@ async def test_chat_completions_streams_a_client_tool_call_as_openai_does(servic
     turn_id = (await service.get("/v1/turns?limit=1"))[1]["data"][0]["id"]
     raw = await read_stream(service, turn_id)
     await check_stream_against_log(service, turn_id, raw)
-    replayed = [
-        call
-        for p in map(_payload, raw.encode().split(b"\n\n"))
-        if p and p.get("choices")
-        for call in p["choices"][0]["delta"].get("tool_calls") or []
-    ]
+    replayed = [call for p in map(_payload, raw.encode().split(b"\n\n")) if p and p.get("choices") for call in p["choices"][0]["delta"].get("tool_calls") or []]
     assert replayed == [d.model_dump(exclude_none=True) for d in deltas]
 
 
