@@ -118,6 +118,7 @@ class Presets:
         self._stored: dict[str, PresetSpec] | None = None
         self._read_at = 0.0
         self._loading: asyncio.Task[dict[str, PresetSpec]] | None = None
+        self._generation = 0  # bumped by this process's changes: a read begun before one is not kept
 
     async def get(self, preset_id: str) -> PresetSpec | None:
         if preset_id in self.configured:
@@ -137,15 +138,17 @@ class Presets:
                 self._loading = None
 
     async def _load(self) -> dict[str, PresetSpec]:
-        began = time.monotonic()
+        began, generation = time.monotonic(), self._generation
         async with self._read.connect() as conn:
             rows = (await conn.execute(select(presets_table.c.body))).all()
         stored = {spec.id: spec for spec in (PresetSpec.model_validate_json(row[0]) for row in rows)}
-        self._stored, self._read_at = stored, began
+        if generation == self._generation:
+            self._stored, self._read_at = stored, began
         return stored
 
     def _changed(self) -> None:
         self._stored, self._loading = None, None
+        self._generation += 1
 
     async def all(self) -> list[PresetSpec]:
         async with self._read.connect() as conn:
