@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -25,7 +26,7 @@ from typing import Any
 
 from bench.loadbench import BURST_CHUNKS, BURST_RATE, _p
 from bench.procs import BenchError, cpu_seconds, free_port, thread_cpu_seconds
-from bench.scenarios import Ctx, _PgServer, body, check, failures, med, phase, spread
+from bench.scenarios import Ctx, Profiler, _PgServer, body, check, failures, med, phase, spread
 
 
 class LoopCpuMeter:
@@ -68,7 +69,9 @@ def paced_cpu(ctx: Ctx) -> dict[str, Any]:
         for who, v1, pid in (("floor", ctx.floor_v1, ctx.floor_pid), ("turnlog", ctx.turnlog_v1, ctx.turnlog_pid)):
             meter = LoopCpuMeter(pid)
             ph = phase(who, v1, b, requests=turns, concurrency=turns, preconnect=True, announce=True)
-            res = ctx.procs.run_client({"phases": [_warm(v1), ph], "timeout_s": 60 + 3 * chunks / rate}, name=f"c-pacedcpu-{who}{i}", on_event=meter.on_event)
+            with Profiler(ctx, f"paced_cpu{i}", pid) if who == "turnlog" else contextlib.nullcontext():
+                spec = {"phases": [_warm(v1), ph], "timeout_s": 60 + 3 * chunks / rate}
+                res = ctx.procs.run_client(spec, name=f"c-pacedcpu-{who}{i}", on_event=meter.on_event)
             streams = res["phases"][-1]["streams"] if res.get("phases") else []
             bad += failures(streams, chunks) + ([res["error"]] if res.get("error") else [])
             us[who].append(meter.process.get(who, float("nan")) * 1e6 / (turns * chunks))
@@ -109,7 +112,8 @@ def burst_cpu(ctx: Ctx) -> dict[str, Any]:
         for who, v1, pid in (("durable", durable_v1, ctx.floor_pid), ("turnlog", ctx.turnlog_v1, ctx.turnlog_pid)):
             meter = LoopCpuMeter(pid)
             ph = phase(who, v1, tiny, requests=turns, concurrency=turns, preconnect=True, announce=True)
-            res = ctx.procs.run_client({"phases": [_warm(v1), ph], "timeout_s": 120}, name=f"c-burstcpu-{who}{i}", on_event=meter.on_event)
+            with Profiler(ctx, f"burst_cpu{i}", pid) if who == "turnlog" else contextlib.nullcontext():
+                res = ctx.procs.run_client({"phases": [_warm(v1), ph], "timeout_s": 120}, name=f"c-burstcpu-{who}{i}", on_event=meter.on_event)
             streams = res["phases"][-1]["streams"] if res.get("phases") else []
             bad += failures(streams, 5) + ([res["error"]] if res.get("error") else [])
             loop_us[who].append(meter.loop.get(who, float("nan")) * 1e6 / turns)

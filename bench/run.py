@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="reduced subset (< 60 s); fails only on a large regression")
     p.add_argument("--scenarios", help=f"comma-separated subset of: {', '.join(ALL)}")
     p.add_argument("--json-out", help="also write the JSON to this file")
-    p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during ttfc, long_answer and concurrent_paced into DIR")
+    p.add_argument("--profile", metavar="DIR", help="py-spy record turnlog during ttfc, long_answer, concurrent_paced, paced_cpu and burst_cpu into DIR")
     p.add_argument(
         "--openwebui",
         metavar="VENV",
