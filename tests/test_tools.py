@@ -523,7 +523,7 @@ async def test_schema_from_hints_and_docstring(tmp_path: Path) -> None:
         },
         "required": ["city"],
     }
-    assert spec.openai_tool()["function"]["name"] == "get_weather"
+    assert spec.function()["name"] == "get_weather"
     assert spec.idempotent is False and spec.timeout is None
 
 
@@ -544,7 +544,8 @@ async def test_reserved_params_hidden_and_injected(tmp_path: Path) -> None:
     modules, errors = load_tools_dir(tmp_path)
     assert errors == []
     handle = modules["ctxtool"].tools["show"]
-    assert list(handle.spec.parameters["properties"]) == ["q"]
+    properties = handle.spec.parameters["properties"]
+    assert isinstance(properties, dict) and list(properties) == ["q"]
     assert handle.spec.parameters["required"] == ["q"]
     emitted: list[dict[str, Any]] = []
 
