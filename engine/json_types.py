@@ -31,7 +31,6 @@ def _object_schema(_source: object, _handler: GetCoreSchemaHandler) -> CoreSchem
 JsonObjectField: TypeAlias = Annotated[JsonObject, GetPydanticSchema(_object_schema)]
 
 
-
 class FunctionCallItem(TypedDict):
     """A ``function_call`` output item (the model called a tool), as the
     engine records it in ``model.item``."""

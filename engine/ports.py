@@ -684,7 +684,7 @@ class SelectableFilters(Protocol):
         ...
 
 
-def turn_filters(filters: Filters, request: Mapping[str, Any]) -> Filters:
+def turn_filters(filters: Filters, request: Mapping[str, object]) -> Filters:
     """The filters that run on a turn: the global ones, and the opt-in ones its
     request names in ``filter_ids`` (a preset's filters are recorded there)."""
     ids = request.get("filter_ids")

@@ -606,8 +606,7 @@ def _chunk_sources(chunks: list[JsonValue]) -> list[JsonObject]:
         if chunk.get("distance") is not None:
             distances.append(chunk["distance"])
     return [
-        {"source": source, "document": documents, "metadata": metadatas, "distances": distances}
-        for source, documents, metadatas, distances in groups.values()
+        {"source": source, "document": documents, "metadata": metadatas, "distances": distances} for source, documents, metadatas, distances in groups.values()
     ]
 
 
