@@ -22,6 +22,8 @@ import pytest
 
 from adapters.tools import load_tools_dir, merge_tools
 from adapters.tools.loader import parse_docstring
+from engine.json_types import JsonObject
+from engine.ports import code_output
 from engine.tools.calls import (
     CITATION_TOOL_NAMES,
     ArgumentError,
@@ -759,3 +761,15 @@ async def test_unprintable_result_becomes_an_error() -> None:
     handle = FunctionHandle(spec_with("u", []), lambda: Unprintable())
     execution = await execute_tool_call("u", "", {"u": handle}, make_ctx())
     assert execution.result.status == "failed" and execution.error == "no repr"
+
+
+def test_a_code_executors_streams_must_be_texts() -> None:
+    """An executor's answer is read as texts (``stdout``, ``stderr``); one that
+    is not fails the run instead of reaching the log as another shape."""
+    answer: JsonObject = {"stdout": "4\n", "result": 4, "files": []}
+    assert code_output(answer) == answer
+    assert code_output({}) == {}
+    bads: list[JsonObject] = [{"stdout": 4}, {"stderr": None}, {"stdout": "", "stderr": ["x"]}]
+    for bad in bads:
+        with pytest.raises(TypeError):
+            code_output(bad)
