@@ -206,7 +206,7 @@ class Blobs:
         key: str | None,
         siblings: Mapping[str, object] | None,
         done: dict[bytes, JsonObject],
-    ) -> Any:
+    ) -> object:
         if isinstance(value, str):
             if len(value) <= limit:
                 return value
@@ -224,7 +224,7 @@ class Blobs:
         key: str | None,
         siblings: Mapping[str, object] | None,
         done: dict[bytes, JsonObject],
-    ) -> Any:
+    ) -> str | JsonObject:
         parsed = parse_data_uri(text)
         if parsed is not None:
             mime, data = parsed

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Generic, Literal, NotRequired, TypedDict, Type
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from engine.json_types import JsonObject, JsonValue
+from engine.json_types import JsonObject, JsonObjectField, JsonValue
 
 
 class Event(BaseModel):
@@ -78,12 +78,12 @@ class TurnStarted(EventData):
     stream: bool = True
     # The client's request body without secrets (no auth header, no keys);
     # for a preset, the request it resolved to.
-    request: dict[str, Any]
+    request: JsonObjectField
     # ``model`` names a preset: what it resolved to when the turn started
     # (``{"id", "base_model", "system"?, "params"?, "tool_ids"?, "files"?,
     # "features"?, "filters"?}``, the system prompt rendered). The turn runs
     # on ``base_model``; nothing resolves the preset again. Left out otherwise.
-    preset: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    preset: JsonObjectField | None = Field(default=None, exclude_if=lambda v: v is None)
     # The sha256 (hex) of the API key that started the turn, never the key:
     # usage per key. Left out without one (auth off), as in older logs.
     key_hash: str | None = Field(default=None, exclude_if=lambda v: v is None)
@@ -99,29 +99,29 @@ class AssemblyCompleted(EventData):
     """The assembled upstream request: the recorded result of context assembly."""
 
     TYPE: ClassVar[str] = "assembly.completed"
-    messages: list[dict[str, Any]]
+    messages: list[JsonObjectField]
     # Parameters for the upstream call (temperature, tools, ...), never credentials.
-    params: dict[str, Any] = Field(default_factory=dict)
+    params: JsonObjectField = Field(default_factory=dict)
     # How many leading messages came from the stored chat history.
     history_len: int = 0
     # The messages this turn adds to the chat (the new user message, tool results...).
-    new_messages: list[dict[str, Any]] = Field(default_factory=list)
+    new_messages: list[JsonObjectField] = Field(default_factory=list)
     # The client sent the whole history (``"history": "client"``): ``new_messages``
     # are all of it and the chat's history restarts at this turn. Left out when
     # false, as ``turn_refs`` when empty, so logs written before they existed verify.
     history_reset: bool = Field(default=False, exclude_if=lambda v: not v)
     # ``{"index", "turn_id"}``: ``new_messages[index]`` is the client's copy of that
     # earlier turn's answer, which the history expands from that turn's log.
-    turn_refs: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
+    turn_refs: list[JsonObjectField] = Field(default_factory=list, exclude_if=lambda v: not v)
     # How many turns the chat had before this one (titles and tags are for the first).
     chat_turns: int = Field(default=0, exclude_if=lambda v: not v)
     # The sources in the context, as clients see them: ``{"id": N, "name", "type", "url"?}``,
     # ``N`` being the ``[N]`` the model cites.
-    sources: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
+    sources: list[JsonObjectField] = Field(default_factory=list, exclude_if=lambda v: not v)
     # The context before sources went into it: ``{"role", "index", "message",
     # "source_ids"}`` — the loop rebuilds the message from it when tool results
     # add citations, so the context is carried once, never piled up.
-    rag: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    rag: JsonObjectField | None = Field(default=None, exclude_if=lambda v: v is None)
     # Legacy function calling with the code interpreter on and available: the
     # answer's <code_interpreter> blocks are run. Always set by the assembly;
     # None (left out) in logs written before it was recorded, whose fold then
@@ -149,7 +149,7 @@ class ModelRequested(EventData):
     # and the upstream's resume params that went into its body with it.
     prefill: str | None = None
     resumed: bool = False
-    resume_params: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: not v)
+    resume_params: JsonObjectField | None = Field(default=None, exclude_if=lambda v: not v)
 
 
 class ModelDelta(EventData):
@@ -177,13 +177,13 @@ class ModelItem(EventData):
     """An output item that did not arrive as text deltas (e.g. a function call)."""
 
     TYPE: ClassVar[str] = "model.item"
-    item: dict[str, Any]
+    item: JsonObjectField
 
 
 class ModelCompleted(EventData):
     TYPE: ClassVar[str] = "model.completed"
     finish_reason: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: JsonObjectField | None = None
     response_id: str | None = None
     status: str | None = None  # Responses API: completed | incomplete
     # Left out when no answer chunk came, and in logs written before it was recorded.
@@ -210,8 +210,11 @@ class ToolsBatch(EventData):
 
     TYPE: ClassVar[str] = "tools.batch"
     iteration: int
-    calls: list[dict[str, Any]] = Field(default_factory=list)
-    client_calls: list[dict[str, Any]] = Field(default_factory=list)
+    calls: list[JsonObjectField] = Field(default_factory=list)
+    client_calls: list[JsonObjectField] = Field(default_factory=list)
+
+    def call_ids(self) -> list[str]:
+        return call_ids(self.calls)
 
 
 class ToolStarted(EventData):
@@ -233,7 +236,7 @@ class ToolEvent(EventData):
 
     TYPE: ClassVar[str] = "tool.event"
     call_id: str
-    event: dict[str, Any]
+    event: JsonObjectField
 
 
 class ToolCompleted(EventData):
@@ -244,10 +247,10 @@ class ToolCompleted(EventData):
     name: str
     output: str | None
     status: Literal["completed", "failed"] = "completed"
-    files: list[dict[str, Any]] = Field(default_factory=list)
+    files: list[JsonObjectField] = Field(default_factory=list)
     embeds: list[str] = Field(default_factory=list)
     images: list[str] = Field(default_factory=list)
-    sources: list[dict[str, Any]] = Field(default_factory=list)
+    sources: list[JsonObjectField] = Field(default_factory=list)
     error: str | None = None
     # The output was given when the turn was forked (``turn.forked``'s
     # ``tool_results``): recorded in place of running the call.
@@ -259,21 +262,24 @@ class ContextReinjected(EventData):
 
     TYPE: ClassVar[str] = "context.reinjected"
     iteration: int
-    messages: list[dict[str, Any]] = Field(default_factory=list)
+    messages: list[JsonObjectField] = Field(default_factory=list)
     previous_response_id: str | None = None
-    input_items: list[dict[str, Any]] = Field(default_factory=list)
+    input_items: list[JsonObjectField] = Field(default_factory=list)
     # The message holding the sources, rebuilt from the pre-context snapshot with
     # the tool results' citations added: ``{"index", "message"}``.
     rewrite: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
     # Sources the tools of this round added, numbered after the earlier ones.
-    sources: list[dict[str, Any]] = Field(default_factory=list, exclude_if=lambda v: not v)
+    sources: list[JsonObjectField] = Field(default_factory=list, exclude_if=lambda v: not v)
 
 
 class IterationLimit(EventData):
     TYPE: ClassVar[str] = "turn.iteration_limit"
     limit: int
-    pending_calls: list[dict[str, Any]] = Field(default_factory=list)
+    pending_calls: list[JsonObjectField] = Field(default_factory=list)
     message: str = ""
+
+    def call_ids(self) -> list[str]:
+        return call_ids(self.pending_calls)
 
 
 class ModelFallback(EventData):
@@ -295,9 +301,9 @@ class OutletApplied(EventData):
 
     TYPE: ClassVar[str] = "outlet.applied"
     filters: list[str] = Field(default_factory=list)
-    runs: list[dict[str, Any]] = Field(default_factory=list)
+    runs: list[JsonObjectField] = Field(default_factory=list)
     content: str | None = None
-    output: list[dict[str, Any]] | None = None
+    output: list[JsonObjectField] | None = None
 
 
 class BackgroundStarted(EventData):
@@ -316,7 +322,7 @@ class BackgroundResult(EventData):
     reply: str | None = None
     # The task model call's usage as its upstream reported it: the turn's
     # usage includes it. Left out when none (and in older logs).
-    usage: dict[str, Any] | None = Field(default=None, exclude_if=lambda v: v is None)
+    usage: JsonObjectField | None = Field(default=None, exclude_if=lambda v: v is None)
 
 
 class TurnCompleted(EventData):
@@ -335,7 +341,7 @@ class TurnCancelled(EventData):
 
 class TurnFailed(EventData):
     TYPE: ClassVar[str] = "turn.failed"
-    error: dict[str, Any]
+    error: JsonObjectField
 
 
 class TurnInterrupted(EventData):
@@ -397,6 +403,11 @@ class ToolsDecided(EventData):
     calls; a rejected one gets its error result)."""
 
     TYPE: ClassVar[str] = "tools.decided"
+
+
+def call_ids(calls: list[JsonObject]) -> list[str]:
+    """The ``call_id`` of each call of a batch (the engine writes them as strings)."""
+    return [call_id for call in calls if isinstance(call_id := call.get("call_id"), str)]
 
 
 EVENT_TYPES: dict[str, type[EventData]] = {
@@ -461,7 +472,7 @@ def delta_event(turn_id: str, seq: int, kind: str, pos: int, texts: list[str], c
     fields are produced here, by the actor, never by a client. A test holds it
     equal to ``make_event(..., ModelDelta(...))``.
     """
-    data: dict[str, Any] = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
+    data: JsonObject = {"v": 1, "kind": kind, "pos": pos, "text": "".join(texts), "lens": list(map(len, texts))}
     if call_id is not None:
         data["call_id"] = call_id
     # What ``Event.model_construct`` does for these five fields, without its

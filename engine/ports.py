@@ -14,10 +14,11 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, cast, runtime_checkable
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
+from engine.json_types import JsonObject, JsonValue
 from engine.pieces import Piece, PieceKind
 from engine.protocols.model_events import ModelEvent
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult
@@ -47,7 +48,7 @@ class TurnRecord:
     owner: str | None = None
     lease_until: float | None = None
     fencing: int = 0
-    view: dict[str, Any] | None = None  # the last stored projection (for `replay` to compare)
+    view: JsonObject | None = None  # the last stored projection (for `replay` to compare)
 
 
 @dataclass(frozen=True)
@@ -82,7 +83,7 @@ class IndexUpdate:
     """Changes to the turn's index row, written in the same transaction as events."""
 
     status: str | None = None
-    view: dict[str, Any] | None = None
+    view: JsonObject | None = None
     #: This owner's lease is released in the same transaction (if the turn is
     #: still its): a turn's terminal event and its release in one commit.
     release: str | None = None
@@ -300,9 +301,9 @@ class ChatProvider(Protocol):
 
     api: ModelApi
 
-    def stream_batches(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning], None]: ...
+    def stream_batches(self, body: JsonObject) -> AsyncGenerator[list[RawChunk | RawWarning], None]: ...
 
-    async def list_models(self) -> list[dict[str, Any]]: ...
+    async def list_models(self) -> list[JsonObject]: ...
 
     async def close(self) -> None: ...
 
@@ -315,17 +316,17 @@ class ResolvedModel:
     upstream_model: str
     api: ModelApi = "chat"
     system: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: JsonObject = field(default_factory=dict)
     # The operator's profile of the model: its default function calling,
     # capabilities (``file_context``, ``builtin_tools``, ...: absent means on)
     # and attached knowledge collections.
     function_calling: Literal["native", "default"] | None = None
-    capabilities: dict[str, Any] = field(default_factory=dict)
+    capabilities: JsonObject = field(default_factory=dict)
     knowledge: tuple[str, ...] = ()
     # How its upstream resumes a cut-off generation, and what a ``continue``
     # request adds to its body (e.g. vLLM's ``continue_final_message``).
     resume: ResumeMode = "continue"
-    resume_params: dict[str, Any] = field(default_factory=dict)
+    resume_params: JsonObject = field(default_factory=dict)
 
 
 class ModelCatalog(Protocol):
@@ -333,19 +334,19 @@ class ModelCatalog(Protocol):
 
     async def resolve(self, model: str) -> ResolvedModel | None: ...
 
-    async def list_models(self) -> list[dict[str, Any]]: ...
+    async def list_models(self) -> list[JsonObject]: ...
 
 
 @dataclass(frozen=True)
 class ModelRequest:
     """One model call of a turn, protocol-neutral (Chat Completions messages)."""
 
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
+    messages: list[JsonObject]
+    params: JsonObject
     prefill: str | None = None
     # Stateful Responses API continuation: only ``input_items`` are sent.
     previous_response_id: str | None = None
-    input_items: list[dict[str, Any]] = field(default_factory=list)
+    input_items: list[JsonObject] = field(default_factory=list)
 
 
 IdFactory = Callable[[str], str]
@@ -395,16 +396,33 @@ class NoTools:
 class ToolRunner(Protocol):
     """Runs one call of a tool within its timeout (``verify``'s answers from the log)."""
 
-    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: JsonObject, handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         """The result and, if the call failed, the error text."""
         ...
+
+
+class CodeOutput(TypedDict, total=False):
+    """What a ``CodeExecutor`` run gives (any key may be missing)."""
+
+    stdout: str
+    stderr: str
+    result: JsonValue
+    files: JsonValue
+
+
+def code_output(output: JsonObject) -> CodeOutput:
+    """An executor's answer as a ``CodeOutput``: its streams must be texts."""
+    for key in ("stdout", "stderr"):
+        if not isinstance(output.get(key, ""), str):
+            raise TypeError(f"the code executor's {key} is not a text")
+    return cast(CodeOutput, output)
 
 
 class CodeExecutor(Protocol):
     """Runs code: the legacy ``<code_interpreter>`` blocks and the native
     ``execute_code`` tool."""
 
-    async def run(self, code: str, lang: str) -> dict[str, Any]:
+    async def run(self, code: str, lang: str) -> JsonObject:
         """``{"stdout", "stderr", "result", "files"?}`` (any may be missing):
         streams and the value of the last expression as text (truncated by the
         executor), ``files`` the files the code wrote in its working directory
@@ -415,7 +433,7 @@ class CodeExecutor(Protocol):
 
 
 class NoCodeExecutor:
-    async def run(self, code: str, lang: str) -> dict[str, Any]:
+    async def run(self, code: str, lang: str) -> JsonObject:
         return {"stdout": "Code interpreter engine not configured."}
 
 
@@ -621,6 +639,12 @@ class FilterRun:
     # turn then retrieves none.
     file_handler: bool = False
 
+    @classmethod
+    def recorded(cls, run: JsonObject) -> FilterRun:
+        """A run as ``outlet.applied`` records it (``{"filter", "changed", "error"?}``)."""
+        error = run.get("error")
+        return cls(str(run["filter"]), run.get("changed", False) is True, error if isinstance(error, str) else None)
+
 
 class Filters(Protocol):
     """Open WebUI-style ``class Filter`` modules, in priority order."""
@@ -629,18 +653,18 @@ class Filters(Protocol):
         """Which of ``inlet``, ``stream``, ``outlet`` some filter defines."""
         ...
 
-    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         """The request body after every ``inlet``. Raises ``FilterError``."""
         ...
 
-    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    def stream(self, event: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         """A delta, shaped as Open WebUI's stream filters expect it — a
         ``chat.completion.chunk``: ``{"choices": [{"index": 0, "delta":
         {"content" | "reasoning_content": text}}]}`` — after every ``stream``; a
         filter that raises is skipped (its run says why)."""
         ...
 
-    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def outlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         """The finished body (``{"model", "chat_id", "messages": [..., the
         assistant message with content and output]}``) after every ``outlet``;
         a filter that raises is skipped."""
@@ -660,7 +684,7 @@ class SelectableFilters(Protocol):
         ...
 
 
-def turn_filters(filters: Filters, request: Mapping[str, Any]) -> Filters:
+def turn_filters(filters: Filters, request: Mapping[str, object]) -> Filters:
     """The filters that run on a turn: the global ones, and the opt-in ones its
     request names in ``filter_ids`` (a preset's filters are recorded there)."""
     ids = request.get("filter_ids")
@@ -673,13 +697,13 @@ class NoFilters:
     def hooks(self) -> frozenset[str]:
         return frozenset()
 
-    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return body, []
 
-    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    def stream(self, event: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return event, []
 
-    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def outlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return body, []
 
 
@@ -694,7 +718,7 @@ class TurnInput:
     chat_id: str
     user_id: str
     model: str
-    request: dict[str, Any]
+    request: JsonObject
     created_at: float
 
 
@@ -713,9 +737,9 @@ class TaskReply(str):
     """A task model's reply: its text, with the usage the upstream reported
     for the call (None: none), which the turn records and counts."""
 
-    usage: dict[str, Any] | None
+    usage: JsonObject | None
 
-    def __new__(cls, text: str, usage: dict[str, Any] | None = None) -> TaskReply:
+    def __new__(cls, text: str, usage: JsonObject | None = None) -> TaskReply:
         reply = super().__new__(cls, text)
         reply.usage = usage
         return reply
@@ -953,7 +977,7 @@ class TurnObserver(Protocol):
         turn_id: str,
         *,
         finish_reason: str | None = None,
-        usage: dict[str, Any] | None = None,
+        usage: JsonObject | None = None,
         response_id: str | None = None,
         error: str | None = None,
     ) -> None:
@@ -1001,7 +1025,7 @@ class NoObserver:
         turn_id: str,
         *,
         finish_reason: str | None = None,
-        usage: dict[str, Any] | None = None,
+        usage: JsonObject | None = None,
         response_id: str | None = None,
         error: str | None = None,
     ) -> None:

@@ -25,7 +25,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
+
+from engine.json_types import JsonObject
 
 
 class DimensionMismatch(ValueError):
@@ -37,7 +39,7 @@ class VectorItem:
     id: str
     vector: list[float]
     text: str = ""
-    metadata: dict[str, Any] = field(default_factory=dict)
+    metadata: JsonObject = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -45,7 +47,7 @@ class VectorHit:
     id: str
     score: float  # cosine similarity
     text: str
-    metadata: dict[str, Any]
+    metadata: JsonObject
 
 
 class VectorStore(Protocol):
@@ -57,7 +59,7 @@ class VectorStore(Protocol):
         vector: list[float],
         k: int,
         *,
-        filter: dict[str, Any] | None = None,
+        filter: JsonObject | None = None,
     ) -> list[VectorHit]: ...
 
     async def delete(self, collection: str, ids: list[str]) -> None: ...

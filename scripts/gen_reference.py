@@ -35,6 +35,8 @@ def _type_name(annotation: Any) -> str:
     if annotation is type(None):
         return "null"
     origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:  # how pydantic checks it is not part of the type
+        return _type_name(typing.get_args(annotation)[0])
     if origin is typing.Literal:
         return " | ".join(f"`{json.dumps(a)}`" for a in typing.get_args(annotation))
     if origin in (typing.Union, types.UnionType):

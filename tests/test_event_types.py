@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import json
 import uuid
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from adapters.store import migrate, open_store
-from engine.events import EVENT_TYPES, Event, EventData, ModelRequested, TurnResumed, data_of, make_event, parse_data, upcast
+from engine.events import EVENT_TYPES, Event, EventData, ModelItem, ModelRequested, ToolsBatch, TurnResumed, data_of, make_event, parse_data, upcast
 from engine.fold.turn_view import fold
 from engine.run.folded import Folded
 
@@ -233,6 +235,25 @@ def test_unknown_types_keep_their_fields_and_a_wrong_class_is_refused() -> None:
     assert type(typed) is EventData and typed.model_dump() == {"v": 1, "k": "after"}
     with pytest.raises(TypeError):
         data_of(_event("turn.completed", {"v": 1}), TurnResumed)
+
+
+def test_an_object_field_is_checked_as_an_object_and_its_values_taken_as_they_are() -> None:
+    """Payload objects (requests, messages, items) are JSON to the type checker,
+    but pydantic checks only that each is an object with string keys: walking
+    every value of every payload on each read would cost per event. Their values
+    serialize by their own types (a tuple is a JSON list), without warnings."""
+    for bad in ("not an object", {1: "x"}, ["x"]):
+        with pytest.raises(ValidationError):
+            ModelItem.model_validate({"item": bad})
+    with pytest.raises(ValidationError):
+        ToolsBatch.model_validate({"iteration": 1, "calls": ["not an object"]})
+    kept = object()  # not JSON: a deep validation would refuse it
+    assert ModelItem.model_validate({"item": {"x": kept}}).item["x"] is kept
+    assert ToolsBatch.model_validate({"iteration": 1, "calls": [{"x": kept}]}).calls[0]["x"] is kept
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        data = make_event("t", 1, ModelItem.model_validate({"item": {"pair": (1, 2)}})).data
+    assert data["item"] == {"pair": [1, 2]}
 
 
 #: A turn as an older turnlog logged it: model.requested v1 (with provider),

@@ -16,11 +16,12 @@ from typing import Any
 from engine.events import Event, TurnStarted, make_event
 from engine.fold.spans import spans
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonValue
 from engine.ports import TurnRecord
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
-USER = [{"role": "user", "content": "Tell me a long story"}]
+USER: list[JsonValue] = [{"role": "user", "content": "Tell me a long story"}]
 
 
 async def timeline(svc: Service, turn_id: str, after: int, limit: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from engine.json_types import JsonObject
 from engine.tools.calls import ToolSpec, filter_arguments, normalize_result
 from engine.tools.legacy import (
     DEFAULT_TOOLS_TEMPLATE,
@@ -109,6 +110,7 @@ def test_vector_request_with_default_template(v: dict[str, Any]) -> None:
     assert [m["role"] for m in messages] == [m["role"] for m in expected]
     # Our wording, the same tool list.
     system = messages[0]["content"]
+    assert isinstance(system, str)
     assert TOOLS_PLACEHOLDER not in system
     assert json.dumps(SPECS) in system
     assert system == DEFAULT_TOOLS_TEMPLATE.replace(TOOLS_PLACEHOLDER, json.dumps(SPECS))
@@ -159,7 +161,7 @@ def test_openai_tool_wrapper_is_unwrapped() -> None:
 def test_non_ascii_specs_are_kept_readable() -> None:
     spec = {"name": "météo", "description": "Wetter für heute", "parameters": {"type": "object"}}
     content = build_selection_request([spec], [], "{{TOOLS}}")[0]["content"]
-    assert "météo" in content and json.loads(content) == [spec]
+    assert isinstance(content, str) and "météo" in content and json.loads(content) == [spec]
 
 
 @pytest.mark.parametrize(
@@ -326,7 +328,7 @@ def test_first_json_object() -> None:
 
 
 def test_tool_source_shape() -> None:
-    parameters = {"q": "hi"}
+    parameters: JsonObject = {"q": "hi"}
     source = tool_source("server:1", "echo", parameters, "result")
     assert source == {
         "source": {"name": "server:1/echo"},
@@ -335,5 +337,5 @@ def test_tool_source_shape() -> None:
         "tool_result": True,
     }
     parameters["q"] = "changed"
-    assert source["metadata"][0]["parameters"] == {"q": "hi"}
+    assert source["metadata"] == [{"source": "server:1/echo", "parameters": {"q": "hi"}}]
     json.dumps(source)  # recordable as is

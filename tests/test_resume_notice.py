@@ -30,6 +30,7 @@ import aiohttp
 import pytest
 from openai.types.chat import ChatCompletionChunk
 
+from engine.json_types import JsonObject
 from tests.harness import sse_messages
 from tests.processes import ROOT, Server, cli, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
@@ -41,7 +42,7 @@ FIRST_PAUSE = 45
 DURABLE_CHUNKS = FIRST_PAUSE // WINDOW * WINDOW  # 40: four sealed windows
 RESUMED_PAUSE = 5  # the resumed turn pauses after this many new chunks ("running")
 ENV = {"TURNLOG_FLUSH_INTERVAL": "60", "TURNLOG_FLUSH_MAX_CHUNKS": str(WINDOW)}
-USER = [{"role": "user", "content": "count"}]
+USER: list[JsonObject] = [{"role": "user", "content": "count"}]
 # Where the client's connection broke, relative to the durable end D and the
 # last position L it received live: D-3, D, D+1 (the first lost chunk), L.
 CURSORS = ("before", "at", "just_after", "after")
@@ -183,7 +184,7 @@ def _cut_off_round(reasoning: bool = False) -> list[Any]:
     n = len(events)
     pos = 8 + int(reasoning)
     events.append(delta_event("t", n + 1, "text", pos, [" w0", " wé", " w✓"]))
-    call = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}", "status": "completed"}
+    call: JsonObject = {"type": "function_call", "id": "fc_1", "call_id": "call_1", "name": "f", "arguments": "{}", "status": "completed"}
     events.append(make_event("t", n + 2, ModelItem(item=call)))
     events.append(make_event("t", n + 3, TurnInterrupted()))
     return events

@@ -39,6 +39,7 @@ from adapters.store.turn_search import QueryError, TurnQuery, chat_openers, coun
 from adapters.vectors.schema import TABLES as VECTOR_TABLES
 from engine.chain import check
 from engine.events import Event
+from engine.json_types import JsonObject
 from engine.ports import BlobStore, ConcurrencyError, EventStore, IndexUpdate, LeaseLost, TurnRecord
 from tests import chain_oracle
 from tests.backends import SERVICE_BACKENDS, STORE_BACKENDS, Backend, Store
@@ -498,7 +499,7 @@ class TestEventStoreContract:
     async def test_index_update_is_atomic_with_events(self, store: Store, ids: Any) -> None:
         t = ids("t")
         await start(store, t)
-        view = {"status": "completed", "content": "hi ✓", "usage": {"total": 3}}
+        view: JsonObject = {"status": "completed", "content": "hi ✓", "usage": {"total": 3}}
         await store.append(
             [ev(t, 2, "turn.completed", at=T0 + 42)],
             index=IndexUpdate(status="completed", view=view),
@@ -695,7 +696,7 @@ class TestEventStoreContract:
             await start(store, t[name], user_id=user_id, created_at=created)
             events = [ev(t[name], 2, "assembly.completed", messages=[], new_messages=new_messages), *more]
             await store.append(events)
-            view = {"content": answer, "title": "Printer setup" if name == "a" else None}
+            view: JsonObject = {"content": answer, "title": "Printer setup" if name == "a" else None}
             await store.append([ev(t[name], 2 + len(events), "turn." + status)], index=IndexUpdate(status=status, view=view))
 
         await turn(
@@ -1096,7 +1097,7 @@ async def test_migration_0011_back_fills_turn_search(database: str, tmp_path: Pa
     try:
         await start(store, "old-a", user_id="u", created_at=T0 + 1)
         await store.append([ev("old-a", 2, "assembly.completed", messages=[], new_messages=[{"role": "user", "content": "zebra question"}])])
-        view = {"content": "an answer about okapis", "title": "Zebras"}
+        view: JsonObject = {"content": "an answer about okapis", "title": "Zebras"}
         await store.append([ev("old-a", 3, "turn.completed")], index=IndexUpdate(status="completed", view=view))
         await start(store, "old-c", user_id="u", created_at=T0 + 2)
         await store.append(

@@ -22,6 +22,8 @@ import pytest
 
 from adapters.tools import load_tools_dir, merge_tools
 from adapters.tools.loader import parse_docstring
+from engine.json_types import JsonObject
+from engine.ports import code_output
 from engine.tools.calls import (
     CITATION_TOOL_NAMES,
     ArgumentError,
@@ -523,7 +525,7 @@ async def test_schema_from_hints_and_docstring(tmp_path: Path) -> None:
         },
         "required": ["city"],
     }
-    assert spec.openai_tool()["function"]["name"] == "get_weather"
+    assert spec.function()["name"] == "get_weather"
     assert spec.idempotent is False and spec.timeout is None
 
 
@@ -544,7 +546,8 @@ async def test_reserved_params_hidden_and_injected(tmp_path: Path) -> None:
     modules, errors = load_tools_dir(tmp_path)
     assert errors == []
     handle = modules["ctxtool"].tools["show"]
-    assert list(handle.spec.parameters["properties"]) == ["q"]
+    properties = handle.spec.parameters["properties"]
+    assert isinstance(properties, dict) and list(properties) == ["q"]
     assert handle.spec.parameters["required"] == ["q"]
     emitted: list[dict[str, Any]] = []
 
@@ -758,3 +761,15 @@ async def test_unprintable_result_becomes_an_error() -> None:
     handle = FunctionHandle(spec_with("u", []), lambda: Unprintable())
     execution = await execute_tool_call("u", "", {"u": handle}, make_ctx())
     assert execution.result.status == "failed" and execution.error == "no repr"
+
+
+def test_a_code_executors_streams_must_be_texts() -> None:
+    """An executor's answer is read as texts (``stdout``, ``stderr``); one that
+    is not fails the run instead of reaching the log as another shape."""
+    answer: JsonObject = {"stdout": "4\n", "result": 4, "files": []}
+    assert code_output(answer) == answer
+    assert code_output({}) == {}
+    bads: list[JsonObject] = [{"stdout": 4}, {"stderr": None}, {"stdout": "", "stderr": ["x"]}]
+    for bad in bads:
+        with pytest.raises(TypeError):
+            code_output(bad)

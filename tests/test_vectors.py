@@ -26,6 +26,7 @@ from sqlalchemy import event, text
 
 from adapters.store import migrate
 from adapters.vectors import PgVectorStore, SqliteVectorStore, open_vector_store
+from engine.json_types import JsonObject
 from engine.vectors import DimensionMismatch, VectorHit, VectorItem, VectorStore
 
 
@@ -100,7 +101,8 @@ async def test_filter_by_metadata_equality(vectors: VectorStore) -> None:
     items = random_items(60, 8)
     await vectors.upsert("c", items)
     q = items[0].vector
-    for flt in ({"mod7": 3}, {"even": True}, {"mod7": 2, "even": False}):
+    filters: list[JsonObject] = [{"mod7": 3}, {"even": True}, {"mod7": 2, "even": False}]
+    for flt in filters:
         got = await vectors.query("c", q, k=5, filter=flt)
         assert ids(got) == brute_force(items, q, 5, flt)
         assert all(all(h.metadata[f] == v for f, v in flt.items()) for h in got)
@@ -383,7 +385,7 @@ async def _random_history_against_brute_force(vectors: VectorStore) -> None:
             batch = []
             for _ in range(rnd.randint(1, 12)):
                 id_ = f"i{rnd.randint(0, 60):02d}"
-                meta = {"file_id": f"f{rnd.randint(0, 4)}", "n": rnd.choice([1, 2, 2.0, True])}
+                meta: JsonObject = {"file_id": f"f{rnd.randint(0, 4)}", "n": rnd.choice([1, 2, 2.0, True])}
                 if rnd.random() < 0.2:
                     del meta["n"]
                 batch.append(VectorItem(id_, [rnd.gauss(0, 1) for _ in range(6)], f"text {id_} {step}", meta))
@@ -395,7 +397,8 @@ async def _random_history_against_brute_force(vectors: VectorStore) -> None:
             for id_ in gone:
                 live.pop(id_, None)
         q = [rnd.gauss(0, 1) for _ in range(6)]
-        for flt in (None, {"file_id": f"f{rnd.randint(0, 4)}"}, {"n": 2}, {"n": True, "file_id": "f1"}):
+        some: list[JsonObject | None] = [None, {"file_id": f"f{rnd.randint(0, 4)}"}, {"n": 2}, {"n": True, "file_id": "f1"}]
+        for flt in some:
             got = await vectors.query("r", q, k=4, filter=flt)
             # JSON equality (2 == 2.0, but true != 1), not Python's ==.
             keep = [i for i in live.values() if not flt or all(f in i.metadata and _json_eq(i.metadata[f], v) for f, v in flt.items())]

@@ -197,7 +197,7 @@ class LiveAssembler:
     async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> dict[str, Any]:
         """Legacy (prompt-based) tools: the task model picks tools before the main
         call, they run now, their results become sources of the turn's context."""
-        specs = [h.spec.openai_tool()["function"] for h in handles.values()]
+        specs = [h.spec.function() for h in handles.values()]
         request = ModelRequest(messages=build_selection_request(specs, draft.messages), params={})
         name, model = await self._selection_model(resolved, draft.turn.model)
         if model is None:

@@ -47,6 +47,7 @@ from engine.context.messages import (
 from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
 from engine.context.tasks import parse_queries, query_usage, query_warning, retrieval_queries, task_request
 from engine.context.unsupported import ignored_fields
+from engine.json_types import JsonObject
 from engine.ports import (
     FileInfo,
     FileRef,
@@ -189,7 +190,7 @@ class InletFilters:
         if "inlet" not in self._filters.hooks():
             return None
         body = {**draft.request, "messages": draft.messages}
-        user = {"id": draft.turn.user_id, "name": draft.turn.user_id}
+        user: JsonObject = {"id": draft.turn.user_id, "name": draft.turn.user_id}
         try:
             new_body, runs = await self._filters.inlet(body, user)
         except Exception as exc:

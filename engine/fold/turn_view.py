@@ -63,7 +63,7 @@ from engine.events import (
 )
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
 from engine.fold.output_items import Item, OutputItems
-from engine.json_types import JsonObject
+from engine.json_types import JsonObject, function_call
 from engine.machine import STATUS_AFTER, TurnMachine
 
 EPOCH_SHIFT = 32
@@ -373,7 +373,7 @@ class TurnView:
 
     def _on_tools_batch(self, data: ToolsBatch) -> None:
         self.client_calls = list(data.client_calls)
-        self.out.set_status([call["call_id"] for call in data.calls], "in_progress")
+        self.out.set_status(data.call_ids(), "in_progress")
 
     def _on_tool_started(self, data: ToolStarted) -> None:
         self.out.arguments_ran[data.call_id] = data.arguments
@@ -401,7 +401,7 @@ class TurnView:
             self.out.replace(data.output, data.content)
 
     def _on_iteration_limit(self, data: IterationLimit) -> None:
-        self.out.set_status([call.get("call_id", "") for call in data.pending_calls], "incomplete")
+        self.out.set_status(data.call_ids(), "incomplete")
 
     def _on_finalized(self, data: TurnFinalized) -> None:
         # A record without the field (never written so) keeps the last round's.
@@ -520,17 +520,17 @@ class TurnView:
         """Snapshots of the items an (already applied) event created or changed."""
         t = event.type
         if t == "model.item":
-            item = data_of(event, ModelItem).item
-            return self.out.touched([item["call_id"]] if item.get("type") == "function_call" else [])
+            call = function_call(data_of(event, ModelItem).item)
+            return self.out.touched([call["call_id"]] if call is not None else [])
         if t == "model.completed":
             return [dict(call) for call in self.out.unfinished]  # they end, shown ``incomplete``
         if t == "tools.batch":
-            return self.out.touched([c["call_id"] for c in data_of(event, ToolsBatch).calls])
+            return self.out.touched(data_of(event, ToolsBatch).call_ids())
         if t == "tool.completed":
             call_id = data_of(event, ToolCompleted).call_id
             return self.out.touched([call_id], output_of=call_id)
         if t == "turn.iteration_limit":
-            return self.out.touched([c["call_id"] for c in data_of(event, IterationLimit).pending_calls])
+            return self.out.touched(data_of(event, IterationLimit).call_ids())
         if t in ("turn.cancelled", "turn.failed"):
             return self.out.touched(self.out.stopped_calls)
         return []

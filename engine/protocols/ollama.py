@@ -61,7 +61,7 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
         "stream": True,
         **top,
     }
-    merged = {**params, **options}
+    merged = {**params, **(options if isinstance(options, dict) else {})}
     if merged:
         out["options"] = merged
     return out

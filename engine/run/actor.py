@@ -45,6 +45,7 @@ from engine.events import (
     parse_data,
 )
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject
 from engine.machine import STATUS_AFTER, TERMINAL_STATUSES
 from engine.ports import (
     ConcurrencyError,
@@ -332,7 +333,7 @@ class TurnActor:
 
     async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
         if not self._view.terminal and not self._lost:
-            error: dict[str, object] = {"message": message, "type": type}
+            error: JsonObject = {"message": message, "type": type}
             if status is not None:
                 error["status"] = status
             if code is not None:

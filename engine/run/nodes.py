@@ -52,6 +52,7 @@ from engine.events import (
     TurnFinalized,
 )
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject
 from engine.ports import AssemblyError, ModelRequest, ResolvedModel, TaskReply, UpstreamError, observe
 from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
 from engine.protocols.model_events import (
@@ -570,17 +571,17 @@ def _approval_requests(ctx: TurnContext, batch: ToolsBatch) -> list[EventData]:
     request, tools = ctx.state.input.request, ctx.settings.approval_tools
     out: list[EventData] = []
     for call in batch.calls:
-        call_id, name = call["call_id"], call["name"]
-        if call_id in ctx.state.substitutes:
+        call_id, name, arguments = call["call_id"], call["name"], call.get("arguments")
+        if not isinstance(call_id, str) or not isinstance(name, str) or call_id in ctx.state.substitutes:
             continue
         if call.get("kind") == "code":
             handle = None
         else:
             handle = _runnable(ctx, name)
-            if handle is None or isinstance(parse_arguments(call.get("arguments"), name), ArgumentError):
+            if handle is None or isinstance(parse_arguments(arguments, name), ArgumentError):
                 continue
         if asks(request, tools, name, handle):
-            out.append(ToolApprovalRequested(call_id=call_id, name=name, arguments=call.get("arguments") or ""))
+            out.append(ToolApprovalRequested(call_id=call_id, name=name, arguments=arguments if isinstance(arguments, str) else ""))
     return out
 
 
@@ -595,10 +596,11 @@ async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]
         await ctx.record(ToolEvent(call_id=call_id, event=await ctx.ports.payloads.externalize(event, limit=ctx.settings.inline_limit)))
 
     turn = ctx.state.input
+    request_files = turn.request.get("files")
     tool_ctx = ToolContext(
         user={"id": turn.user_id, "name": turn.user_id},
         messages=list(ctx.state.messages),
-        files=list(turn.request.get("files") or []),
+        files=list(request_files) if isinstance(request_files, list) else [],
         metadata={
             "turn_id": turn.id,
             "chat_id": turn.chat_id,
@@ -776,8 +778,8 @@ class Outlet:
         if "outlet" not in filters.hooks():
             return Background()
         view, turn = ctx.view, ctx.state.input
-        answer = {"role": "assistant", "content": view.content, "output": view.output}
-        body = {"model": turn.model, "chat_id": turn.chat_id, "id": turn.id, "messages": [*conversation(ctx.state), answer]}
+        answer: JsonObject = {"role": "assistant", "content": view.content, "output": [*view.output]}
+        body: JsonObject = {"model": turn.model, "chat_id": turn.chat_id, "id": turn.id, "messages": [*conversation(ctx.state), answer]}
         new_body, runs = await filters.outlet(body, {"id": turn.user_id, "name": turn.user_id})
         content, output = outlet_answer(new_body, answer)
         await ctx.record(

@@ -52,6 +52,7 @@ from engine.events import (
     data_of,
     make_event,
 )
+from engine.json_types import function_call
 from engine.ports import (
     AssemblyError,
     EventStore,
@@ -234,10 +235,11 @@ class RecordedModelClient:
                     yield window
             elif t == "model.item":
                 item = data_of(event, ModelItem).item
-                if item.get("type") == "function_call" and item.get("status") == "in_progress":
-                    yield [ToolCallStarted(item["call_id"], item["name"], item.get("id"))]
-                elif item.get("type") == "function_call":
-                    yield [ToolCall(item["call_id"], item["name"], item.get("arguments", ""), item.get("id"), item.get("provider_call_id"))]
+                call = function_call(item)
+                if call is not None and call.get("status") == "in_progress":
+                    yield [ToolCallStarted(call["call_id"], call["name"], call.get("id"))]
+                elif call is not None:
+                    yield [ToolCall(call["call_id"], call["name"], call.get("arguments", ""), call.get("id"), call.get("provider_call_id"))]
                 else:
                     yield [ProviderItem(item)]
             elif t == "model.warning":
@@ -252,7 +254,8 @@ class RecordedModelClient:
             elif t == "turn.failed":
                 error = data_of(event, TurnFailed).error
                 if error.get("type") == "upstream_failed":
-                    yield [StreamFailed(error.get("message", ""), error.get("code"))]
+                    message, code = error.get("message", ""), error.get("code")
+                    yield [StreamFailed(message if isinstance(message, str) else str(message), code if isinstance(code, str) else None)]
                     return
                 if error.get("type") == "internal_error":
                     # A bug (a pipe that raised, say) ended the call: the actor records it the same way again.
@@ -426,7 +429,7 @@ class _RecordedFilters:
 
     async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
         recorded = self._outlet or OutletApplied()
-        runs = [FilterRun(r["filter"], r.get("changed", False), r.get("error")) for r in recorded.runs]
+        runs = [FilterRun.recorded(r) for r in recorded.runs]
         if recorded.output is None:
             return body, runs
         answer = {"role": "assistant", "content": recorded.content, "output": recorded.output}
@@ -471,7 +474,7 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
             continue
         d = data_of(event, ToolStarted)
         props = handles[d.name].spec.parameters["properties"] if d.name in handles else {}
-        props = {**props, **{k: {} for k in json.loads(d.arguments or "{}")}}
+        props = {**(props if isinstance(props, dict) else {}), **{k: {} for k in json.loads(d.arguments or "{}")}}
         spec = ToolSpec(
             name=d.name,
             description="",

@@ -22,10 +22,11 @@ import base64
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import (
     CodeExecutor,
+    CodeOutput,
     FileRef,
     ImageGenerator,
     Knowledge,
@@ -35,10 +36,11 @@ from engine.ports import (
     RetrievalError,
     WebError,
     WebSearch,
+    code_output,
 )
 from engine.tools.calls import ToolContext, ToolSpec
 
-Run = Callable[[dict[str, Any], ToolContext], Awaitable[str]]
+Run = Callable[[JsonObject, ToolContext], Awaitable[str]]
 
 
 @dataclass
@@ -48,11 +50,11 @@ class BuiltinTool:
     spec: ToolSpec
     fn: Run
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def __call__(self, args: JsonObject, ctx: ToolContext) -> str:
         return await self.fn(args, ctx)
 
 
-def _spec(name: str, description: str, properties: dict[str, Any], required: Sequence[str], *, idempotent: bool = True) -> ToolSpec:
+def _spec(name: str, description: str, properties: JsonObject, required: Sequence[str], *, idempotent: bool = True) -> ToolSpec:
     return ToolSpec(
         name=name,
         description=description,
@@ -94,7 +96,7 @@ class BuiltinPorts:
 
 
 def search_web(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.search is not None
         try:
             hits = await ports.search.search(str(args.get("query", "")), _count(args, ports.search_count, 10))
@@ -112,7 +114,7 @@ def search_web(ports: BuiltinPorts) -> BuiltinTool:
 
 
 def fetch_url(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.fetcher is not None
         try:
             page = await ports.fetcher.fetch(str(args.get("url", "")))
@@ -130,9 +132,10 @@ def _turn_refs(ctx: ToolContext) -> list[FileRef]:
     attached knowledge (passed in the tool context's metadata)."""
     refs: list[FileRef] = []
     for entry in ctx.files:
-        if isinstance(entry, dict) and isinstance(entry.get("id"), str):
-            refs.append(FileRef("collection" if entry.get("type") == "collection" else "file", entry["id"]))
-    for kid in ctx.metadata.get("knowledge") or []:
+        if isinstance(entry, dict) and isinstance(file_id := entry.get("id"), str):
+            refs.append(FileRef("collection" if entry.get("type") == "collection" else "file", file_id))
+    knowledge = ctx.metadata.get("knowledge")
+    for kid in knowledge if isinstance(knowledge, list) else []:
         ref = FileRef("collection", str(kid))
         if ref not in refs:
             refs.append(ref)
@@ -140,7 +143,7 @@ def _turn_refs(ctx: ToolContext) -> list[FileRef]:
 
 
 def query_knowledge_files(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.knowledge is not None
         refs = _turn_refs(ctx)
         if not refs:
@@ -168,7 +171,7 @@ def query_knowledge_files(ports: BuiltinPorts) -> BuiltinTool:
 
 
 def view_knowledge_file(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.knowledge is not None
         file_id = str(args.get("file_id", ""))
         user = str(ctx.user.get("id", ""))
@@ -188,7 +191,7 @@ def view_knowledge_file(ports: BuiltinPorts) -> BuiltinTool:
 
 
 def search_memories(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.memories is not None
         try:
             hits = await ports.memories.search(str(ctx.user.get("id", "")), str(args.get("query", "")), _count(args, 5, 20))
@@ -206,7 +209,7 @@ def search_memories(ports: BuiltinPorts) -> BuiltinTool:
 
 
 def add_memory(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.memories is not None
         content = str(args.get("content", "")).strip()
         if not content:
@@ -228,7 +231,7 @@ def add_memory(ports: BuiltinPorts) -> BuiltinTool:
 
 
 def generate_image(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.images is not None and ports.payloads is not None
         try:
             images = await ports.images.generate(str(args.get("prompt", "")))
@@ -236,7 +239,8 @@ def generate_image(ports: BuiltinPorts) -> BuiltinTool:
             return _error(f"the image could not be generated: {exc}")
         files = await stored_images(ports.payloads, [(i.data, i.mime) for i in images])
         if ctx.emit is not None:
-            await ctx.emit({"type": "files", "data": {"files": files}})
+            shown: list[JsonValue] = [*files]
+            await ctx.emit({"type": "files", "data": {"files": shown}})
         return _json({"status": "created", "images": [f["url"] for f in files], "note": "The images are shown to the user already."})
 
     spec = _spec(
@@ -249,16 +253,16 @@ def generate_image(ports: BuiltinPorts) -> BuiltinTool:
     return BuiltinTool(spec, run)
 
 
-async def run_code(code: CodeExecutor, payloads: PayloadStore | None, source: str, lang: str) -> dict[str, Any]:
+async def run_code(code: CodeExecutor, payloads: PayloadStore | None, source: str, lang: str) -> CodeOutput:
     """Run code; the files it wrote go to the blob store (the log keeps their URLs)."""
     output = await code.run(source, lang)
     if output.get("files") and payloads is not None:
         output["files"] = await payloads.externalize(output["files"], limit=0)
-    return output
+    return code_output(output)
 
 
 def execute_code(ports: BuiltinPorts) -> BuiltinTool:
-    async def run(args: dict[str, Any], ctx: ToolContext) -> str:
+    async def run(args: JsonObject, ctx: ToolContext) -> str:
         assert ports.code is not None
         return _json(await run_code(ports.code, ports.payloads, str(args.get("code", "")), "python"))
 
@@ -272,9 +276,9 @@ def execute_code(ports: BuiltinPorts) -> BuiltinTool:
     return BuiltinTool(spec, run)
 
 
-async def stored_images(payloads: PayloadStore, images: Sequence[tuple[bytes, str]]) -> list[dict[str, Any]]:
+async def stored_images(payloads: PayloadStore, images: Sequence[tuple[bytes, str]]) -> list[JsonObject]:
     """Images as blobs: ``[{"type": "image", "url", "mime"}]`` (never base64 in an event)."""
-    files = []
+    files: list[JsonObject] = []
     for data, mime in images:
         uri = f"data:{mime};base64," + base64.b64encode(data).decode()
         ref = (await payloads.externalize({"data": uri}, limit=0))["data"]

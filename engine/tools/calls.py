@@ -22,9 +22,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Literal, Protocol, SupportsIndex, SupportsInt, TypeGuard, TypeVar, runtime_checkable
+
+from engine.json_types import JsonObject, JsonValue
 
 ToolKind = Literal["server", "direct", "builtin", "client"]
 ToolStatus = Literal["completed", "failed"]
@@ -43,7 +45,7 @@ CITATION_TOOL_NAMES = frozenset({"fetch_url", "view_file", "view_knowledge_file"
 
 FETCH_SNIPPET_CHARS = 500
 
-F = TypeVar("F", bound=Callable[..., Any])
+F = TypeVar("F", bound=Callable[..., object])
 
 
 def idempotent(fn: F) -> F:
@@ -71,7 +73,7 @@ class ToolSpec:
 
     name: str
     description: str
-    parameters: dict[str, Any]
+    parameters: JsonObject
     tool_id: str
     kind: ToolKind
     idempotent: bool = False
@@ -80,29 +82,33 @@ class ToolSpec:
     # the model wrote reaches it (as Open WebUI bypasses filtering for MCP).
     filter_parameters: bool = True
 
-    def openai_tool(self) -> dict[str, Any]:
-        return {
-            "type": "function",
-            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
-        }
+    def openai_tool(self) -> JsonObject:
+        return {"type": "function", "function": self.function()}
+
+    def function(self) -> JsonObject:
+        """The ``function`` of ``openai_tool``: name, description, parameters."""
+        return {"name": self.name, "description": self.description, "parameters": self.parameters}
 
 
 @dataclass
 class ToolContext:
     """What a tool may be given besides its arguments (Open WebUI's ``__user__`` & co)."""
 
-    user: dict[str, Any]
-    messages: list[Any]
-    files: list[Any]
-    metadata: dict[str, Any]
-    emit: Callable[[dict[str, Any]], Awaitable[None]] | None
+    user: JsonObject
+    messages: list[JsonObject]
+    files: list[JsonValue]
+    metadata: JsonObject
+    emit: Callable[[JsonObject], Awaitable[None]] | None
     call_id: str | None = None
 
 
 class ToolHandle(Protocol):
     spec: ToolSpec
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any: ...
+    async def __call__(self, args: JsonObject, ctx: ToolContext) -> object:
+        """What the tool returned: anything a Python tool may return
+        (``normalize_result`` makes it a result)."""
+        ...
 
 
 # --------------------------------------------------------------------------
@@ -130,8 +136,9 @@ def not_found_message(name: str) -> str:
     return f'Error: Tool "{name}" not found.'
 
 
-def parse_arguments(raw: str | dict[str, Any] | None, name: str = "") -> dict[str, Any] | ArgumentError:
-    """The model's arguments as a dict: JSON first, then Python literals.
+def parse_arguments(raw: object, name: str = "") -> JsonObject | ArgumentError:
+    """The model's arguments (a text, or already an object) as a dict: JSON
+    first, then Python literals.
 
     Models sometimes write ``{'a': 1, 'b': True}``; Open WebUI accepts that via
     ``ast.literal_eval`` and so do we. The value is round-tripped through JSON so
@@ -144,7 +151,7 @@ def parse_arguments(raw: str | dict[str, Any] | None, name: str = "") -> dict[st
         if not raw.strip():
             return {}
         try:
-            value: Any = json.loads(raw)
+            value: object = json.loads(raw)
         except (ValueError, RecursionError):
             try:
                 value = ast.literal_eval(raw.strip())
@@ -155,13 +162,13 @@ def parse_arguments(raw: str | dict[str, Any] | None, name: str = "") -> dict[st
     if not isinstance(value, dict):
         return ArgumentError(not_object_message(name), "not_object")
     try:
-        copy: dict[str, Any] = json.loads(json.dumps(value, allow_nan=False))
+        copy: JsonObject = json.loads(json.dumps(value, allow_nan=False))
         return copy
     except (TypeError, ValueError, RecursionError):
         return ArgumentError(malformed_message(name), "malformed")
 
 
-def filter_arguments(spec: ToolSpec, args: dict[str, Any]) -> dict[str, Any]:
+def filter_arguments(spec: ToolSpec, args: JsonObject) -> JsonObject:
     """Keep only the keys the spec declares; required keys are not checked.
 
     A missing required argument surfaces as the tool's own TypeError, which the
@@ -192,7 +199,7 @@ class ToolResult:
     """
 
     text: str | None
-    files: list[dict[str, Any]] = field(default_factory=list)
+    files: list[JsonObject] = field(default_factory=list)
     embeds: list[str] = field(default_factory=list)
     images: list[str] = field(default_factory=list)
     status: ToolStatus = "completed"
@@ -215,16 +222,33 @@ class HtmlResult:
         return self.status
 
 
-def _is_html_like(value: Any) -> bool:
+class _HtmlLike(Protocol):
+    """An HTML answer: ``HtmlResult``, or a web framework's response object."""
+
+    @property
+    def body(self) -> object: ...
+
+    @property
+    def status_code(self) -> object: ...
+
+    @property
+    def headers(self) -> object: ...
+
+
+@runtime_checkable
+class _Headers(Protocol):
+    def items(self) -> Iterable[tuple[object, object]]: ...
+
+
+def _is_html_like(value: object) -> TypeGuard[_HtmlLike]:
     return not isinstance(value, (str, bytes, dict, list, tuple)) and hasattr(value, "body") and hasattr(value, "status_code") and hasattr(value, "headers")
 
 
-def _header(headers: Any, name: str) -> str:
+def _header(headers: object, name: str) -> str:
     """A header value, whatever the case of its name."""
-    try:
-        items = headers.items()
-    except AttributeError:
+    if not isinstance(headers, _Headers):
         return ""
+    items = headers.items()
     wanted = name.lower()
     for key, value in items:
         if str(key).lower() == wanted:
@@ -232,7 +256,7 @@ def _header(headers: Any, name: str) -> str:
     return ""
 
 
-def _decode(body: Any) -> str:
+def _decode(body: object) -> str:
     if isinstance(body, (bytes, bytearray, memoryview)):
         return bytes(body).decode("utf-8", "replace")
     return str(body)
@@ -254,24 +278,31 @@ def _ui_message(tool_name: str, status_code: int) -> dict[str, str]:
     return {"status": "error", "code": "ui_component", "message": message}
 
 
-def _from_html(response: Any, tool_name: str, context: Any, embeds: list[str]) -> Any:
+def _from_html(response: _HtmlLike, tool_name: str, context: object, embeds: list[str]) -> object:
     if "inline" not in _header(response.headers, "Content-Disposition"):
         return _decode(response.body)
     embeds.append(_decode(response.body))
-    try:
-        status_code = int(response.status_code)
-    except (TypeError, ValueError):
-        status_code = 0
+    status_code = _int_or_zero(response.status_code)
     if 200 <= status_code < 300 and context is not None:
         return context
     return _ui_message(tool_name, status_code)
 
 
-def _from_data_headers(data: Any, headers: Any, tool_name: str, embeds: list[str]) -> Any:
+def _int_or_zero(value: object) -> int:
+    """``int(value)``, or 0 where that fails."""
+    if not isinstance(value, (str, bytes, bytearray, SupportsInt, SupportsIndex)):
+        return 0
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0
+
+
+def _from_data_headers(data: object, headers: object, tool_name: str, embeds: list[str]) -> object:
     if "inline" not in _header(headers, "Content-Disposition"):
         return data
     if "text/html" in _header(headers, "Content-Type"):
-        context = None
+        context: object = None
         if isinstance(data, tuple) and len(data) == 2:
             data, context = data
         embeds.append(_decode(data))
@@ -283,7 +314,7 @@ def _from_data_headers(data: Any, headers: Any, tool_name: str, embeds: list[str
     return data
 
 
-def _envelope(value: Any) -> tuple[Any, Any] | None:
+def _envelope(value: object) -> tuple[object, object] | None:
     """``(body, headers)`` from an explicit tuple or the JSON envelope, else None: a
     genuine 2-item list is not ``(body, headers)``."""
     if isinstance(value, tuple) and len(value) == 2 and isinstance(value[1], Mapping):
@@ -298,7 +329,7 @@ def _envelope(value: Any) -> tuple[Any, Any] | None:
 _MCP_PART_FIELDS = {"text": "text", "image": "data", "audio": "data", "resource": "resource"}
 
 
-def _is_mcp_content(value: Any) -> bool:
+def _is_mcp_content(value: object) -> TypeGuard[list[JsonObject]]:
     """An MCP ``CallToolResult.content`` array: typed parts, each with its payload field."""
     return (
         isinstance(value, list)
@@ -307,17 +338,18 @@ def _is_mcp_content(value: Any) -> bool:
     )
 
 
-def _json_or_text(text: Any) -> Any:
+def _json_or_text(text: JsonValue) -> JsonValue:
     if isinstance(text, str):
         try:
-            return json.loads(text)
+            parsed: JsonValue = json.loads(text)
+            return parsed
         except ValueError:
             return text
     return text
 
 
-def _from_mcp(parts: list[dict[str, Any]], files: list[dict[str, Any]]) -> Any:
-    response: list[Any] = []
+def _from_mcp(parts: list[JsonObject], files: list[JsonObject]) -> JsonValue:
+    response: list[JsonValue] = []
     for part in parts:
         kind = part["type"]
         if kind == "text":
@@ -331,7 +363,7 @@ def _from_mcp(parts: list[dict[str, Any]], files: list[dict[str, Any]]) -> Any:
             if not isinstance(resource, dict):
                 continue
             uri = resource.get("uri", "")
-            mime = resource.get("mimeType") or ""
+            mime = str(resource.get("mimeType") or "")
             if "text" in resource:
                 response.append(_json_or_text(resource.get("text")))
             elif "blob" in resource:
@@ -344,7 +376,7 @@ def _from_mcp(parts: list[dict[str, Any]], files: list[dict[str, Any]]) -> Any:
     return response[0] if len(response) == 1 else response
 
 
-def _extract_images(value: Any, files: list[dict[str, Any]]) -> Any:
+def _extract_images(value: object, files: list[JsonObject]) -> object:
     """Replace image data URIs nested anywhere by ``"[image]"``, collecting them as files."""
     if isinstance(value, str):
         if value.startswith("data:image/"):
@@ -358,7 +390,7 @@ def _extract_images(value: Any, files: list[dict[str, Any]]) -> Any:
     return value
 
 
-def normalize_result(value: Any, tool_name: str, *, direct: bool = False) -> ToolResult:
+def normalize_result(value: object, tool_name: str, *, direct: bool = False) -> ToolResult:
     """What a tool returned → the text for the model, files, embeds, images, status.
 
     ``direct`` is accepted for parity with Open WebUI but changes nothing: a
@@ -368,18 +400,18 @@ def normalize_result(value: Any, tool_name: str, *, direct: bool = False) -> Too
     """
     del direct
     embeds: list[str] = []
-    files: list[dict[str, Any]] = []
+    files: list[JsonObject] = []
     value = _unwrap_response(value, tool_name, embeds)
     if isinstance(value, (bytes, bytearray)):
         value = _decode(value)
     value = _split_files(value, tool_name, files)
     text = _result_text(value)
-    images = [f["url"] for f in files if f.get("type") == "image" and str(f.get("url", "")).startswith("data:")]
+    images = [url for f in files if f.get("type") == "image" and isinstance(url := f.get("url"), str) and url.startswith("data:")]
     status: ToolStatus = "failed" if is_error_result(text) else "completed"
     return ToolResult(text=text, files=files, embeds=embeds, images=images, status=status)
 
 
-def _unwrap_response(value: Any, tool_name: str, embeds: list[str]) -> Any:
+def _unwrap_response(value: object, tool_name: str, embeds: list[str]) -> object:
     """An HTML answer (alone, with headers, or in the response envelope) → its
     embeds taken out and the rest of the value."""
     if isinstance(value, tuple) and len(value) == 2 and _is_html_like(value[0]):
@@ -393,7 +425,7 @@ def _unwrap_response(value: Any, tool_name: str, embeds: list[str]) -> Any:
     return value
 
 
-def _split_files(value: Any, tool_name: str, files: list[dict[str, Any]]) -> Any:
+def _split_files(value: object, tool_name: str, files: list[JsonObject]) -> object:
     """Images and data URIs move to ``files``; what is left goes to the model."""
     if isinstance(value, str) and value.startswith("data:image/"):
         files.append({"type": "image", "url": value})
@@ -401,7 +433,7 @@ def _split_files(value: Any, tool_name: str, files: list[dict[str, Any]]) -> Any
     elif _is_mcp_content(value):
         value = _from_mcp(value, files)
     elif isinstance(value, (list, tuple)):
-        kept = []
+        kept: list[object] = []
         for item in value:
             if isinstance(item, str) and item.startswith("data:") and not item.startswith("data:image/"):
                 files.append({"type": "data", "content": item})
@@ -413,7 +445,7 @@ def _split_files(value: Any, tool_name: str, files: list[dict[str, Any]]) -> Any
     return value
 
 
-def _result_text(value: Any) -> str | None:
+def _result_text(value: object) -> str | None:
     """The text the model sees: strings as they are, lists and objects as JSON."""
     if value is None or isinstance(value, str):
         return value
@@ -442,7 +474,7 @@ def is_error_result(text: str | None) -> bool:
         return False
     if text.strip().lower().startswith(_ERROR_PREFIXES):
         return True
-    value: Any = text
+    value: object = text
     for _ in range(8):  # results are sometimes JSON encoded more than once
         if not isinstance(value, str):
             break
@@ -473,9 +505,9 @@ def citation_sources(
     tool_id: str | None,
     result_text: str | None,
     *,
-    params: Mapping[str, Any] | None = None,
+    params: Mapping[str, object] | None = None,
     fallback: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """Citation sources for a tool result (``source`` events and ``<source>`` markers).
 
     Only the ``CITATION_TOOL_NAMES`` tools cite; ``fetch_url`` needs its ``url``
@@ -516,7 +548,7 @@ def citation_sources(
         ]
 
 
-def _generic_source(tool_name: str, tool_id: str | None, result_text: str) -> list[dict[str, Any]]:
+def _generic_source(tool_name: str, tool_id: str | None, result_text: str) -> list[JsonObject]:
     parsed = _json_or_text(result_text)
     if isinstance(parsed, dict) and "error" in parsed:
         return []
@@ -529,11 +561,11 @@ def _generic_source(tool_name: str, tool_id: str | None, result_text: str) -> li
     ]
 
 
-def _file_source(data: dict[str, Any]) -> list[dict[str, Any]]:
+def _file_source(data: JsonObject) -> list[JsonObject]:
     filename = data.get("filename", "Unknown File")
     file_id = data.get("id", "")
     knowledge_name = data.get("knowledge_name", "")
-    metadata: dict[str, Any] = {"file_id": file_id, "name": filename, "source": filename}
+    metadata: JsonObject = {"file_id": file_id, "name": filename, "source": filename}
     if knowledge_name:
         metadata["knowledge_name"] = knowledge_name
     return [
@@ -545,34 +577,44 @@ def _file_source(data: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def _chunk_sources(chunks: list[Any]) -> list[dict[str, Any]]:
-    groups: dict[str, dict[str, Any]] = {}
-    for chunk in chunks:
+def _object(value: JsonValue) -> JsonObject:
+    """A result entry that must be an object (another shape fails the citation,
+    which then cites the whole result)."""
+    if not isinstance(value, dict):
+        raise TypeError(f"expected an object, got {type(value).__name__}")
+    return value
+
+
+def _chunk_sources(chunks: list[JsonValue]) -> list[JsonObject]:
+    # Keyed by a file id, a note id or a name: whatever JSON the tool gave.
+    groups: dict[object, tuple[JsonObject, list[JsonValue], list[JsonValue], list[JsonValue]]] = {}
+    for entry in chunks:
+        chunk = _object(entry)
         source_name = chunk.get("source", "Unknown")
         file_id = chunk.get("file_id", "")
         note_id = chunk.get("note_id", "")
         key = file_id or note_id or source_name
         group = groups.get(key)
         if group is None:
-            group = groups[key] = {
-                "source": {"id": file_id or note_id, "name": source_name, "type": chunk.get("type", "file")},
-                "document": [],
-                "metadata": [],
-                "distances": [],
-            }
-        group["document"].append(chunk.get("content", ""))
-        metadata: dict[str, Any] = {"file_id": file_id, "name": source_name, "source": source_name}
+            group = groups[key] = ({"id": file_id or note_id, "name": source_name, "type": chunk.get("type", "file")}, [], [], [])
+        _, documents, metadatas, distances = group
+        documents.append(chunk.get("content", ""))
+        metadata: JsonObject = {"file_id": file_id, "name": source_name, "source": source_name}
         if note_id:
             metadata["note_id"] = note_id
-        group["metadata"].append(metadata)
+        metadatas.append(metadata)
         if chunk.get("distance") is not None:
-            group["distances"].append(chunk["distance"])
-    return list(groups.values())
+            distances.append(chunk["distance"])
+    return [
+        {"source": source, "document": documents, "metadata": metadatas, "distances": distances} for source, documents, metadatas, distances in groups.values()
+    ]
 
 
-def _search_web_sources(hits: list[Any]) -> list[dict[str, Any]]:
-    documents, metadata = [], []
-    for hit in hits:
+def _search_web_sources(hits: list[JsonValue]) -> list[JsonObject]:
+    documents: list[JsonValue] = []
+    metadata: list[JsonValue] = []
+    for entry in hits:
+        hit = _object(entry)
         title, link = hit.get("title", ""), hit.get("link", "")
         documents.append(f"{title}\n{hit.get('snippet', '')}")
         metadata.append({"source": link, "name": title, "url": link})
@@ -596,7 +638,7 @@ class Execution:
     exception); a tool that *returns* an error only has ``result.status`` failed.
     """
 
-    arguments: dict[str, Any] | None
+    arguments: JsonObject | None
     arguments_json: str
     result: ToolResult
     error: str | None = None
@@ -604,7 +646,7 @@ class Execution:
 
 async def execute_tool_call(
     name: str,
-    raw_arguments: str | dict[str, Any] | None,
+    raw_arguments: JsonValue,
     tools: Mapping[str, ToolHandle],
     ctx: ToolContext,
 ) -> Execution:
@@ -637,7 +679,7 @@ async def execute_tool_call(
 class LiveToolRunner:
     """``engine.ports.ToolRunner`` that runs the tool here, within its timeout."""
 
-    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: JsonObject, handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         try:
             async with asyncio.timeout(timeout):
                 execution = await execute_tool_call(name, args, {name: handle}, ctx)

@@ -7,28 +7,30 @@ sees, never a hung turn.
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Protocol
 
+from engine.json_types import JsonObject
 from engine.tools.calls import ToolContext, ToolSpec
 
 
 class ClientChannel(Protocol):
     """A turn's way to the WebSocket clients that run its direct tools."""
 
-    async def ask(self, call_id: str, name: str, arguments: dict[str, Any], timeout: float) -> Any:
+    async def ask(self, call_id: str, name: str, arguments: JsonObject, timeout: float) -> object:
         """Send ``execute:tool`` and wait for the client's result (an error dict
-        when no client is connected or none answers in time)."""
+        when no client is connected or none answers in time): whatever JSON the
+        client sent, which ``normalize_result`` reads."""
         ...
 
 
-def _parameters(value: object) -> dict[str, Any]:
+def _parameters(value: object) -> JsonObject:
     return value if isinstance(value, dict) else {"type": "object", "properties": {}}
 
 
-def direct_tool_specs(declared: list[dict[str, Any]] | None) -> list[ToolSpec]:
+def direct_tool_specs(declared: object) -> list[ToolSpec]:
     """Specs from the request's ``direct_tools`` (OpenAI tool shape, or the bare function)."""
     specs = []
-    for entry in declared or []:
+    for entry in declared if isinstance(declared, list) else []:
         fn = entry.get("function", entry) if isinstance(entry, dict) else None
         if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
             continue
@@ -52,5 +54,5 @@ class DirectToolHandle:
         self._channel = channel
         self._timeout = timeout
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:
+    async def __call__(self, args: JsonObject, ctx: ToolContext) -> object:
         return await self._channel.ask(ctx.call_id or "", self.spec.name, args, self._timeout)

@@ -24,8 +24,10 @@ spec declares (``engine.tools.filter_arguments``, not for MCP tools); give
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
+from typing import NoReturn
+
+from engine.json_types import JsonObject, JsonValue
 
 #: ``metadata.task`` of the task-model request.
 TASK = "function_calling"
@@ -59,7 +61,7 @@ When no tool should run, reply exactly:
 # --------------------------------------------------------------------------
 
 
-def _function(spec: Mapping[str, object]) -> dict[str, Any]:
+def _function(spec: Mapping[str, object]) -> dict[str, object]:
     """An OpenAI function spec; a ``{"type": "function", "function": {...}}`` tool is unwrapped."""
     inner = spec.get("function")
     if spec.get("type") == "function" and isinstance(inner, Mapping):
@@ -77,7 +79,7 @@ def _text(content: object) -> str:
     return ""
 
 
-def _last_user_index(messages: list[dict[str, Any]]) -> int | None:
+def _last_user_index(messages: Sequence[Mapping[str, object]]) -> int | None:
     for i in range(len(messages) - 1, -1, -1):
         if messages[i].get("role") == "user":
             return i
@@ -91,7 +93,7 @@ def render_template(template: str | None, specs: Iterable[Mapping[str, object]])
     return (template or DEFAULT_TOOLS_TEMPLATE).replace(TOOLS_PLACEHOLDER, tools_json)
 
 
-def selection_prompt(messages: list[dict[str, Any]]) -> str:
+def selection_prompt(messages: Sequence[Mapping[str, object]]) -> str:
     """The user message: ``History:`` with up to ``HISTORY_WINDOW`` messages
     before the last user message as ``ROLE: \"\"\"content\"\"\"`` lines, then
     ``Query: <last user message>``; only the ``Query:`` line without history.
@@ -112,10 +114,10 @@ def selection_prompt(messages: list[dict[str, Any]]) -> str:
 
 
 def build_selection_request(
-    specs: list[dict[str, Any]],
-    messages: list[dict[str, Any]],
+    specs: Iterable[Mapping[str, object]],
+    messages: Sequence[Mapping[str, object]],
     template: str | None = None,
-) -> list[dict[str, Any]]:
+) -> list[JsonObject]:
     """The task-model messages, as Open WebUI builds them: a system message with the rendered
     template, then a user message with the history and the query."""
     return [
@@ -129,7 +131,7 @@ def build_selection_request(
 # --------------------------------------------------------------------------
 
 
-def _reject_constant(name: str) -> Any:
+def _reject_constant(name: str) -> NoReturn:
     # NaN / Infinity are not JSON; parameters must survive strict JSON (events).
     raise ValueError(f"non-JSON constant {name}")
 
@@ -137,7 +139,7 @@ def _reject_constant(name: str) -> Any:
 _DECODER = json.JSONDecoder(parse_constant=_reject_constant)
 
 
-def first_json_object(text: str) -> dict[str, Any] | None:
+def first_json_object(text: str) -> JsonObject | None:
     """The first complete JSON object in ``text`` (not first ``{`` to last ``}``).
 
     Decoding starts at the first ``{``; when no complete object starts there,
@@ -156,7 +158,7 @@ def first_json_object(text: str) -> dict[str, Any] | None:
     return None
 
 
-def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, Any]]]:
+def parse_selection(reply: str, known: set[str]) -> list[tuple[str, JsonObject]]:
     """The calls the task model chose, in its order, as ``(name, parameters)``.
 
     Accepted: ``{"tool_calls": [{"name", "parameters"}, ...]}`` or a single
@@ -168,16 +170,19 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
     obj = first_json_object(reply)
     if obj is None:
         return []
+    entries: list[JsonValue]
     if "tool_calls" in obj:
-        entries = obj["tool_calls"]
-        if isinstance(entries, Mapping):
-            entries = [entries]
-        elif not isinstance(entries, list):
+        chosen = obj["tool_calls"]
+        if isinstance(chosen, Mapping):
+            entries = [chosen]
+        elif isinstance(chosen, list):
+            entries = chosen
+        else:
             return []
     else:
         entries = [obj]
 
-    calls: list[tuple[str, dict[str, Any]]] = []
+    calls: list[tuple[str, JsonObject]] = []
     for entry in entries:
         if not isinstance(entry, Mapping):
             continue
@@ -194,7 +199,7 @@ def parse_selection(reply: str, known: set[str]) -> list[tuple[str, dict[str, An
 # --------------------------------------------------------------------------
 
 
-def tool_source(tool_id: str, name: str, parameters: Mapping[str, object], result_text: str) -> dict[str, Any]:
+def tool_source(tool_id: str, name: str, parameters: JsonObject, result_text: str) -> JsonObject:
     """A tool result as a RAG source, named ``<tool_id>/<name>``.
 
     ``parameters`` should be what the tool ran with (after filtering). Open
