@@ -283,7 +283,7 @@ class Settings(BaseSettings):
     )
     # Group commit window for token deltas (seconds) and its size cap (chunks).
     flush_interval: float = Field(
-        default=0.05,
+        default=0.2,
         description="group commit window for token deltas, in seconds: a window is sealed at most this long after its first chunk",
     )
     flush_max_chunks: int = Field(

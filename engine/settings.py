@@ -20,7 +20,7 @@ class EngineSettings:
     auto_resume: bool = True
     # Group commit of token deltas: a window is sealed after this many seconds
     # or chunks, whichever comes first.
-    flush_interval: float = 0.05
+    flush_interval: float = 0.2
     flush_max_chunks: int = 512
     # While the event loop runs its timers late (saturated), a window may stay
     # open up to this long instead (``engine.run.flush_clock``): fewer windows

@@ -41,8 +41,8 @@ MAX_TICK: Final = 0.005
 #: Lateness of the clock's own timers below this is the loop's normal jitter.
 SLACK: Final = 0.005
 #: Seconds of window per second of lateness beyond ``SLACK``: 20 ms late gives
-#: 0.65 s windows with a 50 ms interval (two chunks of a 2 chunks/s stream
-#: share one); from ~29 ms late, the bound. A saturated loop's timers run
+#: 0.8 s windows with a 0.2 s interval (two chunks of a 2 chunks/s stream
+#: share one); from ~25 ms late, the bound (1 s). A saturated loop's timers run
 #: ~10-30 ms late, and a smaller factor leaves most windows one chunk long.
 STRETCH: Final = 40.0
 #: How much each fired grid point moves the lateness the clock keeps
