@@ -14,7 +14,7 @@ from typing import Final, TypeAlias
 
 from engine.json_types import JsonObject, JsonValue
 
-__all__ = ["EMPTY", "Item", "Message", "json_list", "list_of", "mapping_of", "objects_of", "text_of"]
+__all__ = ["EMPTY", "Item", "Message", "json_list", "json_object_of", "list_of", "mapping_of", "objects_of", "text_of"]
 
 #: A Chat Completions message (the canonical transcript's unit).
 Message: TypeAlias = JsonObject
@@ -50,3 +50,9 @@ def json_list(values: Iterable[JsonValue]) -> list[JsonValue]:
     """``values`` as a JSON array (a list of objects typed as JSON values, to
     put it inside an object)."""
     return list(values)
+
+
+def json_object_of(values: Mapping[str, JsonValue]) -> JsonObject:
+    """``values`` as a JSON object (a copy: a ``dict[str, int]`` typed as
+    JSON, to put it inside an object)."""
+    return dict(values)
