@@ -147,7 +147,7 @@ def _input_parts(content: JsonValue) -> list[JsonValue]:
 def _assistant_text(content: JsonValue) -> str:
     """String content, or the non-empty text parts of list content joined with ``\n``."""
     if isinstance(content, list):
-        return "\n".join(text for part in content if isinstance(part, Mapping) and is_text_part(part) and isinstance(text := part.get("text"), str) and text)
+        return "\n".join(text for part in content if isinstance(part, dict) and is_text_part(part) and isinstance(text := part.get("text"), str) and text)
     return content if isinstance(content, str) else ""
 
 
@@ -168,7 +168,7 @@ def tool_output_value(content: JsonValue) -> str | list[JsonValue]:
         return "\n".join(_part_text(p) for p in content if is_text_part(p))
     parts: list[JsonValue] = []
     for part in content:
-        if not isinstance(part, Mapping):
+        if not isinstance(part, dict):
             continue
         if is_text_part(part):
             parts.append({"type": "input_text", "text": part.get("text") or ""})
@@ -221,7 +221,7 @@ def _replay_items(message: Mapping[str, JsonValue], store: bool) -> list[Item]:
     return paired
 
 
-def to_responses_input(messages: Sequence[Mapping[str, JsonValue]], *, store: bool = True) -> tuple[str | None, list[Item]]:
+def to_responses_input(messages: Iterable[JsonValue], *, store: bool = True) -> tuple[str | None, list[Item]]:
     """Chat messages → (``instructions``, Responses ``input`` items).
 
     * system → ``instructions`` (the LAST system message wins; list content: its
@@ -243,6 +243,8 @@ def to_responses_input(messages: Sequence[Mapping[str, JsonValue]], *, store: bo
     instructions: str | None = None
     items: list[Item] = []
     for message in messages:
+        if not isinstance(message, dict):
+            continue
         role = message.get("role")
         content = message.get("content")
         if role == "system":
@@ -345,8 +347,7 @@ def responses_body(chat_body: Mapping[str, JsonValue], *, store: bool | None = N
     if limit is not None:
         body["max_output_tokens"] = limit
     if "messages" in chat_body:
-        messages = [m for m in list_of(chat_body.get("messages")) if isinstance(m, Mapping)]
-        instructions, items = to_responses_input(messages, store=store)
+        instructions, items = to_responses_input(list_of(chat_body.get("messages")), store=store)
         if instructions is not None:
             body["instructions"] = instructions
         body["input"] = json_list(items)

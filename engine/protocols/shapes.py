@@ -26,8 +26,9 @@ EMPTY: Final[Mapping[str, JsonValue]] = MappingProxyType({})
 
 
 def mapping_of(value: object) -> Mapping[str, JsonValue]:
-    """``value`` when it is a JSON object, else the empty object."""
-    return value if isinstance(value, Mapping) else EMPTY
+    """``value`` when it is a JSON object (a dict, as JSON decodes), else the
+    empty object."""
+    return value if isinstance(value, dict) else EMPTY
 
 
 def list_of(value: object) -> list[JsonValue]:
