@@ -763,3 +763,43 @@ def test_responses_request_body_honours_store_false() -> None:
     assert not any(i.get("type") == "reasoning" for i in unstored["input"])
     assert not any("id" in i for i in unstored["input"])
     assert unstored["store"] is False
+
+
+# --------------------------------------------------------------------------
+# Shapes a client or a provider got wrong: read, not crashed on
+# --------------------------------------------------------------------------
+
+
+def test_malformed_shapes_are_read_not_crashed_on_in_the_responses_mapping() -> None:
+    # A text part whose text is not a string, a call whose function is not an
+    # object, and text/reasoning settings that are not objects each raised
+    # (TypeError, AttributeError) before the readers narrowed them.
+    chat: list[Any] = [
+        {"role": "system", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "S"}]},
+        {"role": "assistant", "content": "a", "tool_calls": [{"id": "c1", "type": "function", "function": "oops"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": 7}, {"type": "text", "text": "r"}]},
+    ]
+    body = responses_body({"model": "m", "messages": chat, "text": "x", "response_format": {"type": "json_object"}, "reasoning": 1, "reasoning_effort": "low"})
+    assert body["instructions"] == "S"
+    assert body["text"] == {"format": {"type": "json_object"}}
+    assert body["reasoning"] == {"effort": "low"}
+    assert body["input"] == [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"type": "function_call", "call_id": "c1", "name": "", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "\nr"},
+    ]
+
+
+def test_a_tool_output_part_without_string_text_reads_as_empty() -> None:
+    output = [call("c"), result("c", {"type": "input_text", "text": 3}, text="ok")]
+    assert convert_output_to_messages(output)[1] == {"role": "tool", "tool_call_id": "c", "content": "ok\n"}
+
+
+def test_ollama_options_and_functions_that_are_not_objects_are_ignored() -> None:
+    from engine.ports import ModelRequest, ResolvedModel
+    from engine.protocols.ollama import request_body as ollama_body
+
+    messages: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": "oops"}]}]
+    body = ollama_body(ResolvedModel(provider=None, upstream_model="m", api="ollama"), ModelRequest(messages=messages, params={"options": "x", "top_k": 2}))
+    assert body["options"] == {"top_k": 2}
+    assert body["messages"] == [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "", "arguments": {}}}]}]

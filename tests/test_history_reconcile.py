@@ -135,3 +135,12 @@ def test_assemble_records_refs_and_keeps_system_messages_per_request() -> None:
     # without a stored history the request goes as sent, system messages in place
     odd: list[JsonValue] = [user("a"), system, user("b")]
     assert assemble({"messages": odd}, History(), ModelProfile()).messages == odd
+
+
+def test_messages_that_are_not_objects_are_skipped() -> None:
+    # A message that is not a JSON object has no role to read (it raised
+    # AttributeError); the ones that are go on as sent.
+    request: JsonObject = {"messages": ["stray", user("q"), 3], "params": {"system": "Be brief."}}
+    assembled = assemble(request, History(), ModelProfile())
+    assert assembled.messages == [{"role": "system", "content": "Be brief."}, user("q")]
+    assert assembled.new_messages == [user("q")]

@@ -296,3 +296,15 @@ def test_ollama_top_level_params_and_none_skipped() -> None:
 
 def test_ollama_without_params_adds_no_options() -> None:
     assert apply_params_to_form_data({"model": "m"}, {"id": "m", "owned_by": "ollama"}) == {"model": "m"}
+
+
+def test_text_parts_without_string_text_are_read_not_crashed_on() -> None:
+    # A client may send any JSON in a text part: a non-string text is no text
+    # (merging the system messages raised TypeError; the last user message's
+    # text was the number itself).
+    msgs: list[JsonObject] = [
+        {"role": "system", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "S"}]},
+        {"role": "user", "content": [{"type": "text", "text": 7}]},
+    ]
+    assert merge_system_messages(msgs) == [{"role": "system", "content": "S"}, msgs[1]]
+    assert get_last_user_message(msgs) == ""

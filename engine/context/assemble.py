@@ -172,7 +172,7 @@ def assemble(request: Mapping[str, JsonValue], history: History, profile: ModelP
     (the first steps of ``engine.context.steps``, for callers that need no more)."""
     reconciled = reconcile_messages(request, history)
     given = mapping_of(request.get("params")).get("system")
-    system = given if isinstance(given, str) and given else profile.system
+    system = str(given) if given else profile.system  # as the live steps read it
     messages = with_system_prompt(reconciled.messages, system)
     if legacy_code_interpreter(request):
         # Legacy mode: the instructions go with the user's message.
