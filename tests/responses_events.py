@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from engine.json_types import JsonObject
+
 FC_ITEM_DONE = {
     "type": "function_call",
     "id": "fc_68a1",
@@ -21,7 +23,7 @@ MSG_ITEM_DONE: dict[str, Any] = {
     "role": "assistant",
     "content": [{"type": "output_text", "text": "Let me check the weather.", "annotations": [], "logprobs": []}],
 }
-USAGE = {
+USAGE: JsonObject = {
     "input_tokens": 61,
     "input_tokens_details": {"cached_tokens": 0},
     "output_tokens": 24,

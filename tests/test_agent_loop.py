@@ -8,6 +8,7 @@ import json
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -459,8 +460,9 @@ async def test_a_log_with_one_call_id_in_two_rounds_still_replays(agent: Service
     assert result.ok, "\n".join(result.diff)
     answer = answer_of(fold(turn_id, old))
     assert answer is not None
-    rounds = [(m["tool_calls"][0]["id"], json.loads(m["tool_calls"][0]["function"]["arguments"])) for m in answer.messages if m.get("tool_calls")]
-    results = [(m["tool_call_id"], m["content"]) for m in answer.messages if m["role"] == "tool"]
+    messages: list[dict[str, Any]] = list(answer.messages)
+    rounds = [(m["tool_calls"][0]["id"], json.loads(m["tool_calls"][0]["function"]["arguments"])) for m in messages if m.get("tool_calls")]
+    results = [(m["tool_call_id"], m["content"]) for m in messages if m["role"] == "tool"]
     assert rounds == [("call_0", {"a": 1, "b": 2}), ("call_0_2", {"a": 3, "b": 4})]
     assert results == [("call_0", "3"), ("call_0_2", "7")]
 

@@ -29,6 +29,7 @@ from engine.context.steps import (
     attached_knowledge,
     request_refs,
 )
+from engine.json_types import JsonObject
 from engine.ports import FileRef, TurnInput
 
 T0 = 1_800_000_000.0  # 2027-01-15
@@ -114,7 +115,9 @@ async def test_unsupported_names_what_is_not_configured_or_not_possible() -> Non
     assert missing == {"ignored": [{"field": "features.web_search", "reason": "no web search engine is configured (TURNLOG_WEB_SEARCH_ENGINE)"}]}
     no_tools = draft({"features": {"memory": True}}, ModelProfile(capabilities={"builtin_tools": False}))
     native = await Unsupported(everything).run(no_tools)
-    assert native is not None and [i["field"] for i in native["ignored"]] == ["features.memory"]
+    assert native is not None
+    ignored = native["ignored"]
+    assert isinstance(ignored, list) and [i["field"] for i in ignored if isinstance(i, dict)] == ["features.memory"]
     legacy = draft({"features": {"memory": True}, "params": {"function_calling": "default"}}, ModelProfile(capabilities={"builtin_tools": False}))
     assert await Unsupported(everything).run(legacy) is None  # injected, not a tool
 
@@ -139,10 +142,10 @@ async def test_files_without_a_knowledge_store_are_reported_not_dropped() -> Non
     d = draft({"files": [{"type": "file", "id": "f1"}]})
     d.messages = [{"role": "user", "content": "q"}]
     detail = await Files(None, _NoTaskModel(), 0).run(d)
-    assert detail is not None and detail["files"] == [{"type": "file", "id": "f1"}] and "no knowledge store" in detail["error"]
+    assert detail is not None and detail["files"] == [{"type": "file", "id": "f1"}] and "no knowledge store" in str(detail["error"])
 
 
-SOURCE = {
+SOURCE: JsonObject = {
     "source": {"id": "file_1", "name": "guide.md", "type": "file"},
     "document": ["Proof the dough for 12 hours."],
     "metadata": [{"source": "guide.md", "name": "guide.md", "file_id": "file_1"}],
@@ -155,8 +158,9 @@ async def test_source_context_goes_into_the_last_user_message_with_a_snapshot() 
     d.sources = [SOURCE]
     detail = await SourceContext("Context:\n{{CONTEXT}}\n", system_context=False).run(d)
     assert detail == {"where": "user", "sources": [{"id": 1, "name": "guide.md", "type": "file"}]}
-    assert d.messages[1]["content"].startswith('Context:\n<source id="1" name="guide.md"')
-    assert d.messages[1]["content"].endswith("How long do I proof?")
+    content = d.messages[1]["content"]
+    assert isinstance(content, str) and content.startswith('Context:\n<source id="1" name="guide.md"')
+    assert content.endswith("How long do I proof?")
     assert d.rag == {"role": "user", "index": 1, "message": {"role": "user", "content": "How long do I proof?"}, "source_ids": {"guide.md": 1}}
 
 
@@ -166,7 +170,8 @@ async def test_source_context_in_the_system_message() -> None:
     d.sources = [SOURCE]
     await SourceContext("C: {{CONTEXT}}", system_context=True).run(d)
     assert d.messages[1] == {"role": "user", "content": "q"}
-    assert d.messages[0]["content"].startswith('S\nC: <source id="1"')
+    content = d.messages[0]["content"]
+    assert isinstance(content, str) and content.startswith('S\nC: <source id="1"')
 
 
 async def test_system_messages_merged_first_and_empty_blocks_stripped() -> None:

@@ -139,14 +139,14 @@ def test_sanitize_tool_pairs_vector() -> None:
 def test_q22_replayed_arguments(item_extra: dict[str, Any], expected: str) -> None:
     item = {**call("c"), **item_extra}
     assert replay_arguments(item) == expected
-    got = convert_output_to_messages([item, result("c")])
+    got: list[dict[str, Any]] = convert_output_to_messages([item, result("c")])
     assert got[0]["tool_calls"][0]["function"]["arguments"] == expected
     json.loads(got[0]["tool_calls"][0]["function"]["arguments"])
 
 
 def test_q22_provider_function_with_invalid_arguments() -> None:
     item = call("c", provider_function={"name": "call_tool", "arguments": "{oops"})
-    got = convert_output_to_messages([item, result("c")])
+    got: list[dict[str, Any]] = convert_output_to_messages([item, result("c")])
     assert got[0]["tool_calls"][0]["function"] == {"name": "call_tool", "arguments": "{}"}
 
 
@@ -221,7 +221,7 @@ def test_duplicate_output_replayed_once_and_text_parts_joined() -> None:
 
 
 def test_q7_text_typed_parts_are_read() -> None:
-    item = {
+    item: dict[str, Any] = {
         "type": "message",
         "id": "m",
         "status": "completed",
@@ -232,7 +232,7 @@ def test_q7_text_typed_parts_are_read() -> None:
 
 
 def test_context_compaction_item_skipped() -> None:
-    output = [{"type": "open_webui:context_compaction", "id": "cc_1", "call_id": "x", "summary": "S"}, msg("hi")]
+    output: list[dict[str, Any]] = [{"type": "open_webui:context_compaction", "id": "cc_1", "call_id": "x", "summary": "S"}, msg("hi")]
     assert convert_output_to_messages(output) == [{"role": "assistant", "content": "hi"}]
 
 
@@ -362,7 +362,8 @@ def test_q10_turnlog_made_ids_are_not_replayed() -> None:
         call("call_1", id=local_fc),
         result("call_1"),
     ]
-    items = convert_output_to_messages(output, reasoning_format="responses")[0]["responses_items"]
+    got: list[dict[str, Any]] = convert_output_to_messages(output, reasoning_format="responses")
+    items = got[0]["responses_items"]
     assert [(i["type"], i.get("id")) for i in items] == [
         ("reasoning", "rs_1"),
         ("message", None),
@@ -372,7 +373,7 @@ def test_q10_turnlog_made_ids_are_not_replayed() -> None:
 
 
 def test_duplicate_call_items_replayed_once() -> None:
-    got = convert_output_to_messages([call("a"), call("a"), result("a")])
+    got: list[dict[str, Any]] = convert_output_to_messages([call("a"), call("a"), result("a")])
     assert len(got[0]["tool_calls"]) == 1
 
 
@@ -406,7 +407,7 @@ def test_q10_history_replay_through_process_messages() -> None:
 
 
 def test_process_messages_strips_bookkeeping_and_keeps_plain_assistants() -> None:
-    history = [
+    history: list[dict[str, Any]] = [
         {"role": "user", "content": "q", "id": "u", "files": [], "meta": {}},
         {
             "role": "assistant",
@@ -532,7 +533,7 @@ def test_to_responses_input_keeps_image_detail_and_maps_files() -> None:
 def test_stateless_continuation_matches_open_webui_payload() -> None:
     # The continuation Open WebUI sends in responses_api_stateless
     # (agent_loop_e2e.json), mapped by its adapter.
-    chat = [
+    chat: list[Any] = [
         {"role": "system", "content": "SYS"},
         {"role": "user", "content": "hi"},
         {
@@ -557,7 +558,7 @@ def test_stateless_continuation_matches_open_webui_payload() -> None:
 
 
 def test_responses_body_mapping() -> None:
-    chat_body = {
+    chat_body: dict[str, Any] = {
         "model": "gpt",
         "messages": [{"role": "user", "content": "hi"}],
         "stream": True,
@@ -632,8 +633,8 @@ def test_responses_body_plain_tool_choice_kept(choice: str) -> None:
 
 
 def test_responses_body_store_false_is_stateless() -> None:
-    messages = convert_output_to_messages(_responses_round(), reasoning_format="responses")
-    body = responses_body({"model": "m", "store": False, "messages": messages})
+    messages: list[Any] = convert_output_to_messages(_responses_round(), reasoning_format="responses")
+    body: dict[str, Any] = responses_body({"model": "m", "store": False, "messages": messages})
     assert body["store"] is False
     assert all("id" not in item for item in body["input"])
 
@@ -756,9 +757,49 @@ def test_responses_request_body_honours_store_false() -> None:
     }
     messages: list[dict[str, Any]] = [{"role": "user", "content": "hi"}, assistant, {"role": "user", "content": "again"}]
     resolved = ResolvedModel(provider=None, upstream_model="m", api="responses")
-    stored = request_body(resolved, ModelRequest(messages=messages, params={}))
-    unstored = request_body(resolved, ModelRequest(messages=messages, params={"store": False}))
+    stored: dict[str, Any] = request_body(resolved, ModelRequest(messages=messages, params={}))
+    unstored: dict[str, Any] = request_body(resolved, ModelRequest(messages=messages, params={"store": False}))
     assert any(i.get("type") == "reasoning" for i in stored["input"])
     assert not any(i.get("type") == "reasoning" for i in unstored["input"])
     assert not any("id" in i for i in unstored["input"])
     assert unstored["store"] is False
+
+
+# --------------------------------------------------------------------------
+# Shapes a client or a provider got wrong: read, not crashed on
+# --------------------------------------------------------------------------
+
+
+def test_malformed_shapes_are_read_not_crashed_on_in_the_responses_mapping() -> None:
+    # A text part whose text is not a string, a call whose function is not an
+    # object, and text/reasoning settings that are not objects each raised
+    # (TypeError, AttributeError) before the readers narrowed them.
+    chat: list[Any] = [
+        {"role": "system", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "S"}]},
+        {"role": "assistant", "content": "a", "tool_calls": [{"id": "c1", "type": "function", "function": "oops"}]},
+        {"role": "tool", "tool_call_id": "c1", "content": [{"type": "text", "text": 7}, {"type": "text", "text": "r"}]},
+    ]
+    body = responses_body({"model": "m", "messages": chat, "text": "x", "response_format": {"type": "json_object"}, "reasoning": 1, "reasoning_effort": "low"})
+    assert body["instructions"] == "S"
+    assert body["text"] == {"format": {"type": "json_object"}}
+    assert body["reasoning"] == {"effort": "low"}
+    assert body["input"] == [
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "a"}]},
+        {"type": "function_call", "call_id": "c1", "name": "", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "\nr"},
+    ]
+
+
+def test_a_tool_output_part_without_string_text_reads_as_empty() -> None:
+    output = [call("c"), result("c", {"type": "input_text", "text": 3}, text="ok")]
+    assert convert_output_to_messages(output)[1] == {"role": "tool", "tool_call_id": "c", "content": "ok\n"}
+
+
+def test_ollama_options_and_functions_that_are_not_objects_are_ignored() -> None:
+    from engine.ports import ModelRequest, ResolvedModel
+    from engine.protocols.ollama import request_body as ollama_body
+
+    messages: list[dict[str, Any]] = [{"role": "assistant", "content": "", "tool_calls": [{"id": "c", "function": "oops"}]}]
+    body = ollama_body(ResolvedModel(provider=None, upstream_model="m", api="ollama"), ModelRequest(messages=messages, params={"options": "x", "top_k": 2}))
+    assert body["options"] == {"top_k": 2}
+    assert body["messages"] == [{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "", "arguments": {}}}]}]

@@ -6,6 +6,7 @@ from typing import Any
 
 from engine.context.assemble import ModelProfile, assemble
 from engine.context.history import Answer, History, Matched, normalized_text, reconcile
+from engine.json_types import JsonObject, JsonValue
 
 
 def user(text: str, **extra: Any) -> dict[str, Any]:
@@ -121,8 +122,8 @@ def test_replace_makes_the_sent_messages_the_whole_history() -> None:
 
 def test_assemble_records_refs_and_keeps_system_messages_per_request() -> None:
     history = History((user("q1"), TOOLED), (TOOLED,))
-    system = {"role": "system", "content": "Be brief."}
-    request = {"messages": [system, user("q1"), assistant("It is 3."), user("q2")]}
+    system: JsonObject = {"role": "system", "content": "Be brief."}
+    request: JsonObject = {"messages": [system, user("q1"), assistant("It is 3."), user("q2")]}
     assembled = assemble(request, history, ModelProfile())
     assert assembled.messages == [system, user("q1"), *TOOLED.messages, user("q2")]
     assert assembled.history_len == 4 and assembled.new_messages == [user("q2")]
@@ -132,5 +133,14 @@ def test_assemble_records_refs_and_keeps_system_messages_per_request() -> None:
     assert replaced.new_messages == [user("q1"), assistant("It is 3."), user("q2")]
     assert replaced.turn_refs == [{"index": 1, "turn_id": "t1"}]
     # without a stored history the request goes as sent, system messages in place
-    odd = [user("a"), system, user("b")]
+    odd: list[JsonValue] = [user("a"), system, user("b")]
     assert assemble({"messages": odd}, History(), ModelProfile()).messages == odd
+
+
+def test_messages_that_are_not_objects_are_skipped() -> None:
+    # A message that is not a JSON object has no role to read (it raised
+    # AttributeError); the ones that are go on as sent.
+    request: JsonObject = {"messages": ["stray", user("q"), 3], "params": {"system": "Be brief."}}
+    assembled = assemble(request, History(), ModelProfile())
+    assert assembled.messages == [{"role": "system", "content": "Be brief."}, user("q")]
+    assert assembled.new_messages == [user("q")]

@@ -12,6 +12,7 @@ import copy
 import pytest
 
 from engine.context.memory import memory_block, memory_date, with_memory
+from engine.json_types import JsonObject
 from engine.ports import MemoryHit
 
 MAY_1_2024 = 1714521600.0  # 2024-05-01T00:00:00Z
@@ -58,7 +59,7 @@ def test_unknown_date_in_the_block() -> None:
 
 
 def test_with_memory_appends_to_the_system_message() -> None:
-    messages = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
+    messages: list[JsonObject] = [{"role": "system", "content": "You help."}, {"role": "user", "content": "hi"}]
     before = copy.deepcopy(messages)
     got = with_memory(messages, "User Context:\n1. [2024-05-01] A")
     assert got == [{"role": "system", "content": "You help.\nUser Context:\n1. [2024-05-01] A"}, {"role": "user", "content": "hi"}]
@@ -66,12 +67,12 @@ def test_with_memory_appends_to_the_system_message() -> None:
 
 
 def test_with_memory_finds_a_system_message_anywhere_and_inserts_one_otherwise() -> None:
-    late = [{"role": "user", "content": "hi"}, {"role": "system", "content": "S"}]
+    late: list[JsonObject] = [{"role": "user", "content": "hi"}, {"role": "system", "content": "S"}]
     assert with_memory(late, "M") == [{"role": "user", "content": "hi"}, {"role": "system", "content": "S\nM"}]
     assert with_memory([{"role": "user", "content": "hi"}], "M") == [{"role": "system", "content": "M"}, {"role": "user", "content": "hi"}]
 
 
 def test_with_memory_none_changes_nothing() -> None:
-    messages = [{"role": "user", "content": "hi"}]
+    messages: list[JsonObject] = [{"role": "user", "content": "hi"}]
     assert with_memory(messages, None) == [{"role": "user", "content": "hi"}]
     assert with_memory(messages, memory_block([])) == [{"role": "user", "content": "hi"}]

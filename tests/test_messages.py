@@ -26,6 +26,7 @@ from engine.context.messages import (
     strip_empty_content_blocks,
     update_message_content,
 )
+from engine.json_types import JsonObject
 from tests.vectors_util import load_vectors
 
 HELPER_VECTORS = load_vectors("message_helpers.json")
@@ -134,7 +135,7 @@ def test_update_message_content_q16_prepend_edits_first_text_part_only() -> None
 
 
 def test_update_message_content_list_without_text_gets_a_part() -> None:
-    image = {"type": "image_url", "image_url": {"url": "u"}}
+    image: JsonObject = {"type": "image_url", "image_url": {"url": "u"}}
     assert update_message_content({"role": "user", "content": [image]}, "T")["content"] == [
         image,
         {"type": "text", "text": "T"},
@@ -159,7 +160,7 @@ def test_add_or_update_system_message_q24_keeps_list_parts_at_any_index() -> Non
 
 
 def test_add_or_update_system_message_only_first_system_edited() -> None:
-    msgs = [{"role": "system", "content": "A"}, {"role": "system", "content": "B"}]
+    msgs: list[JsonObject] = [{"role": "system", "content": "A"}, {"role": "system", "content": "B"}]
     assert add_or_update_system_message("X", msgs, append=True) == [
         {"role": "system", "content": "A\nX"},
         {"role": "system", "content": "B"},
@@ -171,7 +172,7 @@ def test_add_or_update_user_message_empty_list() -> None:
 
 
 def test_replace_system_message_content() -> None:
-    msgs = [{"role": "user", "content": "u"}, {"role": "system", "content": "old"}, {"role": "system", "content": "b"}]
+    msgs: list[JsonObject] = [{"role": "user", "content": "u"}, {"role": "system", "content": "old"}, {"role": "system", "content": "b"}]
     assert replace_system_message_content("new", msgs) == [
         {"role": "user", "content": "u"},
         {"role": "system", "content": "new"},
@@ -186,7 +187,7 @@ def test_set_last_user_message_content_variants() -> None:
         {"role": "user", "content": "a"},
         {"role": "user", "content": "N"},
     ]
-    image = {"type": "image_url", "image_url": {"url": "u"}}
+    image: JsonObject = {"type": "image_url", "image_url": {"url": "u"}}
     assert set_last_user_message_content("N", [{"role": "user", "content": [image]}]) == [{"role": "user", "content": [{"type": "text", "text": "N"}, image]}]
     assert set_last_user_message_content("N", [{"role": "assistant", "content": "a"}]) == [{"role": "assistant", "content": "a"}]
 
@@ -216,13 +217,13 @@ def test_merge_system_messages_keeps_non_text_parts() -> None:
 
 
 def test_merge_system_messages_single_string_system_moves_to_front() -> None:
-    msgs = [{"role": "user", "content": "u"}, {"role": "system", "content": "S"}]
+    msgs: list[JsonObject] = [{"role": "user", "content": "u"}, {"role": "system", "content": "S"}]
     assert merge_system_messages(msgs) == [{"role": "system", "content": "S"}, {"role": "user", "content": "u"}]
 
 
 def test_strip_q15_null_text_removed_next_to_image() -> None:
-    image = {"type": "image_url", "image_url": {"url": "u"}}
-    msgs = [{"role": "user", "content": [{"type": "text", "text": None}, image]}]
+    image: JsonObject = {"type": "image_url", "image_url": {"url": "u"}}
+    msgs: list[JsonObject] = [{"role": "user", "content": [{"type": "text", "text": None}, image]}]
     assert strip_empty_content_blocks(msgs) == [{"role": "user", "content": [image]}]
 
 
@@ -295,3 +296,15 @@ def test_ollama_top_level_params_and_none_skipped() -> None:
 
 def test_ollama_without_params_adds_no_options() -> None:
     assert apply_params_to_form_data({"model": "m"}, {"id": "m", "owned_by": "ollama"}) == {"model": "m"}
+
+
+def test_text_parts_without_string_text_are_read_not_crashed_on() -> None:
+    # A client may send any JSON in a text part: a non-string text is no text
+    # (merging the system messages raised TypeError; the last user message's
+    # text was the number itself).
+    msgs: list[JsonObject] = [
+        {"role": "system", "content": [{"type": "text", "text": 5}, {"type": "text", "text": "S"}]},
+        {"role": "user", "content": [{"type": "text", "text": 7}]},
+    ]
+    assert merge_system_messages(msgs) == [{"role": "system", "content": "S"}, msgs[1]]
+    assert get_last_user_message(msgs) == ""

@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 
+from engine.json_types import JsonObject
 from engine.ports import RawChunk
 from engine.protocols.chat import ChatNormalizer, ChatToolCalls, whole_in_read
 from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
@@ -569,7 +570,7 @@ def test_responses_text_only_finishes_with_stop() -> None:
     ]
 
 
-REASONING_ITEM = {
+REASONING_ITEM: JsonObject = {
     "type": "reasoning",
     "id": "rs_1",
     "summary": [{"type": "summary_text", "text": "**Plan**"}, {"type": "summary_text", "text": "**Check**"}],
@@ -726,7 +727,7 @@ def test_responses_incomplete_reasons(details: Any, reason: str) -> None:
 
 
 def test_responses_failed() -> None:
-    error = {"code": "server_error", "message": "boom"}
+    error: JsonObject = {"code": "server_error", "message": "boom"}
     events = run_responses(
         [
             {"type": "response.output_text.delta", "output_index": 0, "delta": "Hel"},
@@ -742,7 +743,7 @@ def test_responses_failed_without_error() -> None:
 
 
 def test_responses_error_event() -> None:
-    event = {"type": "error", "code": "rate_limit", "message": "slow", "sequence_number": 3}
+    event: JsonObject = {"type": "error", "code": "rate_limit", "message": "slow", "sequence_number": 3}
     assert run_responses([event]) == [StreamFailed("slow", code="rate_limit", details=event)]
 
 
@@ -961,7 +962,7 @@ def test_responses_incomplete_takes_the_rest_of_the_text_from_its_output() -> No
 def test_responses_reasoning_item_is_sent_once_even_when_renumbered() -> None:
     """Sent at its done event; the final output lists it again (same id, or a
     provider that renumbers ids: same position): not sent twice."""
-    first = {"type": "reasoning", "id": "rs_a", "summary": []}
+    first: JsonObject = {"type": "reasoning", "id": "rs_a", "summary": []}
     done = {"type": "response.output_item.done", "output_index": 0, "item": first}
     for again in (first, {**first, "id": "rs_b"}):
         events = run_responses([done, _completed_with([again, _message("x")])])
@@ -969,7 +970,7 @@ def test_responses_reasoning_item_is_sent_once_even_when_renumbered() -> None:
 
 
 def test_responses_reasoning_item_only_in_the_final_output_is_kept() -> None:
-    item = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
+    item: JsonObject = {"type": "reasoning", "id": "rs_1", "summary": [], "encrypted_content": "gAAA"}
     events = run_responses([_text_delta("x", 1), _completed_with([item, _message("x")])])
     assert events == [
         TextDelta("x"),

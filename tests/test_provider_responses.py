@@ -14,6 +14,7 @@ from aiohttp import web
 
 from adapters.providers.openai_chat import OpenAIChatProvider
 from adapters.providers.openai_responses import OpenAIResponsesProvider
+from engine.json_types import JsonObject
 from engine.ports import ModelRequest, RawChunk, RawWarning, ResolvedModel, UpstreamError
 from engine.protocols.client import LiveModelClient
 from engine.protocols.model_events import (
@@ -573,7 +574,7 @@ async def test_model_events_of_a_full_stream(raw_server) -> None:
 async def test_model_events_when_text_and_reasoning_come_only_in_the_final_output(raw_server) -> None:
     """A server that streams only the lifecycle: the answer and the reasoning
     item are taken from response.completed (the turn used to end empty)."""
-    reasoning = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan."}]}
+    reasoning: JsonObject = {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Plan."}]}
     message = {
         "type": "message",
         "id": "msg_1",

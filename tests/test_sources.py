@@ -25,6 +25,7 @@ from engine.context.sources import (
     rag_template,
     source_context,
 )
+from engine.json_types import JsonObject
 from tests.vectors_util import load_vectors
 
 SOURCE_VECTORS = load_vectors("source_context.json")
@@ -91,7 +92,8 @@ def test_apply_source_context_vectors(vector: dict[str, Any]) -> None:
         tag = '<source id="1" name="a.pdf" resource-type="file" resource-id="f1">Paris is the capital.</source>'
         expected_tail = f"\n\n<context>\n{tag}\n</context>\n\nQ?"
         assert vector["expected"][0]["content"].endswith(expected_tail)
-        assert got[0]["content"].endswith(expected_tail)
+        content = got[0]["content"]
+        assert isinstance(content, str) and content.endswith(expected_tail)
         assert got[0]["content"] == DEFAULT_RAG_TEMPLATE.replace("{{CONTEXT}}", tag) + "\nQ?"
         assert ids == {"a.pdf": 1}
     else:
@@ -205,14 +207,14 @@ def test_apply_finds_the_last_user_message_when_it_is_not_last() -> None:
 
 
 def test_apply_query_argument_overrides_the_user_text() -> None:
-    messages = [{"role": "user", "content": "augmented text"}]
+    messages: list[JsonObject] = [{"role": "user", "content": "augmented text"}]
     got, _ids = apply_source_context(messages, PARIS, template="Q: {{QUERY}}", system_context=False, query="original", now=NOW)
     assert got == [{"role": "user", "content": "Q: original\naugmented text"}]
 
 
 def test_apply_list_content_edits_the_first_text_part_only() -> None:
-    image = {"type": "image_url", "image_url": {"url": "u"}}
-    messages = [{"role": "user", "content": [image, {"type": "text", "text": "Q1"}, {"type": "text", "text": "Q2"}]}]
+    image: JsonObject = {"type": "image_url", "image_url": {"url": "u"}}
+    messages: list[JsonObject] = [{"role": "user", "content": [image, {"type": "text", "text": "Q1"}, {"type": "text", "text": "Q2"}]}]
     got, _ids = apply_source_context(messages, PARIS, template="[context]", system_context=False, now=NOW)
     assert got == [{"role": "user", "content": [image, {"type": "text", "text": f"{PARIS_TAG}\nQ1"}, {"type": "text", "text": "Q2"}]}]
 

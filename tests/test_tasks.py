@@ -137,7 +137,9 @@ def test_task_request_is_one_user_message_with_the_default_template() -> None:
     messages = chat("Tell me about <b>cats</b>", '<details type="reasoning">hmm</details>Cats are ![cat](c.png) small felines.')
     [request] = task_request("title", messages, now=NOW)
     assert request["role"] == "user"
-    assert request["content"].endswith("<chat_history>\nUSER: Tell me about <b>cats</b>\nASSISTANT: Cats are  small felines.\n</chat_history>")
+    content = request["content"]
+    assert isinstance(content, str)
+    assert content.endswith("<chat_history>\nUSER: Tell me about <b>cats</b>\nASSISTANT: Cats are  small felines.\n</chat_history>")
     [custom] = task_request("title", messages, now=NOW, template="T: {{MESSAGES:END:1}}")
     assert custom == {"role": "user", "content": "T: ASSISTANT: Cats are  small felines."}
 
@@ -149,7 +151,8 @@ def test_default_templates_use_the_spec_windows_and_ask_for_json() -> None:
     assert "400 characters" in DEFAULT_FOLLOW_UPS_TEMPLATE
     assert "{{MESSAGES:END:6}}" in DEFAULT_QUERY_TEMPLATE and "{{CURRENT_DATE}}" in DEFAULT_QUERY_TEMPLATE and '{"queries":' in DEFAULT_QUERY_TEMPLATE
     [query_request] = task_request("queries", chat("q"), now=NOW)
-    assert "Today's date is 2025-03-14;" in query_request["content"]
+    query_content = query_request["content"]
+    assert isinstance(query_content, str) and "Today's date is 2025-03-14;" in query_content
 
 
 # --------------------------------------------------------------------------

@@ -8,12 +8,15 @@ its result.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from engine.context.extensions import EXTENSION_FIELDS, TURNLOG_PARAMS
 from engine.context.history import History, expand, reconcile, recorded_new
 from engine.context.messages import _decode_custom_params, add_or_update_system_message, add_or_update_user_message
+from engine.json_types import JsonObject, JsonValue
+from engine.protocols.shapes import Message, mapping_of, objects_of
 
 # Fields turnlog decides itself for the upstream call.
 CONTROLLED_FIELDS = frozenset({"model", "messages", "stream", "stream_options"})
@@ -24,26 +27,26 @@ class ModelProfile:
     """Per-model settings the operator configured."""
 
     system: str | None = None
-    params: dict[str, Any] = field(default_factory=dict)
+    params: JsonObject = field(default_factory=dict)
     function_calling: Literal["native", "default"] | None = None
-    capabilities: dict[str, Any] = field(default_factory=dict)
+    capabilities: JsonObject = field(default_factory=dict)
     knowledge: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class Assembled:
-    messages: list[dict[str, Any]]
-    params: dict[str, Any]
+    messages: list[Message]
+    params: JsonObject
     history_len: int
-    new_messages: list[dict[str, Any]]
+    new_messages: list[Message]
     history_reset: bool = False
-    turn_refs: list[dict[str, Any]] = field(default_factory=list)
+    turn_refs: list[JsonObject] = field(default_factory=list)
 
 
-def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str, Any]:
+def upstream_params(request: Mapping[str, JsonValue], profile: ModelProfile) -> JsonObject:
     """Model parameters for the upstream call: profile params < request ``params`` <
     top-level request fields (the body wins, as in Open WebUI's apply_params)."""
-    merged: dict[str, Any] = dict(profile.params)
+    merged: JsonObject = dict(profile.params)
     params = request.get("params") or {}
     if isinstance(params, dict):
         merged.update({k: v for k, v in params.items() if v is not None and k not in TURNLOG_PARAMS})
@@ -55,7 +58,7 @@ def upstream_params(request: dict[str, Any], profile: ModelProfile) -> dict[str,
     return merged
 
 
-def params_for_round(params: dict[str, Any], iteration: int) -> dict[str, Any]:
+def params_for_round(params: JsonObject, iteration: int) -> JsonObject:
     """The model parameters of the call in tool round ``iteration`` (0: the
     turn's first call). A forcing ``tool_choice`` (``"required"``, a named
     tool) applies to the first call only, as the OpenAI Agents SDK resets it:
@@ -75,7 +78,7 @@ def params_for_round(params: dict[str, Any], iteration: int) -> dict[str, Any]:
     return params
 
 
-def _allowed_tools_auto(choice: dict[str, Any]) -> dict[str, Any] | None:
+def _allowed_tools_auto(choice: JsonObject) -> JsonObject | None:
     """An ``allowed_tools`` choice with mode ``auto`` (Chat nests it under
     ``allowed_tools``, Responses does not); None when it does not require."""
     nested = choice.get("allowed_tools")
@@ -84,7 +87,7 @@ def _allowed_tools_auto(choice: dict[str, Any]) -> dict[str, Any] | None:
     return {**choice, "mode": "auto"} if choice.get("mode") == "required" else None
 
 
-def with_system_prompt(messages: list[dict[str, Any]], system: str | None) -> list[dict[str, Any]]:
+def with_system_prompt(messages: list[Message], system: str | None) -> list[Message]:
     """Prepend the model's system prompt to the system message wherever it is
     (not only at index 0, where Open WebUI looks), or insert one at the front."""
     if not system:
@@ -105,7 +108,7 @@ Use it when running code helps answer precisely; print what you need to see."""
 FUNCTION_CALLING = ("native", "default", "legacy")
 
 
-def requested_mode(request: dict[str, Any]) -> Literal["native", "default"] | None:
+def requested_mode(request: Mapping[str, JsonValue]) -> Literal["native", "default"] | None:
     """The function-calling mode the request's ``params`` choose (None: the
     model's, else native); ``"legacy"`` is prompt mode, ``"default"``."""
     params = request.get("params")
@@ -115,18 +118,18 @@ def requested_mode(request: dict[str, Any]) -> Literal["native", "default"] | No
     return "native" if chosen == "native" else None
 
 
-def legacy_code_interpreter(request: dict[str, Any], *, legacy_name: bool = True) -> bool:
+def legacy_code_interpreter(request: Mapping[str, JsonValue], *, legacy_name: bool = True) -> bool:
     """Legacy (prompt-based) function calling with the code interpreter feature
     on. ``legacy_name=False``: ``"legacy"`` is not prompt mode (how logs
     written before it was read fold)."""
-    features = request.get("features") if isinstance(request.get("features"), dict) else {}
+    features = mapping_of(request.get("features"))
     params = request.get("params")
     named = params.get("function_calling") if isinstance(params, dict) else None
     prompt = requested_mode(request) == "default" if legacy_name else named == "default"
     return bool(prompt and features and features.get("code_interpreter"))
 
 
-def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+def _append_to_last_user(messages: list[Message], text: str) -> list[Message]:
     return add_or_update_user_message(text, list(messages), append=True)
 
 
@@ -134,18 +137,18 @@ def _append_to_last_user(messages: list[dict[str, Any]], text: str) -> list[dict
 class ReconciledMessages:
     """The conversation for the model, and what this turn adds to its chat."""
 
-    messages: list[dict[str, Any]]
-    new_messages: list[dict[str, Any]]
-    turn_refs: list[dict[str, Any]]
+    messages: list[Message]
+    new_messages: list[Message]
+    turn_refs: list[JsonObject]
     history_reset: bool
     history_len: int  # messages that came from the stored history
 
 
-def reconcile_messages(request: dict[str, Any], history: History) -> ReconciledMessages:
+def reconcile_messages(request: Mapping[str, JsonValue], history: History) -> ReconciledMessages:
     """``history``: the chat's stored turns; reconciled with the request's messages
     by ``engine.context.history``, the result recorded as the turn's new messages
     so the next turn's history is right whichever way it is sent."""
-    incoming = list(request.get("messages") or [])
+    incoming = objects_of(request.get("messages"))
     # System messages are per request, never part of the stored history: left
     # out of the comparison, they go first.
     body = [m for m in incoming if m.get("role") != "system"]
@@ -164,12 +167,12 @@ def reconcile_messages(request: dict[str, Any], history: History) -> ReconciledM
     )
 
 
-def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -> Assembled:
+def assemble(request: Mapping[str, JsonValue], history: History, profile: ModelProfile) -> Assembled:
     """History, system prompt and the legacy code-interpreter prompt in one call
     (the first steps of ``engine.context.steps``, for callers that need no more)."""
     reconciled = reconcile_messages(request, history)
-    params = request.get("params") if isinstance(request.get("params"), dict) else {}
-    system = params.get("system") if params and params.get("system") else profile.system
+    given = mapping_of(request.get("params")).get("system")
+    system = str(given) if given else profile.system  # as the live steps read it
     messages = with_system_prompt(reconciled.messages, system)
     if legacy_code_interpreter(request):
         # Legacy mode: the instructions go with the user's message.
@@ -184,7 +187,7 @@ def assemble(request: dict[str, Any], history: History, profile: ModelProfile) -
     )
 
 
-def chat_messages_of_turn(new_messages: list[dict[str, Any]], assistant: dict[str, Any] | None) -> list[dict[str, Any]]:
+def chat_messages_of_turn(new_messages: list[Message], assistant: Message | None) -> list[Message]:
     """What one turn contributes to its chat's history."""
     out = list(new_messages)
     if assistant is not None:

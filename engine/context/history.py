@@ -31,9 +31,9 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
-Message = dict[str, Any]
+from engine.json_types import JsonObject, JsonValue
+from engine.protocols.shapes import Message, list_of
 
 
 def normalized_text(content: object) -> str:
@@ -55,7 +55,7 @@ def normalized_text(content: object) -> str:
 
 
 def tool_call_ids(message: Message) -> list[str]:
-    return [str(c.get("id")) for c in message.get("tool_calls") or [] if isinstance(c, dict) and c.get("id")]
+    return [str(c.get("id")) for c in list_of(message.get("tool_calls")) if isinstance(c, dict) and c.get("id")]
 
 
 @dataclass(frozen=True)
@@ -142,7 +142,7 @@ def expand(entries: Iterable[Entry]) -> list[Message]:
     return out
 
 
-def _key(message: Message) -> tuple[Any, ...]:
+def _key(message: Message) -> tuple[JsonValue, str, JsonValue, tuple[str, ...]]:
     return (
         message.get("role"),
         normalized_text(message.get("content")),
@@ -238,12 +238,12 @@ def reconcile(history: History, sent: Sequence[Message], *, replace: bool = Fals
     return Reconciled([*stored, *tail], len(stored))
 
 
-def recorded_new(entries: Sequence[Entry]) -> tuple[list[Message], list[dict[str, Any]]]:
+def recorded_new(entries: Sequence[Entry]) -> tuple[list[Message], list[JsonObject]]:
     """What a turn records of its new entries (``assembly.completed``): the messages
     as the client sent them, and ``{"index", "turn_id"}`` for each that stands for
     an earlier answer, so later histories expand that answer from its log."""
     messages: list[Message] = []
-    refs: list[dict[str, Any]] = []
+    refs: list[JsonObject] = []
     for entry in entries:
         if isinstance(entry, Matched):
             refs.append({"index": len(messages), "turn_id": entry.answer.turn_id})

@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Mapping
 from contextlib import aclosing
-from typing import Any
 
 from engine.context.assemble import ModelProfile
 from engine.context.history import History
@@ -36,6 +35,7 @@ from engine.context.steps import (
 from engine.context.tool_servers import ToolServersStep
 from engine.events import AssemblyCompleted, AssemblyStep, EventData
 from engine.fold.chat import chat_turn_views, stored_history
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import (
     AssemblyError,
     EventStore,
@@ -60,6 +60,7 @@ from engine.ports import (
 )
 from engine.protocols.history import REASONING_RESPONSES
 from engine.protocols.model_events import TextDelta
+from engine.protocols.shapes import json_list, list_of
 from engine.settings import EngineSettings
 from engine.tools.approval import asks
 from engine.tools.builtin import wanted_builtins
@@ -194,7 +195,7 @@ class LiveAssembler:
             memory.abandon()
             files.abandon()
 
-    async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> dict[str, Any]:
+    async def legacy_tools(self, draft: Draft, resolved: ResolvedModel, handles: Mapping[str, ToolHandle]) -> JsonObject:
         """Legacy (prompt-based) tools: the task model picks tools before the main
         call, they run now, their results become sources of the turn's context."""
         specs = [h.spec.function() for h in handles.values()]
@@ -213,8 +214,8 @@ class LiveAssembler:
             return {"model": name, "error": exc.message, "calls": [], "sources": []}
         text = "".join(reply)
         calls = parse_selection(text, set(handles))
-        sources: list[dict[str, Any]] = []
-        ran: list[dict[str, Any]] = []
+        sources: list[JsonObject] = []
+        ran: list[JsonValue] = []
         turn = draft.turn
         for index, (tool, parameters) in enumerate(calls):
             handle = handles[tool]
@@ -229,7 +230,7 @@ class LiveAssembler:
         # Tool results first, then the other sources (Open WebUI's order): the
         # source-context step numbers them all together, once per turn.
         draft.sources[:0] = sources
-        detail: dict[str, Any] = {"model": name, "reply": text, "calls": ran, "sources": sources}
+        detail: JsonObject = {"model": name, "reply": text, "calls": ran, "sources": json_list(sources)}
         if first_json_object(text) is None:  # a small model's prose: the answer goes on without tools, and says so
             detail["warning"] = "tools were not used: the model's tool selection held no JSON object"
         return detail
@@ -261,15 +262,15 @@ class _OfferedTools:
     def __init__(self, handles: Mapping[str, ToolHandle]) -> None:
         self._handles = handles
 
-    async def run(self, draft: Draft) -> dict[str, Any] | None:
+    async def run(self, draft: Draft) -> JsonObject | None:
         if draft.mode != "native":
             return None
         handles = _usable(draft, self._handles)
-        tools = [*(draft.params.get("tools") or []), *(h.spec.openai_tool() for h in handles.values())]
+        tools: list[JsonValue] = [*list_of(draft.params.get("tools")), *(h.spec.openai_tool() for h in handles.values())]
         if tools:
             draft.params["tools"] = tools
         offered = sorted(n for n, h in handles.items() if h.spec.kind == "builtin")
-        return {"builtin": offered} if offered else None
+        return {"builtin": json_list(offered)} if offered else None
 
 
 class _LegacyTools:
@@ -282,7 +283,7 @@ class _LegacyTools:
         self._assembler = assembler
         self._resolved = resolved
 
-    async def run(self, draft: Draft) -> dict[str, Any] | None:
+    async def run(self, draft: Draft) -> JsonObject | None:
         handles = _usable(draft, self._assembler._tools)
         if draft.mode != "default" or not handles or self._resolved is None:
             return None
@@ -294,7 +295,7 @@ class _LegacyTools:
         asking = sorted(n for n, h in handles.items() if asks(draft.request, approval, n, h))
         offered = {n: h for n, h in handles.items() if n not in asking}
         detail = await self._assembler.legacy_tools(draft, self._resolved, offered) if offered else {"calls": []}
-        return {**detail, "needs_approval": asking} if asking else detail
+        return {**detail, "needs_approval": json_list(asking)} if asking else detail
 
 
 def _profile(resolved: ResolvedModel | None) -> ModelProfile:

@@ -15,12 +15,13 @@ import base64
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any
 
 from engine.context.messages import add_or_update_system_message, get_last_user_message
 from engine.context.steps import Detail, Draft
 from engine.context.tasks import TaskFailure, parse_image_prompt, parse_queries, query_usage, query_warning, task_request, web_search_queries
-from engine.ports import ImageGenerator, Knowledge, PageFetcher, PayloadStore, RetrievalError, TaskModel, UpstreamError, WebError, WebSearch
+from engine.json_types import JsonObject, JsonValue
+from engine.ports import ImageGenerator, Knowledge, Page, PageFetcher, PayloadStore, RetrievalError, SearchHit, TaskModel, UpstreamError, WebError, WebSearch
+from engine.protocols.shapes import Message, json_list
 from engine.tools.builtin import stored_images
 
 logger = logging.getLogger(__name__)
@@ -55,12 +56,12 @@ class WebQueries:
             answer = await self._task_model.ask("queries", prompt)
         except UpstreamError as exc:
             draft.web_queries = [last] if last.strip() else []
-            detail.update(queries=draft.web_queries, query_error=exc.message)
+            detail.update(queries=json_list(draft.web_queries), query_error=exc.message)
             return detail
         reply = str(answer)
         parsed = parse_queries(reply)
         draft.web_queries = web_search_queries(parsed, last)
-        detail.update(queries=draft.web_queries, query_reply=reply, **query_usage(answer))
+        detail.update(queries=json_list(draft.web_queries), query_reply=reply, **query_usage(answer))
         warning = query_warning(parsed, draft.web_queries)
         if warning is not None:
             logger.warning("turn %s: web search: %s", draft.turn.id, warning)
@@ -89,7 +90,7 @@ class WebResults:
             return None
         if not draft.web_queries:
             return {"status": {"action": "web_search", "description": "No search query generated", "done": True}}
-        hits: dict[str, Any] = {}
+        hits: dict[str, SearchHit] = {}
         errors: list[str] = []
         for query in draft.web_queries:
             try:
@@ -98,10 +99,10 @@ class WebResults:
             except WebError as exc:
                 errors.append(f"{query}: {exc}")
         if not hits:
-            status = {"action": "web_search", "description": "No search results found", "done": True, "error": True}
-            return {"status": status, "queries": draft.web_queries, "errors": errors}
-        pages: list[dict[str, Any]] = []
-        fetched: list[Any] = list(await self._fetcher.fetch_many(list(hits))) if self._fetcher is not None else []
+            status: JsonObject = {"action": "web_search", "description": "No search results found", "done": True, "error": True}
+            return {"status": status, "queries": json_list(draft.web_queries), "errors": json_list(errors)}
+        pages: list[JsonValue] = []
+        fetched: list[Page | WebError] = list(await self._fetcher.fetch_many(list(hits))) if self._fetcher is not None else []
         found: list[tuple[str, str, str, str]] = []  # url, title, text, search snippet
         for n, (url, hit) in enumerate(hits.items()):
             page = fetched[n] if n < len(fetched) else None
@@ -112,17 +113,17 @@ class WebResults:
                 if page is not None:
                     pages.append({"url": url, "error": str(page)})
                 found.append((url, hit.title or url, hit.snippet, hit.snippet))
-        detail: Detail = {"queries": draft.web_queries, "pages": pages, "errors": errors}
+        detail: Detail = {"queries": json_list(draft.web_queries), "pages": pages, "errors": json_list(errors)}
         if draft.feature("web_search_full_context") or self._knowledge is None:
             sources = [_web_source(url, title, [(text, None)]) for url, title, text, _ in found]
         else:
             sources = await self._retrieved(self._knowledge, found, draft.web_queries, detail)
         draft.sources.extend(sources)
-        status = {"action": "web_search", "description": f"Searched {len(hits)} sites", "urls": list(hits), "done": True}
-        return {"status": status, **detail, "sources": sources}
+        status = {"action": "web_search", "description": f"Searched {len(hits)} sites", "urls": json_list(hits), "done": True}
+        return {"status": status, **detail, "sources": json_list(sources)}
 
     @staticmethod
-    async def _retrieved(knowledge: Knowledge, found: list[tuple[str, str, str, str]], queries: list[str], detail: Detail) -> list[dict[str, Any]]:
+    async def _retrieved(knowledge: Knowledge, found: list[tuple[str, str, str, str]], queries: list[str], detail: Detail) -> list[JsonObject]:
         """The pages' passages chosen for the queries; if retrieval fails, the
         search snippets (a page may be megabytes: never whole by accident)."""
         try:
@@ -135,9 +136,9 @@ class WebResults:
         return [_web_source(url, title, passages) for (url, title, _, _), passages in zip(found, chosen) if passages]
 
 
-def _web_source(url: str, title: str, passages: Sequence[tuple[str, float | None]]) -> dict[str, Any]:
+def _web_source(url: str, title: str, passages: Sequence[tuple[str, float | None]]) -> JsonObject:
     """A web page as a source, in Open WebUI's shape: one document per passage."""
-    source: dict[str, Any] = {
+    source: JsonObject = {
         "source": {"id": url, "name": title, "type": "web_search", "url": url},
         "document": [text for text, _ in passages],
         "metadata": [{"source": url, "name": title, "url": url, **({"score": score} if score is not None else {})} for _, score in passages],
@@ -226,32 +227,33 @@ class ImageGeneration:
         except WebError as exc:
             note = f"An image was requested but could not be created: {exc}. Tell the user."
             draft.messages = _context_note(draft.messages, note)
-            status = {"action": "image_generation", "description": "An error occurred while generating an image", "done": True, "error": True}
+            status: JsonObject = {"action": "image_generation", "description": "An error occurred while generating an image", "done": True, "error": True}
             return {"status": status, "error": str(exc), "edit": bool(inputs)}
         files = await stored_images(self._payloads, [(i.data, i.mime) for i in made])
         what = "edited" if inputs else "created"
         note = f"The requested image has been {what} and is already shown to the user; do not repeat it or describe how to make it."
         draft.messages = _context_note(draft.messages, note)
         status = {"action": "image_generation", "description": "Image created", "done": True}
-        return {"status": status, "files": files, "edit": bool(inputs), "prompt": prompt}
+        return {"status": status, "files": json_list(files), "edit": bool(inputs), "prompt": prompt}
 
 
-def _context_note(messages: list[dict[str, Any]], note: str) -> list[dict[str, Any]]:
+def _context_note(messages: list[Message], note: str) -> list[Message]:
     return add_or_update_system_message(f"<context>{note}</context>", list(messages), append=False)
 
 
 _DATA_URI = re.compile(r"^data:(?P<mime>[\w.+-]+/[\w.+-]+);base64,(?P<b64>.+)$", re.DOTALL)
 
 
-def recent_images(messages: list[dict[str, Any]]) -> list[tuple[bytes, str]]:
+def recent_images(messages: list[Message]) -> list[tuple[bytes, str]]:
     """The inline images of the last user messages that have any (at most
     ``EDIT_IMAGES``, most recent last): what an edit works on."""
     found: list[tuple[bytes, str]] = []
     for message in reversed(messages):
-        if message.get("role") != "user" or not isinstance(message.get("content"), list):
+        content = message.get("content")
+        if message.get("role") != "user" or not isinstance(content, list):
             continue
         images = []
-        for part in message["content"]:
+        for part in content:
             url = part.get("image_url") if isinstance(part, dict) else None
             url = url.get("url") if isinstance(url, dict) else url
             match = _DATA_URI.match(url) if isinstance(url, str) else None

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from typing import Any
+from typing import TypeGuard
 
 from engine.context.extensions import TURNLOG_PARAMS
+from engine.json_types import JsonObject, JsonValue
+from engine.protocols.shapes import Message
 
-Message = dict[str, Any]
+__all__ = ["Message"]
 
 #: Keys of ``params`` that steer Open WebUI / turnlog and are never
 #: model parameters: the one list, ``engine.context.extensions.TURNLOG_PARAMS``.
@@ -41,7 +43,7 @@ OLLAMA_TOP_LEVEL_PARAMS = frozenset({"format", "keep_alive", "think"})
 # --------------------------------------------------------------------------
 
 
-def _is_text_part(part: Any) -> bool:
+def _is_text_part(part: JsonValue) -> TypeGuard[Mapping[str, JsonValue]]:
     return isinstance(part, Mapping) and part.get("type") == "text"
 
 
@@ -68,32 +70,34 @@ def update_message_content(message: Message, text: str, append: bool = True) -> 
         for i, part in enumerate(parts):
             if _is_text_part(part):
                 old = part.get("text") or ""
-                parts[i] = {**part, "text": _join(old, text) if append else _join(text, old)}
+                old_text = old if isinstance(old, str) else str(old)  # as an f-string would show it
+                parts[i] = {**part, "text": _join(old_text, text) if append else _join(text, old_text)}
                 break
         else:
-            new_part = {"type": "text", "text": text}
+            new_part: JsonValue = {"type": "text", "text": text}
             parts = [*parts, new_part] if append else [new_part, *parts]
         return {**message, "content": parts}
     old = content if isinstance(content, str) else ""
     return {**message, "content": _join(old, text) if append else _join(text, old)}
 
 
-def _first_text(content: Any) -> str | None:
+def _first_text(content: JsonValue) -> str | None:
     if isinstance(content, str):
         return content
     if isinstance(content, list):
         for part in content:
             if _is_text_part(part):
-                return part.get("text") or ""
+                text = part.get("text")
+                return text if isinstance(text, str) else ""
     return None
 
 
-def _all_text(content: Any) -> str:
+def _all_text(content: JsonValue) -> str:
     """Every text part of list content, joined with newlines; empty ones dropped."""
     if isinstance(content, str):
         return content
     if isinstance(content, list):
-        return "\n".join(part.get("text") for part in content if _is_text_part(part) and part.get("text"))
+        return "\n".join(text for part in content if _is_text_part(part) and isinstance(text := part.get("text"), str) and text)
     return ""
 
 
@@ -126,7 +130,7 @@ def add_or_update_user_message(text: str, messages: list[Message], append: bool 
     return out
 
 
-def replace_system_message_content(content: Any, messages: list[Message]) -> list[Message]:
+def replace_system_message_content(content: JsonValue, messages: list[Message]) -> list[Message]:
     """The first system message anywhere gets ``content`` (replacing all of its
     content). Without a system message the list is returned unchanged."""
     out = list(messages)
@@ -192,7 +196,7 @@ def merge_system_messages(messages: list[Message]) -> list[Message]:
     system text and no other parts the system messages are simply removed.
     """
     texts: list[str] = []
-    extra_parts: list[Any] = []
+    extra_parts: list[JsonValue] = []
     rest: list[Message] = []
     for message in messages:
         if message.get("role") != "system":
@@ -206,14 +210,15 @@ def merge_system_messages(messages: list[Message]) -> list[Message]:
             extra_parts.extend(part for part in content if not _is_text_part(part))
     merged = "\n".join(texts)
     if extra_parts:
-        parts = ([{"type": "text", "text": merged}] if merged else []) + extra_parts
+        parts: list[JsonValue] = [{"type": "text", "text": merged}] if merged else []
+        parts += extra_parts
         return [{"role": "system", "content": parts}, *rest]
     if merged:
         return [{"role": "system", "content": merged}, *rest]
     return rest
 
 
-def _is_empty_text_part(part: Any) -> bool:
+def _is_empty_text_part(part: JsonValue) -> bool:
     if not _is_text_part(part):
         return False
     text = part.get("text")
@@ -228,7 +233,7 @@ def strip_empty_content_blocks(messages: list[Message]) -> list[Message]:
     for message in messages:
         content = message.get("content")
         if isinstance(content, list):
-            kept = [part for part in content if not _is_empty_text_part(part)]
+            kept: list[JsonValue] = [part for part in content if not _is_empty_text_part(part)]
             if kept and len(kept) != len(content):
                 message = {**message, "content": kept}
         out.append(message)
@@ -240,20 +245,21 @@ def strip_empty_content_blocks(messages: list[Message]) -> list[Message]:
 # --------------------------------------------------------------------------
 
 
-def _deep_merge(base: Mapping[str, Any], extra: Mapping[str, Any]) -> dict[str, Any]:
+def _deep_merge(base: Mapping[str, JsonValue], extra: Mapping[str, JsonValue]) -> JsonObject:
     result = dict(base)
     for key, value in extra.items():
-        if isinstance(value, Mapping) and isinstance(result.get(key), Mapping):
-            result[key] = _deep_merge(result[key], value)
+        current = result.get(key)
+        if isinstance(value, Mapping) and isinstance(current, Mapping):
+            result[key] = _deep_merge(current, value)
         else:
             result[key] = value
     return result
 
 
-def _decode_custom_params(custom: Any) -> dict[str, Any]:
+def _decode_custom_params(custom: object) -> JsonObject:
     if not isinstance(custom, Mapping):
         return {}
-    out: dict[str, Any] = {}
+    out: JsonObject = {}
     for key, value in custom.items():
         if isinstance(value, str):
             try:
@@ -264,11 +270,11 @@ def _decode_custom_params(custom: Any) -> dict[str, Any]:
     return out
 
 
-def convert_logit_bias(value: Any) -> dict[str, int] | None:
+def convert_logit_bias(value: object) -> JsonObject | None:
     """``"50256:-100, 11:5"`` (the UI's text form) or a mapping → the OpenAI
     ``{token_id: bias}`` object, biases clamped to [-100, 100]. None when the
     value cannot be understood (the key is then not sent at all)."""
-    pairs: list[tuple[Any, Any]]
+    pairs: list[tuple[object, object]]
     if isinstance(value, Mapping):
         pairs = list(value.items())
     elif isinstance(value, str):
@@ -291,24 +297,26 @@ def convert_logit_bias(value: Any) -> dict[str, int] | None:
             pairs.append((token.strip(), bias.strip()))
     else:
         return None
-    result: dict[str, int] = {}
-    for token, bias in pairs:
+    result: JsonObject = {}
+    for raw_token, raw_bias in pairs:
+        if not isinstance(raw_bias, str | int | float):
+            return None  # what float() refuses
         try:
-            token_id = int(str(token).strip())
-            number = float(bias)
+            token_id = int(str(raw_token).strip())
+            number = float(raw_bias)
         except (TypeError, ValueError):
             return None
         result[str(token_id)] = int(max(-100.0, min(100.0, number)))
     return result or None
 
 
-def _is_ollama(model: Mapping[str, Any] | None) -> bool:
+def _is_ollama(model: Mapping[str, object] | None) -> bool:
     if not isinstance(model, Mapping):
         return False
     return model.get("owned_by") == "ollama" or isinstance(model.get("ollama"), Mapping)
 
 
-def apply_params_to_form_data(form_data: Mapping[str, Any], model: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def apply_params_to_form_data(form_data: Mapping[str, JsonValue], model: Mapping[str, object] | None = None) -> JsonObject:
     """Move the request's ``params`` into the upstream body (a new dict).
 
     * ``params`` is removed from the body, and so are the Open WebUI/turnlog-only
@@ -325,7 +333,7 @@ def apply_params_to_form_data(form_data: Mapping[str, Any], model: Mapping[str, 
     """
     body = dict(form_data)
     raw_params = body.pop("params", None)
-    params: dict[str, Any] = dict(raw_params) if isinstance(raw_params, Mapping) else {}
+    params: JsonObject = dict(raw_params) if isinstance(raw_params, Mapping) else {}
     custom = params.pop("custom_params", None)
     params = _deep_merge(params, _decode_custom_params(custom))
     params = {k: v for k, v in params.items() if k not in OWUI_ONLY_PARAMS and v is not None}

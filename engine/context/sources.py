@@ -31,9 +31,10 @@ import html
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NotRequired, TypedDict
+from typing import NotRequired, TypedDict
 
 from engine.context.messages import Message, add_or_update_system_message, update_message_content
+from engine.json_types import JsonObject
 
 #: The citation key of a document with neither ``metadata.source`` nor ``source.id``.
 NO_KEY = "N/A"
@@ -87,7 +88,7 @@ def _mapping(value: object) -> Mapping[str, object]:
     return value if isinstance(value, Mapping) else {}
 
 
-def _list(value: object) -> list[Any]:
+def _list(value: object) -> list[object]:
     return list(value) if isinstance(value, list | tuple) else []
 
 
@@ -95,7 +96,7 @@ def _text(value: object) -> str:
     return value if isinstance(value, str) else ("" if value is None else str(value))
 
 
-def _documents(source: Mapping[str, object]) -> Iterator[tuple[Any, Mapping[str, object]]]:
+def _documents(source: Mapping[str, object]) -> Iterator[tuple[object, Mapping[str, object]]]:
     """``(document, metadata)`` pairs; documents beyond the metadata are ignored (zip)."""
     for document, metadata in zip(_list(source.get("document")), _list(source.get("metadata"))):
         yield document, _mapping(metadata)
@@ -194,6 +195,14 @@ def numbered_sources(sources: Sequence[Mapping[str, object]], *, source_ids: Map
                 entry["url"] = url
             entries[number] = entry
     return [entries[n] for n in sorted(entries)]
+
+
+def numbered_object(entry: NumberedSource) -> JsonObject:
+    """A numbered source as the JSON object recorded (keys in the same order)."""
+    out: JsonObject = {"id": entry["id"], "name": entry["name"], "type": entry["type"]}
+    if "url" in entry:
+        out["url"] = entry["url"]
+    return out
 
 
 # --------------------------------------------------------------------------

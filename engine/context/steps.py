@@ -25,7 +25,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from engine.context.assemble import (
     CODE_INTERPRETER_PROMPT,
@@ -44,10 +44,10 @@ from engine.context.messages import (
     merge_system_messages,
     strip_empty_content_blocks,
 )
-from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
+from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_object, numbered_sources
 from engine.context.tasks import parse_queries, query_usage, query_warning, retrieval_queries, task_request
 from engine.context.unsupported import ignored_fields
-from engine.json_types import JsonObject
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import (
     FileInfo,
     FileRef,
@@ -62,11 +62,12 @@ from engine.ports import (
     TurnInput,
     UpstreamError,
 )
+from engine.protocols.shapes import Message, json_list, json_object_of, list_of
 
 logger = logging.getLogger(__name__)
 
-Message = dict[str, Any]
-Detail = dict[str, Any]
+#: What a step records of what it did.
+Detail = JsonObject
 
 
 @dataclass
@@ -75,20 +76,20 @@ class Draft:
 
     turn: TurnInput
     profile: ModelProfile
-    request: dict[str, Any]  # the client's body; inlet filters may rewrite it
+    request: JsonObject  # the client's body; inlet filters may rewrite it
     messages: list[Message] = field(default_factory=list)
-    params: dict[str, Any] = field(default_factory=dict)
+    params: JsonObject = field(default_factory=dict)
     # What this turn adds to its chat's stored history (see engine.context.history).
     new_messages: list[Message] = field(default_factory=list)
-    turn_refs: list[dict[str, Any]] = field(default_factory=list)
+    turn_refs: list[JsonObject] = field(default_factory=list)
     history_reset: bool = False
     history_len: int = 0
     chat_turns: int = 0  # earlier turns of the chat
     # Retrieved sources, in Open WebUI's shape ({source, document, metadata}).
-    sources: list[dict[str, Any]] = field(default_factory=list)
+    sources: list[JsonObject] = field(default_factory=list)
     # The context before sources were applied (for the loop to rebuild it).
-    rag: dict[str, Any] | None = None
-    numbered: list[dict[str, Any]] = field(default_factory=list)  # the client-facing source list
+    rag: JsonObject | None = None
+    numbered: list[JsonObject] = field(default_factory=list)  # the client-facing source list
     web_queries: list[str] = field(default_factory=list)  # legacy web search: this turn's queries
     image_prompt: str | None = None  # legacy image generation: the task model's prompt (None: the user's words)
     code_interpreter: bool = False  # legacy code blocks in the answer are run
@@ -189,7 +190,7 @@ class InletFilters:
     async def run(self, draft: Draft) -> Detail | None:
         if "inlet" not in self._filters.hooks():
             return None
-        body = {**draft.request, "messages": draft.messages}
+        body: JsonObject = {**draft.request, "messages": list(draft.messages)}
         user: JsonObject = {"id": draft.turn.user_id, "name": draft.turn.user_id}
         try:
             new_body, runs = await self._filters.inlet(body, user)
@@ -206,11 +207,11 @@ class InletFilters:
             draft.request.pop("files", None)
         if any(k != "messages" for k in changed):
             draft.params = upstream_params(draft.request, draft.profile)
-        return {"runs": [_run(r) for r in runs], "changed": changed}
+        return {"runs": [_run(r) for r in runs], "changed": json_list(changed)}
 
 
-def _run(run: FilterRun) -> dict[str, Any]:
-    out: dict[str, Any] = {"filter": run.filter, "changed": run.changed}
+def _run(run: FilterRun) -> JsonObject:
+    out: JsonObject = {"filter": run.filter, "changed": run.changed}
     if run.error:
         out["error"] = run.error
     if run.file_handler:
@@ -300,7 +301,7 @@ class Unsupported:
     async def run(self, draft: Draft) -> Detail | None:
         native = draft.mode == "native"
         ignored = ignored_fields(draft.request, native=native, available=self._available, builtin_tools=draft.capability("builtin_tools"))
-        return {"ignored": ignored} if ignored else None
+        return {"ignored": json_list(ignored)} if ignored else None
 
 
 # -- files and knowledge ------------------------------------------------------------------
@@ -322,7 +323,7 @@ class Files:
         self._knowledge = knowledge
         self._task_model = task_model
         self._wait = wait
-        self._early: asyncio.Task[tuple[Detail, list[dict[str, Any]]]] | None = None
+        self._early: asyncio.Task[tuple[Detail, list[JsonObject]]] | None = None
 
     def _refs(self, draft: Draft) -> tuple[list[FileRef], list[FileRef]]:
         """(what to retrieve, the model's knowledge to list for its tools)."""
@@ -359,7 +360,7 @@ class Files:
         draft.sources.extend(sources)
         return {**detail, **found}
 
-    async def _search(self, draft: Draft, refs: list[FileRef]) -> tuple[Detail, list[dict[str, Any]]]:
+    async def _search(self, draft: Draft, refs: list[FileRef]) -> tuple[Detail, list[JsonObject]]:
         if self._knowledge is None:
             return {"files": [_ref(r) for r in refs], "error": "files are not available: no knowledge store is configured"}, []
         detail: Detail = {}
@@ -377,7 +378,7 @@ class Files:
         except RetrievalError as exc:
             detail["error"] = str(exc)
             return detail, []
-        detail["sources"] = sources
+        detail["sources"] = json_list(sources)
         return detail, sources
 
     async def _queries(self, draft: Draft) -> tuple[list[str], Detail]:
@@ -392,7 +393,7 @@ class Files:
         reply = str(answer)
         parsed = parse_queries(reply)
         queries = retrieval_queries(parsed, last)
-        detail: Detail = {"queries": queries, "query_reply": reply, **query_usage(answer)}
+        detail: Detail = {"queries": json_list(queries), "query_reply": reply, **query_usage(answer)}
         warning = query_warning(parsed, queries)
         if warning is not None:
             logger.warning("turn %s: files: %s", draft.turn.id, warning)
@@ -400,15 +401,15 @@ class Files:
         return queries, detail
 
 
-def request_refs(request: Mapping[str, Any]) -> list[FileRef]:
+def request_refs(request: Mapping[str, JsonValue]) -> list[FileRef]:
     """The ``files`` of a request as references (malformed entries are ignored;
     the schema rejects them before a turn starts)."""
     refs: list[FileRef] = []
-    for entry in request.get("files") or []:
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
+    for entry in list_of(request.get("files")):
+        if not isinstance(entry, dict) or not isinstance(file_id := entry.get("id"), str):
             continue
         kind: Literal["file", "collection"] = "collection" if entry.get("type") == "collection" else "file"
-        ref = FileRef(kind, entry["id"], full=entry.get("context") == "full")
+        ref = FileRef(kind, file_id, full=entry.get("context") == "full")
         if ref not in refs:
             refs.append(ref)
     return refs
@@ -419,12 +420,12 @@ def attached_knowledge(refs: Sequence[FileRef]) -> str:
     return f"<attached_knowledge>\n{lines}\n</attached_knowledge>"
 
 
-def _ref(ref: FileRef) -> dict[str, Any]:
+def _ref(ref: FileRef) -> JsonObject:
     return {"type": ref.type, "id": ref.id}
 
 
-def _info(info: FileInfo, wait: float) -> dict[str, Any]:
-    out: dict[str, Any] = {**_ref(info.ref), "name": info.name, "status": info.status}
+def _info(info: FileInfo, wait: float) -> JsonObject:
+    out: JsonObject = {**_ref(info.ref), "name": info.name, "status": info.status}
     if info.status == "processing":
         out["reason"] = f"still being processed after {wait:g} s"
     elif info.reason:
@@ -454,12 +455,12 @@ class SourceContext:
             draft.messages, draft.sources, template=self._template, system_context=self._system, source_ids={}, now=draft.now
         )
         draft.messages = messages
-        draft.rag["source_ids"] = source_ids
-        draft.numbered = [dict(s) for s in numbered_sources(draft.sources, source_ids=source_ids)]
-        return {"where": "system" if self._system else "user", "sources": draft.numbered}
+        draft.rag["source_ids"] = json_object_of(source_ids)
+        draft.numbered = [numbered_object(s) for s in numbered_sources(draft.sources, source_ids=source_ids)]
+        return {"where": "system" if self._system else "user", "sources": json_list(draft.numbered)}
 
 
-def snapshot(messages: Sequence[Message], system_context: bool) -> dict[str, Any]:
+def snapshot(messages: Sequence[Message], system_context: bool) -> JsonObject:
     """The message the context goes into, before it does (the loop rebuilds it
     from this when tools add citations, instead of piling context up)."""
     role = "system" if system_context else "user"
@@ -480,9 +481,9 @@ class SystemMessages:
         draft.messages = merge_system_messages(stripped)
         if draft.rag is not None and draft.rag.get("role") == "system":
             draft.rag["index"] = 0 if draft.messages and draft.messages[0].get("role") == "system" else None
-        elif draft.rag is not None and draft.rag.get("index") is not None:
+        elif draft.rag is not None and isinstance(index := draft.rag.get("index"), int):
             # Merging system messages moves the user message: find it again.
-            draft.rag["index"] = _same_index(before, draft.messages, draft.rag["index"])
+            draft.rag["index"] = _same_index(before, draft.messages, index)
         detail: Detail = {}
         if systems > 1:
             detail["merged_system_messages"] = systems
@@ -519,7 +520,7 @@ class UserImages:
         count = 0
         out: list[Message] = []
         for message in draft.messages:
-            files: list[Any] = message["files"] if isinstance(message.get("files"), list) else []
+            files = list_of(message.get("files"))
             images = [e for e in files if isinstance(e, dict) and e.get("type") == "image" and isinstance(e.get("url"), str)]
             parts = _parts(message.get("content"))
             changed = bool(images)
@@ -535,7 +536,7 @@ class UserImages:
                         count += 1
             if changed:
                 rest = [e for e in files if e not in images]
-                rebuilt = {**{k: v for k, v in message.items() if k != "files"}, "content": parts}
+                rebuilt = {**{k: v for k, v in message.items() if k != "files"}, "content": json_list(parts)}
                 out.append({**rebuilt, "files": rest} if rest else rebuilt)
             else:
                 out.append(message)
@@ -559,9 +560,9 @@ class AttachedFiles:
         last_user = max((i for i, m in enumerate(draft.messages) if m.get("role") == "user"), default=None)
         out: list[Message] = []
         for index, message in enumerate(draft.messages):
-            files = list(message["files"]) if isinstance(message.get("files"), list) else []
-            if index == last_user and isinstance(draft.request.get("files"), list):
-                files += draft.request["files"]
+            files = list(list_of(message.get("files")))
+            if index == last_user and isinstance(request_files := draft.request.get("files"), list):
+                files += request_files
             refs = [e for e in files if isinstance(e, dict) and isinstance(e.get("id"), str) and e.get("type") != "image"]
             if not refs and "files" not in message:
                 out.append(message)
@@ -576,7 +577,7 @@ class AttachedFiles:
         return {"listed": listed} if listed else None
 
 
-def _parts(content: Any) -> list[dict[str, Any]]:
+def _parts(content: JsonValue) -> list[JsonObject]:
     if isinstance(content, list):
         return [dict(p) for p in content if isinstance(p, dict)]
     return [{"type": "text", "text": content}] if isinstance(content, str) and content else []

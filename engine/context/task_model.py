@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
-from typing import Any
 
+from engine.json_types import JsonObject
 from engine.ports import ModelCatalog, ModelClient, ModelRequest, TaskReply, UpstreamError
 from engine.protocols.model_events import Finished, StreamFailed, TextDelta, UsageReport
 
@@ -33,7 +33,7 @@ class LiveTaskModel:
             raise UpstreamError(f"task model {self._model!r} is not available", "model_not_found")
         request = ModelRequest(messages=[{"role": "user", "content": prompt}], params={"max_tokens": TASK_MAX_TOKENS})
         text: list[str] = []
-        usage: dict[str, Any] | None = None
+        usage: JsonObject | None = None
         async for events in self._client.stream(resolved, request, _ids()):
             for event in events:
                 if isinstance(event, TextDelta):

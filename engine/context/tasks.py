@@ -41,11 +41,11 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Literal
 
 from engine.context.messages import Message
 from engine.context.sources import date_variables
-from engine.json_types import JsonObject
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import TaskReply
 
 TaskKind = Literal["title", "tags", "follow_ups", "queries", "image_prompt"]
@@ -337,7 +337,7 @@ def json_objects(text: str) -> Iterator[JsonObject]:
         start = text.find("{", end)
 
 
-def reply_field(reply: str, key: str) -> tuple[bool, Any]:
+def reply_field(reply: str, key: str) -> tuple[bool, JsonValue]:
     """``(True, value)`` of ``key`` in the first complete JSON object of ``reply``
     that has it; ``(False, None)`` when none has it."""
     for obj in json_objects(reply if isinstance(reply, str) else ""):
@@ -408,10 +408,11 @@ def parse_follow_ups(reply: str) -> list[str] | TaskFailure:
         return TaskFailure('no JSON object with "follow_ups"')
     if not isinstance(value, list):
         return TaskFailure("follow_ups is not a list")
-    if not all(isinstance(entry, str) for entry in value):
+    entries = [entry for entry in value if isinstance(entry, str)]
+    if len(entries) != len(value):
         return TaskFailure("a follow-up is not a string")
     out: list[str] = []
-    for entry in value:
+    for entry in entries:
         text = entry.strip()
         if text and len(text) <= MAX_FOLLOW_UP_CHARS and text not in out:
             out.append(text)
@@ -503,7 +504,7 @@ def web_search_queries(result: Queries | TaskFailure, user_message: str | None) 
     return [user_message] if user_message and user_message.strip() else []
 
 
-def query_usage(answer: str) -> dict[str, Any]:
+def query_usage(answer: str) -> JsonObject:
     """``{"query_usage": …}``, what the task model's call for search queries
     spent as its upstream reported it (the turn's usage includes it); empty
     when it reported none."""

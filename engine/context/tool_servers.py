@@ -10,11 +10,11 @@ appended to the system message, as Open WebUI does.
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.context.messages import add_or_update_system_message
 from engine.context.steps import Draft
+from engine.json_types import JsonObject
 from engine.ports import TurnToolServers
+from engine.protocols.shapes import json_list
 
 STEP = "tool_servers"
 
@@ -25,13 +25,13 @@ class ToolServersStep:
     def __init__(self, servers: TurnToolServers) -> None:
         self._servers = servers
 
-    async def run(self, draft: Draft) -> dict[str, Any] | None:
+    async def run(self, draft: Draft) -> JsonObject | None:
         listing = await self._servers.connect()
         if not listing.tools and not listing.warnings:
             return None
         for text in listing.instructions:
             draft.messages = add_or_update_system_message(text, list(draft.messages), append=True)
-        detail: dict[str, Any] = {"servers": listing.tools}
+        detail: JsonObject = {"servers": {tool_id: json_list(names) for tool_id, names in listing.tools.items()}}
         if listing.warnings:
-            detail["warnings"] = listing.warnings
+            detail["warnings"] = json_list(listing.warnings)
         return detail

@@ -13,7 +13,9 @@ client was told.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+
+from engine.json_types import JsonObject, JsonValue
+from engine.protocols.shapes import list_of
 
 STEP = "unsupported"
 
@@ -29,8 +31,8 @@ KNOWN = frozenset(NOT_CONFIGURED)
 
 
 def ignored_fields(
-    request: dict[str, Any], *, native: bool = True, available: Mapping[str, bool] | None = None, builtin_tools: bool = True
-) -> list[dict[str, str]]:
+    request: Mapping[str, JsonValue], *, native: bool = True, available: Mapping[str, bool] | None = None, builtin_tools: bool = True
+) -> list[JsonObject]:
     """The features ``request`` switched on that cannot work for this turn, with why.
 
     Only what the client switched on counts: ``{"web_search": false}`` asks for
@@ -38,7 +40,7 @@ def ignored_fields(
     tools then, injected context otherwise); ``available``: which features'
     services are configured (all, when not given).
     """
-    out: list[dict[str, str]] = []
+    out: list[JsonObject] = []
     features = request.get("features")
     if not isinstance(features, dict):
         return out
@@ -55,15 +57,15 @@ def ignored_fields(
     return out
 
 
-def warnings_of(detail: dict[str, Any]) -> list[str]:
+def warnings_of(detail: Mapping[str, object]) -> list[str]:
     """The sentences a client is shown for a recorded ``unsupported`` step."""
-    return [f"{entry.get('field')} was ignored: {entry.get('reason')}" for entry in detail.get("ignored") or [] if isinstance(entry, dict)]
+    return [f"{entry.get('field')} was ignored: {entry.get('reason')}" for entry in list_of(detail.get("ignored")) if isinstance(entry, dict)]
 
 
-def file_warnings(detail: Mapping[str, Any]) -> list[str]:
+def file_warnings(detail: Mapping[str, object]) -> list[str]:
     """What a client is told about files that could not be used."""
     out = []
-    for f in detail.get("files") or []:
+    for f in list_of(detail.get("files")):
         if not isinstance(f, dict):
             continue
         if f.get("status") != "ready":

@@ -37,9 +37,10 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Final
 
 from engine.fold.accumulator import parse_chat_chunk
+from engine.json_types import JsonObject
 from engine.ports import ModelRequest, RawChunk, RawRun, RawWarning, ResolvedModel
 from engine.protocols.common import (
     CallIds,
@@ -64,14 +65,15 @@ from engine.protocols.model_events import (
     ToolCallStarted,
     UsageReport,
 )
+from engine.protocols.shapes import json_list
 
 __all__ = ["ChatNormalizer", "ChatToolCalls", "request_body"]
 
 
-def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> JsonObject:
     """The Chat Completions body: the request's params, the upstream model, the
     transcript (with the assistant prefill) and ``stream``."""
-    return {**request.params, "model": resolved.upstream_model, "messages": outgoing_messages(request), "stream": True}
+    return {**request.params, "model": resolved.upstream_model, "messages": json_list(outgoing_messages(request)), "stream": True}
 
 
 # --------------------------------------------------------------------------
@@ -110,7 +112,7 @@ class ChatToolCalls:
     def __len__(self) -> int:
         return len(self._calls)
 
-    def feed(self, fragments: Iterable[Any]) -> list[ToolCallStarted | ToolArgumentsDelta]:
+    def feed(self, fragments: Iterable[object]) -> list[ToolCallStarted | ToolArgumentsDelta]:
         """Add the fragments of one chunk. Returns a :class:`ToolCallStarted`
         for each call that got its name in this chunk, and a
         :class:`ToolArgumentsDelta` for each argument fragment of a named call
@@ -231,7 +233,7 @@ class ChatNormalizer:
         self._calls = ChatToolCalls(id_factory, reserved_ids=reserved_ids)
         self.finish_reason: str | None = None
         self.response_id: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.usage: JsonObject | None = None
         self._finished = False
 
     def feed(self, chunk: object) -> list[ModelEvent]:
@@ -368,11 +370,14 @@ class ChatNormalizer:
         return events
 
 
-def _expand(run: RawRun) -> list[dict[str, Any]]:
+def _expand(run: RawRun) -> list[JsonObject]:
     """A run's chunks, each its own dict (a template ``feed`` does not take as plain)."""
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for text in run.texts:
         chunk = copy.deepcopy(run.template)
-        chunk["choices"][0]["delta"] = {"content": text}
+        choices = chunk.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if isinstance(choice, dict):  # always, by the run's construction
+            choice["delta"] = {"content": text}
         out.append(chunk)
     return out

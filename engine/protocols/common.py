@@ -40,10 +40,12 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, Final, Protocol
+from typing import Final, Protocol
 
+from engine.json_types import JsonObject
 from engine.ports import ModelRequest
 from engine.protocols.model_events import ModelEvent, StreamWarning, ToolCall
+from engine.protocols.shapes import Item, Message
 
 __all__ = [
     "CALL_ID_PREFIX",
@@ -69,10 +71,6 @@ __all__ = [
 ]
 
 IdFactory = Callable[[str], str]
-#: A Chat Completions message (the canonical transcript's unit).
-Message = dict[str, Any]
-#: A stored output item, or a Responses API input item.
-Item = dict[str, Any]
 
 #: Prefix passed to ``id_factory`` for every tool-call id turnlog makes up.
 CALL_ID_PREFIX: Final[str] = "call"
@@ -275,7 +273,7 @@ def is_text_part(part: object) -> bool:
     return isinstance(part, Mapping) and part.get("type") in ("input_text", "text", "output_text")
 
 
-def json_object(value: object) -> dict[str, Any] | None:
+def json_object(value: object) -> JsonObject | None:
     """``value`` as a JSON object: a mapping, or a string holding one; else None."""
     if isinstance(value, Mapping):
         return dict(value)

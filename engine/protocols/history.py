@@ -48,11 +48,12 @@ Reasoning replay (``reasoning_format``):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping, Sequence
 
-from engine.protocols.common import Item, Message, image_url, is_image_part, is_text_part, object_string
+from engine.json_types import JsonValue
+from engine.protocols.common import image_url, is_image_part, is_text_part, object_string
 from engine.protocols.responses import has_provider_reasoning, is_local_id, responses_reasoning_item
+from engine.protocols.shapes import Item, Message, list_of, text_of
 
 __all__ = [
     "BOOKKEEPING_KEYS",
@@ -132,12 +133,12 @@ def _reasoning_text(item: Mapping[str, object]) -> str:
     return text
 
 
-def _replayable_details(details: object) -> list[Any]:
+def _replayable_details(details: object) -> list[JsonValue]:
     """Provider ``reasoning_details`` worth replaying: Anthropic entries without a
     signature cannot be verified by the provider and are dropped."""
     if not isinstance(details, list):
         return []
-    out = []
+    out: list[JsonValue] = []
     for entry in details:
         if isinstance(entry, Mapping) and str(entry.get("format") or "").startswith("anthropic") and not entry.get("signature"):
             continue
@@ -171,10 +172,10 @@ class _Assistant:
 
     def __init__(self) -> None:
         self.content: list[str] = []
-        self.tool_calls: list[dict[str, Any]] = []
+        self.tool_calls: list[JsonValue] = []
         self.reasoning: list[str] = []
-        self.details: list[Any] = []
-        self.items: list[Item] = []  # Responses input items, "responses" format only
+        self.details: list[JsonValue] = []
+        self.items: list[JsonValue] = []  # Responses input items, "responses" format only
         self.provider_reasoning = False
 
     def message(self, reasoning_format: str | None) -> Message | None:
@@ -193,12 +194,12 @@ class _Assistant:
 
 
 def convert_output_to_messages(
-    output: list[dict[str, Any]],
+    output: Sequence[JsonValue],
     *,
     raw: bool = False,
     reasoning_format: str | None = None,
     flatten_tool_images: bool = False,
-) -> list[dict[str, Any]]:
+) -> list[Message]:
     """Chat Completions messages for a list of output items.
 
     * A call is replayed only if its ``function_call`` has status
@@ -229,7 +230,7 @@ class _OutputConverter:
     the assistant message being gathered, the tool run being gathered, and a
     provider reasoning item held for the item that follows it."""
 
-    def __init__(self, output: list[dict[str, Any]], *, raw: bool, reasoning_format: str | None, flatten_tool_images: bool) -> None:
+    def __init__(self, output: Sequence[JsonValue], *, raw: bool, reasoning_format: str | None, flatten_tool_images: bool) -> None:
         answered = {item.get("call_id") for item in output if isinstance(item, Mapping) and item.get("type") == "function_call_output"}
         self.replayable = {
             item.get("call_id")
@@ -248,11 +249,11 @@ class _OutputConverter:
         self.assistant = _Assistant()
         self.tool_run: list[Message] = []
         self.run_images: list[str] = []
-        self.emitted_outputs: set[Any] = set()
-        self.emitted_calls: set[Any] = set()
+        self.emitted_outputs: set[JsonValue] = set()
+        self.emitted_calls: set[JsonValue] = set()
         self.held_reasoning: Item | None = None  # a provider reasoning item waiting for its following item
 
-    def add(self, item: Mapping[str, object]) -> None:
+    def add(self, item: Mapping[str, JsonValue]) -> None:
         kind = item.get("type")
         follows_held = self.held_reasoning
         if kind != "reasoning":
@@ -270,7 +271,7 @@ class _OutputConverter:
             self._contribute({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
             self.assistant.content.append(text)
 
-    def finish(self) -> list[dict[str, Any]]:
+    def finish(self) -> list[Message]:
         self._close_run()
         self._close_assistant()
         return sanitize_tool_pairs(self.messages)
@@ -286,7 +287,7 @@ class _OutputConverter:
             return
         self.messages.extend(self.tool_run)
         if self.flatten_tool_images and self.run_images:
-            parts: list[dict[str, Any]] = [{"type": "text", "text": TOOL_IMAGES_PROMPT}]
+            parts: list[JsonValue] = [{"type": "text", "text": TOOL_IMAGES_PROMPT}]
             parts.extend({"type": "image_url", "image_url": {"url": url}} for url in self.run_images)
             self.messages.append({"role": "user", "content": parts})
         self.tool_run.clear()
@@ -304,7 +305,7 @@ class _OutputConverter:
         self.held_reasoning = None
         return self.assistant
 
-    def _output(self, item: Mapping[str, object]) -> None:
+    def _output(self, item: Mapping[str, JsonValue]) -> None:
         call_id = item.get("call_id")
         if call_id not in self.replayable or call_id in self.emitted_outputs:
             return
@@ -313,30 +314,30 @@ class _OutputConverter:
         raw_parts = item.get("output")
         parts = [p for p in raw_parts if isinstance(p, Mapping)] if isinstance(raw_parts, list) else []
         images = [url for p in parts if is_image_part(p) and (url := image_url(p))]
-        if isinstance(item.get("output"), str):
-            text = item["output"]
+        if isinstance(raw_parts, str):
+            text = raw_parts
         else:
-            text = "\n".join(p.get("text") or "" for p in parts if is_text_part(p))
-        content: Any = text
+            text = "\n".join(text_of(p.get("text")) for p in parts if is_text_part(p))
+        content: JsonValue = text
         if images and self.flatten_tool_images:
             self.run_images.extend(images)
         elif images:
             content = [dict(p) for p in parts if p.get("type") in ("input_text", "input_image")]
         self.tool_run.append({"role": "tool", "tool_call_id": call_id, "content": content})
 
-    def _call(self, item: Mapping[str, object], follows_held: Item | None) -> None:
+    def _call(self, item: Mapping[str, JsonValue], follows_held: Item | None) -> None:
         call_id = item.get("call_id")
         if call_id not in self.replayable or call_id in self.emitted_calls:
             return
         self.emitted_calls.add(call_id)
         name, arguments = _call_of(item)
         fc_item: Item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
-        if isinstance(item.get("id"), str) and item["id"] != call_id and not is_local_id(item["id"]):
-            fc_item["id"] = item["id"]
+        if isinstance(item_id := item.get("id"), str) and item_id != call_id and not is_local_id(item_id):
+            fc_item["id"] = item_id
         self.held_reasoning = follows_held
         self._contribute(fc_item).tool_calls.append({"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}})
 
-    def _message(self, item: Mapping[str, object], follows_held: Item | None) -> None:
+    def _message(self, item: Mapping[str, JsonValue], follows_held: Item | None) -> None:
         text = _text_of_parts(item.get("content"))
         if not text.strip():
             return
@@ -345,13 +346,13 @@ class _OutputConverter:
             "role": "assistant",
             "content": [{"type": "output_text", "text": text, "annotations": []}],
         }
-        if isinstance(item.get("id"), str) and not is_local_id(item["id"]):
-            msg_item["id"] = item["id"]
+        if isinstance(item_id := item.get("id"), str) and not is_local_id(item_id):
+            msg_item["id"] = item_id
             msg_item["status"] = "completed"
         self.held_reasoning = follows_held
         self._contribute(msg_item).content.append(text)
 
-    def _reasoning(self, item: Mapping[str, object]) -> None:
+    def _reasoning(self, item: Mapping[str, JsonValue]) -> None:
         if self.raw:
             details = _replayable_details(item.get("reasoning_details"))
             if details:
@@ -378,7 +379,7 @@ class _OutputConverter:
 # --------------------------------------------------------------------------
 
 
-def _call_ids(message: Mapping[str, object]) -> list[Any]:
+def _call_ids(message: Mapping[str, JsonValue]) -> list[JsonValue]:
     calls = message.get("tool_calls")
     if not isinstance(calls, list):
         return []
@@ -393,7 +394,7 @@ def _has_content(content: object) -> bool:
     return False
 
 
-def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def sanitize_tool_pairs(messages: Sequence[Message]) -> list[Message]:
     """Keep only tool calls answered by the tool messages that directly follow
     their assistant message, and only tool messages claimed by that assistant
     message (the first answer per call). An assistant message left with no calls
@@ -418,11 +419,12 @@ def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         ids = _call_ids(message)
         answered = {m.get("tool_call_id") for m in messages[i + 1 : j]} & set(ids)
         answered.discard(None)
-        calls = [c for c in message["tool_calls"] if isinstance(c, Mapping) and c.get("id") in answered]
+        all_calls = list_of(message.get("tool_calls"))
+        calls: list[JsonValue] = [c for c in all_calls if isinstance(c, Mapping) and c.get("id") in answered]
         if calls:
-            kept = message if len(calls) == len(message["tool_calls"]) else {**message, "tool_calls": calls}
+            kept = message if len(calls) == len(all_calls) else {**message, "tool_calls": calls}
             out.append(kept)
-            seen: set[Any] = set()
+            seen: set[JsonValue] = set()
             for tool in messages[i + 1 : j]:
                 call_id = tool.get("tool_call_id")
                 if call_id in answered and call_id not in seen:
@@ -434,7 +436,7 @@ def sanitize_tool_pairs(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def process_messages_with_output(messages: list[dict[str, Any]], *, reasoning_format: str | None = None) -> list[dict[str, Any]]:
+def process_messages_with_output(messages: Sequence[Message], *, reasoning_format: str | None = None) -> list[Message]:
     """Prepare a stored chat history for the model.
 
     Assistant messages with a non-empty ``output`` are expanded with
@@ -459,20 +461,20 @@ def process_messages_with_output(messages: list[dict[str, Any]], *, reasoning_fo
 # --------------------------------------------------------------------------
 
 
-def for_model(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def for_model(items: Sequence[Item]) -> list[Item]:
     """Output items as the model is shown them: a tool result with images becomes
     text plus ``input_image`` parts (the images go to the model, not to clients)."""
-    out = []
+    out: list[Item] = []
     for item in items:
-        if item.get("type") == "function_call_output" and item.get("images"):
-            parts = [{"type": "input_text", "text": item.get("output") or ""}]
-            parts += [{"type": "input_image", "image_url": url} for url in item["images"]]
+        if item.get("type") == "function_call_output" and isinstance(images := item.get("images"), list) and images:
+            parts: list[JsonValue] = [{"type": "input_text", "text": item.get("output") or ""}]
+            parts += [{"type": "input_image", "image_url": url} for url in images]
             item = {**item, "output": parts}
         out.append(item)
     return out
 
 
-def distinct_call_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def distinct_call_ids(items: Sequence[Item]) -> list[Item]:
     """Output items with every round's calls under ids of their own.
 
     A log written before turnlog made call ids turn-unique can hold one
@@ -482,9 +484,9 @@ def distinct_call_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     follow it, until the id's next call, are renamed with it.
     """
     taken = {item.get("call_id") for item in items if item.get("type") == "function_call"}
-    seen: dict[Any, int] = {}
-    current: dict[Any, str] = {}  # the id a repeated call was given, for its results
-    out = []
+    seen: dict[str, int] = {}
+    current: dict[str, str] = {}  # the id a repeated call was given, for its results
+    out: list[Item] = []
     for item in items:
         call_id = item.get("call_id")
         if item.get("type") == "function_call" and isinstance(call_id, str):
@@ -496,7 +498,7 @@ def distinct_call_ids(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     n += 1
                 current[call_id] = f"{call_id}_{n}"
                 taken.add(current[call_id])
-        if call_id in current:
+        if isinstance(call_id, str) and call_id in current:
             item = {**item, "call_id": current[call_id]}
             if item.get("type") == "function_call" and item.get("id") == call_id:
                 item["id"] = current[call_id]

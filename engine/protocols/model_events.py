@@ -10,7 +10,8 @@ says it is done, so the log records each call once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+
+from engine.json_types import JsonObject
 
 
 @dataclass(slots=True)  # per chunk: not frozen (its init is 4x slower); never mutated
@@ -75,7 +76,7 @@ class ProviderItem:
     """An output item the provider returned that turnlog keeps as it is (e.g. a
     Responses API reasoning item with encrypted content, to replay it later)."""
 
-    item: dict[str, Any]
+    item: JsonObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,13 +86,13 @@ class Finished:
 
     reason: str | None = None
     response_id: str | None = None
-    usage: dict[str, Any] | None = None
+    usage: JsonObject | None = None
     status: str | None = None  # Responses API: completed | incomplete
 
 
 @dataclass(frozen=True, slots=True)
 class UsageReport:
-    usage: dict[str, Any]
+    usage: JsonObject
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +105,7 @@ class StreamWarning:
     """Something odd but survivable (an error chunk inside a stream, an unknown event)."""
 
     message: str
-    raw: Any = None
+    raw: object = None  # what the provider sent, as sent
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +114,7 @@ class StreamFailed:
 
     message: str
     code: str | None = None
-    details: dict[str, Any] = field(default_factory=dict)
+    details: JsonObject = field(default_factory=dict)
 
 
 ModelEvent = (

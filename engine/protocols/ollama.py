@@ -18,9 +18,10 @@ messages → Ollama messages), :func:`request_body` (the wire body, with the
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Final
 
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import ModelRequest, ResolvedModel
 from engine.protocols.common import (
     CallIds,
@@ -37,6 +38,7 @@ from engine.protocols.common import (
     outgoing_messages,
 )
 from engine.protocols.model_events import Finished, ModelEvent, ReasoningDelta, StreamFailed, TextDelta, ToolCall
+from engine.protocols.shapes import json_list, list_of, mapping_of
 
 __all__ = ["OLLAMA_TOP_LEVEL", "OllamaNormalizer", "ollama_messages", "request_body"]
 
@@ -44,7 +46,7 @@ __all__ = ["OLLAMA_TOP_LEVEL", "OllamaNormalizer", "ollama_messages", "request_b
 OLLAMA_TOP_LEVEL: Final[frozenset[str]] = frozenset({"tools", "format", "keep_alive", "think"})
 
 
-def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> JsonObject:
     """The ``/api/chat`` body: the transcript as Ollama messages, the top-level
     parameters, and every other parameter under ``options`` (``max_tokens`` →
     ``num_predict``; ``stream_options`` dropped; the request's own
@@ -52,12 +54,12 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
     params = dict(request.params)
     top = {k: params.pop(k) for k in list(params) if k in OLLAMA_TOP_LEVEL}
     params.pop("stream_options", None)
-    options = params.pop("options", {}) or {}
+    options = mapping_of(params.pop("options", None))
     if "max_tokens" in params:
         params["num_predict"] = params.pop("max_tokens")
-    out = {
+    out: JsonObject = {
         "model": resolved.upstream_model,
-        "messages": ollama_messages(outgoing_messages(request)),
+        "messages": json_list(ollama_messages(outgoing_messages(request))),
         "stream": True,
         **top,
     }
@@ -83,13 +85,13 @@ def _base64_of(url: str) -> str | None:
     return payload
 
 
-def _ollama_content(content: object) -> tuple[str, list[str]]:
+def _ollama_content(content: object) -> tuple[str, list[JsonValue]]:
     if isinstance(content, str):
         return content, []
     if not isinstance(content, list):
         return "", []
     texts: list[str] = []
-    images: list[str] = []
+    images: list[JsonValue] = []
     for part in content:
         if is_text_part(part):
             if part.get("text"):
@@ -102,7 +104,7 @@ def _ollama_content(content: object) -> tuple[str, list[str]]:
     return "\n".join(texts), images
 
 
-def ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ollama_messages(messages: Sequence[Mapping[str, JsonValue]]) -> list[Message]:
     """Chat messages → Ollama ``/api/chat`` messages.
 
     Content is a string (text parts joined with ``\\n``) and images go to
@@ -111,7 +113,7 @@ def ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     ``reasoning_content``/``thinking`` become ``thinking``; tool results are
     ``role: tool`` with ``tool_name`` when the call is known.
     """
-    names: dict[Any, str] = {}
+    names: dict[JsonValue, JsonValue] = {}
     out: list[Message] = []
     for message in messages:
         role = message.get("role")
@@ -123,20 +125,20 @@ def ollama_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
             thinking = message.get("thinking") or message.get("reasoning_content")
             if thinking:
                 msg["thinking"] = thinking
-            calls = []
-            for call in message.get("tool_calls") or []:
+            calls: list[JsonValue] = []
+            for call in list_of(message.get("tool_calls")):
                 if not isinstance(call, Mapping):
                     continue
-                fn = call.get("function") or {}
+                fn = mapping_of(call.get("function"))
                 name = fn.get("name") or ""
                 names[call.get("id")] = name
                 calls.append({"function": {"name": name, "arguments": json_object(fn.get("arguments")) or {}}})
             if calls:
                 msg["tool_calls"] = calls
         elif role == "tool":
-            name = message.get("tool_name") or message.get("name") or names.get(message.get("tool_call_id"))
-            if name:
-                msg["tool_name"] = name
+            tool_name = message.get("tool_name") or message.get("name") or names.get(message.get("tool_call_id"))
+            if tool_name:
+                msg["tool_name"] = tool_name
         out.append(msg)
     return out
 
@@ -231,7 +233,7 @@ def _count(value: object) -> int | None:
     return int(value)
 
 
-def _ollama_usage(obj: Mapping[str, object]) -> dict[str, Any] | None:
+def _ollama_usage(obj: Mapping[str, object]) -> JsonObject | None:
     prompt, completion = _count(obj.get("prompt_eval_count")), _count(obj.get("eval_count"))
     if prompt is None and completion is None:
         return None

@@ -37,16 +37,16 @@ from __future__ import annotations
 import copy
 import json
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import Final
 
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import ModelRequest, ResolvedModel
 from engine.protocols import chat
 from engine.protocols.common import (
     CallIds,
     IdFactory,
-    Item,
     arguments_text,
     error_message,
     image_url,
@@ -71,6 +71,7 @@ from engine.protocols.model_events import (
     ToolCall,
     ToolCallStarted,
 )
+from engine.protocols.shapes import Item, json_list, list_of, mapping_of
 
 __all__ = [
     "RESPONSES_DROPPED_KEYS",
@@ -89,7 +90,7 @@ __all__ = [
 RESPONSES_DROPPED_KEYS = frozenset({"stream_options", "logit_bias", "frequency_penalty", "presence_penalty", "stop", "messages"})
 
 
-def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, Any]:
+def request_body(resolved: ResolvedModel, request: ModelRequest) -> JsonObject:
     """The Responses API body of a call: the Chat Completions body mapped by
     :func:`responses_body`; a stateful continuation (``previous_response_id``)
     sends the request's ``input_items`` instead of the transcript."""
@@ -98,7 +99,7 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
         del out["instructions"]
     if request.previous_response_id:
         out["previous_response_id"] = request.previous_response_id
-        out["input"] = request.input_items
+        out["input"] = json_list(request.input_items)
     out["stream"] = True
     return out
 
@@ -108,48 +109,55 @@ def request_body(resolved: ResolvedModel, request: ModelRequest) -> dict[str, An
 # --------------------------------------------------------------------------
 
 
-def _input_image(part: Mapping[str, Any]) -> Item | None:
+def _input_image(part: Mapping[str, JsonValue]) -> Item | None:
     url = image_url(part)
     if url is None:
         return None
     detail = part.get("detail")
-    if detail is None and isinstance(part.get("image_url"), Mapping):
-        detail = part["image_url"].get("detail")
+    if detail is None and isinstance(image := part.get("image_url"), Mapping):
+        detail = image.get("detail")
     return {"type": "input_image", "image_url": url, "detail": detail or "auto"}
 
 
-def _input_parts(content: Any) -> list[Item]:
+def _input_parts(content: JsonValue) -> list[JsonValue]:
     """User/developer content → Responses input content parts."""
     if content is None:
         return [{"type": "input_text", "text": ""}]
     if isinstance(content, str):
         return [{"type": "input_text", "text": content}]
-    parts: list[Item] = []
+    parts: list[JsonValue] = []
     for part in content if isinstance(content, list) else []:
         if not isinstance(part, Mapping):
             continue
         kind = part.get("type")
+        file = part.get("file")
         if kind in ("text", "input_text", "output_text"):
             parts.append({"type": "input_text", "text": part.get("text") or ""})
         elif kind in ("image_url", "input_image"):
             image = _input_image(part)
             if image is not None:
                 parts.append(image)
-        elif kind == "file" and isinstance(part.get("file"), Mapping):
-            parts.append({"type": "input_file", **{k: v for k, v in part["file"].items() if v is not None}})
+        elif kind == "file" and isinstance(file, Mapping):
+            parts.append({"type": "input_file", **{k: v for k, v in file.items() if v is not None}})
         else:
             parts.append(dict(part))  # already a Responses part (input_file, input_audio…)
     return parts or [{"type": "input_text", "text": ""}]
 
 
-def _assistant_text(content: Any) -> str:
+def _assistant_text(content: JsonValue) -> str:
     """String content, or the non-empty text parts of list content joined with ``\n``."""
     if isinstance(content, list):
-        return "\n".join(part.get("text") for part in content if is_text_part(part) and part.get("text"))
+        return "\n".join(text for part in content if isinstance(part, dict) and is_text_part(part) and isinstance(text := part.get("text"), str) and text)
     return content if isinstance(content, str) else ""
 
 
-def tool_output_value(content: Any) -> str | list[Item]:
+def _part_text(part: JsonValue) -> str:
+    """The text of a content part; ``""`` when it has none."""
+    text = part.get("text") if isinstance(part, Mapping) else None
+    return text if isinstance(text, str) else ""
+
+
+def tool_output_value(content: JsonValue) -> str | list[JsonValue]:
     """A tool result as a Responses ``function_call_output.output``: a string,
     or a list of ``input_text``/``input_image`` parts when there are images."""
     if isinstance(content, str):
@@ -157,9 +165,11 @@ def tool_output_value(content: Any) -> str | list[Item]:
     if not isinstance(content, list):
         return "" if content is None else json.dumps(content, ensure_ascii=False)
     if not any(is_image_part(p) for p in content):
-        return "\n".join(p.get("text") or "" for p in content if is_text_part(p))
-    parts: list[Item] = []
+        return "\n".join(_part_text(p) for p in content if is_text_part(p))
+    parts: list[JsonValue] = []
     for part in content:
+        if not isinstance(part, dict):
+            continue
         if is_text_part(part):
             parts.append({"type": "input_text", "text": part.get("text") or ""})
         elif is_image_part(part):
@@ -173,26 +183,26 @@ def _strip_ids(item: Item) -> Item:
     return {k: v for k, v in item.items() if k not in ("id", "status")}
 
 
-def _replay_items(message: Mapping[str, Any], store: bool) -> list[Item]:
+def _replay_items(message: Mapping[str, JsonValue], store: bool) -> list[Item]:
     """An assistant message's kept Responses items (``responses`` reasoning
     format), filtered to its surviving tool calls; a reasoning item must be
     immediately followed by the item it belongs to or it is dropped."""
-    calls = {c.get("id"): c for c in message.get("tool_calls") or [] if isinstance(c, Mapping)}
+    calls = {c.get("id"): c for c in list_of(message.get("tool_calls")) if isinstance(c, Mapping)}
     items: list[Item] = []
-    for raw_item in message.get("responses_items") or []:
+    for raw_item in list_of(message.get("responses_items")):
         if not isinstance(raw_item, Mapping):
             continue
         item = dict(raw_item)
         if item.get("type") == "function_call":
             if item.get("call_id") not in calls:
                 continue
-            calls.pop(item["call_id"])
+            calls.pop(item.get("call_id"))
         if item.get("type") == "reasoning" and not store and not item.get("encrypted_content"):
             continue  # only resolvable from the provider's store
         items.append(item if store else _strip_ids(item))
     # Calls the kept items do not cover (should not happen) are derived.
     for call_id, call in calls.items():
-        fn = call.get("function") or {}
+        fn = mapping_of(call.get("function"))
         items.append(
             {
                 "type": "function_call",
@@ -211,7 +221,7 @@ def _replay_items(message: Mapping[str, Any], store: bool) -> list[Item]:
     return paired
 
 
-def to_responses_input(messages: list[dict[str, Any]], *, store: bool = True) -> tuple[str | None, list[dict[str, Any]]]:
+def to_responses_input(messages: Iterable[JsonValue], *, store: bool = True) -> tuple[str | None, list[Item]]:
     """Chat messages → (``instructions``, Responses ``input`` items).
 
     * system → ``instructions`` (the LAST system message wins; list content: its
@@ -233,10 +243,12 @@ def to_responses_input(messages: list[dict[str, Any]], *, store: bool = True) ->
     instructions: str | None = None
     items: list[Item] = []
     for message in messages:
+        if not isinstance(message, dict):
+            continue
         role = message.get("role")
         content = message.get("content")
         if role == "system":
-            instructions = _assistant_text(content) if isinstance(content, list) else (content or "")
+            instructions = _assistant_text(content)
         elif role in ("user", "developer"):
             items.append({"type": "message", "role": role, "content": _input_parts(content)})
         elif role == "assistant":
@@ -246,10 +258,10 @@ def to_responses_input(messages: list[dict[str, Any]], *, store: bool = True) ->
             text = _assistant_text(content)
             if text:
                 items.append({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]})
-            for call in message.get("tool_calls") or []:
+            for call in list_of(message.get("tool_calls")):
                 if not isinstance(call, Mapping):
                     continue
-                fn = call.get("function") or {}
+                fn = mapping_of(call.get("function"))
                 items.append(
                     {
                         "type": "function_call",
@@ -269,11 +281,11 @@ def to_responses_input(messages: list[dict[str, Any]], *, store: bool = True) ->
     return instructions, items
 
 
-def _responses_tool(tool: Any) -> Any:
-    if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(tool.get("function"), Mapping):
+def _responses_tool(tool: JsonValue) -> JsonValue:
+    fn = tool.get("function") if isinstance(tool, Mapping) else None
+    if not isinstance(tool, Mapping) or tool.get("type") != "function" or not isinstance(fn, Mapping):
         return tool  # already flat, or a hosted tool (web_search, file_search…)
-    fn = tool["function"]
-    out: dict[str, Any] = {"type": "function", "name": fn.get("name")}
+    out: JsonObject = {"type": "function", "name": fn.get("name")}
     if fn.get("description") is not None:
         out["description"] = fn["description"]
     out["parameters"] = fn.get("parameters") or {"type": "object", "properties": {}}
@@ -281,24 +293,24 @@ def _responses_tool(tool: Any) -> Any:
     return out
 
 
-def _responses_tool_choice(choice: Any) -> Any:
-    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(choice.get("function"), Mapping):
-        return {"type": "function", "name": choice["function"].get("name")}
+def _responses_tool_choice(choice: JsonValue) -> JsonValue:
+    if isinstance(choice, Mapping) and choice.get("type") == "function" and isinstance(fn := choice.get("function"), Mapping):
+        return {"type": "function", "name": fn.get("name")}
     return choice
 
 
-def _responses_text_format(response_format: Any) -> dict[str, Any] | None:
+def _responses_text_format(response_format: JsonValue) -> JsonObject | None:
     if not isinstance(response_format, Mapping):
         return None
     kind = response_format.get("type")
-    if kind == "json_schema" and isinstance(response_format.get("json_schema"), Mapping):
-        return {"type": "json_schema", **response_format["json_schema"]}
+    if kind == "json_schema" and isinstance(schema := response_format.get("json_schema"), Mapping):
+        return {"type": "json_schema", **schema}
     if kind in ("json_object", "text"):
         return {"type": kind}
     return None
 
 
-def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> dict[str, Any]:
+def responses_body(chat_body: Mapping[str, JsonValue], *, store: bool | None = None) -> JsonObject:
     """A Chat Completions request body as a Responses API body.
 
     ``messages`` → ``instructions`` + ``input`` (``to_responses_input``);
@@ -314,7 +326,7 @@ def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> d
     """
     if store is None:
         store = chat_body.get("store") is not False
-    body: dict[str, Any] = {}
+    body: JsonObject = {}
     for key, value in chat_body.items():
         if key in RESPONSES_DROPPED_KEYS or key in ("max_tokens", "max_completion_tokens"):
             continue
@@ -325,24 +337,24 @@ def responses_body(chat_body: dict[str, Any], *, store: bool | None = None) -> d
         elif key == "response_format":
             text_format = _responses_text_format(value)
             if text_format is not None:
-                body["text"] = {**(chat_body.get("text") or {}), "format": text_format}
+                body["text"] = {**mapping_of(chat_body.get("text")), "format": text_format}
         elif key == "reasoning_effort":
             if value is not None:
-                body["reasoning"] = {**(chat_body.get("reasoning") or {}), "effort": value}
+                body["reasoning"] = {**mapping_of(chat_body.get("reasoning")), "effort": value}
         else:
             body.setdefault(key, value)
     limit = chat_body.get("max_completion_tokens", chat_body.get("max_tokens"))
     if limit is not None:
         body["max_output_tokens"] = limit
     if "messages" in chat_body:
-        instructions, items = to_responses_input(chat_body.get("messages") or [], store=store)
+        instructions, items = to_responses_input(list_of(chat_body.get("messages")), store=store)
         if instructions is not None:
             body["instructions"] = instructions
-        body["input"] = items
+        body["input"] = json_list(items)
     return body
 
 
-def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def stateful_continuation_input(round_output: Sequence[Mapping[str, JsonValue]]) -> list[JsonObject]:
     """The ``input`` of a stateful tool-loop continuation (``previous_response_id``).
 
     Only the round's new ``function_call_output`` items (Open WebUI also
@@ -356,32 +368,30 @@ def stateful_continuation_input(round_output: list[dict[str, Any]]) -> list[dict
     """
     # The provider knows its own call id, where turnlog replaced it.
     calls = {
-        item["call_id"]: item.get("provider_call_id") or item["call_id"]
+        call_id: provider if isinstance(provider := item.get("provider_call_id"), str) and provider else call_id
         for item in round_output
-        if isinstance(item, Mapping) and item.get("type") == "function_call" and item.get("call_id")
+        if isinstance(item, Mapping) and item.get("type") == "function_call" and isinstance(call_id := item.get("call_id"), str) and call_id
     }
-    items: dict[str, Item] = {}  # by the provider's call id
-    seen: set[Any] = set()
+    outputs: dict[str, str | list[JsonValue]] = {}  # by the provider's call id
+    seen: set[str] = set()
     for item in round_output:
         if not isinstance(item, Mapping) or item.get("type") != "function_call_output":
             continue
         call_id = item.get("call_id")
-        if call_id not in calls or call_id in seen:
+        if not isinstance(call_id, str) or call_id not in calls or call_id in seen:
             continue
         seen.add(call_id)
         output = tool_output_value(item.get("output"))
-        known = items.get(calls[call_id])
-        if known is None:
-            items[calls[call_id]] = {"type": "function_call_output", "call_id": calls[call_id], "output": output}
-        else:  # a piece of a split call: the provider's one call gets every piece's result
-            known["output"] = _joined_output(known["output"], output)
-    return list(items.values())
+        known = outputs.get(calls[call_id])
+        # A piece of a split call: the provider's one call gets every piece's result.
+        outputs[calls[call_id]] = output if known is None else _joined_output(known, output)
+    return [{"type": "function_call_output", "call_id": call_id, "output": output} for call_id, output in outputs.items()]
 
 
-def _joined_output(first: str | list[Item], second: str | list[Item]) -> str | list[Item]:
+def _joined_output(first: str | list[JsonValue], second: str | list[JsonValue]) -> str | list[JsonValue]:
     if isinstance(first, str) and isinstance(second, str):
         return f"{first}\n{second}"
-    parts = [{"type": "input_text", "text": first}] if isinstance(first, str) else list(first)
+    parts: list[JsonValue] = [{"type": "input_text", "text": first}] if isinstance(first, str) else list(first)
     return parts + ([{"type": "input_text", "text": second}] if isinstance(second, str) else list(second))
 
 
@@ -393,14 +403,14 @@ def _joined_output(first: str | list[Item], second: str | list[Item]) -> str | l
 _LOCAL_ID = re.compile(r"(?:msg|r|fc|fco|ci|cc|call)_[0-9a-f]{24}")
 
 
-def is_local_id(value: Any) -> bool:
+def is_local_id(value: object) -> bool:
     """An id turnlog made itself (``prefix_`` + 24 hex), as opposed to
     a provider's item id (OpenAI's are longer), which a stored-response replay
     may reference."""
     return isinstance(value, str) and _LOCAL_ID.fullmatch(value) is not None
 
 
-def has_provider_reasoning(item: Mapping[str, Any]) -> bool:
+def has_provider_reasoning(item: Mapping[str, object]) -> bool:
     """A reasoning item the provider can take back: it has
     ``encrypted_content`` or a provider id (``rs_…``)."""
     if item.get("type") != "reasoning":
@@ -411,17 +421,17 @@ def has_provider_reasoning(item: Mapping[str, Any]) -> bool:
     return bool(item.get("encrypted_content")) or (isinstance(item_id, str) and item_id.startswith("rs_"))
 
 
-def responses_reasoning_item(item: Mapping[str, Any]) -> Item:
+def responses_reasoning_item(item: Mapping[str, JsonValue]) -> Item:
     """A stored reasoning item as a Responses API input item (only the fields the
     API takes back: ``id``, ``summary``, ``encrypted_content``). A reasoning
     item of the turn's output carries the provider's as ``provider_item``."""
     kept = item.get("provider_item")
     if isinstance(kept, Mapping):
         return dict(kept)
-    summary = [{"type": "summary_text", "text": s.get("text") or ""} for s in (item.get("summary") or []) if isinstance(s, Mapping)]
+    summary: list[JsonValue] = [{"type": "summary_text", "text": s.get("text") or ""} for s in list_of(item.get("summary")) if isinstance(s, Mapping)]
     out: Item = {"type": "reasoning", "summary": summary}
-    if isinstance(item.get("id"), str) and item["id"].startswith("rs_"):
-        out["id"] = item["id"]
+    if isinstance(item_id := item.get("id"), str) and item_id.startswith("rs_"):
+        out["id"] = item_id
     if item.get("encrypted_content"):
         out["encrypted_content"] = item["encrypted_content"]
     return out
@@ -436,7 +446,7 @@ _TEXT_DELTAS: Final[frozenset[str]] = frozenset({"response.output_text.delta", "
 _REASONING_DELTAS: Final[frozenset[str]] = frozenset({"response.reasoning_text.delta", "response.reasoning_summary_text.delta"})
 #: Message content parts that are the visible answer (the same text as the
 #: ``output_text``/``refusal`` deltas), and the key holding their text.
-_VISIBLE_PARTS: Final[dict[Any, str]] = {"output_text": "text", "text": "text", "refusal": "refusal"}
+_VISIBLE_PARTS: Final[dict[object, str]] = {"output_text": "text", "text": "text", "refusal": "refusal"}
 #: ``incomplete_details.reason`` → Chat Completions finish reason.
 _INCOMPLETE_REASONS: Final[dict[str, str]] = {"max_output_tokens": "length", "content_filter": "content_filter"}
 
@@ -516,14 +526,14 @@ class ResponsesNormalizer:
         self._started = False
         self._calls: list[_ResponsesCall] = []
         self._tool_calls_emitted = 0
-        self._reasoning_key: tuple[Any, ...] | None = None
+        self._reasoning_key: tuple[JsonValue, str, int] | None = None
         self._reasoning_seen = False
         self._text: list[str] = []  # every TextDelta so far, to check the final output against
-        self._items_sent: set[tuple[str, Any]] = set()  # ids and output indexes of the ProviderItems sent
+        self._items_sent: set[tuple[str, str | int]] = set()  # ids and output indexes of the ProviderItems sent
         self._terminal = False
         self._finished = False
 
-    def feed(self, event: Any) -> list[ModelEvent]:
+    def feed(self, event: object) -> list[ModelEvent]:
         if self._finished:
             raise RuntimeError("ResponsesNormalizer is finished; no more events are accepted")
         if not isinstance(event, dict) or self._terminal:
@@ -555,7 +565,7 @@ class ResponsesNormalizer:
 
     # -- handlers ------------------------------------------------------------
 
-    def _lifecycle(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _lifecycle(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         response = _response_of(event)
         response_id = nonempty_str(response.get("id"))
         if self._started or response_id is None:
@@ -564,10 +574,10 @@ class ResponsesNormalizer:
         self.response_id = response_id
         return [ResponseStarted(response_id)]
 
-    def _reasoning(self, event: Mapping[str, Any]) -> list[ModelEvent]:
-        kind: str = event["type"]
+    def _reasoning(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
+        kind = event.get("type")
         delta = event.get("delta")
-        if not isinstance(delta, str) or not delta:
+        if not isinstance(delta, str) or not delta or not isinstance(kind, str):
             return []
         part_key = "summary_index" if kind.endswith("summary_text.delta") else "content_index"
         output_index = int_index(event.get("output_index"))
@@ -579,7 +589,7 @@ class ResponsesNormalizer:
         self._reasoning_seen = True
         return [ReasoningDelta(delta)]
 
-    def _item_added(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _item_added(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         item = event.get("item")
         if not isinstance(item, dict) or item.get("type") != "function_call":
             return []
@@ -600,7 +610,7 @@ class ResponsesNormalizer:
             started.append(ToolArgumentsDelta(call.call_id, "".join(call.deltas)))
         return started
 
-    def _arguments_delta(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _arguments_delta(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         delta = event.get("delta")
         if isinstance(delta, str) and delta:
             call = self._call_for(event)
@@ -609,7 +619,7 @@ class ResponsesNormalizer:
                 return [ToolArgumentsDelta(call.call_id, delta)]
         return []
 
-    def _arguments_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _arguments_done(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         call = self._call_for(event)
         arguments = event.get("arguments")
         if isinstance(arguments, str):
@@ -619,7 +629,7 @@ class ResponsesNormalizer:
             call.name = name
         return []
 
-    def _item_done(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _item_done(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         item = event.get("item")
         if not isinstance(item, dict):
             return []
@@ -630,11 +640,11 @@ class ResponsesNormalizer:
         call = self._call_for(event, item)
         return self._emit(call, item)
 
-    def _provider_item(self, item: dict[str, Any], output_index: int | None) -> list[ModelEvent]:
+    def _provider_item(self, item: JsonObject, output_index: int | None) -> list[ModelEvent]:
         """A reasoning item, once: an item with the id, or at the output index,
         of one already sent is that one (a provider may renumber ids in its
         final output)."""
-        keys: list[tuple[str, Any]] = []
+        keys: list[tuple[str, str | int]] = []
         item_id = nonempty_str(item.get("id"))
         if item_id:
             keys.append(("id", item_id))
@@ -645,7 +655,7 @@ class ResponsesNormalizer:
         self._items_sent.update(keys)
         return [ProviderItem(copy.deepcopy(item))]
 
-    def _final_output(self, response: Mapping[str, Any]) -> list[ModelEvent]:
+    def _final_output(self, response: Mapping[str, JsonValue]) -> list[ModelEvent]:
         """What the final ``response.output`` has that the stream did not give:
         reasoning items never sent with ``output_item.done``, and message text
         beyond the streamed text (a server that sends text only in done
@@ -662,11 +672,8 @@ class ResponsesNormalizer:
                 continue
             if item.get("type") == "reasoning":
                 events.extend(self._provider_item(item, position))
-            elif item.get("type") == "message" and isinstance(item.get("content"), list):
-                for part in item["content"]:
-                    key = _VISIBLE_PARTS.get(part.get("type")) if isinstance(part, dict) else None
-                    if key is not None and isinstance(part.get(key), str):
-                        parts.append(part[key])
+            elif item.get("type") == "message" and isinstance(content := item.get("content"), list):
+                parts.extend(_visible_texts(content))
         text, streamed = "".join(parts), "".join(self._text)
         if text != streamed and text:
             if text.startswith(streamed):
@@ -681,7 +688,7 @@ class ResponsesNormalizer:
                 )
         return events
 
-    def _completed(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _completed(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         self._terminal = True
         response = _response_of(event)
         events: list[ModelEvent] = self._final_output(response)
@@ -701,7 +708,7 @@ class ResponsesNormalizer:
         )
         return events
 
-    def _incomplete(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _incomplete(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         self._terminal = True
         response = _response_of(event)
         details = response.get("incomplete_details")
@@ -720,15 +727,15 @@ class ResponsesNormalizer:
             ),
         ]
 
-    def _failed(self, event: Mapping[str, Any]) -> list[ModelEvent]:
+    def _failed(self, event: Mapping[str, JsonValue]) -> list[ModelEvent]:
         self._terminal = True
         error = _response_of(event).get("error")
-        details = copy.deepcopy(error) if isinstance(error, dict) else ({"error": error} if error else {})
+        details: JsonObject = copy.deepcopy(error) if isinstance(error, dict) else ({"error": error} if error else {})
         code = error.get("code") if isinstance(error, dict) else None
         message = error_message(error) if error else "The response failed."
         return [StreamFailed(message=message, code=code if isinstance(code, str) else None, details=details)]
 
-    def _error(self, event: dict[str, Any]) -> list[ModelEvent]:
+    def _error(self, event: JsonObject) -> list[ModelEvent]:
         self._terminal = True
         code = event.get("code")
         return [
@@ -741,7 +748,7 @@ class ResponsesNormalizer:
 
     # -- calls ---------------------------------------------------------------
 
-    def _call_for(self, event: Mapping[str, Any], item: Mapping[str, Any] | None = None) -> _ResponsesCall:
+    def _call_for(self, event: Mapping[str, JsonValue], item: Mapping[str, JsonValue] | None = None) -> _ResponsesCall:
         """The tracked call an event is about, found by item id, then call id,
         then output index (only among calls whose item id is unknown, or when
         the event names no item); created when unknown."""
@@ -765,7 +772,7 @@ class ResponsesNormalizer:
         self._calls.append(call)
         return call
 
-    def _emit(self, call: _ResponsesCall, item: Mapping[str, Any] | None) -> list[ModelEvent]:
+    def _emit(self, call: _ResponsesCall, item: Mapping[str, JsonValue] | None) -> list[ModelEvent]:
         """The call, once: split when its arguments are glued JSON values
         (glued JSON, as on Chat Completions), or a warning when it has no name."""
         if call.emitted:
@@ -798,7 +805,7 @@ class ResponsesNormalizer:
         self._tool_calls_emitted += len(calls)
         return [*calls, *warnings]
 
-    def _take_id(self, call: _ResponsesCall, item: Mapping[str, Any]) -> str:
+    def _take_id(self, call: _ResponsesCall, item: Mapping[str, JsonValue]) -> str:
         call.provider_call_id = nonempty_str(item.get("call_id"))
         return self._ids.take(call.provider_call_id)
 
@@ -811,7 +818,7 @@ class ResponsesNormalizer:
 
 #: ``ResponsesNormalizer.feed``'s handler for each event kind but the text
 #: deltas (other kinds give nothing).
-_HANDLERS: Final[dict[str, Callable[[ResponsesNormalizer, dict[str, Any]], list[ModelEvent]]]] = {
+_HANDLERS: Final[dict[str, Callable[[ResponsesNormalizer, JsonObject], list[ModelEvent]]]] = {
     **dict.fromkeys(_LIFECYCLE_START, ResponsesNormalizer._lifecycle),
     **dict.fromkeys(_REASONING_DELTAS, ResponsesNormalizer._reasoning),
     "response.output_item.added": ResponsesNormalizer._item_added,
@@ -825,11 +832,22 @@ _HANDLERS: Final[dict[str, Callable[[ResponsesNormalizer, dict[str, Any]], list[
 }
 
 
-def _response_of(event: Mapping[str, Any]) -> dict[str, Any]:
+def _visible_texts(content: list[JsonValue]) -> list[str]:
+    """The visible answer's texts among a final message's content parts."""
+    texts: list[str] = []
+    for part in content:
+        key = _VISIBLE_PARTS.get(part.get("type")) if isinstance(part, dict) else None
+        text = part.get(key) if key is not None and isinstance(part, dict) else None
+        if isinstance(text, str):
+            texts.append(text)
+    return texts
+
+
+def _response_of(event: Mapping[str, JsonValue]) -> JsonObject:
     response = event.get("response")
     return response if isinstance(response, dict) else {}
 
 
-def _usage_of(response: Mapping[str, Any]) -> dict[str, Any] | None:
+def _usage_of(response: Mapping[str, JsonValue]) -> JsonObject | None:
     usage = response.get("usage")
     return copy.deepcopy(usage) if isinstance(usage, dict) and usage else None

@@ -728,7 +728,7 @@ def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[s
     cited = state.round_citations
     if not cited:
         return None, []
-    rag = state.rag or snapshot(state.messages, ctx.settings.rag_system_context)
+    rag: dict[str, Any] = state.rag or snapshot(state.messages, ctx.settings.rag_system_context)
     if rag.get("index") is None or rag.get("message") is None:
         return None, []
     base = [rag["message"] if i == rag["index"] else m for i, m in enumerate(state.messages)]
