@@ -213,9 +213,6 @@ class ToolsBatch(EventData):
     calls: list[JsonObjectField] = Field(default_factory=list)
     client_calls: list[JsonObjectField] = Field(default_factory=list)
 
-    def call_ids(self) -> list[str]:
-        return call_ids(self.calls)
-
 
 class ToolStarted(EventData):
     """Write-ahead for a tool run: durable before the tool is called."""
@@ -277,9 +274,6 @@ class IterationLimit(EventData):
     limit: int
     pending_calls: list[JsonObjectField] = Field(default_factory=list)
     message: str = ""
-
-    def call_ids(self) -> list[str]:
-        return call_ids(self.pending_calls)
 
 
 class ModelFallback(EventData):
@@ -403,11 +397,6 @@ class ToolsDecided(EventData):
     calls; a rejected one gets its error result)."""
 
     TYPE: ClassVar[str] = "tools.decided"
-
-
-def call_ids(calls: list[JsonObject]) -> list[str]:
-    """The ``call_id`` of each call of a batch (the engine writes them as strings)."""
-    return [call_id for call in calls if isinstance(call_id := call.get("call_id"), str)]
 
 
 EVENT_TYPES: dict[str, type[EventData]] = {

@@ -14,7 +14,7 @@ through that union is several times slower and warns on a tuple.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal, NotRequired, TypeAlias, TypedDict, cast
+from typing import Annotated, TypeAlias
 
 from pydantic import GetCoreSchemaHandler, GetPydanticSchema, JsonValue
 from pydantic_core import CoreSchema, core_schema
@@ -31,27 +31,4 @@ def _object_schema(_source: object, _handler: GetCoreSchemaHandler) -> CoreSchem
 JsonObjectField: TypeAlias = Annotated[JsonObject, GetPydanticSchema(_object_schema)]
 
 
-class FunctionCallItem(TypedDict):
-    """A ``function_call`` output item (the model called a tool), as the
-    engine records it in ``model.item``."""
-
-    type: Literal["function_call"]
-    id: NotRequired[str]
-    call_id: str
-    name: str
-    arguments: str
-    status: NotRequired[str]
-    provider_call_id: NotRequired[str]
-
-
-def function_call(item: JsonObject) -> FunctionCallItem | None:
-    """``item`` as a ``function_call`` item, or None when it is another kind.
-
-    The engine writes these items itself (``call_id``, ``name`` and
-    ``arguments`` are strings), so the type is the check."""
-    if item.get("type") != "function_call":
-        return None
-    return cast(FunctionCallItem, item)
-
-
-__all__ = ["FunctionCallItem", "JsonObject", "JsonObjectField", "JsonValue", "function_call"]
+__all__ = ["JsonObject", "JsonObjectField", "JsonValue"]

@@ -639,12 +639,6 @@ class FilterRun:
     # turn then retrieves none.
     file_handler: bool = False
 
-    @classmethod
-    def recorded(cls, run: JsonObject) -> FilterRun:
-        """A run as ``outlet.applied`` records it (``{"filter", "changed", "error"?}``)."""
-        error = run.get("error")
-        return cls(str(run["filter"]), run.get("changed", False) is True, error if isinstance(error, str) else None)
-
 
 class Filters(Protocol):
     """Open WebUI-style ``class Filter`` modules, in priority order."""

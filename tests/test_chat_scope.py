@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 
+from engine.json_types import JsonObject
 from tests.harness import Service, make_settings, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
-QUIET = {"title": False, "tags": False, "follow_ups": False}
+QUIET: JsonObject = {"title": False, "tags": False, "follow_ups": False}
 
 
 @pytest.fixture
@@ -98,7 +99,7 @@ async def test_chats_from_before_the_scoping_still_resolve_for_their_owner(authe
     the scoping) stays that chat for its owner, and only for its owner."""
     svc, alice, bob = authed
     svc.upstream.enqueue(Reply(text="from before"))
-    request = {"model": "gpt-test", "messages": [{"role": "user", "content": "old question"}], "chat_id": "old-chat", "background_tasks": QUIET}
+    request: JsonObject = {"model": "gpt-test", "messages": [{"role": "user", "content": "old question"}], "chat_id": "old-chat", "background_tasks": QUIET}
     actor = await svc.services.supervisor.start_turn(request=request, user_id="alice", model="gpt-test")
     await as_user(svc, alice).wait_status(actor.turn_id, "completed")
 

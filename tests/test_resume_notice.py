@@ -193,6 +193,7 @@ def _cut_off_round(reasoning: bool = False) -> list[Any]:
 @pytest.mark.parametrize("reasoning", [False, True], ids=["text", "reasoning-and-text"])
 def test_a_restart_supersedes_the_cut_off_round_and_the_notice_goes_back_to_its_start(reasoning: bool) -> None:
     from engine.events import TurnResumed, make_event
+    from engine.fold.output_items import item_text
     from engine.fold.turn_view import fold
     from engine.run.loop_state import LoopState
 
@@ -207,7 +208,7 @@ def test_a_restart_supersedes_the_cut_off_round_and_the_notice_goes_back_to_its_
     # The answer is the first round's; the cut-off round is kept aside, incomplete.
     assert (view.content, view.reasoning_content) == ("Done. ", "")
     assert point.notice() == {"from_pos": before.last_event_pos - 1, "epoch": 1, "content_length": 6, "reasoning_length": 0, "mode": "restart"}
-    assert [i["type"] for i in view.output] == ["message"] and view.output[0]["content"][0]["text"] == "Done. "
+    assert [i["type"] for i in view.output] == ["message"] and item_text(view.output[0]) == "Done. "
     kinds = ["reasoning", "message", "function_call"] if reasoning else ["message", "function_call"]
     assert [i["type"] for i in view.superseded] == kinds
     assert all(i["status"] == "incomplete" for i in view.superseded)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from engine.events import Event
-from engine.fold.spans import spans
+from engine.fold.spans import Span, SpanChart, spans
 
 T0 = 1_700_000_000.0
 
@@ -20,8 +20,14 @@ def log(*entries: tuple[float, str, dict[str, Any]]) -> list[Event]:
     return [Event(turn_id="t1", seq=i, type=kind, at=T0 + offset, data=data) for i, (offset, kind, data) in enumerate(entries, start=1)]
 
 
-def by_kind(result: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+def by_kind(result: SpanChart, kind: str) -> list[Span]:
     return [s for s in result["spans"] if s["kind"] == kind]
+
+
+def duration(span: Span) -> float:
+    end = span["end"]
+    assert end is not None, span
+    return end - span["start"]
 
 
 TOOL_TURN = log(
@@ -111,7 +117,7 @@ def test_an_approval_wait_and_a_denial() -> None:
         ),
     )
     approvals = by_kind(r, "approval")
-    assert [(a["name"], a["seq"], a["end_seq"], a["status"], a["end"] - a["start"]) for a in approvals] == [
+    assert [(a["name"], a["seq"], a["end_seq"], a["status"], duration(a)) for a in approvals] == [
         ("approval of rm", 6, 9, "denied", pytest.approx(89.4)),
         ("approval of ls", 7, 8, "approved", pytest.approx(29.4)),
     ]

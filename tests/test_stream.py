@@ -28,6 +28,8 @@ from engine.fold.accumulator import (
     normalize_usage,
     parse_chat_chunk,
 )
+from engine.fold.output_items import item_text
+from engine.json_types import JsonObject
 from tests.vectors_util import load_vectors
 
 # --------------------------------------------------------------------------
@@ -331,13 +333,13 @@ def test_late_native_reasoning_extends_the_hoisted_item() -> None:
         ("reasoning", "<r_2>"),
         ("message", "<msg_1>"),
     ]
-    assert acc.output[1]["content"][0]["text"] == "xy"
+    assert item_text(acc.output[1]) == "xy"
     assert acc.text == "one two"
 
 
 def test_solution_and_reasoning_in_one_chunk() -> None:
     acc, pieces, _ = _feed_all(["<think>r</think><|begin_of_solution|>S<|end_of_solution|>tail"])
-    assert [(it["type"], it.get("_tag_type"), it["content"][0]["text"]) for it in acc.output] == [
+    assert [(it["type"], it.get("_tag_type"), item_text(it)) for it in acc.output] == [
         ("reasoning", None, "r"),
         ("message", "solution", "S"),
         ("message", None, "tail"),
@@ -365,7 +367,7 @@ def test_finish_empty_stream_puts_back_one_empty_message() -> None:
 def test_finish_strips_only_the_last_message() -> None:
     acc, _, before = _feed_all(["  Hi <think>r</think>  there  \n"])
     assert before == "  Hi there  \n"
-    assert [it["content"][0]["text"] for it in acc.output] == ["  Hi ", "r", "there"]
+    assert [item_text(it) for it in acc.output] == ["  Hi ", "r", "there"]
 
 
 def test_mark_incomplete_keeps_finished_items_completed() -> None:
@@ -376,7 +378,7 @@ def test_mark_incomplete_keeps_finished_items_completed() -> None:
         ("message", "completed"),
         ("reasoning", "incomplete"),
     ]
-    assert acc.output[1]["content"][0]["text"] == "still thinking <thi"  # nothing received is lost
+    assert item_text(acc.output[1]) == "still thinking <thi"  # nothing received is lost
     acc.finish()  # no-op after a terminal call
     assert acc.output[1]["status"] == "incomplete"
     with pytest.raises(RuntimeError):
@@ -395,7 +397,7 @@ def test_finish_completes_unclosed_block() -> None:
     acc, _, _ = _feed_all(["<think>never ", "closes  "])
     assert acc.output[0]["status"] == "completed"
     # Open WebUI does not strip an unclosed block.
-    assert acc.output[0]["content"][0]["text"] == "never closes  "
+    assert item_text(acc.output[0]) == "never closes  "
     assert acc.text == ""
 
 
@@ -405,7 +407,7 @@ def test_output_is_live_and_texts_are_joined_lazily() -> None:
     items = acc.output
     acc.feed_text("cd")
     assert acc.output is items
-    assert items[0]["content"][0]["text"] == "abcd"
+    assert item_text(items[0]) == "abcd"
     assert acc.text == "abcd"
 
 
@@ -655,7 +657,7 @@ def test_usage_edge_cases() -> None:
     assert merged["prompt_tokens_details"] == {"cached_tokens": 5, "x": {"y": 3}}
     assert merged["total_cost"] == 0.25 and merged["model"] == "m"
     # Inputs are not mutated.
-    current = {"input_tokens": 1, "output_tokens_details": {"reasoning_tokens": 1}}
+    current: JsonObject = {"input_tokens": 1, "output_tokens_details": {"reasoning_tokens": 1}}
     snapshot = copy.deepcopy(current)
     merge_usage(current, {"input_tokens": 2, "output_tokens_details": {"reasoning_tokens": 2}})
     assert current == snapshot

@@ -316,7 +316,7 @@ def test_set_code_output_targets_the_named_block_only() -> None:
     first, second = code_items(acc)
     assert acc.pending_code is second
     with pytest.raises(KeyError):
-        acc.set_code_output(acc.output[1]["id"], "x")  # a message id, not a code block
+        acc.set_code_output(str(acc.output[1]["id"]), "x")  # a message id, not a code block
     acc.set_code_output(first["id"], "A")  # allowed while streaming, any block
     assert first["output"] == "A" and second["output"] is None
     assert acc.pending_code is second

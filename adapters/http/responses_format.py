@@ -224,10 +224,12 @@ def response_tools(request: dict[str, Any]) -> list[dict[str, Any]]:
 def base_object(view: TurnView) -> dict[str, Any]:
     """The response object's fields that the request decides."""
     request = view.request
-    record = request.get(RECORD_KEY) or {}
+    recorded = request.get(RECORD_KEY)
+    record = recorded if isinstance(recorded, dict) else {}
     choice = request.get("tool_choice", "auto")
     if isinstance(choice, dict):
-        choice = {"type": "function", "name": (choice.get("function") or {}).get("name")}
+        function = choice.get("function")
+        choice = {"type": "function", "name": function.get("name") if isinstance(function, dict) else None}
     return {
         "id": response_id(view.id),
         "object": "response",

@@ -41,6 +41,7 @@ from adapters.http.turn_routes import DamagedLog, _int_query, checked_turn_event
 from engine.events import Event
 from engine.fold.chat import chat_turn_views, history_messages
 from engine.fold.turn_view import TurnView, fold
+from engine.json_types import JsonValue
 from engine.machine import TERMINAL_STATUSES
 from engine.ports import TurnRecord
 from engine.run.follow import Out, TurnFollower, follow
@@ -107,7 +108,8 @@ async def _previous(svc: Services, previous_id: str, user: str, deletions: Respo
             404, f"Previous response with id '{previous_id}' not found.", "invalid_request_error", "previous_response_not_found", "previous_response_id"
         )
     view = await _started(svc, record.id)
-    if (view.request.get(RECORD_KEY) or {"store": False}).get("store") is False:
+    recorded = view.request.get(RECORD_KEY)
+    if (recorded if isinstance(recorded, dict) and recorded else {"store": False}).get("store") is False:
         raise ApiError(
             404,
             f"Previous response with id '{previous_id}' not found (it was created with store: false, or not through /v1/responses).",
@@ -232,7 +234,7 @@ async def _own(request: web.Request) -> tuple[Services, TurnRecord, str]:
 
 def _stored(view: TurnView, rid: str) -> None:
     record = view.request.get(RECORD_KEY)
-    if record is None or record.get("store") is False:
+    if not isinstance(record, dict) or record.get("store") is False:
         # A turn started elsewhere (chat completions) is no response; one created
         # with store: false cannot be retrieved.
         raise ApiError(404, f"Response with id '{rid}' not found.", "not_found_error", "not_found")
@@ -340,11 +342,14 @@ async def input_items(request: web.Request) -> web.Response:
 def recorded_input_items(view: TurnView) -> list[dict[str, Any]]:
     """The response's ``input`` as recorded, as Responses input items with
     stable ids."""
-    raw = (view.request.get(RECORD_KEY) or {}).get("input")
-    items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else list(raw or [])
+    record = view.request.get(RECORD_KEY)
+    raw = record.get("input") if isinstance(record, dict) else None
+    items: list[JsonValue] = [{"type": "message", "role": "user", "content": raw}] if isinstance(raw, str) else raw if isinstance(raw, list) else []
     out = []
-    for i, item in enumerate(items):
-        item = dict(item)
+    for i, given in enumerate(items):
+        if not isinstance(given, dict):
+            continue
+        item = dict(given)
         kind = item.get("type") or ("message" if "role" in item else None)
         item["type"] = kind
         if kind == "message":

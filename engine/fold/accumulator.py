@@ -60,7 +60,7 @@ import functools
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Final, Literal
 
 from engine.json_types import JsonObject, JsonValue
 from engine.pieces import Piece, PieceKind
@@ -239,10 +239,10 @@ class _KindInfo:
     id_prefix: str
     piece_kind: PieceKind
     #: ``(item_id, spec, attributes) -> (item, buffer of the item's text)``.
-    build: Callable[[str, TagSpec, dict[str, str]], tuple[dict[str, Any], _Buf]]
+    build: Callable[[str, TagSpec, JsonObject], tuple[JsonObject, _Buf]]
 
 
-def _build_reasoning(item_id: str, spec: TagSpec, attributes: dict[str, str], part: dict[str, Any]) -> dict[str, Any]:
+def _build_reasoning(item_id: str, spec: TagSpec, attributes: JsonObject, part: JsonObject) -> JsonObject:
     return {
         "type": "reasoning",
         "id": item_id,
@@ -255,7 +255,7 @@ def _build_reasoning(item_id: str, spec: TagSpec, attributes: dict[str, str], pa
     }
 
 
-def _build_solution(item_id: str, spec: TagSpec, attributes: dict[str, str], part: dict[str, Any]) -> dict[str, Any]:
+def _build_solution(item_id: str, spec: TagSpec, attributes: JsonObject, part: JsonObject) -> JsonObject:
     return {
         "type": "message",
         "id": item_id,
@@ -270,21 +270,21 @@ def _build_solution(item_id: str, spec: TagSpec, attributes: dict[str, str], par
 
 
 def _with_text_part(
-    builder: Callable[[str, TagSpec, dict[str, str], dict[str, Any]], dict[str, Any]],
-) -> Callable[[str, TagSpec, dict[str, str]], tuple[dict[str, Any], _Buf]]:
+    builder: Callable[[str, TagSpec, JsonObject, JsonObject], JsonObject],
+) -> Callable[[str, TagSpec, JsonObject], tuple[JsonObject, _Buf]]:
     """A builder for an item whose text lives in one ``output_text`` part."""
 
-    def build(item_id: str, spec: TagSpec, attributes: dict[str, str]) -> tuple[dict[str, Any], _Buf]:
-        part: dict[str, Any] = {"type": "output_text", "text": ""}
+    def build(item_id: str, spec: TagSpec, attributes: JsonObject) -> tuple[JsonObject, _Buf]:
+        part: JsonObject = {"type": "output_text", "text": ""}
         return builder(item_id, spec, attributes, part), _Buf(part)
 
     return build
 
 
-def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: dict[str, str]) -> tuple[dict[str, Any], _Buf]:
+def _build_code_interpreter(item_id: str, spec: TagSpec, attributes: JsonObject) -> tuple[JsonObject, _Buf]:
     """Open WebUI's ``open_webui:code_interpreter`` item: the block's text is ``code``;
     ``output`` stays None until the engine has run it."""
-    item: dict[str, Any] = {
+    item: JsonObject = {
         "type": "code_interpreter",
         "id": item_id,
         "status": "in_progress",
@@ -409,7 +409,7 @@ def _end_holdback(s: str, end: str) -> int:
     return n
 
 
-def _parse_attributes(text: str | None) -> dict[str, str]:
+def _parse_attributes(text: str | None) -> JsonObject:
     if not text:
         return {}
     return {k: v for k, v in _ATTRIBUTE_PAIR.findall(text)}
@@ -432,7 +432,7 @@ class _Buf:
 
     __slots__ = ("parts", "target", "key")
 
-    def __init__(self, target: dict[str, Any], key: str = "text") -> None:
+    def __init__(self, target: JsonObject, key: str = "text") -> None:
         self.parts: list[str] = []
         # Where the joined text is stored: ``target[key]``, e.g. the item's
         # {"type": "output_text", "text": ...} part, or a code item's "code".
@@ -454,11 +454,11 @@ class _Block:
 
     __slots__ = ("spec", "info", "attributes", "item", "buf", "ws_hold")
 
-    def __init__(self, spec: TagSpec, attributes: dict[str, str]) -> None:
+    def __init__(self, spec: TagSpec, attributes: JsonObject) -> None:
         self.spec = spec
         self.info = _KINDS[spec.kind]
         self.attributes = attributes
-        self.item: dict[str, Any] | None = None
+        self.item: JsonObject | None = None
         self.buf: _Buf | None = None
         # Trailing blanks: shown only once more text follows, because a block
         # is stripped when it closes.
@@ -507,7 +507,7 @@ class Accumulator:
         self._full_scanner, self._after_native_scanner = _scanners(_reasoning_pairs(reasoning_tags), code_interpreter)
         self._scanner = self._full_scanner
 
-        self._items: list[dict[str, Any]] = []
+        self._items: list[JsonObject] = []
         self._bufs: dict[int, _Buf] = {}  # id(item) -> its text buffer
         self._dirty: set[_Buf] = set()
         self._raw: list[str] = []
@@ -519,10 +519,10 @@ class Accumulator:
         self._pending_max = 0
         self._block: _Block | None = None
         self._msg_buf: _Buf | None = None  # the open plain message item's text
-        self._msg: dict[str, Any] | None = None
+        self._msg: JsonObject | None = None
         self._lead_ws: list[str] = []  # blanks that may start a message
         self._drop_lead_ws = False  # just after a closing tag
-        self._native: dict[str, Any] | None = None
+        self._native: JsonObject | None = None
         self._native_open = False
         self._state: Literal["open", "flushed", "done"] = "open"
 
@@ -602,7 +602,7 @@ class Accumulator:
             return []
         item = self._native
         if item is None:
-            part: dict[str, Any] = {"type": "output_text", "text": ""}
+            part: JsonObject = {"type": "output_text", "text": ""}
             item = _build_reasoning(self._id_factory("r"), _NATIVE_SPEC, {"type": "reasoning_content"}, part)
             first_message = next((i for i, it in enumerate(self._items) if it.get("type") == "message"), None)
             if first_message is None:
@@ -711,7 +711,7 @@ class Accumulator:
     # -- reading ---------------------------------------------------------------
 
     @property
-    def output(self) -> list[dict[str, Any]]:
+    def output(self) -> list[JsonObject]:
         """The output items: the live list and live dicts, not copies.
 
         Texts are brought up to date on each read (cost: the length of the
@@ -744,7 +744,7 @@ class Accumulator:
         return "".join(self._item_text(it) for it in self._items if it.get("type") == "reasoning")
 
     @property
-    def pending_code(self) -> dict[str, Any] | None:
+    def pending_code(self) -> JsonObject | None:
         """The code-interpreter block the engine should run now, or None: the
         last item, if it is a ``completed`` code block whose ``output`` is
         still None. A block followed by answer text is not pending, nor is an
@@ -759,7 +759,7 @@ class Accumulator:
         self._sync()
         return last
 
-    def set_code_output(self, item_id: str, output: dict[str, Any] | str) -> None:
+    def set_code_output(self, item_id: str, output: JsonObject | str) -> None:
         """Store the result of running code block ``item_id`` (a string, or
         ``{stdout, stderr, result}``-style dict, copied) as its ``output``.
         Allowed after :meth:`finish`; the item's status is left as it is.
@@ -779,7 +779,7 @@ class Accumulator:
         if self._state != "open":
             raise RuntimeError("Accumulator is finished; no more input is accepted")
 
-    def _item_text(self, item: dict[str, Any]) -> str:
+    def _item_text(self, item: JsonObject) -> str:
         buf = self._bufs.get(id(item))
         return buf.join() if buf is not None else ""
 
@@ -875,8 +875,8 @@ class Accumulator:
         self._drop_lead_ws = False
 
     def _new_message(self) -> None:
-        part: dict[str, Any] = {"type": "output_text", "text": ""}
-        item: dict[str, Any] = {
+        part: JsonObject = {"type": "output_text", "text": ""}
+        item: JsonObject = {
             "type": "message",
             "id": self._id_factory("msg"),
             "status": "in_progress",
@@ -985,7 +985,7 @@ def _first_count(usage: Mapping[str, object], keys: Sequence[str]) -> int | floa
 USAGE_ESTIMATED: Final = "usage_estimated"
 
 
-def normalize_usage(usage: dict[str, Any]) -> JsonObject:
+def normalize_usage(usage: Mapping[str, JsonValue]) -> JsonObject:
     """Add the canonical ``input_tokens``/``output_tokens``/``total_tokens`` to
     a provider's usage dict, keeping the provider's own keys.
 
@@ -1028,7 +1028,7 @@ def _merge_counts(current: Mapping[str, JsonValue], incoming: Mapping[str, JsonV
     return result
 
 
-def merge_usage(current: dict[str, Any] | None, incoming: dict[str, Any] | None) -> JsonObject:
+def merge_usage(current: Mapping[str, JsonValue] | None, incoming: Mapping[str, JsonValue] | None) -> JsonObject:
     """Add one model call's usage to a turn's running total (tool rounds make
     several calls per turn).
 

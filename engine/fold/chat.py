@@ -2,23 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from engine.context.history import Answer, Entry, History, expand
 from engine.events import TurnForked, data_of
+from engine.fold.output_items import call_id_of
 from engine.fold.turn_view import TurnView, fold
+from engine.json_types import JsonObject
 from engine.ports import EventStore, TurnRecord
 from engine.protocols.history import convert_output_to_messages, distinct_call_ids, for_model
 
 
-def assistant_message(view: TurnView) -> dict[str, Any] | None:
+def assistant_message(view: TurnView) -> JsonObject | None:
     """The assistant message a finished (or stopped) turn leaves in its chat."""
     if not view.output and not view.content:
         return None
     return {
         "role": "assistant",
         "content": view.content,
-        "output": view.output,
+        "output": [*view.output],
         "turn_id": view.id,
         "status": view.status,
     }
@@ -71,8 +71,8 @@ def answer_of(view: TurnView, reasoning_format: str | None = None) -> Answer | N
     """
     if not view.output and not view.content:
         return None
-    client_ids = {c["call_id"] for c in view.client_calls}
-    placeholders = [{"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids]
+    client_ids = {call_id_of(c) for c in view.client_calls}
+    placeholders: list[JsonObject] = [{"type": "function_call_output", "call_id": cid, "output": "", "status": "completed"} for cid in client_ids]
     messages = convert_output_to_messages(
         for_model(distinct_call_ids(list(view.output))) + placeholders, raw=True, flatten_tool_images=True, reasoning_format=reasoning_format
     )
@@ -87,7 +87,12 @@ def _since_restart(views: list[TurnView]) -> list[TurnView]:
 
 
 def _refs(view: TurnView) -> dict[int, str]:
-    return {int(r["index"]): str(r["turn_id"]) for r in view.turn_refs if isinstance(r, dict)}
+    refs: dict[int, str] = {}
+    for ref in view.turn_refs:
+        index = ref.get("index") if isinstance(ref, dict) else None
+        if isinstance(index, int | float | str):
+            refs[int(index)] = str(ref["turn_id"])
+    return refs
 
 
 def stored_history(views: list[TurnView], *, reasoning_format: str | None = None) -> History:
@@ -120,16 +125,16 @@ def _files_message(view: TurnView) -> int | None:
     return next((i for i in range(len(view.new_messages) - 1, -1, -1) if view.new_messages[i].get("role") == "user"), None)
 
 
-def history_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+def history_messages(views: list[TurnView]) -> list[JsonObject]:
     """Upstream-ready history (failed turns with no output contribute only their new messages)."""
     return expand(stored_history(views).entries)
 
 
-def chat_messages(views: list[TurnView]) -> list[dict[str, Any]]:
+def chat_messages(views: list[TurnView]) -> list[JsonObject]:
     """The chat as ``GET /v1/chats/{id}`` shows it: the conversation the model
     sees, from where the history last restarted."""
     by_id = {view.id: view for view in views}
-    out: list[dict[str, Any]] = []
+    out: list[JsonObject] = []
     for view in _since_restart(views):
         refs = _refs(view)
         for index, message in enumerate(view.new_messages):

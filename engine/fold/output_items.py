@@ -13,14 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 from engine.fold.accumulator import Accumulator, Piece
+from engine.json_types import JsonObject, JsonValue
 from engine.protocols.responses import has_provider_reasoning, responses_reasoning_item
 
 #: An output item: a Responses API item (``message``, ``reasoning``,
 #: ``function_call``, ``function_call_output``, ``code_interpreter``) as JSON.
-Item = dict[str, Any]
+Item = JsonObject
 
 
 class ItemIds:
@@ -96,13 +97,14 @@ class OutputItems:
         """An item the model sent whole (a function call, a provider's reasoning item)."""
         item = dict(item)
         if item.get("type") == "function_call":
-            started = self.calls.get(item["call_id"])
+            call_id = call_id_of(item)
+            started = self.calls.get(call_id)
             if started is not None and started.get("status") == "in_progress" and any(c is started for c in self.round_calls):
                 # The call announced while its arguments streamed, now whole.
                 started.clear()
                 started.update(item)
                 return
-            self.calls[item["call_id"]] = item
+            self.calls[call_id] = item
             self.round_calls.append(item)
         elif item.get("type") == "reasoning" and has_provider_reasoning(item):
             # The provider's own reasoning item (its id, its encrypted
@@ -125,7 +127,7 @@ class OutputItems:
             self.round_calls = [c for c in self.round_calls if c.get("status") != "in_progress"]
             for call in self.unfinished:
                 call["status"] = "incomplete"
-                del self.calls[call["call_id"]]
+                del self.calls[call_id_of(call)]
             self.superseded.extend(self.unfinished)
         produced = self.acc.output
         if self.round_calls:
@@ -135,7 +137,7 @@ class OutputItems:
         self.items.extend(self.round_calls)
         for item in produced:
             if item.get("type") == "code_interpreter":
-                self.code_items[item["id"]] = item
+                self.code_items[str(item["id"])] = item  # the accumulator's id, a str
         self.closed_text.append(self.acc.text)
         self.closed_reasoning.append(self.acc.reasoning_text)
         self.round_calls = []
@@ -147,7 +149,7 @@ class OutputItems:
             if item is not None:
                 item["status"] = status
 
-    def tool_output(self, call_id: str, output: str | None, status: str, extras: dict[str, list[Any]]) -> None:
+    def tool_output(self, call_id: str, output: str | None, status: str, extras: Mapping[str, Sequence[JsonValue]]) -> None:
         """A tool's result: a ``function_call_output`` item (a legacy code
         block's result lives on the block itself)."""
         code = self.code_items.get(call_id)
@@ -166,7 +168,7 @@ class OutputItems:
                 # replayed the model's raw, possibly broken, arguments).
                 item["arguments_ran"] = ran
         out: Item = {"type": "function_call_output", "id": self.ids.next("fco"), "call_id": call_id, "output": output, "status": status}
-        out.update({key: value for key, value in extras.items() if value})
+        out.update({key: list(value) for key, value in extras.items() if value})
         self.items.append(out)
         self.outputs[call_id] = out
 
@@ -184,7 +186,7 @@ class OutputItems:
         for item in dropped:
             item["status"] = "incomplete"
             if item.get("type") == "function_call":
-                self.calls.pop(item["call_id"], None)
+                self.calls.pop(call_id_of(item), None)
         self.superseded.extend(dropped)
         self.acc = self._new_accumulator()
         self.round_calls = []
@@ -204,7 +206,7 @@ class OutputItems:
             if item.get("status") == "in_progress":
                 item["status"] = "incomplete"
                 if item.get("type") == "function_call":
-                    self.stopped_calls.append(item["call_id"])
+                    self.stopped_calls.append(call_id_of(item))
         return pieces
 
     def feed(self, kind: str, text: str, call_id: str | None = None) -> list[Piece]:
@@ -214,7 +216,8 @@ class OutputItems:
         if kind == "tool_arguments":
             call = self.calls.get(call_id or "")
             if call is not None and call.get("status") == "in_progress":
-                call["arguments"] = call.get("arguments", "") + text
+                arguments = call.get("arguments")
+                call["arguments"] = (arguments if isinstance(arguments, str) else "") + text
             return [Piece("tool_arguments", text, call_id)]
         return self.acc.feed_text(text)
 
@@ -261,4 +264,14 @@ class OutputItems:
 
 
 def item_text(item: Item) -> str:
-    return "".join(part.get("text") or "" for part in item.get("content") or [] if isinstance(part, dict))
+    content = item.get("content")
+    if not isinstance(content, list):
+        return ""
+    return "".join(text for part in content if isinstance(part, dict) and isinstance(text := part.get("text"), str))
+
+
+def call_id_of(item: Mapping[str, JsonValue]) -> str:
+    """A ``function_call`` item's ``call_id`` ("" if it has none: the calls
+    this fold records always have one)."""
+    call_id = item.get("call_id")
+    return call_id if isinstance(call_id, str) else ""

@@ -19,11 +19,45 @@ tokens over the time from the first chunk (else from the request) to the end.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TypedDict
 
 from engine.events import Event
+from engine.json_types import JsonObject, JsonValue
 
-Span = dict[str, Any]
+
+class Span(TypedDict):
+    """A stretch of the turn (``end`` and ``end_seq`` None while it is open)."""
+
+    kind: str
+    name: str
+    seq: int
+    start: float
+    end: float | None
+    end_seq: int | None
+    status: str
+    copied: bool
+    detail: JsonObject
+
+
+class Mark(TypedDict):
+    """A moment of the turn, and why (the event's field that says it)."""
+
+    type: str
+    seq: int
+    at: float
+    detail: str | None
+
+
+class SpanChart(TypedDict):
+    """What ``spans`` gives: the chart's data."""
+
+    turn_id: str
+    start: float | None
+    end: float | None
+    last_seq: int
+    spans: list[Span]
+    marks: list[Mark]
+
 
 #: Events shown as a moment on the time axis, with the data field that says why.
 MARKS: dict[str, str] = {
@@ -43,7 +77,7 @@ MARKS: dict[str, str] = {
 _ENDS = {"turn.failed": "failed", "turn.cancelled": "cancelled", "turn.interrupted": "interrupted"}
 
 
-def _tokens(usage: Any, *names: str) -> int | None:
+def _tokens(usage: JsonValue, *names: str) -> int | None:
     if not isinstance(usage, dict):
         return None
     for name in names:
@@ -59,7 +93,7 @@ class SpanFold:
     def __init__(self, turn_id: str) -> None:
         self.turn_id = turn_id
         self.spans: list[Span] = []
-        self.marks: list[dict[str, Any]] = []
+        self.marks: list[Mark] = []
         self.open: dict[tuple[str, str], Span] = {}
         self.first_at: float | None = None
         self.last_at: float | None = None
@@ -91,7 +125,7 @@ class SpanFold:
         if self.first_at is None:
             self.first_at = event.at
         if event.type == "turn.forked":
-            self.copied_upto = int(event.data.get("at") or 0)
+            self.copied_upto = _int(event.data.get("at"))
         if not self.copied(event):  # a copied event happened in the parent, at the parent's time
             self.last_at = event.at
         self.last_seq = event.seq
@@ -103,7 +137,7 @@ class SpanFold:
         if event.type in _ENDS:
             self._close_all(event, _ENDS[event.type])
 
-    def result(self) -> dict[str, Any]:
+    def result(self) -> SpanChart:
         return {
             "turn_id": self.turn_id,
             "start": self.first_at,
@@ -119,7 +153,7 @@ class SpanFold:
 
     # -- opening and closing
 
-    def _begin(self, what: str, key: str, name: str, event: Event, start: float | None = None, **detail: Any) -> Span:
+    def _begin(self, what: str, key: str, name: str, event: Event, start: float | None = None, **detail: JsonValue) -> Span:
         earlier = self.open.pop((what, key), None)
         if earlier is not None:  # begun again (a resume re-runs it): the first try ends here
             self._end(earlier, event, "restarted")
@@ -138,7 +172,7 @@ class SpanFold:
         self.open[(what, key)] = span
         return span
 
-    def _finish(self, what: str, key: str, event: Event, status: str = "completed", **detail: Any) -> Span | None:
+    def _finish(self, what: str, key: str, event: Event, status: str = "completed", **detail: JsonValue) -> Span | None:
         span = self.open.pop((what, key), None)
         if span is not None:
             self._end(span, event, status)
@@ -177,21 +211,23 @@ class SpanFold:
 
     def _assembled(self, event: Event) -> None:
         d = event.data
-        self._finish("assembly", "", event, messages=len(d.get("messages") or []), history_len=d.get("history_len", 0), sources=len(d.get("sources") or []))
+        self._finish("assembly", "", event, messages=_count(d.get("messages")), history_len=d.get("history_len", 0), sources=_count(d.get("sources")))
 
     # -- model calls
 
     def _requested(self, event: Event) -> None:
         d = event.data
         self._finish("reinjection", "", event)
-        iteration = int(d.get("iteration") or 0)
+        iteration = _int(d.get("iteration"))
         self._begin("model", "", f"model call {iteration + 1}", event, iteration=iteration, api=d.get("api"), resumed=bool(d.get("resumed")), deltas=0)
 
     def _delta(self, event: Event) -> None:
         # Counted, not read: a store may leave the deltas' text out of what it hands a chart.
         span = self.open.get(("model", ""))
         if span is not None:
-            span["detail"]["deltas"] += 1
+            detail = span["detail"]
+            deltas = detail.get("deltas")
+            detail["deltas"] = (deltas if isinstance(deltas, int) else 0) + 1
 
     def _model_done(self, event: Event) -> None:
         d = event.data
@@ -228,7 +264,7 @@ class SpanFold:
 
     def _reinjected(self, event: Event) -> None:
         d = event.data
-        self._begin("reinjection", "", f"tool results into call {int(d.get('iteration') or 0) + 1}", event, iteration=d.get("iteration"))
+        self._begin("reinjection", "", f"tool results into call {_int(d.get('iteration')) + 1}", event, iteration=d.get("iteration"))
 
     # -- after the answer
 
@@ -240,13 +276,15 @@ class SpanFold:
         # The outlet filters run between the final answer and this record of their result.
         opened = self.finalized or event
         d = event.data
-        span = self._begin("outlet", "", "outlet filters", opened, filters=list(d.get("filters") or []))
-        errors = [r for r in d.get("runs") or [] if isinstance(r, dict) and r.get("error")]
+        filters, runs = d.get("filters"), d.get("runs")
+        span = self._begin("outlet", "", "outlet filters", opened, filters=list(filters) if isinstance(filters, list) else [])
+        errors = [r for r in runs if isinstance(r, dict) and r.get("error")] if isinstance(runs, list) else []
         self._finish("outlet", "", event, status="failed" if errors else "completed", errors=len(errors))
         span["detail"].setdefault("errors", len(errors))
 
     def _background(self, event: Event) -> None:
-        for task in event.data.get("tasks") or []:
+        tasks = event.data.get("tasks")
+        for task in tasks if isinstance(tasks, list) else []:
             self._begin("background", str(task), str(task), event)
 
     def _background_done(self, event: Event) -> None:
@@ -254,17 +292,28 @@ class SpanFold:
         self._finish("background", str(d.get("task")), event, status="failed" if d.get("error") else "completed", error=d.get("error"))
 
 
-def _rates(span: Span, first_chunk_at: Any) -> None:
+def _rates(span: Span, first_chunk_at: JsonValue) -> None:
     """Time to first chunk and output tokens per second of a finished model call."""
     detail = span["detail"]
     first = float(first_chunk_at) if isinstance(first_chunk_at, int | float) and not isinstance(first_chunk_at, bool) else None
     detail["first_chunk_ms"] = None if first is None else round((first - span["start"]) * 1000, 1)
-    tokens = detail.get("output_tokens")
-    generating = span["end"] - (first if first is not None else span["start"])
-    detail["tokens_per_s"] = round(tokens / generating, 1) if tokens and generating > 0 else None
+    tokens = detail.get("output_tokens")  # as ``_tokens`` read it: an int or None
+    end = span["end"] if span["end"] is not None else span["start"]  # (it has ended: called after ``_finish``)
+    generating = end - (first if first is not None else span["start"])
+    detail["tokens_per_s"] = round(tokens / generating, 1) if isinstance(tokens, int) and tokens and generating > 0 else None
 
 
-def spans(turn_id: str, events: Iterable[Event]) -> dict[str, Any]:
+def _int(value: JsonValue) -> int:
+    """A count or a seq as a log holds it (0 when absent)."""
+    return int(value) if value and isinstance(value, int | float | str) else 0
+
+
+def _count(value: JsonValue) -> int:
+    """How many items a list field holds (0 when absent)."""
+    return len(value) if isinstance(value, list) else 0
+
+
+def spans(turn_id: str, events: Iterable[Event]) -> SpanChart:
     """The turn's spans and marks, from its events in seq order."""
     fold = SpanFold(turn_id)
     for event in events:

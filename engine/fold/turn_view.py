@@ -25,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal, NotRequired, TypedDict
+from typing import Literal, NotRequired, TypedDict
 
 from engine.context.assemble import legacy_code_interpreter
 from engine.context.unsupported import STEP as UNSUPPORTED_STEP
@@ -62,8 +62,8 @@ from engine.events import (
     parse_data,
 )
 from engine.fold.accumulator import USAGE_ESTIMATED, Accumulator, Piece, merge_usage, normalize_usage
-from engine.fold.output_items import Item, OutputItems
-from engine.json_types import JsonObject, function_call
+from engine.fold.output_items import Item, OutputItems, call_id_of
+from engine.json_types import JsonObject
 from engine.machine import STATUS_AFTER, TurnMachine
 
 EPOCH_SHIFT = 32
@@ -177,7 +177,7 @@ class TurnView:
         self.user_id: str | None = None
         self.model: str | None = None
         self.stream = True
-        self.request: dict[str, Any] = {}  # the client's request body, read all over the adapters
+        self.request: JsonObject = {}  # the client's request body, read all over the adapters
         self.status = "running"
         self.error: JsonObject | None = None
         self.usage: JsonObject | None = None
@@ -196,10 +196,10 @@ class TurnView:
         self.parent_turn_id: str | None = None
         self.forked_at: int | None = None
         # The messages this turn adds to its chat (the new user message, tool results...).
-        self.new_messages: list[dict[str, Any]] = []
+        self.new_messages: list[JsonObject] = []
         self.history_reset = False  # the chat's history restarts at this turn
         # {"index", "turn_id"}: new_messages[index] is a client's copy of that turn's answer.
-        self.turn_refs: list[dict[str, Any]] = []
+        self.turn_refs: list[JsonObject] = []
         self.last_seq = 0
         self.pos = Positions()
         # The last durable position before a ``turn.interrupted`` record (which
@@ -213,9 +213,9 @@ class TurnView:
         self.title: str | None = None
         self.tags: list[str] | None = None
         self.follow_ups: list[str] | None = None
-        self.sources: list[dict[str, Any]] = []
+        self.sources: list[JsonObject] = []
         # Calls the client must run (the turn ended with finish_reason tool_calls).
-        self.client_calls: list[dict[str, Any]] = []
+        self.client_calls: list[JsonObject] = []
         self.out = OutputItems(turn_id)
         # Tool approval: call_id -> {"call_id", "name", "arguments", "status", "reason"?},
         # status pending | approved | rejected | cancelled.
@@ -345,7 +345,8 @@ class TurnView:
         self.warnings.append(data.message)
 
     def _on_assembly_step(self, data: AssemblyStep) -> None:
-        self._add_usage(data.detail.get("query_usage"))  # a task model call for search queries
+        query_usage = data.detail.get("query_usage")  # a task model call for search queries
+        self._add_usage(query_usage if isinstance(query_usage, dict) else None)
         step, detail = data.step, data.detail
         if step == UNSUPPORTED_STEP:
             self.warnings.extend(warnings_of(detail))
@@ -357,8 +358,8 @@ class TurnView:
             self.warnings.append(f"web search: {detail['query_warning']}")
         elif step == "legacy_tools" and detail.get("warning"):
             self.warnings.append(str(detail["warning"]))
-        elif step == "tool_servers":  # engine.context.tool_servers: a server not reached
-            self.warnings.extend(str(w) for w in detail.get("warnings") or [])
+        elif step == "tool_servers" and isinstance(warnings := detail.get("warnings"), list):  # engine.context.tool_servers: a server not reached
+            self.warnings.extend(str(w) for w in warnings)
 
     def _on_model_completed(self, data: ModelCompleted) -> list[ChunkOut]:
         self.finish_reason = data.finish_reason
@@ -373,7 +374,7 @@ class TurnView:
 
     def _on_tools_batch(self, data: ToolsBatch) -> None:
         self.client_calls = list(data.client_calls)
-        self.out.set_status(data.call_ids(), "in_progress")
+        self.out.set_status([call_id_of(call) for call in data.calls], "in_progress")
 
     def _on_tool_started(self, data: ToolStarted) -> None:
         self.out.arguments_ran[data.call_id] = data.arguments
@@ -401,7 +402,7 @@ class TurnView:
             self.out.replace(data.output, data.content)
 
     def _on_iteration_limit(self, data: IterationLimit) -> None:
-        self.out.set_status(data.call_ids(), "incomplete")
+        self.out.set_status([call_id_of(call) for call in data.pending_calls], "incomplete")
 
     def _on_finalized(self, data: TurnFinalized) -> None:
         # A record without the field (never written so) keeps the last round's.
@@ -414,7 +415,7 @@ class TurnView:
         """The usage an answer's response reports: as of the answer's end."""
         return self.answer_usage if self._answered else self.usage
 
-    def _add_usage(self, usage: dict[str, Any] | None) -> None:
+    def _add_usage(self, usage: JsonObject | None) -> None:
         """A model call's usage into the turn's (answer and task model calls alike)."""
         if usage:
             if usage.get(USAGE_ESTIMATED) is True:
@@ -520,38 +521,39 @@ class TurnView:
         """Snapshots of the items an (already applied) event created or changed."""
         t = event.type
         if t == "model.item":
-            call = function_call(data_of(event, ModelItem).item)
-            return self.out.touched([call["call_id"]] if call is not None else [])
+            item = data_of(event, ModelItem).item
+            return self.out.touched([call_id_of(item)] if item.get("type") == "function_call" else [])
         if t == "model.completed":
             return [dict(call) for call in self.out.unfinished]  # they end, shown ``incomplete``
         if t == "tools.batch":
-            return self.out.touched(data_of(event, ToolsBatch).call_ids())
+            return self.out.touched([call_id_of(c) for c in data_of(event, ToolsBatch).calls])
         if t == "tool.completed":
             call_id = data_of(event, ToolCompleted).call_id
             return self.out.touched([call_id], output_of=call_id)
         if t == "turn.iteration_limit":
-            return self.out.touched(data_of(event, IterationLimit).call_ids())
+            return self.out.touched([call_id_of(c) for c in data_of(event, IterationLimit).pending_calls])
         if t in ("turn.cancelled", "turn.failed"):
             return self.out.touched(self.out.stopped_calls)
         return []
 
-    def public(self) -> dict[str, Any]:
+    def public(self) -> JsonObject:
         """The turn as ``GET /v1/turns/{id}`` shows it."""
-        view: dict[str, Any] = {
+        view: JsonObject = {
             "id": self.id,
             "object": "turn",
             "chat_id": self.chat_id,
             "status": self.status,
             "state": self.state,
             "model": self.model,
-            "output": self.output,
+            # Lists copied as JSON lists (a JSON list is not a list of objects or of strings).
+            "output": [*self.output],
             "content": self.content,
             "reasoning_content": self.reasoning_content or None,
             "finish_reason": self.finish_reason,
             "usage": self.usage,
-            "response_ids": self.response_ids,
+            "response_ids": [*self.response_ids],
             "error": self.error,
-            "warnings": self.warnings,
+            "warnings": [*self.warnings],
             "seq": self.last_seq,
             "epoch": self.epoch,
             "created_at": self.created_at,
@@ -565,16 +567,23 @@ class TurnView:
             view["parent_turn_id"] = self.parent_turn_id
             view["forked_at"] = self.forked_at
         if self.sources:
-            view["sources"] = self.sources
+            view["sources"] = [*self.sources]
         if self.approvals:
-            view["approvals"] = [dict(a) for a in self.approvals.values()]
+            view["approvals"] = [_approval_json(a) for a in self.approvals.values()]
         if self.title is not None:
             view["title"] = self.title
         if self.tags is not None:
-            view["tags"] = self.tags
+            view["tags"] = [*self.tags]
         if self.follow_ups is not None:
-            view["follow_ups"] = self.follow_ups
+            view["follow_ups"] = [*self.follow_ups]
         return view
+
+
+def _approval_json(approval: Approval) -> JsonObject:
+    out: JsonObject = {"call_id": approval["call_id"], "name": approval["name"], "arguments": approval["arguments"], "status": approval["status"]}
+    if "reason" in approval:
+        out["reason"] = approval["reason"]
+    return out
 
 
 _HANDLERS: EventHandlers[TurnView, list[ChunkOut] | None] = EventHandlers()

@@ -12,42 +12,46 @@ exception, so a re-run records the same event.
 
 from __future__ import annotations
 
-from typing import Any
-
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import UpstreamError, UpstreamErrorDetail
 
 
-def failure_fields(exc: UpstreamError, iteration: int) -> dict[str, Any]:
+def failure_fields(exc: UpstreamError, iteration: int) -> JsonObject:
     """The fields of ``turn.failed``'s error beyond message, type and status."""
-    out: dict[str, Any] = {"iteration": iteration}
+    out: JsonObject = {"iteration": iteration}
     if exc.unreachable:
         out["unreachable"] = True
     detail = exc.upstream
     if detail is not None:
-        upstream: dict[str, Any] = {"message": detail.message}
-        for key in ("param", "code", "retry_after"):
-            value = getattr(detail, key)
+        upstream: JsonObject = {"message": detail.message}
+        for key, value in (("param", detail.param), ("code", detail.code), ("retry_after", detail.retry_after)):
             if value is not None:
                 upstream[key] = value
         out["upstream"] = upstream
     return out
 
 
-def recorded_upstream_error(error: dict[str, Any]) -> UpstreamError:
+def recorded_upstream_error(error: JsonObject) -> UpstreamError:
     """The ``UpstreamError`` a recorded ``turn.failed`` error was made from."""
     detail = error.get("upstream")
     upstream = None
     if isinstance(detail, dict):
+        retry_after = detail.get("retry_after")
         upstream = UpstreamErrorDetail(
             message=str(detail.get("message", "")),
-            param=detail.get("param"),
-            code=detail.get("code"),
-            retry_after=detail.get("retry_after"),
+            param=_text(detail.get("param")),
+            code=_text(detail.get("code")),
+            retry_after=retry_after if isinstance(retry_after, int | float) and not isinstance(retry_after, bool) else None,
         )
+    status = error.get("status")
     return UpstreamError(
-        error.get("message", ""),
-        error.get("type", "upstream_error"),
-        error.get("status"),
+        str(error.get("message", "")),
+        str(error.get("type", "upstream_error")),
+        status if isinstance(status, int) and not isinstance(status, bool) else None,
         upstream=upstream,
         unreachable=bool(error.get("unreachable")),
     )
+
+
+def _text(value: JsonValue) -> str | None:
+    return value if isinstance(value, str) else None

@@ -10,7 +10,6 @@ streamed text) live in the view, which this fold may read.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from engine.events import (
     AssemblyCompleted,
@@ -38,6 +37,7 @@ from engine.events import (
     TurnStarted,
     parse_data,
 )
+from engine.json_types import JsonObject
 from engine.ports import TurnInput
 
 
@@ -45,35 +45,35 @@ class LoopState:
     def __init__(self) -> None:
         self.turn: TurnInput | None = None
         self.assembled = False
-        self.messages: list[dict[str, Any]] = []  # the upstream transcript so far
+        self.messages: list[JsonObject] = []  # the upstream transcript so far
         self.assembled_count = 0  # how many of them the assembly made (the rest are this turn's rounds)
-        self.params: dict[str, Any] = {}
+        self.params: JsonObject = {}
         self.iteration = 0
         self.model_open = False  # a model.requested without its model.completed
         self.last_api = "chat"
         self.finish_reason: str | None = None
         self.response_ids: list[str] = []
         # The round being streamed and the last closed one: (call_id, name, arguments).
-        self.round_calls: list[dict[str, Any]] = []
-        self.last_round_calls: list[dict[str, Any]] = []
+        self.round_calls: list[JsonObject] = []
+        self.last_round_calls: list[JsonObject] = []
         # The batch in progress (tools.batch .. context.reinjected).
         self.batch: ToolsBatch | None = None
         self.started: dict[str, ToolStarted] = {}  # call_id -> its tool.started
         self.done: set[str] = set()  # call ids with a recorded result
         self.code_runs = 0
         # Stateful Responses continuation: the anchor and the new items, or broken.
-        self.pending_stateful: tuple[str, list[dict[str, Any]]] | None = None
+        self.pending_stateful: tuple[str, list[JsonObject]] | None = None
         self.stateful_broken = False
         self.chat_turns = 0  # earlier turns of the chat
         # The retrieved context: the sources that went into it (with their text),
         # the message it went into as it was before, and the citation ids so far.
-        self.file_sources: list[dict[str, Any]] = []
+        self.file_sources: list[JsonObject] = []
         self.attached_knowledge: list[str] = []  # the model's collections, for its knowledge tools
         self.offered_builtins: set[str] = set()  # turnlog's own tools the assembly offered the model
-        self.rag: dict[str, Any] | None = None
+        self.rag: JsonObject | None = None
         # Citable sources tool results brought (all rounds; this round's).
-        self.citations: list[dict[str, Any]] = []
-        self.round_citations: list[dict[str, Any]] = []
+        self.citations: list[JsonObject] = []
+        self.round_citations: list[JsonObject] = []
         # Background tasks: started (None: not yet), and those with a result.
         self.background: list[str] | None = None
         self.background_done: set[str] = set()
@@ -115,10 +115,12 @@ class LoopState:
     def _on_assembly_step(self, event: Event, d: AssemblyStep) -> None:
         step, detail = d.step, d.detail
         if step == "tools":
-            self.offered_builtins = set(detail.get("builtin") or [])
+            builtin = detail.get("builtin")
+            self.offered_builtins = {name for name in builtin if isinstance(name, str)} if isinstance(builtin, list) else set()
         elif step == "files":
-            self.file_sources = list(detail.get("sources") or [])
-            self.attached_knowledge = list(detail.get("attached_knowledge") or [])
+            sources, knowledge = detail.get("sources"), detail.get("attached_knowledge")
+            self.file_sources = [s for s in sources if isinstance(s, dict)] if isinstance(sources, list) else []
+            self.attached_knowledge = [k for k in knowledge if isinstance(k, str)] if isinstance(knowledge, list) else []
 
     def _on_assembled(self, event: Event, d: AssemblyCompleted) -> None:
         d = d
@@ -183,9 +185,11 @@ class LoopState:
         d = d
         rewrite = d.rewrite
         if rewrite is not None:
-            self.messages[rewrite["index"]] = rewrite["message"]
+            index, message, snapshot = rewrite.get("index"), rewrite.get("message"), rewrite.get("snapshot")
+            if isinstance(index, int) and isinstance(message, dict):  # as Reinject records it
+                self.messages[index] = message
             # The snapshot the context was rebuilt from, and the ids so far.
-            self.rag = {**(self.rag or rewrite.get("snapshot") or {}), "source_ids": rewrite.get("source_ids") or {}}
+            self.rag = {**(self.rag or (snapshot if isinstance(snapshot, dict) else None) or {}), "source_ids": rewrite.get("source_ids") or {}}
         self.messages.extend(d.messages)
         self.iteration = d.iteration
         self.pending_stateful = (d.previous_response_id, d.input_items) if d.previous_response_id else None

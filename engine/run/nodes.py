@@ -18,15 +18,15 @@ import asyncio
 import hashlib
 import json
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from engine.blobs import BLOB_URL_PREFIX
 from engine.context.assemble import params_for_round
-from engine.context.sources import DEFAULT_RAG_TEMPLATE, apply_source_context, numbered_sources
+from engine.context.sources import DEFAULT_RAG_TEMPLATE, NumberedSource, apply_source_context, numbered_sources
 from engine.context.steps import snapshot
 from engine.context.tasks import TaskFailure, TaskKind, fallback_title, parse_follow_ups, parse_tags, parse_title, task_request
 from engine.events import (
@@ -51,9 +51,10 @@ from engine.events import (
     TurnCompleted,
     TurnFinalized,
 )
+from engine.fold.output_items import call_id_of
 from engine.fold.turn_view import TurnView
-from engine.json_types import JsonObject
-from engine.ports import AssemblyError, ModelRequest, ResolvedModel, TaskReply, UpstreamError, observe
+from engine.json_types import JsonObject, JsonValue
+from engine.ports import AssemblyError, CodeOutput, ModelRequest, ResolvedModel, TaskReply, UpstreamError, observe
 from engine.protocols.history import REASONING_RESPONSES, convert_output_to_messages, for_model
 from engine.protocols.model_events import (
     Finished,
@@ -249,7 +250,7 @@ def _unannounced_whole(events: list[ModelEvent]) -> list[ModelEvent]:
 class _Response:
     """What one model response has reported so far, besides its events."""
 
-    usage: dict[str, Any] | None = None
+    usage: JsonObject | None = None
     first_chunk_at: float | None = None  # when the first answer chunk arrived
 
 
@@ -303,15 +304,15 @@ async def _other_event(ctx: TurnContext, event: ModelEvent, streamed: _StreamFil
     return None
 
 
-def _started_item(event: ToolCallStarted) -> dict[str, Any]:
+def _started_item(event: ToolCallStarted) -> JsonObject:
     """The ``function_call`` item of a call whose arguments are still streaming."""
     item_id = event.item_id or event.call_id
     return {"type": "function_call", "id": item_id, "call_id": event.call_id, "name": event.name, "arguments": "", "status": "in_progress"}
 
 
-def _call_item(event: ToolCall) -> dict[str, Any]:
+def _call_item(event: ToolCall) -> JsonObject:
     """The ``function_call`` output item of a tool call the model made."""
-    item: dict[str, Any] = {
+    item: JsonObject = {
         "type": "function_call",
         "id": event.item_id or event.call_id,
         "call_id": event.call_id,
@@ -377,7 +378,7 @@ class _StreamFilters:
                 await self._ctx.record(ModelWarning(message=f"stream filter {run.filter} failed and was skipped: {run.error}"))
 
 
-def _delta_text(event: dict[str, Any], key: str, default: str) -> str:
+def _delta_text(event: JsonObject, key: str, default: str) -> str:
     choices = event.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
         delta = choices[0].get("delta")
@@ -421,7 +422,7 @@ class Decide:
             # (Open WebUI looped forever on it).
             return Finalize(state.finish_reason if state.finish_reason != "tool_calls" else "stop")
         client_names = client_tool_names(state.input.request)
-        ours = [c for c in calls if c["name"] not in client_names or _runnable(ctx, c["name"]) is not None]
+        ours = [c for c in calls if call_field(c, "name") not in client_names or _runnable(ctx, call_field(c, "name")) is not None]
         client = [c for c in calls if c not in ours]
         limit = iteration_limit(state.input.request, ctx.settings.max_tool_call_iterations)
         if ours and limit >= 0 and state.iteration >= limit:
@@ -439,17 +440,26 @@ def _runnable(ctx: TurnContext, name: str) -> ToolHandle | None:
     return handle
 
 
-def client_tool_names(request: dict[str, Any]) -> set[str]:
+def client_tool_names(request: Mapping[str, JsonValue]) -> set[str]:
     """Tools the client declared in the plain OpenAI ``tools`` field."""
-    names = set()
-    for tool in request.get("tools") or []:
+    names: set[str] = set()
+    tools = request.get("tools")
+    for tool in tools if isinstance(tools, list) else []:
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if isinstance(fn, dict) and isinstance(fn.get("name"), str):
-            names.add(fn["name"])
+        name = fn.get("name") if isinstance(fn, dict) else None
+        if isinstance(name, str):
+            names.add(name)
     return names
 
 
-def iteration_limit(request: dict[str, Any], default: int) -> int:
+def call_field(call: Mapping[str, JsonValue], key: str) -> str:
+    """A call's ``call_id``, ``name`` or ``arguments``: strings in every call
+    the engine records ("" if absent)."""
+    value = call.get(key)
+    return value if isinstance(value, str) else ""
+
+
+def iteration_limit(request: Mapping[str, JsonValue], default: int) -> int:
     params = request.get("params")
     value = params.get("max_tool_call_iterations") if isinstance(params, dict) else None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -482,7 +492,7 @@ class RunTools:
         batch = self.batch if self.batch is not None else (state.batch or ToolsBatch(iteration=state.iteration))
         done = set() if fresh else state.done
         started_before = {} if fresh else state.started
-        runs: list[tuple[dict[str, Any], dict[str, Any], ToolHandle | None]] = []
+        runs: list[tuple[JsonObject, JsonObject, ToolHandle | None]] = []
         started: list[EventData] = [self.batch] if self.batch is not None else []
         for call in batch.calls:
             if call["call_id"] in done:
@@ -502,14 +512,14 @@ class RunTools:
 
 
 def _plan_call(
-    ctx: TurnContext, call: dict[str, Any], started_before: dict[str, ToolStarted]
-) -> tuple[EventData, tuple[dict[str, Any], dict[str, Any], ToolHandle | None] | None]:
+    ctx: TurnContext, call: JsonObject, started_before: dict[str, ToolStarted]
+) -> tuple[EventData, tuple[JsonObject, JsonObject, ToolHandle | None] | None]:
     """What a call of a batch becomes: its write-ahead ``tool.started`` and
     what to run, or the result it gets without running (a fork's substitute,
     a rejection, an interruption of a call that is not idempotent, arguments
     that do not parse, an unknown tool)."""
     state = ctx.state
-    call_id, name = call["call_id"], call["name"]
+    call_id, name = call_field(call, "call_id"), call_field(call, "name")
     if call_id in state.substitutes:
         # A fork was given this call's output: recorded, not run.
         return ToolCompleted(call_id=call_id, name=name, output=state.substitutes[call_id], substituted=True), None
@@ -523,10 +533,11 @@ def _plan_call(
             return _failed(call_id, name, INTERRUPTED_MESSAGE.format(name=name)), None
         attempt = previous.attempt + 1
     if call.get("kind") == "code":
-        code_started = ToolStarted(call_id=call_id, name=name, arguments=call["arguments"], kind="code", attempt=attempt)
-        return code_started, (call, json.loads(call["arguments"]), None)
+        arguments = call_field(call, "arguments")  # {"code", "lang"}, as Decide wrote it
+        code_started = ToolStarted(call_id=call_id, name=name, arguments=arguments, kind="code", attempt=attempt)
+        return code_started, (call, json.loads(arguments), None)
     handle = _runnable(ctx, name)
-    parsed = parse_arguments(call.get("arguments"), name)
+    parsed = parse_arguments(_raw_arguments(call), name)
     if isinstance(parsed, ArgumentError):
         return _failed(call_id, name, parsed.message), None
     if handle is None:
@@ -571,36 +582,46 @@ def _approval_requests(ctx: TurnContext, batch: ToolsBatch) -> list[EventData]:
     request, tools = ctx.state.input.request, ctx.settings.approval_tools
     out: list[EventData] = []
     for call in batch.calls:
-        call_id, name, arguments = call["call_id"], call["name"], call.get("arguments")
-        if not isinstance(call_id, str) or not isinstance(name, str) or call_id in ctx.state.substitutes:
+        call_id, name = call_field(call, "call_id"), call_field(call, "name")
+        if call_id in ctx.state.substitutes:
             continue
         if call.get("kind") == "code":
             handle = None
         else:
             handle = _runnable(ctx, name)
-            if handle is None or isinstance(parse_arguments(arguments, name), ArgumentError):
+            if handle is None or isinstance(parse_arguments(_raw_arguments(call), name), ArgumentError):
                 continue
         if asks(request, tools, name, handle):
-            out.append(ToolApprovalRequested(call_id=call_id, name=name, arguments=arguments if isinstance(arguments, str) else ""))
+            out.append(ToolApprovalRequested(call_id=call_id, name=name, arguments=call_field(call, "arguments")))
     return out
+
+
+def _raw_arguments(call: Mapping[str, JsonValue]) -> str | JsonObject | None:
+    """A call's arguments as ``parse_arguments`` takes them: the model's JSON
+    string (an object from some providers); any other value as its JSON, which
+    ``parse_arguments`` refuses as not an object."""
+    arguments = call.get("arguments")
+    if arguments is None or isinstance(arguments, str | dict):
+        return arguments
+    return json.dumps(arguments)
 
 
 def _failed(call_id: str, name: str, text: str) -> ToolCompleted:
     return ToolCompleted(call_id=call_id, name=name, output=text, status="failed", error=text)
 
 
-async def _run_tool(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any], handle: ToolHandle) -> None:
-    call_id, name = call["call_id"], call["name"]
+async def _run_tool(ctx: TurnContext, call: JsonObject, args: JsonObject, handle: ToolHandle) -> None:
+    call_id, name = call_field(call, "call_id"), call_field(call, "name")
 
-    async def emit(event: dict[str, Any]) -> None:
+    async def emit(event: JsonObject) -> None:
         await ctx.record(ToolEvent(call_id=call_id, event=await ctx.ports.payloads.externalize(event, limit=ctx.settings.inline_limit)))
 
     turn = ctx.state.input
-    request_files = turn.request.get("files")
+    files = turn.request.get("files")
     tool_ctx = ToolContext(
         user={"id": turn.user_id, "name": turn.user_id},
         messages=list(ctx.state.messages),
-        files=list(request_files) if isinstance(request_files, list) else [],
+        files=list(files) if isinstance(files, list) else [],
         metadata={
             "turn_id": turn.id,
             "chat_id": turn.chat_id,
@@ -641,22 +662,32 @@ async def _image_urls(ctx: TurnContext, images: list[str]) -> list[str]:
     return [ref["url"] if isinstance(ref, dict) and isinstance(ref.get("url"), str) else ref for ref in refs]
 
 
-async def inline_blob_urls(ctx: TurnContext, value: object) -> Any:
-    """``value`` (messages, input items) with each image URL that is one of the
+async def inline_blob_urls(ctx: TurnContext, messages: list[JsonObject]) -> list[JsonObject]:
+    """``messages`` (or input items) with each image URL that is one of the
     user's blobs replaced by its data URI: the upstream cannot fetch this
     service's URLs. Unchanged parts are the same objects (nothing is copied
     when there is no blob URL)."""
+    items = [await _inline_object(ctx, m) for m in messages]
+    return messages if all(a is b for a, b in zip(items, messages, strict=True)) else items
+
+
+async def _inline_value(ctx: TurnContext, value: JsonValue) -> JsonValue:
     if isinstance(value, list):
-        items = [await inline_blob_urls(ctx, v) for v in value]
+        items = [await _inline_value(ctx, v) for v in value]
         return value if all(a is b for a, b in zip(items, value, strict=True)) else items
     if not isinstance(value, dict):
         return value
+    return await _inline_object(ctx, value)
+
+
+async def _inline_object(ctx: TurnContext, value: JsonObject) -> JsonObject:
     out = value
     for key, item in value.items():
+        new: JsonValue
         if key in ("url", "image_url") and isinstance(item, str) and item.startswith(BLOB_URL_PREFIX):
             new = await ctx.ports.payloads.data_uri(item) or item
         elif isinstance(item, (dict, list)):
-            new = await inline_blob_urls(ctx, item)
+            new = await _inline_value(ctx, item)
         else:
             continue
         if new is not item:
@@ -665,25 +696,28 @@ async def inline_blob_urls(ctx: TurnContext, value: object) -> Any:
     return out
 
 
-async def _run_code(ctx: TurnContext, call: dict[str, Any], args: dict[str, Any]) -> None:
+async def _run_code(ctx: TurnContext, call: JsonObject, args: JsonObject) -> None:
     """Run a legacy code-interpreter block through the code executor port."""
     timeout = ctx.settings.tool_timeout
     error: str | None = None
     status: Literal["completed", "failed"]
+    code, lang = args.get("code", ""), args.get("lang", "python")  # strings: Decide wrote them
+    output: CodeOutput
     try:
         async with asyncio.timeout(timeout):
             # A failure to store its files after the run is this call's failure, recorded
             # (never left unrecorded, for a resume to run the code again).
-            output = await run_code(ctx.ports.code, ctx.ports.payloads, args.get("code", ""), args.get("lang", "python"))
+            output = await run_code(ctx.ports.code, ctx.ports.payloads, str(code), str(lang))
         status = "failed" if output.get("stderr") and not output.get("stdout") else "completed"
     except TimeoutError:
-        output = {"stderr": f"the code did not finish within {timeout:g} seconds"}
-        status, error = "failed", output["stderr"]
+        error = f"the code did not finish within {timeout:g} seconds"
+        output, status = {"stderr": error}, "failed"
     except Exception as exc:  # the executor itself failed
-        output = {"stderr": f"{type(exc).__name__}: {exc}"}
-        status, error = "failed", output["stderr"]
-    await ctx.record(ToolCompleted(call_id=call["call_id"], name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error))
-    observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call["call_id"], name=CODE_TOOL, status=status, error=error)
+        error = f"{type(exc).__name__}: {exc}"
+        output, status = {"stderr": error}, "failed"
+    call_id = call_id_of(call)
+    await ctx.record(ToolCompleted(call_id=call_id, name=CODE_TOOL, output=json.dumps(output, ensure_ascii=False), status=status, error=error))
+    observe(ctx.ports.observer.tool_call_ended, ctx.turn_id, call_id=call_id, name=CODE_TOOL, status=status, error=error)
 
 
 @dataclass(frozen=True)
@@ -698,7 +732,7 @@ class Reinject:
         reasoning = REASONING_RESPONSES if state.last_api == "responses" else None
         messages = convert_output_to_messages(round_items, raw=True, flatten_tool_images=True, reasoning_format=reasoning)
         previous: str | None = None
-        items: list[dict[str, Any]] = []
+        items: list[JsonObject] = []
         if ctx.settings.responses_stateful and state.response_ids and not state.stateful_broken and state.last_api == "responses":
             previous = state.response_ids[-1]
             items = stateful_continuation_input(round_items)
@@ -718,7 +752,7 @@ class Reinject:
         return RequestModel()
 
 
-def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+def _cited_context(ctx: TurnContext) -> tuple[JsonObject | None, list[JsonObject]]:
     """When this round's tools returned citable sources: the context message
     rebuilt from its snapshot with the file sources (with their text) and every
     tool citation so far (markers only), ids kept from earlier rounds — the
@@ -728,14 +762,16 @@ def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[s
     cited = state.round_citations
     if not cited:
         return None, []
-    rag: dict[str, Any] = state.rag or snapshot(state.messages, ctx.settings.rag_system_context)
-    if rag.get("index") is None or rag.get("message") is None:
+    rag = state.rag or snapshot(state.messages, ctx.settings.rag_system_context)
+    index, message = rag.get("index"), rag.get("message")
+    if not isinstance(index, int) or not isinstance(message, dict):  # (None: no message to rebuild)
         return None, []
-    base = [rag["message"] if i == rag["index"] else m for i, m in enumerate(state.messages)]
-    before = dict(rag.get("source_ids") or {})
+    base = [message if i == index else m for i, m in enumerate(state.messages)]
+    ids = rag.get("source_ids")
+    before = {key: n for key, n in ids.items() if isinstance(n, int)} if isinstance(ids, dict) else {}
     # Files with their text; tool citations as markers only (their text is in
     # the tool results the model already has).
-    markers = [{**c, "document": ["" for _ in c.get("document") or [""]]} for c in state.citations]
+    markers = [{**c, "document": ["" for _ in _documents(c)]} for c in state.citations]
     messages, source_ids = apply_source_context(
         base,
         [*state.file_sources, *markers],
@@ -745,9 +781,22 @@ def _cited_context(ctx: TurnContext) -> tuple[dict[str, Any] | None, list[dict[s
         now=_now(ctx),
     )
     added = set(source_ids.values()) - set(before.values())
-    numbered = [dict(s) for s in numbered_sources(state.citations, source_ids=source_ids) if s["id"] in added]
-    snap = {k: rag[k] for k in ("role", "index", "message")}
-    return {"index": rag["index"], "message": messages[rag["index"]], "source_ids": source_ids, "snapshot": snap}, numbered
+    numbered = [_source_json(s) for s in numbered_sources(state.citations, source_ids=source_ids) if s["id"] in added]
+    snap: JsonObject = {k: rag[k] for k in ("role", "index", "message")}
+    return {"index": index, "message": messages[index], "source_ids": {**source_ids}, "snapshot": snap}, numbered
+
+
+def _documents(citation: JsonObject) -> list[JsonValue]:
+    """A citation's documents (one empty one if it names none)."""
+    documents = citation.get("document")
+    return documents if isinstance(documents, list) and documents else [""]
+
+
+def _source_json(source: NumberedSource) -> JsonObject:
+    out: JsonObject = {"id": source["id"], "name": source["name"], "type": source["type"]}
+    if "url" in source:
+        out["url"] = source["url"]
+    return out
 
 
 def _now(ctx: TurnContext) -> datetime:
@@ -793,40 +842,45 @@ class Outlet:
         return Background()
 
 
-def outlet_answer(body: dict[str, Any], before: dict[str, Any]) -> tuple[str | None, list[dict[str, Any]] | None]:
+def outlet_answer(body: JsonObject, before: JsonObject) -> tuple[str | None, list[JsonObject] | None]:
     """What the outlet made of the answer: new output items (content derived
     from them), or only new content (put into the answer's message item);
     (None, None) when nothing changed."""
     messages = body.get("messages")
     after = messages[-1] if isinstance(messages, list) and messages and isinstance(messages[-1], dict) else before
-    output = after.get("output")
-    if isinstance(output, list) and output != before["output"]:
+    output, was = after.get("output"), before["output"]
+    if isinstance(output, list) and output != was:
         items = [i for i in output if isinstance(i, dict)]
         return message_text(items), items
     content = after.get("content")
     if isinstance(content, str) and content != before["content"]:
-        return content, with_message_text(before["output"], content)
+        return content, with_message_text([i for i in was if isinstance(i, dict)] if isinstance(was, list) else [], content)
     return None, None
 
 
-def message_text(items: list[dict[str, Any]]) -> str:
+def message_text(items: list[JsonObject]) -> str:
     return "".join(
-        part.get("text") or ""
+        text
         for item in items
         if item.get("type") == "message"
-        for part in item.get("content") or []
-        if isinstance(part, dict) and part.get("type") == "output_text"
+        for part in _parts(item)
+        if isinstance(part, dict) and part.get("type") == "output_text" and isinstance(text := part.get("text"), str)
     )
 
 
-def with_message_text(items: list[dict[str, Any]], text: str) -> list[dict[str, Any]]:
+def _parts(item: JsonObject) -> list[JsonValue]:
+    content = item.get("content")
+    return content if isinstance(content, list) else []
+
+
+def with_message_text(items: list[JsonObject], text: str) -> list[JsonObject]:
     """``items`` with their answer text replaced by ``text`` (kept in the last
     message item; a message item is added if there was none)."""
     out = [dict(i) for i in items]
     last = max((n for n, i in enumerate(out) if i.get("type") == "message"), default=None)
     for n, item in enumerate(out):
         if item.get("type") == "message":
-            parts = [p for p in item.get("content") or [] if not (isinstance(p, dict) and p.get("type") == "output_text")]
+            parts = [p for p in _parts(item) if not (isinstance(p, dict) and p.get("type") == "output_text")]
             if n == last:
                 parts.append({"type": "output_text", "text": text, "annotations": []})
             item["content"] = parts
@@ -835,16 +889,16 @@ def with_message_text(items: list[dict[str, Any]], text: str) -> list[dict[str, 
     return out
 
 
-def conversation(state: LoopState) -> list[dict[str, Any]]:
+def conversation(state: LoopState) -> list[JsonObject]:
     """The chat before this turn's answer, as its user sees it: user and
     assistant texts, without the system message, tool traffic or the retrieved
     context. This turn's rounds are left out: their text is in the answer
     (``view.content``), which the callers add."""
     rag = state.rag
-    out = []
+    out: list[JsonObject] = []
     for i, message in enumerate(state.messages[: state.assembled_count]):
-        if rag is not None and rag.get("index") == i and rag.get("message") is not None:
-            message = rag["message"]
+        if rag is not None and rag.get("index") == i and isinstance(before := rag.get("message"), dict):
+            message = before
         if message.get("role") in ("user", "assistant") and message.get("content"):
             out.append({"role": message["role"], "content": message["content"]})
     return out
@@ -863,7 +917,7 @@ class Background:
             if not tasks:
                 return Complete()
             await ctx.record(BackgroundStarted(tasks=tasks))
-        chat = [*conversation(state), {"role": "assistant", "content": ctx.view.content}]
+        chat: list[JsonObject] = [*conversation(state), {"role": "assistant", "content": ctx.view.content}]
         for task in state.background_pending:
             kind: TaskKind = "title" if task == "title" else "tags" if task == "tags" else "follow_ups"
             prompt = str(task_request(kind, chat, now=_now(ctx))[0]["content"])
@@ -879,7 +933,7 @@ class Background:
         return Complete()
 
 
-def parse_task(task: str, reply: str, chat: list[dict[str, Any]]) -> tuple[Any, str | None]:
+def parse_task(task: str, reply: str, chat: list[JsonObject]) -> tuple[JsonValue, str | None]:
     """The result of a task's reply, or why there is none (a title falls back
     to the first user message's text, as Open WebUI's does)."""
     parsed: str | list[str] | TaskFailure
@@ -891,10 +945,10 @@ def parse_task(task: str, reply: str, chat: list[dict[str, Any]]) -> tuple[Any, 
     parsed = parse_tags(reply) if task == "tags" else parse_follow_ups(reply)
     if isinstance(parsed, TaskFailure):
         return None, parsed.reason
-    return parsed, None
+    return [*parsed], None
 
 
-def background_tasks(request: dict[str, Any], chat_turns: int, finish_reason: str | None) -> list[str]:
+def background_tasks(request: Mapping[str, JsonValue], chat_turns: int, finish_reason: str | None) -> list[str]:
     """What to run: the request's ``background_tasks``, else — for a turn of a
     named chat — title and tags on its first turn and follow-ups on every turn;
     nothing for a bare OpenAI-style call or a turn that ended waiting for the

@@ -14,10 +14,10 @@ import secrets
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from engine.events import Event, EventData, TurnCancelled, TurnCancelRequested, TurnInterrupted, TurnStarted, make_event
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject
 from engine.machine import TERMINAL_STATUSES
 from engine.ports import (
     EventStore,
@@ -270,9 +270,7 @@ class Supervisor:
         except Exception:
             log.exception("turn %s: could not release the lease", turn_id)
 
-    async def start_turn(
-        self, *, request: dict[str, Any], user_id: str, model: str, preset: dict[str, Any] | None = None, key_hash: str | None = None
-    ) -> TurnActor:
+    async def start_turn(self, *, request: JsonObject, user_id: str, model: str, preset: JsonObject | None = None, key_hash: str | None = None) -> TurnActor:
         """Start a new turn; return its actor once the turn is durable.
 
         The actor runs at once: ``turn.started`` goes into the log with the
@@ -288,7 +286,8 @@ class Supervisor:
         must know the turn before the assembly runs."""
         self._refuse_if_draining()
         turn_id = new_id("turn")
-        chat_id = request.get("chat_id") or new_id("chat")
+        given = request.get("chat_id")
+        chat_id = given if isinstance(given, str) and given else new_id("chat")
         now = time.time()
         started = TurnStarted(
             chat_id=chat_id, user_id=user_id, model=model, stream=bool(request.get("stream", False)), request=request, preset=preset, key_hash=key_hash

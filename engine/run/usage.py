@@ -22,9 +22,9 @@ import asyncio
 import dataclasses
 import json
 from collections.abc import AsyncGenerator, Iterable
-from typing import Any
 
 from engine.fold.accumulator import USAGE_ESTIMATED
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import ModelRequest, TokenCounter
 from engine.protocols.model_events import Finished, ModelEvent, ReasoningDelta, TextDelta, TextRun, ToolCall, UsageReport
 
@@ -58,7 +58,7 @@ async def with_usage(batches: AsyncGenerator[list[ModelEvent], None], request: M
         await batches.aclose()
 
 
-def estimate(counter: TokenCounter, request: ModelRequest, said: Iterable[str]) -> dict[str, Any]:
+def estimate(counter: TokenCounter, request: ModelRequest, said: Iterable[str]) -> JsonObject:
     """Chat Completions usage of one call, counted, marked as estimated."""
     prompt = prompt_tokens(counter, request)
     completion = counter.count("".join(said))
@@ -78,13 +78,14 @@ def prompt_tokens(counter: TokenCounter, request: ModelRequest) -> int:
     return total
 
 
-def _message_texts(message: dict[str, Any]) -> Iterable[str]:
+def _message_texts(message: JsonObject) -> Iterable[str]:
     for key in ("role", "name"):
         value = message.get(key)
         if isinstance(value, str):
             yield value
     yield from _content_texts(message.get("content"))
-    for call in message.get("tool_calls") or ():
+    calls = message.get("tool_calls")
+    for call in calls if isinstance(calls, list) else ():
         function = call.get("function") if isinstance(call, dict) else None
         if isinstance(function, dict):
             yield str(function.get("name") or "")
@@ -96,7 +97,7 @@ def _message_texts(message: dict[str, Any]) -> Iterable[str]:
             yield value
 
 
-def _content_texts(content: object) -> Iterable[str]:
+def _content_texts(content: JsonValue) -> Iterable[str]:
     if isinstance(content, str):
         yield content
     elif isinstance(content, list):

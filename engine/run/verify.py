@@ -22,7 +22,7 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import NoReturn, TypedDict
 
 from engine.events import (
     AssemblyCompleted,
@@ -52,7 +52,8 @@ from engine.events import (
     data_of,
     make_event,
 )
-from engine.json_types import function_call
+from engine.fold.output_items import call_id_of
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import (
     AssemblyError,
     EventStore,
@@ -86,6 +87,7 @@ from engine.run.context import TurnPorts
 from engine.run.failures import recorded_upstream_error
 from engine.run.folded import Folded
 from engine.run.live import InProcessBus
+from engine.run.nodes import call_field
 from engine.settings import EngineSettings
 from engine.tools.calls import ToolContext, ToolHandle, ToolResult, ToolSpec
 
@@ -98,11 +100,18 @@ IGNORED_FIELDS = {
 }
 
 
+class Normalized(TypedDict):
+    """An event as verify compares it."""
+
+    type: str
+    data: JsonObject
+
+
 @dataclass
 class VerifyResult:
     ok: bool
-    expected: list[dict[str, Any]]
-    actual: list[dict[str, Any]]
+    expected: list[Normalized]
+    actual: list[Normalized]
     diff: list[str] = field(default_factory=list)
     note: str | None = None
 
@@ -110,42 +119,49 @@ class VerifyResult:
 # -- normalization ------------------------------------------------------------------
 
 
-def normalize(events: list[Event]) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
+def normalize(events: list[Event]) -> list[Normalized]:
+    out: list[Normalized] = []
     for event in events:
         data = dict(event.data)
         for name in IGNORED_FIELDS.get(event.type, ()):
             data.pop(name, None)
         if event.type == "turn.resumed":
             data.setdefault("mode", "continue")  # logs from before resume modes
-        if (
-            event.type == "model.delta"
-            and out
-            and out[-1]["type"] == "model.delta"
-            and out[-1]["data"]["kind"] == data["kind"]
-            and out[-1]["data"].get("call_id") == data.get("call_id")
-        ):
-            prev = out[-1]["data"]
-            prev["text"] += data["text"]
-            prev["lens"] = prev["lens"] + data["lens"]
+        if event.type == "model.delta" and out and out[-1]["type"] == "model.delta" and _merged(out[-1]["data"], data):
             continue
         out.append({"type": event.type, "data": data})
     # Concurrent tools may interleave differently: order tool runs per call.
-    result: list[dict[str, Any]] = []
-    run: list[dict[str, Any]] = []
-    for item in out + [{"type": "<end>"}]:
+    result: list[Normalized] = []
+    run: list[Normalized] = []
+    for item in out:
         if item["type"] in ("tool.started", "tool.event", "tool.completed"):
             run.append(item)
             continue
         if run:
-            result.extend(sorted(run, key=lambda e: e["data"]["call_id"]))
+            result.extend(sorted(run, key=_call_id))
             run = []
-        if item["type"] != "<end>":
-            result.append(item)
+        result.append(item)
+    result.extend(sorted(run, key=_call_id))
     return result
 
 
-def _diff(expected: list[dict[str, Any]], actual: list[dict[str, Any]]) -> list[str]:
+def _merged(prev: JsonObject, data: JsonObject) -> bool:
+    """Append a ``model.delta``'s chunks to the one before it if both are of one
+    kind (and call); False if they are not."""
+    if prev["kind"] != data["kind"] or prev.get("call_id") != data.get("call_id"):
+        return False
+    text, more, lens, added = prev["text"], data["text"], prev["lens"], data["lens"]
+    if not (isinstance(text, str) and isinstance(more, str) and isinstance(lens, list) and isinstance(added, list)):
+        return False  # not a delta window's shape: compared as it is
+    prev["text"], prev["lens"] = text + more, lens + added
+    return True
+
+
+def _call_id(event: Normalized) -> str:
+    return call_id_of(event["data"])
+
+
+def _diff(expected: list[Normalized], actual: list[Normalized]) -> list[str]:
     lines = []
     for i in range(max(len(expected), len(actual))):
         a = expected[i] if i < len(expected) else None
@@ -235,11 +251,11 @@ class RecordedModelClient:
                     yield window
             elif t == "model.item":
                 item = data_of(event, ModelItem).item
-                call = function_call(item)
-                if call is not None and call.get("status") == "in_progress":
-                    yield [ToolCallStarted(call["call_id"], call["name"], call.get("id"))]
-                elif call is not None:
-                    yield [ToolCall(call["call_id"], call["name"], call.get("arguments", ""), call.get("id"), call.get("provider_call_id"))]
+                if item.get("type") == "function_call" and item.get("status") == "in_progress":
+                    yield [ToolCallStarted(call_field(item, "call_id"), call_field(item, "name"), _text(item.get("id")))]
+                elif item.get("type") == "function_call":
+                    call_id, name, arguments = call_field(item, "call_id"), call_field(item, "name"), call_field(item, "arguments")
+                    yield [ToolCall(call_id, name, arguments, _text(item.get("id")), _text(item.get("provider_call_id")))]
                 else:
                     yield [ProviderItem(item)]
             elif t == "model.warning":
@@ -254,8 +270,7 @@ class RecordedModelClient:
             elif t == "turn.failed":
                 error = data_of(event, TurnFailed).error
                 if error.get("type") == "upstream_failed":
-                    message, code = error.get("message", ""), error.get("code")
-                    yield [StreamFailed(message if isinstance(message, str) else str(message), code if isinstance(code, str) else None)]
+                    yield [StreamFailed(str(error.get("message", "")), _text(error.get("code")))]
                     return
                 if error.get("type") == "internal_error":
                     # A bug (a pipe that raised, say) ended the call: the actor records it the same way again.
@@ -268,6 +283,11 @@ class RecordedModelClient:
             # The log shows this request refused, then a fallback to the full transcript.
             reason = script.fallbacks.pop(0) if script.fallbacks else "previous response not found"
             raise UpstreamError(reason, "previous_response_not_found", 400)
+
+
+def _text(value: JsonValue) -> str | None:
+    """An optional string field of a recorded item or error (an id, a code)."""
+    return value if isinstance(value, str) else None
 
 
 class RecordedToolRunner:
@@ -324,7 +344,7 @@ class RecordedToolRunner:
             self._waiting.append((call_id, future))
             await future
 
-    async def run(self, name: str, args: dict[str, Any], handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
+    async def run(self, name: str, args: JsonObject, handle: ToolHandle, ctx: ToolContext, timeout: float) -> tuple[ToolResult, str | None]:
         call_id = ctx.call_id or ""
         # The first result of this id not yet returned, and the tool events
         # logged since the one before it.
@@ -368,13 +388,13 @@ class RecordedCodeRunner:
 
     def __init__(self, events: list[Event]) -> None:
         completed = [data_of(e, ToolCompleted) for e in events if e.type == "tool.completed"]
-        self.outputs = [json.loads(d.output or "{}") for d in completed if d.name == "code_interpreter"]
+        # Each the JSON of the output object that run then (engine.run.nodes._run_code).
+        self.outputs: list[JsonObject] = [json.loads(d.output or "{}") for d in completed if d.name == "code_interpreter"]
 
-    async def run(self, code: str, lang: str) -> dict[str, Any]:
+    async def run(self, code: str, lang: str) -> JsonObject:
         if not self.outputs:
             await asyncio.Event().wait()
-        output: dict[str, Any] = self.outputs.pop(0)
-        return output
+        return self.outputs.pop(0)
 
 
 class _CommitBus(InProcessBus):
@@ -421,19 +441,21 @@ class _RecordedFilters:
     def hooks(self) -> frozenset[str]:
         return frozenset({"outlet"}) if self._outlet is not None else frozenset()
 
-    async def inlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return body, []
 
-    def stream(self, event: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    def stream(self, event: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return event, []
 
-    async def outlet(self, body: dict[str, Any], user: dict[str, Any]) -> tuple[dict[str, Any], list[FilterRun]]:
+    async def outlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         recorded = self._outlet or OutletApplied()
-        runs = [FilterRun.recorded(r) for r in recorded.runs]
+        runs = [FilterRun(str(r["filter"]), r.get("changed") is True, _text(r.get("error"))) for r in recorded.runs]
         if recorded.output is None:
             return body, runs
-        answer = {"role": "assistant", "content": recorded.content, "output": recorded.output}
-        return {**body, "messages": [*body["messages"][:-1], answer]}, runs
+        answer: JsonObject = {"role": "assistant", "content": recorded.content, "output": [*recorded.output]}
+        messages = body["messages"]
+        before = messages[:-1] if isinstance(messages, list) else []  # (Outlet sent a list)
+        return {**body, "messages": [*before, answer]}, runs
 
 
 class _RecordedBug(Exception):
@@ -461,7 +483,7 @@ class _RecordedHandle:
     def __init__(self, spec: ToolSpec) -> None:
         self.spec = spec
 
-    async def __call__(self, args: dict[str, Any], ctx: ToolContext) -> Any:  # never called: the runner answers
+    async def __call__(self, args: JsonObject, ctx: ToolContext) -> NoReturn:  # never called: the runner answers
         raise RuntimeError("verify never runs tools")
 
 
@@ -473,8 +495,9 @@ def _recorded_handles(events: list[Event]) -> dict[str, ToolHandle]:
         if event.type != "tool.started":
             continue
         d = data_of(event, ToolStarted)
-        props = handles[d.name].spec.parameters["properties"] if d.name in handles else {}
-        props = {**(props if isinstance(props, dict) else {}), **{k: {} for k in json.loads(d.arguments or "{}")}}
+        known = handles[d.name].spec.parameters.get("properties") if d.name in handles else None
+        props: JsonObject = dict(known) if isinstance(known, dict) else {}
+        props.update({k: {} for k in json.loads(d.arguments or "{}")})
         spec = ToolSpec(
             name=d.name,
             description="",
@@ -520,7 +543,7 @@ class _RecordedModels:
         self.calls += 1
         return replace(recorded, upstream_model=model)
 
-    async def list_models(self) -> list[dict[str, Any]]:
+    async def list_models(self) -> list[JsonObject]:
         return []
 
 
@@ -552,7 +575,7 @@ async def _after_wait(scratch: EventStore, events: list[Event], turn_id: str) ->
     return at < len(events) and events[at].type == "turn.resumed"
 
 
-async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[str, Any] | None = None) -> VerifyResult:
+async def verify_turn(events: list[Event], scratch: EventStore) -> VerifyResult:
     """Re-run the turn of ``events`` on the scratch store and compare the logs.
 
     ``scratch`` must be an empty-enough store (turn ids are unique, so one
@@ -582,7 +605,7 @@ async def verify_turn(events: list[Event], scratch: EventStore, *, config: dict[
         responses_stateful=stateful,
         # The calls the log shows asked for approval were asked: by the request or
         # by the tool's configuration then, which the re-run cannot read.
-        **{"approval_tools": frozenset(data_of(e, ToolApprovalRequested).name for e in events if e.type == "tool.approval_requested"), **(config or {})},
+        approval_tools=frozenset(data_of(e, ToolApprovalRequested).name for e in events if e.type == "tool.approval_requested"),
     )
     record = TurnRecord(
         id=turn_id,

@@ -9,12 +9,12 @@ model, its payload store. Built once per process by the service's bootstrap.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from engine.blobs import Blobs
 from engine.context.live import LiveAssembler
 from engine.context.task_model import LiveTaskModel
 from engine.fold.turn_view import TurnView
+from engine.json_types import JsonObject, JsonValue
 from engine.ports import (
     BlobStore,
     CodeExecutor,
@@ -73,9 +73,9 @@ class TurnWiring:
     tool_servers: ToolServers = field(default_factory=NoToolServers)
     tokens: TokenCounter | None = None  # usage for upstreams that report none
 
-    def open_servers(self, request: dict[str, Any]) -> TurnToolServers:
+    def open_servers(self, request: JsonObject) -> TurnToolServers:
         """The turn's tool server connections (closed when its actor is done)."""
-        return self.tool_servers.open(list(request.get("tool_ids") or []))
+        return self.tool_servers.open(_tool_ids(request))
 
     def ports(self, view: TurnView, channel: ClientRequests, servers: TurnToolServers | None = None) -> TurnPorts:
         payloads = Blobs(self.blobs, view.user_id or "")
@@ -127,9 +127,16 @@ class TurnWiring:
             tokens=self.tokens,
         )
 
-    def tool_handles(self, request: dict[str, Any], channel: ClientRequests) -> dict[str, ToolHandle]:
+    def tool_handles(self, request: JsonObject, channel: ClientRequests) -> dict[str, ToolHandle]:
         """The tools this turn may run: its server tools, then its direct tools."""
-        handles: dict[str, ToolHandle] = dict(self.tools.handles(list(request.get("tool_ids") or [])))
-        for spec in direct_tool_specs(request.get("direct_tools")):
+        handles: dict[str, ToolHandle] = dict(self.tools.handles(_tool_ids(request)))
+        declared = request.get("direct_tools")
+        for spec in direct_tool_specs([d for d in declared if isinstance(d, dict)] if isinstance(declared, list) else None):
             handles[spec.name] = DirectToolHandle(spec, channel, self.settings.direct_tool_timeout)
         return handles
+
+
+def _tool_ids(request: JsonObject) -> list[str]:
+    """The request's ``tool_ids`` (the server tools it selects)."""
+    ids: JsonValue = request.get("tool_ids")
+    return [i for i in ids if isinstance(i, str)] if isinstance(ids, list) else []
