@@ -413,8 +413,7 @@ class TurnActor:
             if cut < len(seg):
                 seg = seg[:cut]
             n = len(seg)
-            at = pos.next
-            pos.next = at + n
+            at = pos.claim(n)
             if kind == "text" and fast and acc.feed_plain(seg):
                 message = LiveChunks(seq, at, kind, seg)
             elif kind == "tool_arguments":

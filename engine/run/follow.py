@@ -132,8 +132,7 @@ class TurnFollower:
     def on_chunks(self, message: LiveChunks) -> list[Out]:
         """Live chunks: shown now if they start at the next position (those
         shown already are dropped), else kept until the events before them
-        arrive. Per read and client: the position read once, no drain call
-        while nothing waits ahead."""
+        arrive. Per read and client: no drain call while nothing waits ahead."""
         pos = self.view.pos
         nxt = pos.next
         if message.pos != nxt:
@@ -145,7 +144,7 @@ class TurnFollower:
                 return []
             message = later
         n = len(message.texts)
-        pos.next = nxt + n
+        pos.claim(n)
         self._fed_live += n
         if not self._ahead:
             return [message]
@@ -165,7 +164,7 @@ class TurnFollower:
             if found is None:
                 break
             n = len(found.texts)
-            pos.next = nxt + n
+            pos.claim(n)
             self._fed_live += n
             out.append(found)
         return out
