@@ -62,10 +62,6 @@ class TurnFollower:
         self._fed_live = 0  # chunks fed from live deltas beyond the durable log
 
     @property
-    def last_seq(self) -> int:
-        return self.view.last_seq
-
-    @property
     def finished(self) -> bool:
         return self.view.machine.terminal
 
