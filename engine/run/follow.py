@@ -289,19 +289,17 @@ async def tail(
     sink: LiveSink | None = None,
 ) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
-    order — and its live messages, until a terminal event (or shutdown).
+    order — and its live messages, until a terminal event (or shutdown), in
+    the phases of ``Phase``.
 
     Every client connection of a turn reads it through here: SSE followers fold
     it (``follow``), WebSocket pumps render it as it comes. The log stays the
     source of truth: a lagged subscription, an event past the next seq, a
-    wake-up from another process or a quiet spell of ``poll_seconds`` (the
-    first; while re-reads find nothing, every second, then every
-    ``QUIET_READS_MAX``-th; not while this loop's timers run late, nor beyond
-    ``QUIET_READS_AT_ONCE`` at once) each lead to a re-read of the log after
-    the last seq, in batches, so a missed live message delays output but never
-    loses it. An empty list is a heartbeat (the consumer may send a
-    keep-alive). A live chunk whose durable event was already yielded is
-    dropped. The phases and their order: ``Phase``.
+    wake-up from another process or a quiet spell (``_Tail.quiet_spell``)
+    each lead to a re-read of the log after the last seq, so a missed live
+    message delays output but never loses it. An empty list is a heartbeat
+    (the consumer may send a keep-alive). A live chunk whose durable event was
+    already yielded is dropped.
 
     ``sink``: the client's ``LiveSink``, offered live chunks and the next
     durable ``model.delta`` event while this generator waits with nothing
@@ -551,11 +549,8 @@ async def follow(
     async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=state if direct is not None else None)) as tailed:
         async for items in tailed:
             outs, state.undelivered = state.undelivered, []
-            if state.broken:
-                # The direct path failed to fold a delta: rebuild from the log.
-                state.broken = False
-                follower, rebuilt = await _rebuild(store, turn_id)
-                state.follower = follower
+            if state.broken:  # the direct path failed to fold a delta
+                follower, rebuilt = await state.rebuild(store, turn_id)
                 outs.extend(rebuilt)
             try:
                 for item in items:
@@ -567,8 +562,7 @@ async def follow(
                 # Out of step with the log (a gap, or live text that does not
                 # line up): the log decides; rebuild from it.
                 yield follower, outs
-                follower, outs = await _rebuild(store, turn_id)
-                state.follower = follower
+                follower, outs = await state.rebuild(store, turn_id)
             yield follower, outs
             state.live = True
             if follower.finished:
@@ -629,9 +623,9 @@ class _DirectSink:
             return False
         return True
 
-
-async def _rebuild(store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
-    """A new follower of the whole log (what it yields again, the renderer's
-    position filter drops)."""
-    fresh = TurnFollower(turn_id)
-    return fresh, [out for event in await store.read(turn_id) for out in fresh.on_event(event)]
+    async def rebuild(self, store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+        """A new follower of the whole log, and its output (what it yields
+        again, the renderer's position filter drops)."""
+        self.broken = False
+        fresh = self.follower = TurnFollower(turn_id)
+        return fresh, [out for event in await store.read(turn_id) for out in fresh.on_event(event)]
