@@ -1,4 +1,4 @@
-"""The shape rules: no import cycles in engine/ or adapters/, engine/ never imports adapters/, no ``type: ignore`` in engine/.
+"""The shape rules: no import cycles in engine/ or adapters/, engine/ never imports adapters/, no ``type: ignore`` in engine/, one owner of stream positions.
 
 The graph counts every import the source contains, wherever it stands: at module
 level, inside functions and under ``TYPE_CHECKING``. A cycle that only a lazy or
@@ -123,3 +123,18 @@ def test_no_type_ignore_in_engine() -> None:
         if "type: ignore" in line
     ]
     assert found == []
+
+
+def test_only_the_turn_view_moves_stream_positions() -> None:
+    """Stream positions (``Positions`` of ``engine.fold.turn_view``) have one
+    owner: the actor and the followers claim positions for live chunks from
+    it (``Positions.claim``), never set them."""
+    owner = ROOT / "engine" / "fold" / "turn_view.py"
+    moved = []
+    for path in _modules().values():
+        if path == owner:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) and node.attr in ("next", "last_event", "epoch"):
+                moved.append(f"{path.relative_to(ROOT)}:{node.lineno}: .{node.attr} = ...")
+    assert moved == []

@@ -1,7 +1,7 @@
 """The socket side of live output: how a streamed chunk reaches a client's
 socket without waking the client's task (the ``LiveSink`` of
-``engine.ports``: SSE streams and WebSocket subscriptions), and in as few
-writes as the order allows.
+``engine.ports``: SSE streams and WebSocket subscriptions), in as few writes
+as the order allows, and how a client that stopped reading is dropped.
 
 SSE (``DirectSSE``, the ``engine.run.follow.DirectOutput`` of a stream):
 live output written from the turn actor's publish. Without it every streamed
@@ -37,30 +37,6 @@ text the client already has from the ``delta`` messages) waits for the
 connection's next message, the next chunk's ``delta``, and goes out with it,
 at most ``HOLD_SECONDS`` later: about one write per chunk instead of two
 (bench ``thousands_ws``, ``strace -c``).
-
-Stalled clients (``StallGuard``): dropping a client that stopped reading (docs/guides/drain-and-faults.md).
-
-A streaming client (SSE or WebSocket) that reads nothing never slows its turn:
-the turn writes the log, not the socket. What such a client costs is bounded
-on its own — the transport pauses writing at its high-water mark, the live
-subscription queues a bounded number of messages and then catches up from
-the log — but a handler waiting for a socket that never drains would hold
-its connection, its follower (the fold of the turn so far) and the last
-write's bytes for as long as the peer keeps the TCP connection open, which
-may be forever.
-
-``StallGuard`` ends that: while the server's send buffer towards the client
-stays backed up (writing paused) and does not shrink at all for
-``seconds``, the connection is reset (``SO_LINGER`` 0, then
-``transport.abort()``; a ``close()`` would wait for the buffer to flush,
-which a peer that reads nothing never lets happen). The handler's pending write then fails as a
-disconnect does, its subscription closes, and the client, if it ever comes
-back, reconnects and catches up from the log (``GET /v1/turns/{id}/stream``
-with ``Last-Event-ID``, or a WebSocket ``subscribe`` with ``after``).
-
-A slow reader is not a stalled one: any byte it takes shrinks the buffer and
-restarts the clock. The check is a timer per connection every
-``seconds / 4``, nothing per streamed chunk.
 """
 
 from __future__ import annotations
@@ -89,16 +65,13 @@ class Renderer(Protocol):
 
 
 class DirectSSE:
-    """``engine.run.follow.DirectOutput`` for an SSE response: live chunks are
-    rendered and written inside the actor's publish, not by this handler's task.
-
-    The first chunk of a burst (what one upstream read carried) is written at
-    once; the rest of the burst is collected and written in one piece by a
-    callback at the end of the loop's pass, so a fast stream still makes one
-    write per read, not one per chunk. ``StreamResponse.write`` only suspends
-    to wait for a backed-up socket (then ``ready`` is False); should it suspend
-    anyway, a task finishes it and later writes queue behind it.
-    """
+    """``engine.run.follow.DirectOutput`` for an SSE response. The first chunk
+    of a burst (what one upstream read carried) is written at once; the rest
+    of the burst is collected and written in one piece by a callback at the
+    end of the loop's pass, so a fast stream still makes one write per read,
+    not one per chunk. ``StreamResponse.write`` only suspends to wait for a
+    backed-up socket (then ``ready`` is False); should it suspend anyway, a
+    task finishes it and later writes queue behind it."""
 
     def __init__(self, request: web.Request, response: web.StreamResponse) -> None:
         self.protocol = request.protocol
@@ -313,7 +286,23 @@ CHECKS_PER_PERIOD = 4
 
 
 class StallGuard:
-    """Watches one connection; ``stop()`` when its handler is done with it."""
+    """Drops a client that stopped reading (docs/guides/drain-and-faults.md);
+    ``stop()`` when the connection's handler is done with it.
+
+    Such a client never slows its turn (the turn writes the log, not the
+    socket), and what it costs is bounded (the transport pauses writing at
+    its high-water mark; the live subscription queues a bounded number of
+    messages, then catches up from the log), but its handler, waiting for a
+    socket that never drains, would hold the connection, its follower (the
+    fold of the turn so far) and the last write's bytes for as long as the
+    peer keeps the TCP connection open, which may be forever. So while the
+    send buffer stays backed up (writing paused) and does not shrink at all
+    for ``seconds``, the connection is reset (``_reset``): the handler's
+    pending write fails as a disconnect does, and the client, if it comes
+    back, catches up from the log. A slow reader is not a stalled one: any
+    byte it takes restarts the clock. The check is a timer per connection
+    every ``seconds / 4``, nothing per streamed chunk.
+    """
 
     def __init__(self, protocol: Any, seconds: float, what: str) -> None:
         self._protocol = protocol

@@ -14,6 +14,7 @@ it (docs/reconnecting.md). Closing the socket stops the pumps, never the turns.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 from contextlib import aclosing
@@ -36,7 +37,6 @@ from engine.fold.turn_view import fold
 from engine.pieces import Piece
 from engine.ports import LiveChunks
 from engine.run.follow import tail
-from engine.run.live import Joined
 from engine.run.supervisor import Draining, TurnConflict
 
 log = logging.getLogger("turnlog.ws")
@@ -85,10 +85,6 @@ class Connection:
         async with self._lock:
             for message in messages:
                 await self.ws.send_frame(message, WSMsgType.TEXT)
-
-    def flush(self) -> None:
-        if self.outbox is not None:
-            self.outbox.flush()
 
     async def error(self, message: str, code: str, extra: dict[str, Any] | None = None) -> None:
         await self.send({"type": "error", "message": message, "code": code, **(extra or {})})
@@ -199,10 +195,7 @@ class Connection:
         chunk."""
         store = self.svc.store
         sink = _PumpSink(self, turn_id, deltas, after)
-
-        def join(turn_id: str) -> Joined:
-            return self.svc.supervisor.join(turn_id, runs_tools=True)
-
+        join = functools.partial(self.svc.supervisor.join, runs_tools=True)
         direct = self.outbox is not None and self.svc.settings.live_fast_paths
         try:
             async with aclosing(tail(store, join, turn_id, after=after, sink=sink if direct else None)) as tailed:
@@ -350,7 +343,8 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
     finally:
         guard.stop()
         conn.close()
-        conn.flush()  # what this pass produced goes before aiohttp's close frame
+        if conn.outbox is not None:  # what this pass produced goes before aiohttp's close frame
+            conn.outbox.flush()
     return ws
 
 

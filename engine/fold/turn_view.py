@@ -139,7 +139,9 @@ class ResumePoint:
 
 
 class Positions:
-    """The turn's stream-position counter (see the module docstring)."""
+    """The turn's stream-position counter (see the module docstring). Only
+    this module moves it: the actor and the followers ``claim`` positions for
+    live chunks."""
 
     __slots__ = ("next", "last_event", "epoch")
 
@@ -147,6 +149,13 @@ class Positions:
         self.next = 1  # the position the next chunk or event takes
         self.last_event = 0  # position of the last durable event or chunk
         self.epoch = 0
+
+    def claim(self, n: int) -> int:
+        """``n`` positions for live chunks (their ``model.delta`` comes later):
+        the first of them."""
+        at = self.next
+        self.next = at + n
+        return at
 
     def take(self) -> int:
         """A position for a non-delta event."""

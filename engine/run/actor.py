@@ -111,10 +111,12 @@ class TurnActor:
         history: list[Event] | None = None,
         start: tuple[TurnRecord, Event] | None = None,
     ) -> None:
-        self._view = view
-        self._state = state
-        self._ports = ports
-        self._settings = settings
+        # The TurnContext the nodes see.
+        self.turn_id = view.id
+        self.view = view
+        self.state = state
+        self.ports = ports
+        self.settings = settings
         self.owner = owner
         self.fencing = fencing
         self.store = store
@@ -179,7 +181,9 @@ class TurnActor:
         # The answer is final (outlet applied; background tasks may still run):
         # what a non-streaming client waits for.
         self.answered: asyncio.Future[None] = self._loop.create_future()
-        self._lost = False
+        # This actor stopped writing (its lease or a write failed): its view may
+        # hold events the log does not; the log decides.
+        self.lost = False
         # The write failure that stopped this actor (None: none did).
         self.write_error: BaseException | None = None
         # The first chunk of a new turn is reported once (time to first token).
@@ -187,34 +191,6 @@ class TurnActor:
         #: The lease went with the commit of the terminal event (the supervisor
         #: need not release it in a commit of its own).
         self.released = False
-
-    # -- the TurnContext the nodes see ----------------------------------------------
-
-    @property
-    def turn_id(self) -> str:
-        return self._view.id
-
-    @property
-    def view(self) -> TurnView:
-        return self._view
-
-    @property
-    def state(self) -> LoopState:
-        return self._state
-
-    @property
-    def ports(self) -> TurnPorts:
-        return self._ports
-
-    @property
-    def settings(self) -> EngineSettings:
-        return self._settings
-
-    @property
-    def lost(self) -> bool:
-        """This actor stopped writing (its lease or a write failed): its view may
-        hold events the log does not; the log decides."""
-        return self._lost
 
     @property
     def never_started(self) -> bool:
@@ -227,7 +203,7 @@ class TurnActor:
         """This actor stopped because a write failed in the store (the database
         down, its disk full), not because another owner took the turn: once
         the store answers again, the turn is to be resumed at once."""
-        return self._lost and self.write_error is not None and not isinstance(self.write_error, (LeaseLost, ConcurrencyError))
+        return self.lost and self.write_error is not None and not isinstance(self.write_error, (LeaseLost, ConcurrencyError))
 
     # -- lifecycle -------------------------------------------------------------
 
@@ -271,13 +247,13 @@ class TurnActor:
 
     async def _main(self, resume: bool) -> None:
         current_turn.set(self.turn_id)  # this task's context: its log lines name the turn
-        current_user.set(self._view.user_id)
-        current_chat.set(self._view.chat_id)
+        current_user.set(self.view.user_id)
+        current_chat.set(self.view.chat_id)
         self._callback_context = contextvars.copy_context()  # ... and its windows' callbacks' lines
-        observer, view = self._ports.observer, self._view
+        observer, view = self.ports.observer, self.view
         observe(observer.turn_started, self.turn_id, model=view.model or "", chat_id=view.chat_id, started_at=view.created_at, resumed=resume)
         try:
-            node = await self._record_resume() if resume else entry_node(self._view, self._state)
+            node = await self._record_resume() if resume else entry_node(self.view, self.state)
             while not isinstance(node, End):
                 node = await node.run(self)
         except asyncio.CancelledError:
@@ -293,7 +269,7 @@ class TurnActor:
             except Exception:
                 log.exception("turn %s: could not record the failure", self.turn_id)
         finally:
-            self._drop_deadline()
+            self._window += 1  # no call of the clock seals a window from now on
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
             # Stopped before the turn's first commit (a drain halted it): no
@@ -304,17 +280,17 @@ class TurnActor:
                 self.answered.set_result(None)
             if not self.done.done():
                 self.done.set_result(None)
-            observe(observer.turn_ended, self.turn_id, self._view.status)
+            observe(observer.turn_ended, self.turn_id, self.view.status)
 
     async def _record_resume(self) -> Node | End:
         """Record ``turn.resumed`` and return where the turn goes on. A model
         call that was cut off goes on in its upstream's resume mode (recorded:
         a restart supersedes the partial answer in the fold)."""
-        view = self._view
-        node = entry_node(view, self._state)
+        view = self.view
+        node = entry_node(view, self.state)
         mode: ResumeMode = "continue"
         if isinstance(node, RequestModel) and node.resume:
-            resolved = await self._ports.models.resolve(self._state.input.model)
+            resolved = await self.ports.models.resolve(self.state.input.model)
             if resolved is not None:
                 mode = resolved.resume
                 node = RequestModel(resume=True, resolved=resolved)
@@ -332,7 +308,7 @@ class TurnActor:
                 self._cancel_done.set_result(None)
 
     async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
-        if not self._view.terminal and not self._lost:
+        if not self.view.terminal and not self.lost:
             error: JsonObject = {"message": message, "type": type}
             if status is not None:
                 error["status"] = status
@@ -344,7 +320,7 @@ class TurnActor:
         return END
 
     def writes_behind(self) -> bool:
-        return len(self._inflight) > self._settings.max_inflight_flushes
+        return len(self._inflight) > self.settings.max_inflight_flushes
 
     async def catch_up(self) -> None:
         if self.writes_behind():
@@ -360,8 +336,8 @@ class TurnActor:
             try:
                 await waiter
             finally:  # a cancelled wait was a wait too
-                observe(self._ports.observer.store_waited, self.turn_id, self._loop.time() - began)
-            if self._lost:
+                observe(self.ports.observer.store_waited, self.turn_id, self._loop.time() - began)
+            if self.lost:
                 raise TurnLost("this actor lost the turn")
             if not oldest.cancelled():
                 exc = oldest.exception()
@@ -384,13 +360,13 @@ class TurnActor:
         chunk, with the pieces of each. Either way the windows, positions and
         pieces are those of folding one chunk at a time.
         """
-        v = self._view
+        v = self.view
         pos = v.pos
         acc = v.acc
-        limit = self._settings.flush_max_chunks
-        max_chars = self._settings.flush_max_chars
+        limit = self.settings.flush_max_chunks
+        max_chars = self.settings.flush_max_chars
         publish, turn_id = self.bus.publish, self.turn_id
-        fast = self._settings.live_fast_paths
+        fast = self.settings.live_fast_paths
         if self._batch and (kind != self._batch_kind or call_id != self._batch_call):
             self._flush()
         while texts:
@@ -401,7 +377,7 @@ class TurnActor:
                 self._batch_pos = pos.next
                 self._batch_seq = v.last_seq + 1
                 self._window += 1
-                self._clock.call_within(self._settings.flush_interval, self._flush_window, self._window, self._settings.flush_max_interval)
+                self._clock.call_within(self.settings.flush_interval, self._flush_window, self._window, self.settings.flush_max_interval)
                 if self._first_pending:  # once per window, not per chunk
                     self._first_token()
             seq = self._batch_seq
@@ -414,8 +390,7 @@ class TurnActor:
             if cut < len(seg):
                 seg = seg[:cut]
             n = len(seg)
-            at = pos.next
-            pos.next = at + n
+            at = pos.claim(n)
             if kind == "text" and fast and acc.feed_plain(seg):
                 message = LiveChunks(seq, at, kind, seg)
             elif kind == "tool_arguments":
@@ -435,12 +410,8 @@ class TurnActor:
 
     def _first_token(self) -> None:
         self._first_pending = False
-        if self._view.created_at is not None:
-            observe(self._ports.observer.first_token, self.turn_id, max(0.0, time.time() - self._view.created_at))
-
-    def _drop_deadline(self) -> None:
-        """The open window's call from the clock (if any) is void from now on."""
-        self._window += 1
+        if self.view.created_at is not None:
+            observe(self.ports.observer.first_token, self.turn_id, max(0.0, time.time() - self.view.created_at))
 
     def _flush_window(self, window: int) -> None:
         """The clock's call: seal the window it was asked for, if still open."""
@@ -449,26 +420,31 @@ class TurnActor:
 
     def _flush(self) -> None:
         """Seal the open batch as one ``model.delta`` event and start writing it."""
-        self._drop_deadline()
-        if not self._batch or self._lost:
+        self._window += 1  # the clock's call for it (if any) is void from now on
+        if not self._batch or self.lost:
             return
         texts = self._batch
         self._batch = []
         self._batch_live = []
         self._batch_chars = 0
         event = delta_event(self.turn_id, self._batch_seq, self._batch_kind, self._batch_pos, texts, self._batch_call)
-        self._view.apply(event, live_applied=True)
+        self.view.apply(event, live_applied=True)
         events, self._staged = [*self._staged, event], []
         # No task per window: the store's future, and the bookkeeping in its
         # callback (a window is sealed ~20 times a second per streaming turn).
         # Lazy (the store may let it wait to share a commit with other turns'
         # windows) unless staged events ride along, or this actor is about to
         # wait for its writes (``catch_up``): nobody awaits a window otherwise.
-        lazy = len(events) == 1 and len(self._inflight) < self._settings.max_inflight_flushes
+        lazy = len(events) == 1 and len(self._inflight) < self.settings.max_inflight_flushes
         future = self.store.append_nowait(events, fencing=self.fencing, lazy=lazy)
         self._inflight.append(future)
         self._window_events[future] = events
         future.add_done_callback(self._on_window_written, context=self._callback_context)
+
+    def _stop_writing(self, exc: BaseException) -> None:
+        self.lost = True
+        if self.write_error is None:
+            self.write_error = exc
 
     def _window_written(self, future: asyncio.Future[None]) -> None:
         self._written(self._window_events.pop(future), future)
@@ -486,9 +462,7 @@ class TurnActor:
         # What is not durable must not be followed by later events (a gap in
         # the log): this actor stops writing; the store refuses its later
         # appends too, and the turn is resumed from what is durable.
-        self._lost = True
-        if self.write_error is None:
-            self.write_error = exc
+        self._stop_writing(exc)
         if isinstance(exc, (LeaseLost, ConcurrencyError)):
             log.warning("turn %s: a write was refused, this actor stops: %s", self.turn_id, exc)
         else:
@@ -500,14 +474,14 @@ class TurnActor:
         """Append events; with ``durable``, in one commit with any staged before
         them, and wait until they are. Each is folded first: an event the state
         machine refuses raises before anything is written."""
-        if self._lost:
+        if self.lost:
             raise TurnLost("this actor lost the turn")
         self._flush()
         for item in data:
-            event = make_event(self.turn_id, self._view.last_seq + 1, item)
+            event = make_event(self.turn_id, self.view.last_seq + 1, item)
             typed = parse_data(event)  # once, for both folds
-            self._view.apply(event, data=typed)
-            self._state.apply(event, typed)
+            self.view.apply(event, data=typed)
+            self.state.apply(event, typed)
             self._staged.append(event)
         if not durable:
             return
@@ -516,7 +490,7 @@ class TurnActor:
             return
         index = None
         for event in events:
-            index = index_update(event, self._view) or index
+            index = index_update(event, self.view) or index
         release = False
         if index is not None and index.status in TERMINAL_STATUSES:
             # The turn ends with this commit: its lease goes with it (one
@@ -554,20 +528,18 @@ class TurnActor:
         Returns those left out."""
         record, self._start = self._start, None
         assert record is not None
-        cut = next((i for i, e in enumerate(events) if index_update(e, self._view) is not None), len(events))
+        cut = next((i for i, e in enumerate(events) if index_update(e, self.view) is not None), len(events))
         first, rest = events[:cut], events[cut:]
         # A task, so the commit's outcome reaches ``started`` and the bus even
         # if this actor is cancelled while it waits (a drain): shielded below.
-        write = self._start_write = self._loop.create_task(self.store.start_turn(record, first, lease_seconds=self._settings.lease_seconds))
+        write = self._start_write = self._loop.create_task(self.store.start_turn(record, first, lease_seconds=self.settings.lease_seconds))
         write.add_done_callback(functools.partial(self._started, first))
         try:
             self.fencing = await asyncio.shield(write)
         except Exception as exc:
             # The turn was not created: this actor stops; the caller that
             # started it answers with the error (e.g. the store is down).
-            self._lost = True
-            if self.write_error is None:
-                self.write_error = exc
+            self._stop_writing(exc)
             self._start = record  # nothing in the log to release or resume
             raise TurnLost(f"the turn could not be started: {exc}") from exc
         return rest
@@ -592,9 +564,9 @@ class TurnActor:
         task, result = event.data.get("task"), event.data.get("result")
         try:
             if task == "title" and isinstance(result, str):
-                await self.store.set_chat_meta(self._view.chat_id or "", title=result)
+                await self.store.set_chat_meta(self.view.chat_id or "", title=result)
             elif task == "tags" and isinstance(result, list):
-                await self.store.set_chat_meta(self._view.chat_id or "", tags=[str(t) for t in result])
+                await self.store.set_chat_meta(self.view.chat_id or "", tags=[str(t) for t in result])
         except Exception:
             log.exception("turn %s: could not update the chat's %s", self.turn_id, task)
 

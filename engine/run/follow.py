@@ -19,6 +19,7 @@ import weakref
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol
 
 from engine.events import TERMINAL_TYPES, Event
@@ -59,10 +60,6 @@ class TurnFollower:
         # Live chunks past the next position, by their first position.
         self._ahead: dict[int, LiveChunks] = {}
         self._fed_live = 0  # chunks fed from live deltas beyond the durable log
-
-    @property
-    def last_seq(self) -> int:
-        return self.view.last_seq
 
     @property
     def finished(self) -> bool:
@@ -132,8 +129,7 @@ class TurnFollower:
     def on_chunks(self, message: LiveChunks) -> list[Out]:
         """Live chunks: shown now if they start at the next position (those
         shown already are dropped), else kept until the events before them
-        arrive. Per read and client: the position read once, no drain call
-        while nothing waits ahead."""
+        arrive. Per read and client: no drain call while nothing waits ahead."""
         pos = self.view.pos
         nxt = pos.next
         if message.pos != nxt:
@@ -145,7 +141,7 @@ class TurnFollower:
                 return []
             message = later
         n = len(message.texts)
-        pos.next = nxt + n
+        pos.claim(n)
         self._fed_live += n
         if not self._ahead:
             return [message]
@@ -165,7 +161,7 @@ class TurnFollower:
             if found is None:
                 break
             n = len(found.texts)
-            pos.next = nxt + n
+            pos.claim(n)
             self._fed_live += n
             out.append(found)
         return out
@@ -174,15 +170,6 @@ class TurnFollower:
 def chunk_outs(chunks: LiveChunks) -> list[ChunkOut]:
     """Live chunks one by one, as the fold of their event gives them."""
     return [ChunkOut(pos, pieces) for pos, pieces in zip(range(chunks.pos, chunks.end), chunks.pieces)]
-
-
-def describe(out: Out) -> dict[str, Any]:
-    """A debugging shape of an output element."""
-    if isinstance(out, LiveChunks):
-        return {"pos": out.pos, "chunks": [[(p.kind, p.text) for p in pieces] for pieces in out.pieces]}
-    if not isinstance(out, EventOut):
-        return {"pos": out.pos, "pieces": [(p.kind, p.text) for p in out.pieces]}
-    return {"pos": out.pos, "event": out.event.type}
 
 
 # --------------------------------------------------------------------------- catch-up reads
@@ -208,15 +195,14 @@ _Key = tuple[str, int, int]
 _inflight: weakref.WeakKeyDictionary[Any, dict[_Key, asyncio.Task[list[Event]]]] = weakref.WeakKeyDictionary()
 
 
-async def read_batch(store: EventStore, turn_id: str, after: int, limit: int | None = None) -> list[Event]:
-    """Up to ``limit`` (default ``BATCH``) events of ``turn_id`` after seq ``after``, in seq order.
+async def read_batch(store: EventStore, turn_id: str, after: int) -> list[Event]:
+    """Up to ``BATCH`` events of ``turn_id`` after seq ``after``, in seq order.
 
     Concurrent callers asking for the same batch share one store read (the
     result list is shared: callers must not modify it). A caller cancelled
     while waiting does not cancel the read for the others.
     """
-    if limit is None:
-        limit = BATCH
+    limit = BATCH
     try:
         reads = _inflight[store]
     except KeyError:
@@ -239,42 +225,13 @@ def _done(reads: dict[_Key, asyncio.Task[list[Event]]], key: _Key, task: asyncio
         task.exception()  # retrieved: every waiter may have been cancelled
 
 
-def is_full(events: list[Event], limit: int | None = None) -> bool:
-    """Whether a batch may have left events behind (read the next one)."""
-    return len(events) >= (BATCH if limit is None else limit)
-
-
 #: Quiet-spell re-reads (a safety net: the live subscription normally has
-#: everything) running at once in this process; more are skipped, not queued.
+#: everything) running at once in this process; more are skipped (tried again
+#: next spell), not queued: thousands of followers of turns waiting for a slow
+#: model would otherwise all queue such a read, and a follower waiting for its
+#: read delivers nothing meanwhile (bench ``thousands_ws``: up to 18 s).
 QUIET_READS_AT_ONCE = 8
 _quiet_reads = 0
-
-
-class QuietRead:
-    """A slot for one optional re-read: ``async with QuietRead() as ok``;
-    ``ok`` False means enough are running, skip this one (try next spell).
-
-    Thousands of followers of turns waiting for a slow model would otherwise
-    all queue such a read, and a follower waiting for its read delivers
-    nothing meanwhile (bench ``thousands_ws``: up to 18 s)."""
-
-    def __init__(self) -> None:
-        self._held = False
-
-    async def __aenter__(self) -> bool:
-        global _quiet_reads
-        if _quiet_reads >= QUIET_READS_AT_ONCE:
-            return False
-        _quiet_reads += 1
-        self._held = True
-        return True
-
-    async def __aexit__(self, *exc: object) -> None:
-        global _quiet_reads
-        if self._held:
-            _quiet_reads -= 1
-            self._held = False
-
 
 POLL_SECONDS = 1.0
 QUIET_READS_MAX = 4  # a quiet turn's log is re-read at least every 4 poll periods
@@ -296,6 +253,32 @@ class DirectOutput(Protocol):
 Tailed = Event | LiveChunks | LiveRequest
 
 
+class Phase(Enum):
+    """Where a ``tail`` is; ``_Tail.after_batch`` moves it on after each batch
+    it yields (the bus closing ends ``LIVE`` too)::
+
+        CATCHING_UP ──► LIVE ⇄ READING_LOG     (each ──► DONE after a terminal event)
+
+    ``CATCHING_UP`` and ``READING_LOG`` stay while each read fills its batch;
+    ``LIVE`` turns to ``READING_LOG`` when one of its reads did."""
+
+    # The actor's history when it still holds it, else the log, batch by batch;
+    # the last batch with the chunks of the actor's open window.
+    CATCHING_UP = "catching up"
+    # The subscription's messages. A wake-up or a missed event reads the log
+    # before the messages after it; a lagged subscription or a quiet spell of
+    # ``poll_seconds`` may read it too (``_Tail.quiet_spell``).
+    LIVE = "live"
+    # A read in ``LIVE`` filled its batch: the rest of the log, batch by batch.
+    READING_LOG = "reading the log"
+    # A terminal event was yielded, or the turn's bus closed.
+    DONE = "done"
+
+
+# Plain names: an enum member's lookup costs ~90 ns on CPython 3.11 (per message here).
+CATCHING_UP, LIVE, READING_LOG, DONE = Phase
+
+
 async def tail(
     store: EventStore,
     join: Callable[[str], Joined],
@@ -306,20 +289,17 @@ async def tail(
     sink: LiveSink | None = None,
 ) -> AsyncGenerator[list[Tailed], None]:
     """A turn's durable events after seq ``after`` — each exactly once, in seq
-    order — and its live messages, until a terminal event (or shutdown).
+    order — and its live messages, until a terminal event (or shutdown), in
+    the phases of ``Phase``.
 
     Every client connection of a turn reads it through here: SSE followers fold
-    it (``follow``), WebSocket pumps render it as it comes. The first list is the
-    catch-up (the actor's history when it still holds it, else the log) and the
-    chunks of the actor's open window; then what the live subscription brings.
-    The log stays the source of truth: a lagged subscription, an event past the
-    next seq, a wake-up from another process or a quiet spell of
-    ``poll_seconds`` (the first; while re-reads find nothing, every second,
-    then every ``QUIET_READS_MAX``-th; not while this loop's timers run late,
-    nor beyond ``QUIET_READS_AT_ONCE`` at once) each lead to a re-read
-    of the log after the last seq, in batches, so a missed live message delays output but never loses it. An empty list is a
-    heartbeat (the consumer may send a keep-alive). A live chunk whose durable
-    event was already yielded is dropped.
+    it (``follow``), WebSocket pumps render it as it comes. The log stays the
+    source of truth: a lagged subscription, an event past the next seq, a
+    wake-up from another process or a quiet spell (``_Tail.quiet_spell``)
+    each lead to a re-read of the log after the last seq, so a missed live
+    message delays output but never loses it. An empty list is a heartbeat
+    (the consumer may send a keep-alive). A live chunk whose durable event was
+    already yielded is dropped.
 
     ``sink``: the client's ``LiveSink``, offered live chunks and the next
     durable ``model.delta`` event while this generator waits with nothing
@@ -327,61 +307,56 @@ async def tail(
     generator and its consumer for an event that renders nothing cost more
     than the chunk itself); an event it takes counts as yielded.
     """
-    # The loop below is the per-chunk path (a queued or awaited message, then
-    # ``_Tail.live``, synchronous); each rarer branch is one ``_Tail`` method.
     t = _Tail(store, join(turn_id), turn_id, after, poll_seconds)
     sub = t.sub
     t.install(sink)
+    time = asyncio.get_running_loop().time
+    out: list[Tailed]
     try:
-        first = await t.catch_up()
-        while t.more and not t.done:
-            yield first
-            first = await t.reread()
-        first.extend(t.window())
-        yield first
-        time = asyncio.get_running_loop().time
-        while not t.done:
-            messages = sub.drain()
-            if not messages:
-                asked = time()
-                message = await sub.get(poll_seconds)
-                if message is not None:
-                    messages = [message, *sub.drain()]
-                else:
-                    settled = await t.settle()
-                    if settled is None:  # a quiet spell, or the end
-                        if sub.closed:
-                            return
-                        yield await t.quiet_spell(asked)
-                        while t.more and not t.done:
-                            yield await t.reread()
+        while t.phase is not DONE:
+            if t.phase is CATCHING_UP:
+                out = await t.catching_up()
+            elif t.phase is READING_LOG:
+                out = await t.reread()
+            else:
+                # LIVE, the per-chunk path: a queued or awaited message, then
+                # ``_Tail.live`` (synchronous); each rarer branch is one method.
+                messages: list[LiveMessage] | None = sub.drain()
+                if not messages:
+                    asked = time()
+                    message = await sub.get(poll_seconds)
+                    messages = [message, *sub.drain()] if message is not None else await t.settle()
+                if messages is None:  # a quiet spell, or the end
+                    if sub.closed:
+                        t.phase = DONE
                         continue
-                    if not settled:
-                        continue  # the sink took them
-                    messages = settled
-            t.idle_reads = t.quiet = 0
-            out = t.live(messages)
-            if t.rest is not None:
-                out = await t.read_on(out)
+                    out = await t.quiet_spell(asked)
+                elif not messages:
+                    continue  # the sink took them
+                else:
+                    out = t.live(messages)
+                    if t.rest is not None:
+                        out = await t.read_on(out)
+            t.after_batch()
             yield out
-            while t.more and not t.done:
-                yield await t.reread()
     finally:
         sub.sink = None
         sub.close()
 
 
 class _Tail:
-    """One ``tail``'s state: where it is in the turn's log (the last seq
-    yielded, whether that was terminal, whether the log may hold more) and
-    its quiet-spell counters."""
+    """One ``tail``'s state: its phase, where it is in the turn's log (the
+    last seq yielded, whether that was terminal, whether the log may hold
+    more) and its quiet-spell counters."""
 
     def __init__(self, store: EventStore, joined: Joined, turn_id: str, after: int, poll_seconds: float) -> None:
         self.store = store
         self.joined = joined
         self.sub = joined.subscription
+        self.history = joined.history  # taken by the catch-up's first batch
         self.turn_id = turn_id
         self.poll_seconds = poll_seconds
+        self.phase = CATCHING_UP
         self.last = after  # the seq of the last durable event yielded
         self.done = False  # a terminal event was yielded
         self.more = False  # the last read filled its batch: the log may hold more
@@ -396,6 +371,15 @@ class _Tail:
         # whether a wake-up among them asked for it (or was read already).
         self.rest: list[LiveMessage] | None = None
         self.woken = False
+
+    def after_batch(self) -> None:
+        """The phase once a batch is out (see ``Phase``)."""
+        if self.done:
+            self.phase = DONE
+        elif not self.more:
+            self.phase = LIVE
+        elif self.phase is LIVE:
+            self.phase = READING_LOG
 
     def install(self, sink: LiveSink | None) -> None:
         """Offer the subscription's messages to ``sink``: live chunks, and the
@@ -428,19 +412,17 @@ class _Tail:
 
     async def reread(self) -> list[Tailed]:
         # Shared with the turn's other followers at the same seq, one batch at
-        # a time (``read_batch``); the caller reads on while ``more``.
+        # a time (``read_batch``); ``more`` says whether to read on.
         batch = await read_batch(self.store, self.turn_id, self.last)
-        self.more = is_full(batch)
+        self.more = len(batch) >= BATCH
         return self.durable(batch)
 
-    async def catch_up(self) -> list[Tailed]:
-        """The first batch: the actor's history when it still holds it, else the log's."""
-        history = self.joined.history
-        return self.durable(history) if history is not None else await self.reread()
-
-    def window(self) -> list[LiveChunks]:
-        """The chunks of the actor's open window whose event was not yielded."""
-        return [m for m in self.joined.window if m.seq > self.last]
+    async def catching_up(self) -> list[Tailed]:
+        history, self.history = self.history, None
+        out = self.durable(history) if history is not None else await self.reread()
+        if not self.more or self.done:  # the last batch: the open window's chunks whose event was not yielded
+            out.extend(m for m in self.joined.window if m.seq > self.last)
+        return out
 
     def live(self, messages: list[LiveMessage]) -> list[Tailed]:
         """What live messages bring, in order: events past the last seq, chunks
@@ -448,6 +430,7 @@ class _Tail:
         chunk): a message that needs the log (a wake-up, an event past the
         next seq) leaves the messages to take after the read in ``rest``, for
         ``read_on``."""
+        self.idle_reads = self.quiet = 0
         out: list[Tailed] = []
         if not self.woken and any(item is WAKE for item in messages):
             # Appended elsewhere: the log has it (and this process's own
@@ -510,6 +493,7 @@ class _Tail:
     async def quiet_spell(self, asked: float) -> list[Tailed]:
         """A poll period without messages (``asked``: when the wait began): a
         heartbeat (``[]``) or what a re-read of the log found."""
+        global _quiet_reads
         sub = self.sub
         self.quiet += 1
         # A timer half a period late: this loop is behind, so the spell says
@@ -525,12 +509,14 @@ class _Tail:
         if sub.lagged:
             sub.reset()
             found = await self.reread()
+        elif _quiet_reads >= QUIET_READS_AT_ONCE:
+            return []  # enough safety-net reads run: next spell
         else:
-            async with QuietRead() as ok:
-                if ok:
-                    found = await self.reread()
-            if not ok:
-                return []  # enough safety-net reads run: next spell
+            _quiet_reads += 1
+            try:
+                found = await self.reread()
+            finally:
+                _quiet_reads -= 1
         self.quiet = 0
         self.idle_reads = 0 if found else self.idle_reads + 1
         return found
@@ -563,11 +549,8 @@ async def follow(
     async with aclosing(tail(store, join, turn_id, poll_seconds=poll_seconds, sink=state if direct is not None else None)) as tailed:
         async for items in tailed:
             outs, state.undelivered = state.undelivered, []
-            if state.broken:
-                # The direct path failed to fold a delta: rebuild from the log.
-                state.broken = False
-                follower, rebuilt = await _rebuild(store, turn_id)
-                state.follower = follower
+            if state.broken:  # the direct path failed to fold a delta
+                follower, rebuilt = await state.rebuild(store, turn_id)
                 outs.extend(rebuilt)
             try:
                 for item in items:
@@ -579,8 +562,7 @@ async def follow(
                 # Out of step with the log (a gap, or live text that does not
                 # line up): the log decides; rebuild from it.
                 yield follower, outs
-                follower, outs = await _rebuild(store, turn_id)
-                state.follower = follower
+                follower, outs = await state.rebuild(store, turn_id)
             yield follower, outs
             state.live = True
             if follower.finished:
@@ -641,16 +623,9 @@ class _DirectSink:
             return False
         return True
 
-
-def _catch_up(follower: TurnFollower, events: list[Event]) -> list[Out]:
-    outs: list[Out] = []
-    for event in events:
-        outs.extend(follower.on_event(event))
-    return outs
-
-
-async def _rebuild(store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
-    """A new follower of the whole log (what it yields again, the renderer's
-    position filter drops)."""
-    fresh = TurnFollower(turn_id)
-    return fresh, _catch_up(fresh, await store.read(turn_id))
+    async def rebuild(self, store: EventStore, turn_id: str) -> tuple[TurnFollower, list[Out]]:
+        """A new follower of the whole log, and its output (what it yields
+        again, the renderer's position filter drops)."""
+        self.broken = False
+        fresh = self.follower = TurnFollower(turn_id)
+        return fresh, [out for event in await store.read(turn_id) for out in fresh.on_event(event)]
