@@ -831,7 +831,7 @@ class LiveEvent:
 class LiveRequest:
     """Something the turn asks of a client (e.g. ``execute:tool``)."""
 
-    payload: dict[str, Any]
+    payload: JsonObject
 
 
 class Wake:

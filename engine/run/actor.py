@@ -31,7 +31,6 @@ import time
 from bisect import bisect_left
 from collections import deque
 from itertools import accumulate
-from typing import Any
 
 from engine.events import (
     Event,
@@ -307,7 +306,7 @@ class TurnActor:
             if not self._cancel_done.done():
                 self._cancel_done.set_result(None)
 
-    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: dict[str, Any] | None = None) -> End:
+    async def fail(self, message: str, type: str, *, status: int | None = None, code: str | None = None, extra: JsonObject | None = None) -> End:
         if not self.view.terminal and not self.lost:
             error: JsonObject = {"message": message, "type": type}
             if status is not None:

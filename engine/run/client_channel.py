@@ -4,9 +4,8 @@ client's ``tool_result`` back through the supervisor."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from typing import Any
 
+from engine.json_types import JsonObject
 from engine.ports import LiveBus, LiveRequest
 
 
@@ -16,14 +15,14 @@ class ClientRequests:
     def __init__(self, bus: LiveBus, turn_id: str) -> None:
         self._bus = bus
         self._turn_id = turn_id
-        self._waits: dict[str, asyncio.Future[Any]] = {}
+        self._waits: dict[str, asyncio.Future[object]] = {}
 
-    async def ask(self, call_id: str, name: str, arguments: Mapping[str, object], timeout: float) -> Any:
+    async def ask(self, call_id: str, name: str, arguments: JsonObject, timeout: float) -> object:
         if not self._bus.has_client(self._turn_id):
             return {"error": f"no client is connected to run the direct tool {name}"}
-        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[object] = asyncio.get_running_loop().create_future()
         self._waits[call_id] = future
-        payload = {"type": "execute:tool", "turn_id": self._turn_id, "call_id": call_id, "name": name, "arguments": arguments}
+        payload: JsonObject = {"type": "execute:tool", "turn_id": self._turn_id, "call_id": call_id, "name": name, "arguments": arguments}
         self._bus.publish(self._turn_id, LiveRequest(payload))
         try:
             async with asyncio.timeout(timeout):

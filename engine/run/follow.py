@@ -20,11 +20,12 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol
+from typing import Protocol
 
 from engine.events import TERMINAL_TYPES, Event
 from engine.fold.accumulator import Piece
 from engine.fold.turn_view import ChunkOut, ResumePoint, TurnView
+from engine.json_types import JsonObject
 from engine.ports import WAKE, EventStore, LiveChunks, LiveEvent, LiveMessage, LiveRequest, LiveSink
 from engine.run.live import Joined
 
@@ -39,7 +40,7 @@ class EventOut:
     pieces: tuple[Piece, ...] = ()
     # Copies of the output items the event changed, as they were right after it
     # (rendering later must not see later states).
-    items: tuple[dict[str, Any], ...] = ()
+    items: tuple[JsonObject, ...] = ()
     # For ``turn.resumed``: where the durable answer ended (rendered later, after
     # the view may have folded more, so it is taken when the event is folded).
     resume: ResumePoint | None = None
@@ -192,7 +193,7 @@ BATCH = 512
 
 _Key = tuple[str, int, int]
 # Reads in flight per store: (turn, after, limit) -> the shared read.
-_inflight: weakref.WeakKeyDictionary[Any, dict[_Key, asyncio.Task[list[Event]]]] = weakref.WeakKeyDictionary()
+_inflight: weakref.WeakKeyDictionary[EventStore, dict[_Key, asyncio.Task[list[Event]]]] = weakref.WeakKeyDictionary()
 
 
 async def read_batch(store: EventStore, turn_id: str, after: int) -> list[Event]:

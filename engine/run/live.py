@@ -12,7 +12,6 @@ import asyncio
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from engine.events import Event
 from engine.ports import WAKE, LiveChunks, LiveEvent, LiveMessage
@@ -39,7 +38,7 @@ class Subscription:
         self.runs_tools = runs_tools
         self.turn_id = turn_id
         self._items: deque[LiveMessage] = deque()
-        self._waiter: asyncio.Future[Any] | None = None
+        self._waiter: asyncio.Future[object] | None = None
         self._limit = limit
         # Chunks queued beyond one per message (a read's ``LiveChunks`` holds
         # many): the limit bounds chunks, not messages.
@@ -142,7 +141,7 @@ class Subscription:
 _EXPIRED = object()
 
 
-def _expire(waiter: asyncio.Future[Any]) -> None:
+def _expire(waiter: asyncio.Future[object]) -> None:
     if not waiter.done():
         waiter.set_result(_EXPIRED)
 
