@@ -72,7 +72,9 @@ async def test_many_followers_catching_up_at_once_on_one_connection_each_get_the
     # running turn whose actor no longer holds its history (so each reads the
     # log), and reading on as it goes.
     monkeypatch.setattr(catchup, "BATCH", 3)
-    service = await start_service(make_settings(tmp_path, upstream.url, database_url=database_url, db_pool_size=1), upstream)
+    # Short delta windows: the log must hold many events before the pause.
+    settings = make_settings(tmp_path, upstream.url, database_url=database_url, db_pool_size=1, flush_interval=0.02)
+    service = await start_service(settings, upstream)
     try:
         upstream.enqueue(Reply(text=TEXT, chunk_size=1, delay=0.004, pause_after=len(TEXT) // 2))
         resp = await service.http.post(service.v1 + "/chat/completions", json={"model": "gpt-test", "messages": USER, "stream": True})
