@@ -201,7 +201,7 @@ def test_open_embedder_follows_the_settings() -> None:
     openai_up = "http://127.0.0.1:9/v1"
     e = open_embedder(Settings(embedding_engine="openai", openai_base_url=openai_up, openai_api_key=SecretStr(KEY), embedding_batch_size=7))
     assert isinstance(e, OpenAIEmbedder)
-    assert (e.base_url, e.model, e.batch_size, e._api_key) == (openai_up, "text-embedding-3-small", 7, KEY)
+    assert (e.base_url, e.model, e.batch_size, e._api.api_key) == (openai_up, "text-embedding-3-small", 7, KEY)
     # Another host: the OpenAI upstream's key is not sent there.
     e = open_embedder(
         Settings(
@@ -212,9 +212,9 @@ def test_open_embedder_follows_the_settings() -> None:
             embedding_model="nomic-embed-text",
         )
     )
-    assert isinstance(e, OpenAIEmbedder) and e._api_key is None and e.model == "nomic-embed-text"
+    assert isinstance(e, OpenAIEmbedder) and e._api.api_key is None and e.model == "nomic-embed-text"
     e = open_embedder(Settings(embedding_engine="openai", embedding_base_url="http://h/v1", embedding_api_key=SecretStr("k2")))
-    assert isinstance(e, OpenAIEmbedder) and e._api_key == "k2"
+    assert isinstance(e, OpenAIEmbedder) and e._api.api_key == "k2"
     with pytest.raises(ValueError, match="embedding_base_url"):
         open_embedder(Settings(embedding_engine="openai"))
     local = open_embedder(Settings(embedding_engine="local", embedding_model="tokenlearn-static-model"))

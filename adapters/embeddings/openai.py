@@ -26,14 +26,11 @@ from typing import Any
 import aiohttp
 import orjson
 
-from adapters.client_session import LazySession
+from adapters.json_api import MAX_MESSAGE, JsonApi
 from adapters.providers.http_base import error_text_from_obj, truncate
 from engine.ports import EmbeddingError
 
 __all__ = ["OpenAIEmbedder"]
-
-MAX_MESSAGE = 300  # chars of a server's error text kept in a message
-MAX_ERROR_BODY = 64 * 1024
 
 
 class OpenAIEmbedder:
@@ -64,18 +61,11 @@ class OpenAIEmbedder:
             raise ValueError("batch_size and concurrency must be >= 1")
         self.base_url = base_url.rstrip("/")
         self._model = model
-        self._api_key = api_key or None
         self.batch_size = batch_size
         self.concurrency = concurrency
         self.dimensions = dimensions
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        # Per request too: a caller's session may carry other timeouts.
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=read_timeout)
-        self._session = LazySession(self._timeout, session)
-        self._headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        if self._api_key:
-            self._headers["Authorization"] = f"Bearer {self._api_key}"
+        self._api = JsonApi(api_key=api_key, connect_timeout=connect_timeout, read_timeout=read_timeout, session=session, error=EmbeddingError)
+        self._error = self._api.error
 
     def __repr__(self) -> str:  # never show the key
         return f"OpenAIEmbedder(base_url={self.base_url!r}, model={self._model!r})"
@@ -86,19 +76,13 @@ class OpenAIEmbedder:
 
     async def close(self) -> None:
         """Close the session this embedder created (a caller-supplied one is left open)."""
-        await self._session.close()
+        await self._api.close()
 
     async def __aenter__(self) -> OpenAIEmbedder:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
-
-    def _get_session(self) -> aiohttp.ClientSession:
-        try:
-            return self._session.get()
-        except RuntimeError as exc:
-            raise EmbeddingError("the aiohttp session given to OpenAIEmbedder is closed") from exc
 
     # ------------------------------------------------------------------ embed
 
@@ -135,27 +119,7 @@ class OpenAIEmbedder:
         payload: dict[str, Any] = {"model": self._model, "input": texts, "encoding_format": "float"}
         if self.dimensions is not None:
             payload["dimensions"] = self.dimensions
-        session = self._get_session()
-        stage = "waiting for the answer"
-        try:
-            async with session.post(self.base_url + "/embeddings", data=orjson.dumps(payload), headers=self._headers, timeout=self._timeout) as resp:
-                stage = "reading the answer"
-                if resp.status >= 400:
-                    raise self._error(f"{where}: HTTP {resp.status}{await self._error_detail(resp)}")
-                raw = await resp.read()
-        except EmbeddingError:
-            raise
-        except aiohttp.ClientConnectorError as exc:
-            if isinstance(exc.os_error, TimeoutError):
-                raise self._error(f"{where}: connect timed out after {self.connect_timeout:g}s") from None
-            raise self._error(f"{where}: cannot connect: {exc}") from None
-        except TimeoutError as exc:  # aiohttp's timeouts are TimeoutErrors too
-            if isinstance(exc, aiohttp.ConnectionTimeoutError):
-                raise self._error(f"{where}: connect timed out after {self.connect_timeout:g}s") from None
-            raise self._error(f"{where}: timed out: nothing received for {self.read_timeout:g}s ({stage})") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            detail = str(exc) or type(exc).__name__
-            raise self._error(f"{where}: connection lost ({stage}): {detail}") from None
+        raw = await self._api.post(self.base_url + "/embeddings", payload, where)
         return self._vectors(raw, len(texts), where)
 
     def _vectors(self, raw: bytes, n: int, where: str) -> list[list[float]]:
@@ -193,24 +157,3 @@ class OpenAIEmbedder:
                 raise self._error(f"{where}: vectors of different lengths ({dim} and {len(floats)})")
             out[index] = floats
         return out  # type: ignore[return-value]  # every slot filled: n distinct indexes in range
-
-    async def _error_detail(self, resp: aiohttp.ClientResponse) -> str:
-        try:
-            raw = await resp.content.read(MAX_ERROR_BODY)
-        except (TimeoutError, aiohttp.ClientError, OSError):
-            raw = b""
-        text: str | None = None
-        try:
-            text = error_text_from_obj(orjson.loads(raw)) if raw else None
-        except ValueError:
-            text = None
-        if text is None:
-            text = raw.decode("utf-8", "replace").strip() or (resp.reason or "")
-        text = " ".join(text.split())
-        return f": {truncate(text, MAX_MESSAGE)}" if text else ""
-
-    def _error(self, message: str) -> EmbeddingError:
-        key = self._api_key
-        if key and key in message:
-            message = message.replace(key, "***")
-        return EmbeddingError(message)

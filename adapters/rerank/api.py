@@ -21,13 +21,10 @@ from typing import Any, Literal
 import aiohttp
 import orjson
 
-from adapters.client_session import LazySession
+from adapters.json_api import MAX_MESSAGE, JsonApi
 from adapters.providers.http_base import error_text_from_obj, truncate
 
 __all__ = ["ApiReranker", "RerankError"]
-
-MAX_MESSAGE = 300
-MAX_ERROR_BODY = 64 * 1024
 
 
 class RerankError(Exception):
@@ -57,20 +54,14 @@ class ApiReranker:
         self.url = endpoint(url)
         self.model = model
         self.shape = shape
-        self._api_key = api_key or None
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=None, sock_connect=connect_timeout, sock_read=read_timeout)
-        self._session = LazySession(self._timeout, session)
-        self._headers = {"Accept": "application/json", "Content-Type": "application/json"}
-        if self._api_key:
-            self._headers["Authorization"] = f"Bearer {self._api_key}"
+        self._api = JsonApi(api_key=api_key, connect_timeout=connect_timeout, read_timeout=read_timeout, session=session, error=RerankError)
+        self._error = self._api.error
 
     def __repr__(self) -> str:  # never show the key
         return f"ApiReranker(url={self.url!r}, model={self.model!r})"
 
     async def close(self) -> None:
-        await self._session.close()
+        await self._api.close()
 
     def _body(self, query: str, documents: list[str]) -> dict[str, Any]:
         if self.shape == "tei":
@@ -86,26 +77,7 @@ class ApiReranker:
         if not texts:
             return []
         where = f"reranking {len(texts)} passages at {self.url}"
-        try:
-            session = self._session.get()
-        except RuntimeError as exc:
-            raise RerankError(f"{where}: the aiohttp session is closed") from exc
-        try:
-            async with session.post(self.url, data=orjson.dumps(self._body(query, texts)), headers=self._headers, timeout=self._timeout) as resp:
-                if resp.status >= 400:
-                    raise self._error(f"{where}: HTTP {resp.status}{await _error_detail(resp)}")
-                raw = await resp.read()
-        except RerankError:
-            raise
-        except TimeoutError as exc:  # aiohttp's connect and read timeouts alike
-            what = (
-                f"connect timed out after {self.connect_timeout:g}s"
-                if isinstance(exc, aiohttp.ConnectionTimeoutError)
-                else f"timed out after {self.read_timeout:g}s"
-            )
-            raise self._error(f"{where}: {what}") from None
-        except (aiohttp.ClientError, OSError) as exc:
-            raise self._error(f"{where}: {str(exc) or type(exc).__name__}") from None
+        raw = await self._api.post(self.url, self._body(query, texts), where)
         return self._scores(raw, len(texts), where)
 
     def _scores(self, raw: bytes, n: int, where: str) -> list[float]:
@@ -128,23 +100,3 @@ class ApiReranker:
             scores[index] = float(value)
         floor = min((s for s in scores if s is not None), default=0.0) - 1.0
         return [floor if s is None else s for s in scores]
-
-    def _error(self, message: str) -> RerankError:
-        if self._api_key and self._api_key in message:
-            message = message.replace(self._api_key, "***")
-        return RerankError(message)
-
-
-async def _error_detail(resp: aiohttp.ClientResponse) -> str:
-    try:
-        raw = await resp.content.read(MAX_ERROR_BODY)
-    except (TimeoutError, aiohttp.ClientError, OSError):
-        raw = b""
-    try:
-        text = error_text_from_obj(orjson.loads(raw)) if raw else None
-    except ValueError:
-        text = None
-    if text is None:
-        text = raw.decode("utf-8", "replace").strip() or (resp.reason or "")
-    text = " ".join(text.split())
-    return f": {truncate(text, MAX_MESSAGE)}" if text else ""
