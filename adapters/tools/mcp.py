@@ -36,7 +36,7 @@ from mcp import Client, MCPError
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 
-from adapters.tools.names import function_name, function_names, server_prefix
+from adapters.tools.names import function_name, function_names, unlisted_spec
 from engine.ports import NoTurnToolServers, ToolCatalog, ToolServerListing, TurnToolServers
 from engine.tools.calls import ToolContext, ToolHandle, ToolSpec
 
@@ -290,19 +290,8 @@ class McpTurnServers:
             return found
         # Not listed in this process (a resumed turn): a name of one of the
         # turn's servers is looked up on that server when it is called.
-        for server, config in self._configs.items():
-            if name.startswith(server_prefix(server)):
-                spec = ToolSpec(
-                    name=name,
-                    description=name,
-                    parameters={"type": "object", "properties": {}},
-                    tool_id=f"{PREFIX}{server}",
-                    kind="server",
-                    timeout=config.timeout,
-                    filter_parameters=False,
-                )
-                return McpToolHandle(spec, self, server, None)
-        return None
+        found_spec = unlisted_spec(name, PREFIX, {server: config.timeout for server, config in self._configs.items()})
+        return None if found_spec is None else McpToolHandle(found_spec[1], self, found_spec[0], None)
 
     async def close(self) -> None:
         self._closed = True

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+
+from engine.tools.calls import ToolSpec
 
 MAX_NAME = 64  # OpenAI's limit for a function name
 INVALID = re.compile(r"[^A-Za-z0-9_-]")
@@ -43,3 +45,22 @@ def function_names(server: str, tools: Sequence[str]) -> dict[str, str]:
 def server_prefix(server: str) -> str:
     """What every function name of ``server`` starts with."""
     return f"{INVALID.sub('_', server)}_"
+
+
+def unlisted_spec(name: str, prefix: str, timeouts: Mapping[str, float | None]) -> tuple[str, ToolSpec] | None:
+    """A function name this process did not list (a resumed turn's call) as
+    the server it names (``timeouts``: each server's call timeout) and a spec
+    whose parameters are known only at the call, or None."""
+    for server, timeout in timeouts.items():
+        if name.startswith(server_prefix(server)):
+            spec = ToolSpec(
+                name=name,
+                description=name,
+                parameters={"type": "object", "properties": {}},
+                tool_id=f"{prefix}{server}",
+                kind="server",
+                timeout=timeout,
+                filter_parameters=False,  # the tool's parameters are known only at the call
+            )
+            return server, spec
+    return None

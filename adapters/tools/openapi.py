@@ -32,7 +32,7 @@ from urllib.parse import quote
 import aiohttp
 from yarl import URL
 
-from adapters.tools.names import function_names, server_prefix
+from adapters.tools.names import function_names, unlisted_spec
 from engine.ports import NoTurnToolServers, ToolServerListing, TurnToolServers
 from engine.tools.calls import ToolContext, ToolHandle, ToolSpec
 
@@ -342,20 +342,8 @@ class OpenApiTurnServers:
         if found is not None or self._connected:
             return found
         # Not listed in this process (a resumed turn): the document is read at the call.
-        for server, config in self.configs.items():
-            if name.startswith(server_prefix(server)):
-                stub = Operation("get", "", name, {"type": "object", "properties": {}}, {}, False, False)
-                spec = ToolSpec(
-                    name=name,
-                    description=name,
-                    parameters=stub.parameters,
-                    tool_id=f"{PREFIX}{server}",
-                    kind="server",
-                    timeout=config.timeout,
-                    filter_parameters=False,  # the operation's parameters are known only at the call
-                )
-                return OpenApiToolHandle(spec, self, server, None)
-        return None
+        found_spec = unlisted_spec(name, PREFIX, {server: config.timeout for server, config in self.configs.items()})
+        return None if found_spec is None else OpenApiToolHandle(found_spec[1], self, found_spec[0], None)
 
     async def close(self) -> None:
         pending = [t for t in self._listings.values() if not t.done()]
