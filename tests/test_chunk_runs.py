@@ -307,9 +307,11 @@ def test_a_read_normalizes_as_its_payloads_one_by_one() -> None:
     handed on) gives what ``feed`` gives for each payload in turn (a run
     expanded, a non-JSON line a warning in its place), and leaves the same
     response id, finish reason and usage; with ``runs``, the same events once
-    its text runs are spread into a delta each, no run empty."""
+    its text runs are spread into a delta each, no run empty. In the read
+    that finishes the response, the calls that started in it have no live
+    progress (they come whole)."""
     from engine.protocols.chat import ChatNormalizer
-    from engine.protocols.model_events import ModelEvent, StreamWarning, TextDelta, TextRun
+    from engine.protocols.model_events import ModelEvent, StreamWarning, TextDelta, TextRun, ToolArgumentsDelta, ToolCallStarted
 
     def ids() -> Any:
         n = iter(range(10**6))
@@ -317,6 +319,7 @@ def test_a_read_normalizes_as_its_payloads_one_by_one() -> None:
 
     def one_by_one(normalizer: ChatNormalizer, raws: list[Any]) -> list[ModelEvent]:
         events: list[ModelEvent] = []
+        was_open = normalizer.finish_reason is None
         for raw in raws:
             if isinstance(raw, RawWarning):
                 events.append(StreamWarning(raw.message, raw.raw))
@@ -327,6 +330,11 @@ def test_a_read_normalizes_as_its_payloads_one_by_one() -> None:
                     events.extend(normalizer.feed(chunk))
             else:
                 events.extend(normalizer.feed(raw.data))
+        if was_open and normalizer.finish_reason is not None:
+            # The read that finishes the response: a call started in it comes
+            # whole with the finish, without live progress.
+            started = {e.call_id for e in events if isinstance(e, ToolCallStarted)}
+            events = [e for e in events if not (isinstance(e, ToolCallStarted | ToolArgumentsDelta) and e.call_id in started)]
         return events
 
     def spread(events: list[ModelEvent]) -> list[ModelEvent]:

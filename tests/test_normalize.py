@@ -23,8 +23,8 @@ from typing import Any
 import pytest
 
 from engine.json_types import JsonObject
-from engine.ports import RawChunk
-from engine.protocols.chat import ChatNormalizer, ChatToolCalls, whole_in_read
+from engine.ports import RawChunk, RawRun, RawWarning
+from engine.protocols.chat import ChatNormalizer, ChatToolCalls
 from engine.protocols.common import arguments_text, split_json_values, split_tool_calls
 from engine.protocols.model_events import (
     Finished,
@@ -283,13 +283,11 @@ def test_a_call_whole_in_the_read_that_finishes_is_not_announced() -> None:
     an earlier read keeps its progress."""
     normalizer = ChatNormalizer(counter_ids())
     first = normalizer.feed_read([RawChunk(fragments({"index": 0, "id": "call_A", "function": fn("add", '{"a"')}))])
-    last = whole_in_read(
-        normalizer.feed_read(
-            [
-                RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
-                RawChunk(chunk(finish_reason="tool_calls")),
-            ]
-        )
+    last = normalizer.feed_read(
+        [
+            RawChunk(fragments({"index": 0, "function": fn(arguments=":1}")}, {"index": 1, "id": "call_B", "function": fn("echo", "{}")})),
+            RawChunk(chunk(finish_reason="tool_calls")),
+        ]
     )
     assert first == [ToolCallStarted("call_A", "add"), ToolArgumentsDelta("call_A", '{"a"')]
     assert last == [ToolArgumentsDelta("call_A", ":1}")]
@@ -1057,6 +1055,29 @@ def run_ollama(lines: Iterable[Any], **kwargs: Any) -> list[Any]:
     for line in lines:
         out += normalizer.feed(line)
     return out + normalizer.finish()
+
+
+@pytest.mark.parametrize("api", ["responses", "ollama"])
+def test_a_read_fed_whole_means_its_payloads_fed_one_by_one_with_warnings_in_place(api: str) -> None:
+    """``feed_read`` of the normalizers that take one payload at a time: the
+    same events as ``feed`` per payload, a line that was not JSON as a
+    ``StreamWarning`` where it stood; a run of Chat Completions chunks is
+    refused, not misread."""
+    make = ResponsesNormalizer if api == "responses" else OllamaNormalizer
+    payloads = [copy.deepcopy(p) for p in (FULL_STREAM if api == "responses" else OLLAMA_STREAM)]
+    one, whole = make(counter_ids()), make(counter_ids())
+    expected: list[Any] = []
+    for payload in payloads[:2]:
+        expected += one.feed(payload)
+    expected.append(StreamWarning("not JSON", "data: {"))
+    for payload in payloads[2:]:
+        expected += one.feed(payload)
+    read = [RawChunk(p) for p in payloads[:2]] + [RawWarning("not JSON", "data: {")] + [RawChunk(p) for p in payloads[2:]]
+    assert whole.feed_read(read) == expected
+    assert whole.finish() == one.finish()
+    assert any(isinstance(e, StreamWarning) for e in expected) and len(expected) > 3
+    with pytest.raises(TypeError, match="runs"):
+        make(counter_ids()).feed_read([RawRun({"choices": [{"index": 0, "delta": {}}]}, ["a"])])
 
 
 def test_ollama_stream_with_tool_calls() -> None:

@@ -45,7 +45,7 @@ from typing import Any
 
 from adapters.filters.loader import describe
 from adapters.pipes.loader import LoadedPipe
-from engine.ports import ModelApi, RawChunk, RawWarning, ResumeMode, UpstreamError
+from engine.ports import ModelApi, RawChunk, RawRun, RawWarning, ResumeMode, UpstreamError
 from engine.run.log_context import current_chat, current_turn, current_user
 
 log = logging.getLogger("turnlog.pipes")
@@ -324,6 +324,10 @@ class PipeProvider:
         async with aclosing(_Run(pipe, body).chunks()) as batches:
             async for batch in batches:
                 yield batch
+
+    def stream_runs(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning | RawRun], None]:
+        """``stream_batches``: a pipe's chunks are objects already, no runs to find."""
+        return self.stream_batches(body)  # type: ignore[return-value]
 
     async def close(self) -> None:
         """Nothing to release (a pipe's own resources are its own)."""

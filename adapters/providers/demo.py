@@ -33,7 +33,7 @@ from typing import Any
 from adapters.providers.demo_tasks import placeholder as _placeholder
 from adapters.providers.demo_tasks import task_answer
 from adapters.providers.demo_tasks import text as _text
-from engine.ports import ModelApi, RawChunk, RawWarning
+from engine.ports import ModelApi, RawChunk, RawRun, RawWarning
 
 __all__ = ["DEMO_MODEL", "DemoProvider", "DemoReply", "plan_reply"]
 
@@ -167,6 +167,10 @@ class DemoProvider:
             if i and not instant and self.chunk_delay > 0 and chunk["choices"] and chunk["choices"][0]["delta"]:
                 await asyncio.sleep(self.chunk_delay)
             yield [RawChunk(chunk)]
+
+    def stream_runs(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning | RawRun], None]:
+        """``stream_batches``: one chunk per read, no runs to find."""
+        return self.stream_batches(body)  # type: ignore[return-value]
 
     async def complete_chat(self, body: dict[str, Any]) -> dict[str, Any]:
         """The same script as one ``chat.completion`` (no pacing)."""

@@ -52,7 +52,7 @@ import aiohttp
 import orjson
 
 from adapters.providers.sse import SSEEvent
-from engine.ports import RawChunk, RawWarning, UpstreamError, UpstreamErrorDetail
+from engine.ports import RawChunk, RawRun, RawWarning, UpstreamError, UpstreamErrorDetail
 
 __all__ = ["Framer", "HTTPProvider", "NDJSONLines", "error_text_from_obj", "truncate"]
 
@@ -264,6 +264,10 @@ class HTTPProvider:
         """The streamed payloads of each network read, as one list (never
         empty); each transport implements it."""
         raise NotImplementedError
+
+    def stream_runs(self, body: dict[str, Any]) -> AsyncGenerator[list[RawChunk | RawWarning | RawRun], None]:
+        """``stream_batches`` (a transport that finds runs of chunks overrides it)."""
+        return self.stream_batches(body)  # type: ignore[return-value]
 
     async def stream(self, body: dict[str, Any]) -> AsyncIterator[RawChunk | RawWarning]:
         """``stream_batches``, one payload at a time."""

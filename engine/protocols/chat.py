@@ -206,8 +206,7 @@ def whole_in_read(events: list[ModelEvent]) -> list[ModelEvent]:
     """The events of the read that finished the response, less the live
     progress of calls that also started in it: they come whole with the
     finish, and announcing them would show nothing sooner (and cost a commit
-    per tool round). For the caller that knows the read finished it
-    (``finish_reason`` became set)."""
+    per tool round)."""
     whole = {e.call_id for e in events if type(e) is ToolCallStarted}
     if not whole:
         return events
@@ -281,7 +280,9 @@ class ChatNormalizer:
         upstream brings a thousand per read, and per chunk a call, a list and
         an extend cost as much as the test itself. With ``runs``, consecutive
         ones come as one ``TextRun`` (a list of their texts), not a
-        ``TextDelta`` each. Anything else goes to ``_feed_other``.
+        ``TextDelta`` each. Anything else goes to ``_feed_other``. In the read
+        that finishes the response, calls that also started in it come whole
+        only (:func:`whole_in_read`).
         """
         events: list[ModelEvent] = []
         append = events.append
@@ -291,6 +292,7 @@ class ChatNormalizer:
         if self._finished:
             raise RuntimeError("ChatNormalizer is finished; no more chunks are accepted")
         response_id = self.response_id
+        was_open = self.finish_reason is None
         for raw in raws:
             if isinstance(raw, RawChunk):
                 chunk = raw.data
@@ -324,6 +326,8 @@ class ChatNormalizer:
             response_id = self.response_id
         if run:
             append(TextRun(run))
+        if was_open and self.finish_reason is not None:
+            return whole_in_read(events)
         return events
 
     def _feed_other(self, raw: RawChunk | RawWarning | RawRun, events: list[ModelEvent], run: list[str], runs: bool) -> list[str]:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from engine.json_types import JsonObject
-from engine.ports import IdFactory, ModelApi, ModelRequest, RawWarning, ResolvedModel, UpstreamError
+from engine.ports import IdFactory, ModelApi, ModelRequest, ResolvedModel, UpstreamError
 from engine.protocols import chat, ollama, responses
 from engine.protocols.common import Normalizer, call_ids_of
-from engine.protocols.model_events import ModelEvent, StreamWarning
+from engine.protocols.model_events import ModelEvent
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,31 +64,9 @@ class LiveModelClient:
         # A provider id the transcript already uses (providers that number
         # calls per response: call_0 every round) is replaced by a fresh one.
         normalizer = protocol.normalizer(id_factory, reserved_ids=call_ids_of(request.messages))
-        body = protocol.body(resolved, request)
-        feed = normalizer.feed
-        # A normalizer may take a whole read at once (ChatNormalizer.feed_read),
-        # and then give its text chunks as runs (``TextRun``) if asked to.
-        feed_read: Callable[..., list[ModelEvent]] | None = getattr(normalizer, "feed_read", None)
-        # A transport may give runs of chunks that differ only in their text
-        # (``RawRun``: no parse of the rest), for a normalizer that takes them.
-        stream_runs = getattr(resolved.provider, "stream_runs", None) if feed_read is not None else None
-        batches = stream_runs(body) if stream_runs is not None else resolved.provider.stream_batches(body)
-        async with aclosing(batches) as reads:
+        async with aclosing(resolved.provider.stream_runs(protocol.body(resolved, request))) as reads:
             async for raws in reads:
-                if feed_read is not None:
-                    open_ = getattr(normalizer, "finish_reason", None) is None
-                    events = feed_read(raws, runs=True) if runs else feed_read(raws)
-                    if open_ and getattr(normalizer, "finish_reason", None) is not None:
-                        events = chat.whole_in_read(events)  # this read finished the response
-                    if events:
-                        yield events
-                    continue
-                events = []
-                for raw in raws:
-                    if isinstance(raw, RawWarning):
-                        events.append(StreamWarning(raw.message, raw.raw))
-                    else:
-                        events.extend(feed(raw.data))
+                events = normalizer.feed_read(raws, runs=runs)
                 if events:
                     yield events
         tail = normalizer.finish()

@@ -43,7 +43,7 @@ from dataclasses import replace
 from typing import Final, Protocol
 
 from engine.json_types import JsonObject
-from engine.ports import ModelRequest
+from engine.ports import ModelRequest, RawChunk, RawRun, RawWarning
 from engine.protocols.model_events import ModelEvent, StreamWarning, ToolCall
 from engine.protocols.shapes import Item, Message
 
@@ -79,7 +79,28 @@ CALL_ID_PREFIX: Final[str] = "call"
 class Normalizer(Protocol):
     def feed(self, obj: object) -> list[ModelEvent]: ...
 
+    def feed_read(self, raws: list[RawChunk | RawWarning | RawRun], *, runs: bool = False) -> list[ModelEvent]:
+        """The events of one network read's payloads (``ChatProvider.stream_runs``),
+        in order. With ``runs``, consecutive plain text chunks may come as one
+        ``TextRun``."""
+        ...
+
     def finish(self) -> list[ModelEvent]: ...
+
+
+def feed_each(normalizer: Normalizer, raws: list[RawChunk | RawWarning | RawRun]) -> list[ModelEvent]:
+    """``feed_read`` of a normalizer that takes payloads one by one: a payload
+    that was not JSON becomes a ``StreamWarning`` in its place. Runs of chunks
+    are Chat Completions' only (its normalizer reads them)."""
+    events: list[ModelEvent] = []
+    for raw in raws:
+        if isinstance(raw, RawChunk):
+            events.extend(normalizer.feed(raw.data))
+        elif isinstance(raw, RawWarning):
+            events.append(StreamWarning(raw.message, raw.raw))
+        else:
+            raise TypeError(f"{type(normalizer).__name__} reads no runs of Chat Completions chunks")
+    return events
 
 
 def outgoing_messages(request: ModelRequest) -> list[Message]:

@@ -22,13 +22,14 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Final
 
 from engine.json_types import JsonObject, JsonValue
-from engine.ports import ModelRequest, ResolvedModel
+from engine.ports import ModelRequest, RawChunk, RawRun, RawWarning, ResolvedModel
 from engine.protocols.common import (
     CallIds,
     IdFactory,
     Message,
     arguments_text,
     error_message,
+    feed_each,
     image_url,
     is_image_part,
     is_text_part,
@@ -212,6 +213,9 @@ class OllamaNormalizer:
             self._terminal = True
             events.append(Finished(reason=self._reason(obj.get("done_reason")), usage=_ollama_usage(obj)))
         return events
+
+    def feed_read(self, raws: list[RawChunk | RawWarning | RawRun], *, runs: bool = False) -> list[ModelEvent]:
+        return feed_each(self, raws)
 
     def finish(self) -> list[ModelEvent]:
         if self._finished:

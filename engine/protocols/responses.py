@@ -42,13 +42,14 @@ from dataclasses import dataclass, field, replace
 from typing import Final
 
 from engine.json_types import JsonObject, JsonValue
-from engine.ports import ModelRequest, ResolvedModel
+from engine.ports import ModelRequest, RawChunk, RawRun, RawWarning, ResolvedModel
 from engine.protocols import chat
 from engine.protocols.common import (
     CallIds,
     IdFactory,
     arguments_text,
     error_message,
+    feed_each,
     image_url,
     int_index,
     is_image_part,
@@ -551,6 +552,9 @@ class ResponsesNormalizer:
             return []
         handler = _HANDLERS.get(kind)
         return handler(self, event) if handler is not None else []
+
+    def feed_read(self, raws: list[RawChunk | RawWarning | RawRun], *, runs: bool = False) -> list[ModelEvent]:
+        return feed_each(self, raws)
 
     def finish(self) -> list[ModelEvent]:
         if self._finished:
