@@ -63,10 +63,14 @@ def paced_cpu(ctx: Ctx) -> dict[str, Any]:
     """Process CPU per chunk of paced streams started at once: turnlog / relay."""
     turns, chunks, rate, rounds = (50, 40, 20.0, 1) if ctx.quick else (200, 100, 20.0, 2)
     b = body(chunks, rate=rate)
-    us: dict[str, list[float]] = {"floor": [], "turnlog": []}
+    # The parse floor (informational): the least a relay that must see every
+    # token does, parsing and serializing each chunk; no state, no storage.
+    parse_v1 = ctx.floor_v1.rsplit("/v1", 1)[0] + "/parse/v1"
+    us: dict[str, list[float]] = {"floor": [], "parse": [], "turnlog": []}
+    loop_us: list[float] = []
     bad: list[str] = []
     for i in range(rounds):
-        for who, v1, pid in (("floor", ctx.floor_v1, ctx.floor_pid), ("turnlog", ctx.turnlog_v1, ctx.turnlog_pid)):
+        for who, v1, pid in (("floor", ctx.floor_v1, ctx.floor_pid), ("parse", parse_v1, ctx.floor_pid), ("turnlog", ctx.turnlog_v1, ctx.turnlog_pid)):
             meter = LoopCpuMeter(pid)
             ph = phase(who, v1, b, requests=turns, concurrency=turns, preconnect=True, announce=True)
             with Profiler(ctx, f"paced_cpu{i}", pid) if who == "turnlog" else contextlib.nullcontext():
@@ -75,20 +79,28 @@ def paced_cpu(ctx: Ctx) -> dict[str, Any]:
             streams = res["phases"][-1]["streams"] if res.get("phases") else []
             bad += failures(streams, chunks) + ([res["error"]] if res.get("error") else [])
             us[who].append(meter.process.get(who, float("nan")) * 1e6 / (turns * chunks))
+            if who == "turnlog":
+                loop_us.append(meter.loop.get(who, float("nan")) * 1e6 / (turns * chunks))
             time.sleep(0.5)
     if bad:
         raise BenchError(f"paced_cpu: streams failed: {bad[:3]}")
     ratios = [t / f for t, f in zip(us["turnlog"], us["floor"])]
+    parse_ratios = [p / f for p, f in zip(us["parse"], us["floor"])]
     return {
         "status": "ok",
-        "checks": [check("paced_cpu_over_relay", med(ratios), "<=", 1.5)],
+        "checks": [
+            check("paced_cpu_over_relay", med(ratios), "<=", 1.5),
+            check("paced_cpu_parse_floor_over_relay", med(parse_ratios), "<=", 1.5, informational=True),
+        ],
         "figures": {
             "turns": turns,
             "chunks_per_turn": chunks,
             "rate_chunks_per_s": rate,
             "rounds": rounds,
             "turnlog_cpu_us_per_chunk": spread(us["turnlog"], digits=1),
+            "turnlog_loop_cpu_us_per_chunk": spread(loop_us, digits=1),
             "floor_cpu_us_per_chunk": spread(us["floor"], digits=1),
+            "parse_floor_cpu_us_per_chunk": spread(us["parse"], digits=1),
             "ratio_per_round": spread(ratios, digits=3),
             "note": "all streams started in one pass of the client's loop; process CPU (all threads) over the phase "
             "/ (turns x chunks); ratio = turnlog / floor relay of the same round",
