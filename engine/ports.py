@@ -14,7 +14,7 @@ import asyncio
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypedDict, cast, runtime_checkable
+from typing import Any, Literal, Protocol, TypedDict, cast
 
 from engine.chain import StoredEvent
 from engine.events import Event, EventData
@@ -647,10 +647,20 @@ class FilterRun:
 
 
 class Filters(Protocol):
-    """Open WebUI-style ``class Filter`` modules, in priority order."""
+    """Open WebUI-style ``class Filter`` modules, in priority order. Some may
+    be opt-in: they run only on the turns that name them."""
 
     def hooks(self) -> frozenset[str]:
         """Which of ``inlet``, ``stream``, ``outlet`` some filter defines."""
+        ...
+
+    def optional_ids(self) -> frozenset[str]:
+        """The opt-in filters' ids."""
+        ...
+
+    def for_turn(self, filter_ids: Iterable[str]) -> Filters:
+        """The filters of a turn whose request names ``filter_ids``: the
+        global ones and the opt-in ones named."""
         ...
 
     async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
@@ -671,24 +681,11 @@ class Filters(Protocol):
         ...
 
 
-@runtime_checkable
-class SelectableFilters(Protocol):
-    """Filters some of which are opt-in: they run only on the turns that name them."""
-
-    def for_turn(self, filter_ids: Iterable[str]) -> Filters:
-        """The filters of a turn whose request names ``filter_ids``."""
-        ...
-
-    def optional_ids(self) -> frozenset[str]:
-        """The opt-in filters' ids."""
-        ...
-
-
 def turn_filters(filters: Filters, request: Mapping[str, object]) -> Filters:
     """The filters that run on a turn: the global ones, and the opt-in ones its
     request names in ``filter_ids`` (a preset's filters are recorded there)."""
     ids = request.get("filter_ids")
-    if not isinstance(filters, SelectableFilters) or not isinstance(ids, list):
+    if not isinstance(ids, list):
         return filters
     return filters.for_turn(str(i) for i in ids)
 
@@ -696,6 +693,12 @@ def turn_filters(filters: Filters, request: Mapping[str, object]) -> Filters:
 class NoFilters:
     def hooks(self) -> frozenset[str]:
         return frozenset()
+
+    def optional_ids(self) -> frozenset[str]:
+        return frozenset()
+
+    def for_turn(self, filter_ids: Iterable[str]) -> Filters:
+        return self
 
     async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return body, []

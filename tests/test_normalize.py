@@ -1072,7 +1072,8 @@ def test_a_read_fed_whole_means_its_payloads_fed_one_by_one_with_warnings_in_pla
     expected.append(StreamWarning("not JSON", "data: {"))
     for payload in payloads[2:]:
         expected += one.feed(payload)
-    read = [RawChunk(p) for p in payloads[:2]] + [RawWarning("not JSON", "data: {")] + [RawChunk(p) for p in payloads[2:]]
+    read: list[RawChunk | RawWarning | RawRun] = [RawChunk(p) for p in payloads]
+    read.insert(2, RawWarning("not JSON", "data: {"))
     assert whole.feed_read(read) == expected
     assert whole.finish() == one.finish()
     assert any(isinstance(e, StreamWarning) for e in expected) and len(expected) > 3

@@ -73,7 +73,7 @@ class DirFilters:
         return self._optional
 
     def for_turn(self, filter_ids: Iterable[str]) -> DirFilters:
-        """The global filters and the opt-in ones ``filter_ids`` names (``engine.ports.SelectableFilters``)."""
+        """The global filters and the opt-in ones ``filter_ids`` names (``engine.ports.Filters``)."""
         wanted = set(filter_ids) & self._optional
         if not wanted:
             return self

@@ -17,7 +17,6 @@ from adapters.http.context import Services, services
 from adapters.http.errors import ApiError
 from adapters.http.schemas import read_body, validate_body
 from adapters.presets import PresetConflict, PresetPatch, PresetSpec, ReadOnlyPreset
-from engine.ports import SelectableFilters
 
 
 def _public(spec: PresetSpec, source: str) -> dict[str, Any]:
@@ -42,9 +41,7 @@ async def check_preset(svc: Services, spec: PresetSpec) -> None:
             raise ApiError(400, f"files[{i}]: a preset binds shared collections only ({{'type': 'collection', 'id'}})", code="invalid_value", param="files")
         if not await svc.knowledge.is_shared(ref["id"]):
             raise ApiError(400, f"files[{i}]: collection '{ref['id']}' is not a shared collection", code="not_shared", param="files")
-    filters = svc.supervisor.wiring.filters
-    optional = filters.optional_ids() if isinstance(filters, SelectableFilters) else frozenset()
-    bad = sorted(set(spec.filters) - optional)
+    bad = sorted(set(spec.filters) - svc.supervisor.wiring.filters.optional_ids())
     if bad:
         raise ApiError(400, f"filters {', '.join(bad)} are no opt-in filters ([filters.NAME] global = false)", code="unknown_filter", param="filters")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NoReturn, TypedDict
 
@@ -58,6 +58,7 @@ from engine.ports import (
     AssemblyError,
     EventStore,
     FilterRun,
+    Filters,
     IdFactory,
     InlinePayloads,
     LiveEvent,
@@ -440,6 +441,12 @@ class _RecordedFilters:
 
     def hooks(self) -> frozenset[str]:
         return frozenset({"outlet"}) if self._outlet is not None else frozenset()
+
+    def optional_ids(self) -> frozenset[str]:
+        return frozenset()
+
+    def for_turn(self, filter_ids: Iterable[str]) -> Filters:
+        return self  # the recorded outlet is the turn's own already
 
     async def inlet(self, body: JsonObject, user: JsonObject) -> tuple[JsonObject, list[FilterRun]]:
         return body, []
