@@ -765,6 +765,45 @@ async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_
     await browse(look, browser)
 
 
+#: Holds the page's summary read (``/summary``) until the test calls
+#: ``window.__releaseSummary()``: the page's reads then arrive in the order the
+#: test chooses, not as a loaded machine happens to serve them.
+SUMMARY_GATE = """
+window.__summaryGate = new Promise((go) => { window.__releaseSummary = go; });
+const pageFetch = window.fetch;
+window.fetch = (url, options) => String(url).includes("/summary") ? window.__summaryGate.then(() => pageFetch(url, options)) : pageFetch(url, options);
+"""
+
+
+@pytest.mark.sqlite_only
+async def test_an_event_opened_before_the_summary_arrives_stays_open_and_focused(tools_service: Service, browser: Any) -> None:
+    """The event list is drawn again when the turn's summary arrives (a fold of
+    the whole log: the page's slowest read). An event opened from the spans
+    chart before that stays open, its row focused, after it."""
+    svc = tools_service
+    turn_id = await tool_turn(svc)
+    seq = next(e["seq"] for e in await svc.events(turn_id) if e["type"] == "tool.started")
+    opened = f"const r = document.querySelector('#ev-{seq} details'); return !!r && r.open"
+    summary_shown = "return performance.getEntriesByName('turnlog:summary').length > 0"
+
+    def look(driver: Any) -> None:
+        gate = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": SUMMARY_GATE})
+        try:
+            driver.get(f"{svc.url}/ui/turns/{turn_id}")
+            wait(driver, lambda d: bool(all_css(d, "#spans-chart .sp-row[data-kind]")), "the spans chart")
+            css(driver, f"#spans-chart li.sp-row[data-seq='{seq}'] button").click()
+            wait(driver, lambda d: d.execute_script(opened), "the event opened")
+            assert not driver.execute_script(summary_shown)  # the gate held it: the order is the one under test
+            driver.execute_script("window.__releaseSummary()")
+            wait(driver, lambda d: d.execute_script(summary_shown), "the summary")
+            assert driver.execute_script(opened), "the event list was drawn again with the opened event closed"
+            assert driver.switch_to.active_element.text.startswith(f"#{seq}")
+        finally:
+            driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": gate["identifier"]})
+
+    await browse(look, browser)
+
+
 async def test_a_fork_shows_beside_its_parent_what_it_was_given_and_what_differs(tools_service: Service, browser: Any, request: pytest.FixtureRequest) -> None:
     svc = tools_service
     parent_id = await tool_turn(svc)

@@ -697,7 +697,18 @@ async function turnPage(turnId) {
       h("button", { type: "button", disabled: !page.has_more || total === null, onclick: () => { loadPage(lastPageStart(total)); } }, "Last ⇥"),
       h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); const n = parseInt(jump.value, 10); if (n >= 1) jumpTo(n); } },
         h("label", { for: "jump-seq" }, "Go to seq"), jump, h("button", { type: "submit", class: "small" }, "Go")));
-    fill(q("#timeline"), ...page.events.map((e) => eventRow(e, t.firstAt)));
+    // Drawn again when the summary or a live update arrives: the events the
+    // user opened stay open, and the one focused keeps the focus.
+    const list = q("#timeline");
+    const open = [...list.querySelectorAll("li.ev > details[open]")].map((d) => d.parentElement.dataset.seq);
+    const focused = document.activeElement && list.contains(document.activeElement) ? document.activeElement.closest("li.ev") : null;
+    fill(list, ...page.events.map((e) => eventRow(e, t.firstAt)));
+    for (const seq of open) {
+      const row = document.getElementById(`ev-${seq}`);
+      if (row) row.querySelector("details").open = true;
+    }
+    const again = focused && document.getElementById(`ev-${focused.dataset.seq}`);
+    if (again) again.querySelector("summary").focus();
   }
 
   function eventClass(e) {
