@@ -39,10 +39,31 @@ from adapters.store.group_commit import Results
 EVENT_COLUMNS = ("turn_id", "seq", "type", "at", "data", "hash")
 
 # Many rows per INSERT statement: one statement is atomic (a unique violation
-# backs out all its rows, the transaction goes on), so a run of appends needs
-# no savepoint. Parameters per statement: at most 32766 since SQLite 3.32,
-# 999 before.
+# backs out all its rows, the transaction goes on), so a run of appends that
+# is one statement needs no savepoint. Parameters per statement: at most
+# 32766 since SQLite 3.32, 999 before.
 ROWS_PER_INSERT = 1000 if sqlite3.sqlite_version_info >= (3, 32, 0) else 199
+
+
+def statement_sizes(n_rows: int, most: int) -> list[int]:
+    """The row counts of the statements that write ``n_rows`` rows: ``most``
+    while more are left, then the binary digits of the rest (37: 32, 4, 1).
+
+    The sqlite3 module keeps a connection's last 128 prepared statements, and
+    a multi-row INSERT holds ~0.7 KB per row: one statement per row count, as
+    batches come (1 to 1,000 rows), kept tens of MB per connection. These
+    sizes are a dozen statements per table, prepared once."""
+    sizes = [most] * (n_rows // most)
+    rest = n_rows % most
+    sizes += [1 << bit for bit in range(rest.bit_length() - 1, -1, -1) if rest >> bit & 1]
+    return sizes
+
+
+def one_statement(n_rows: int) -> bool:
+    """Whether :func:`insert_events` writes ``n_rows`` rows in one statement
+    (atomic by itself)."""
+    return len(statement_sizes(n_rows, ROWS_PER_INSERT)) == 1
+
 
 #: The fencing tokens of some turns, their ids one JSON array parameter (one
 #: statement text whatever their count), as ONE row: a JSON object id ->
@@ -125,12 +146,13 @@ def release_pairs(reqs: list[Release]) -> tuple[str]:
 
 def write_rows(raw: sqlite3.Connection, head: str, row: str, names: tuple[str, ...], rows: list[dict[str, Any]], tail: str = "") -> None:
     """``rows`` (dicts of named parameters) as few multi-row statements, each
-    at most ``MAX_PARAMS`` parameters (atomic per statement only: call it
-    inside a savepoint)."""
-    per = max(1, MAX_PARAMS // row.count("?"))
-    for k in range(0, len(rows), per):
-        chunk = rows[k : k + per]
-        raw.execute(rows_sql(head, row, len(chunk), tail), tuple(r[name] for r in chunk for name in names))
+    at most ``MAX_PARAMS`` parameters, of :func:`statement_sizes` (atomic per
+    statement only: call it inside a savepoint)."""
+    k = 0
+    for size in statement_sizes(len(rows), max(1, MAX_PARAMS // row.count("?"))):
+        chunk = rows[k : k + size]
+        k += size
+        raw.execute(rows_sql(head, row, size, tail), tuple(r[name] for r in chunk for name in names))
 
 
 @functools.lru_cache(maxsize=128)
@@ -141,12 +163,13 @@ def insert_events_sql(n_rows: int) -> str:
 
 
 def insert_events(raw: sqlite3.Connection, rows: list[tuple[Any, ...]]) -> None:
-    """INSERT ``rows``; atomic if ``len(rows) <= ROWS_PER_INSERT`` (else call
-    it inside a savepoint)."""
-    step = ROWS_PER_INSERT
-    for k in range(0, len(rows), step):
-        chunk = rows[k : k + step]
-        raw.execute(insert_events_sql(len(chunk)), tuple(v for row in chunk for v in row))
+    """INSERT ``rows`` in statements of :func:`statement_sizes`; atomic if
+    :func:`one_statement` (else call it inside a savepoint)."""
+    k = 0
+    for size in statement_sizes(len(rows), ROWS_PER_INSERT):
+        chunk = rows[k : k + size]
+        k += size
+        raw.execute(insert_events_sql(size), tuple(v for row in chunk for v in row))
 
 
 class BatchLost(Exception):
@@ -266,7 +289,7 @@ class SqliteWriter(BatchWriter):
             trial: dict[str, Head] = {}
             rows = self._link(raw, rows, trial)
             try:
-                if len(rows) <= ROWS_PER_INSERT:  # one statement: atomic by itself
+                if one_statement(len(rows)):  # atomic by itself
                     _insert_and_index(raw, rows, updates)
                 else:
                     with savepoint(raw):
