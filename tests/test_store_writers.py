@@ -98,3 +98,36 @@ async def test_every_kind_of_write_in_one_batch_goes_through_the_writer(store_ba
     finally:
         await store.close()
         await other.close()
+
+
+@pytest.mark.backends(*SQL_BACKENDS)
+async def test_a_released_turns_chain_head_is_dropped_and_read_back_when_it_goes_on(store_backend: Backend) -> None:
+    """A turn released (ended, or waiting for a decision) leaves nothing in
+    the writer: the head of its hash chain goes with the release, and the
+    turn, claimed again and appended to, reads it back once, its chain intact.
+    A turn not released keeps its head (no read)."""
+    from tests.chain_oracle import chain
+
+    store = await store_backend.open(time.time)
+    try:
+        t, u = f"t-{uuid.uuid4().hex}", f"u-{uuid.uuid4().hex}"
+        token = await store.start_turn(_record(t), [_ev(t, 1)], lease_seconds=600)
+        other = await store.start_turn(_record(u), [_ev(u, 1)], lease_seconds=600)
+        await store.append([_ev(t, 2)], fencing=token)
+        await store.append([_ev(u, 2)], fencing=other)
+        reads = store.stats["chain_reads"]
+        await store.append([_ev(u, 3)], fencing=other)
+        assert store.stats["chain_reads"] == reads  # the head was kept
+        await store.release_turn(t, "w")
+        again = await store.claim_turn(t, "w2", lease_seconds=600)
+        assert again is not None
+        await store.append([_ev(t, 3)], fencing=again)
+        assert store.stats["chain_reads"] == reads + 1  # read back once, after the release
+        await store.append([_ev(t, 4)], fencing=again)
+        assert store.stats["chain_reads"] == reads + 1
+        for turn_id, last in ((t, 4), (u, 3)):
+            stored = await store.read_chain(turn_id)
+            assert [e.seq for e in stored] == list(range(1, last + 1))
+            assert [e.hash for e in stored] == chain((e.turn_id, e.seq, e.type, e.at, e.data) for e in stored)
+    finally:
+        await store.close()

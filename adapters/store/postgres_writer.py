@@ -331,6 +331,7 @@ class PostgresWriter(BatchWriter):
     async def _releases(self, raw: Any, reqs: list[Release], start: int, results: Results) -> None:
         """A run of releases: one executemany (one round trip); on a failure,
         one by one."""
+        self.forget(reqs)
         if len(reqs) > 1 and await self._isolated(raw, start, results, functools.partial(_releasing, raw, reqs)):
             return
         for k, req in enumerate(reqs):

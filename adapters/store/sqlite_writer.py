@@ -351,6 +351,7 @@ class SqliteWriter(BatchWriter):
 
     def _releases(self, raw: sqlite3.Connection, reqs: list[Release], start: int, results: Results) -> None:
         """A run of releases: one statement; on a failure, one by one."""
+        self.forget(reqs)
         if len(reqs) > 1 and self._isolated(raw, start, results, functools.partial(_run, raw, RELEASE_TURNS, release_pairs(reqs))):
             return
         for k, req in enumerate(reqs):
