@@ -681,6 +681,57 @@ async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tool
     await browse(the_list, browser)
 
 
+#: Holds the list's reads (turns and counts) while ``window.__hold`` is set,
+#: until ``window.__release()``; ``window.__lateRead`` counts the held answers
+#: the page has read.
+LIST_GATE = """
+window.__hold = false; window.__held = []; window.__lateRead = 0;
+const pageFetch = window.fetch;
+window.fetch = (url, options) => {
+  const u = String(url);
+  if (!window.__hold || !(u.includes("/v1/turns?") || u.includes("/v1/ui/turns/counts?"))) return pageFetch(url, options);
+  return new Promise((go) => window.__held.push(go)).then(() => pageFetch(url, options)).then((response) => {
+    const json = response.json.bind(response);
+    response.json = () => json().then((body) => { window.__lateRead += 1; return body; });
+    return response;
+  });
+};
+window.__release = () => { for (const go of window.__held.splice(0)) go(); };
+"""
+
+
+@pytest.mark.sqlite_only
+async def test_a_filters_answer_that_arrives_after_a_newer_ones_is_not_shown(tools_service: Service, browser: Any) -> None:
+    """Two filter changes in a row: the first one's answers (all turns)
+    arrive after the second one's (none). The list and its counts show the
+    second; the late ones are read and dropped."""
+    svc = tools_service
+    await tool_turn(svc)
+
+    def the_list(driver: Any) -> None:
+        gate = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": LIST_GATE})
+        try:
+            driver.get(svc.url + "/ui/?failed=true")
+            wait(driver, lambda d: bool(all_css(d, "#turns-table tbody tr")), "the list")
+            driver.execute_script("window.__hold = true")
+            css(driver, "#f-failed").click()  # all turns: held
+            wait(driver, lambda d: d.execute_script("return window.__held.length") == 2, "the held reads")
+            driver.execute_script(
+                "window.__hold = false; const el = document.getElementById('f-until'); el.value = '2001-01-01'; el.dispatchEvent(new Event('change'))"
+            )
+            wait(driver, shows("#turns-box", "No turns match."), "the newer answer")
+            wait(driver, shows("#turn-counts", "0 turns"), lambda: text_of(driver, "#turn-counts"))
+            driver.execute_script("window.__release()")
+            wait(driver, lambda d: d.execute_script("return window.__lateRead") == 2, "the late answers read")
+            # (the page's handling of a read runs before the next script does)
+            assert "No turns match." in text_of(driver, "#turns-box") and not all_css(driver, "#turns-table tbody tr")
+            assert text_of(driver, "#turn-counts").startswith("0 turns"), text_of(driver, "#turn-counts")
+        finally:
+            driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": gate["identifier"]})
+
+    await browse(the_list, browser)
+
+
 async def test_the_shape_of_a_tool_turn_on_one_time_axis_jumps_to_events_passes_axe_and_fits_a_phone(
     tools_service: Service, browser: Any, request: pytest.FixtureRequest
 ) -> None:

@@ -253,30 +253,39 @@ async function listPage() {
     restart();
   }
 
+  // Each filter change asks again; an answer that arrives after a newer
+  // question's is dropped, or a slow one would show the old filters' turns.
+  let turnsAsked = 0;
+  let countsAsked = 0;
+
   async function loadTurns() {
+    const asked = ++turnsAsked;
     const q = filters();
     q.set("limit", String(PAGE));
     if (state.before) q.set("before", state.before);
     turnsBox.setAttribute("aria-busy", "true");
     try {
-      renderTurns(await apiJson(`/v1/turns?${q}`));
+      const body = await apiJson(`/v1/turns?${q}`);
+      if (asked === turnsAsked) renderTurns(body);
     } catch (err) {
-      showError(turnsBox, err);
+      if (asked === turnsAsked) showError(turnsBox, err);
     } finally {
-      turnsBox.removeAttribute("aria-busy");
+      if (asked === turnsAsked) turnsBox.removeAttribute("aria-busy");
     }
   }
 
   async function loadCounts() {
+    const asked = ++countsAsked;
     try {
       const body = await apiJson(`/v1/ui/turns/counts?${filters()}`);
+      if (asked !== countsAsked) return;
       const current = modelSel.value;
       fill(modelSel, h("option", { value: "" }, "any"),
         ...body.models.map((m) => h("option", { value: m, selected: m === current }, m)));
       const parts = Object.entries(body.by_status).sort((a, b) => b[1] - a[1]).map(([s, n]) => `${n} ${s}`);
       fill(countsBox, `${body.total} ${body.total === 1 ? "turn" : "turns"}${parts.length ? ": " + parts.join(", ") : ""}`);
     } catch (err) {
-      fill(countsBox, "");
+      if (asked === countsAsked) fill(countsBox, "");
     }
   }
 
