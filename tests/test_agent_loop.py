@@ -581,7 +581,9 @@ async def test_a_turn_a_bug_ended_is_recorded_and_verifies(agent: Service, monke
         yield []  # an async generator, as the port's
 
     provider = agent.services.providers["openai"]
-    for name in ("stream_batches", "stream_runs"):  # the plain transport and its fast one
+    # stream_runs is what the live model client reads; stream_batches too, so
+    # that no path reaches the upstream past the bug.
+    for name in ("stream_batches", "stream_runs"):
         monkeypatch.setattr(provider, name, broken)
     status, data, headers = await agent.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
     assert status >= 500 and status != 500, data
