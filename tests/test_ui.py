@@ -558,6 +558,42 @@ async def test_a_ten_thousand_event_turn_pages_its_timeline_and_paints_within_a_
 
 
 @pytest.mark.sqlite_only
+async def test_a_timeline_page_answered_after_a_newer_one_is_not_shown(long_service: Service, browser: Any) -> None:
+    """Two pages asked for in a row (Later, then Last): the first one's answer
+    arrives after the second one's. The timeline keeps showing the last page;
+    the late answer is read and dropped."""
+    svc = long_service
+    svc.upstream.enqueue(Reply(chunks=[f"w{i} " for i in range(450)]))
+    status, body, headers = await svc.post("/v1/chat/completions", {"model": "gpt-test", "messages": USER})
+    assert status == 200, body
+    turn_id = headers["X-Turn-Id"]
+    total = (await svc.turn(turn_id))["seq"]
+    assert total > 400, f"only {total} events: the turn must have three pages"
+    last_page = f"Events 401–{total} of {total}"
+
+    def page_through(driver: Any) -> None:
+        gate = driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": read_gate("/timeline?")})
+        try:
+            driver.get(f"{svc.url}/ui/turns/{turn_id}")
+            wait(driver, shows("#tl-where", f"Events 1–200 of {total}"), "the first page, with the count from the summary")
+            driver.execute_script("window.__hold = true")
+            css(driver, "#tl-next").click()  # page 2: held
+            wait(driver, lambda d: d.execute_script("return window.__held.length") == 1, "the held read")
+            driver.execute_script("window.__hold = false")
+            css(driver, "#tl-last").click()  # page 3: answered at once
+            wait(driver, shows("#tl-where", last_page), lambda: text_of(driver, "#tl-where"))
+            driver.execute_script("window.__release()")
+            wait(driver, lambda d: d.execute_script("return window.__lateRead") == 1, "the late answer read")
+            # (the page's handling of a read runs before the next script does)
+            assert text_of(driver, "#tl-where").startswith(last_page), text_of(driver, "#tl-where")
+            assert css(driver, "#timeline > li").get_attribute("id") == "ev-401"
+        finally:
+            driver.execute_cdp_cmd("Page.removeScriptToEvaluateOnNewDocument", {"identifier": gate["identifier"]})
+
+    await browse(page_through, browser)
+
+
+@pytest.mark.sqlite_only
 async def test_verify_and_receipt_panels_show_what_the_server_answers(
     tmp_path: Path, upstream: ScriptedUpstream, database_url: str, browser: Any, request: pytest.FixtureRequest
 ) -> None:
@@ -682,23 +718,29 @@ async def test_the_list_finds_turns_by_their_words_filters_counts_and_pages(tool
     await browse(the_list, browser)
 
 
-#: Holds the list's reads (turns and counts) while ``window.__hold`` is set,
-#: until ``window.__release()``; ``window.__lateRead`` counts the held answers
-#: the page has read.
-LIST_GATE = """
+def read_gate(*parts: str) -> str:
+    """A script that holds the page's reads of URLs containing any of
+    ``parts`` while ``window.__hold`` is set, until ``window.__release()``;
+    ``window.__lateRead`` counts the held answers the page has read."""
+    return f"""
 window.__hold = false; window.__held = []; window.__lateRead = 0;
+const heldParts = {json.dumps(list(parts))};
 const pageFetch = window.fetch;
-window.fetch = (url, options) => {
+window.fetch = (url, options) => {{
   const u = String(url);
-  if (!window.__hold || !(u.includes("/v1/turns?") || u.includes("/v1/ui/turns/counts?"))) return pageFetch(url, options);
-  return new Promise((go) => window.__held.push(go)).then(() => pageFetch(url, options)).then((response) => {
+  if (!window.__hold || !heldParts.some((p) => u.includes(p))) return pageFetch(url, options);
+  return new Promise((go) => window.__held.push(go)).then(() => pageFetch(url, options)).then((response) => {{
     const json = response.json.bind(response);
-    response.json = () => json().then((body) => { window.__lateRead += 1; return body; });
+    response.json = () => json().then((body) => {{ window.__lateRead += 1; return body; }});
     return response;
-  });
-};
-window.__release = () => { for (const go of window.__held.splice(0)) go(); };
+  }});
+}};
+window.__release = () => {{ for (const go of window.__held.splice(0)) go(); }};
 """
+
+
+#: The list's reads: its turns and their counts.
+LIST_GATE = read_gate("/v1/turns?", "/v1/ui/turns/counts?")
 
 
 @pytest.mark.sqlite_only

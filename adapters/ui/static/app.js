@@ -521,8 +521,13 @@ async function turnPage(turnId) {
     renderSummary();
   }
 
+  // Pages asked for in a row (a click, then another, or a live refresh) may be
+  // answered out of order: only the latest question's answer is shown.
+  let pageAsked = 0;
   async function loadPage(after) {
+    const asked = ++pageAsked;
     const body = await apiJson(`/v1/ui/turns/${encodeURIComponent(turnId)}/timeline?after=${after}&limit=${TIMELINE_PAGE}`);
+    if (asked !== pageAsked) return;
     t.page = { after, events: body.events, has_more: body.has_more };
     renderTimeline();
   }
@@ -703,7 +708,7 @@ async function turnPage(turnId) {
       h("button", { type: "button", id: "tl-prev", disabled: index === 0, onclick: () => { t.followNewest = false; loadPage(page.after - TIMELINE_PAGE); } }, "← Earlier"),
       h("span", { id: "tl-where" }, `Events ${page.events.length ? page.events[0].seq : 0}–${page.events.length ? page.events[page.events.length - 1].seq : 0} of ${total === null ? "…" : total} (page ${index + 1} of ${pages})`),
       h("button", { type: "button", id: "tl-next", disabled: !page.has_more, onclick: () => { loadPage(page.after + TIMELINE_PAGE); } }, "Later →"),
-      h("button", { type: "button", disabled: !page.has_more || total === null, onclick: () => { loadPage(lastPageStart(total)); } }, "Last ⇥"),
+      h("button", { type: "button", id: "tl-last", disabled: !page.has_more || total === null, onclick: () => { loadPage(lastPageStart(total)); } }, "Last ⇥"),
       h("form", { class: "row", onsubmit: (ev) => { ev.preventDefault(); const n = parseInt(jump.value, 10); if (n >= 1) jumpTo(n); } },
         h("label", { for: "jump-seq" }, "Go to seq"), jump, h("button", { type: "submit", class: "small" }, "Go")));
     // Drawn again when the summary or a live update arrives: the events the
