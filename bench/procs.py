@@ -152,8 +152,10 @@ class Procs:
         database_url: str | None = None,
         extra_env: dict[str, str] | None = None,
         port: int | None = None,
+        module: str = "adapters.cli",
     ) -> tuple[subprocess.Popen[bytes], str]:
-        """``turnlog serve`` (python -m adapters.cli) on a free port (or ``port``), temp SQLite DB, auth off.
+        """``turnlog serve`` (python -m adapters.cli) on a free port (or ``port``), temp SQLite DB, auth off;
+        ``module``: another entry point that takes ``serve``'s arguments (``bench.callcount``).
 
         ``TURNLOG_*`` variables of the caller's environment are NOT passed on (a
         benchmark must not pick up a real deployment's settings); ``turnlog_env``
@@ -172,7 +174,7 @@ class Procs:
             "TURNLOG_HOST": "127.0.0.1",
             "TURNLOG_PORT": str(port),
         }
-        argv = [sys.executable, "-m", "adapters.cli", "serve", "--host", "127.0.0.1", "--port", str(port)]
+        argv = [sys.executable, "-m", module, "serve", "--host", "127.0.0.1", "--port", str(port)]
         proc, _ = self.spawn(name, argv, env=env, stdout_pipe=False, drop_env_prefix="TURNLOG_")
         url = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + timeout

@@ -40,6 +40,7 @@ ORDER = [
     "paced_cpu",
     "burst_cpu",
     "burst_procs_pg",
+    "live_calls",
     "thousands_sse",
     "thousands_ws",
     "log_size",

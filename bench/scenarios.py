@@ -1183,6 +1183,7 @@ def check(metric: str, value: float | None, op: str, target: float, *, informati
 
 NOT_IMPLEMENTED: dict[str, str] = {}
 
+from bench.callcount import live_calls  # noqa: E402 - likewise
 from bench.livebench import burst_cpu, burst_procs_pg, paced_cpu  # noqa: E402 - likewise
 from bench.loadbench import burst_quota, burst_starts, thousands_sse, thousands_ws  # noqa: E402 - likewise
 from bench.peer_openwebui import openwebui  # noqa: E402 - no cycle: it imports bench.scenarios lazily
@@ -1291,6 +1292,7 @@ SCENARIOS: dict[str, tuple[Callable[[Ctx], dict[str, Any]], bool, bool]] = {
     "paced_cpu": (paced_cpu, True, True),
     "burst_cpu": (burst_cpu, True, True),
     "burst_procs_pg": (burst_procs_pg, True, False),
+    "live_calls": (live_calls, True, False),
     "thousands_sse": (thousands_sse, True, True),
     "thousands_ws": (thousands_ws, True, True),
 }
