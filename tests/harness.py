@@ -86,6 +86,19 @@ class Service:
             await asyncio.sleep(0.02)
 
 
+async def retired(service: Service, turn_id: str) -> None:
+    """Until the supervisor has let the turn's actor go. The client is answered
+    as the actor stops; its lease is given up and the actor dropped just after
+    (the supervisor's retire task): wait for that, not for time."""
+    supervisor = service.services.supervisor
+    actor = supervisor.actors.get(turn_id)
+    if actor is not None:
+        await actor.done
+    task = supervisor.retiring.get(turn_id)
+    if task is not None:
+        await task
+
+
 def make_settings(tmp_path: Path, upstream_url: str | None, **overrides: Any) -> Settings:
     values: dict[str, Any] = {
         "database_url": f"sqlite+aiosqlite:///{tmp_path / 'turnlog.db'}",

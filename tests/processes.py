@@ -26,9 +26,10 @@ from tests.polling import until
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def turnlog_command(*args: str, gate: bool = False) -> list[str]:
-    """``python -m adapters.cli ARGS``, or the same behind ``tests.gate``."""
-    return [sys.executable, "-m", "tests.gate" if gate else "adapters.cli", *args]
+def turnlog_command(*args: str, gate: bool = False, module: str = "adapters.cli") -> list[str]:
+    """``python -m adapters.cli ARGS`` (or another entry point taking the
+    same arguments, ``module``), or the same behind ``tests.gate``."""
+    return [sys.executable, "-m", "tests.gate" if gate else module, *args]
 
 
 def _tail(path: Path, lines: int = 30) -> str:
@@ -124,6 +125,7 @@ class Server:
         args: tuple[str, ...] = (),
         gate: bool = False,
         env: Mapping[str, str] | None = None,
+        module: str = "adapters.cli",
         **env_extra: str,
     ) -> None:
         self.port = free_port()
@@ -148,7 +150,7 @@ class Server:
         self.log_path = log_dir / f"serve-{self.port}.log"
         self.log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            turnlog_command("serve", "--port", str(self.port), *args, gate=gate),
+            turnlog_command("serve", "--port", str(self.port), *args, gate=gate, module=module),
             cwd=ROOT,
             env=env,
             stdout=self.log,

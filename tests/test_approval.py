@@ -23,7 +23,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from engine.events import ToolApproval, make_event
 from engine.run.actor import index_update
 from engine.run.folded import Folded
-from tests.harness import Service, make_settings, sse_text, start_service, stop_service
+from tests.harness import Service, make_settings, retired, sse_text, start_service, stop_service
 from tests.oracle import check_stream_against_log
 from tests.processes import Server, get_json, wait_for
 from tests.upstream import Reply, ScriptedUpstream
@@ -103,18 +103,6 @@ async def start(service: Service, params: dict[str, Any] | None = ASK, **extra: 
 async def decide(service: Service, turn_id: str, call_id: str, approve: bool, **extra: Any) -> tuple[int, Any]:
     status, data, _ = await service.post(f"/v1/turns/{turn_id}/approvals", {"call_id": call_id, "approve": approve, **extra})
     return status, data
-
-
-async def retired(service: Service, turn_id: str) -> None:
-    """The client is answered as the actor stops; its lease is given up just
-    after (the supervisor's retire task): wait for that, not for time."""
-    supervisor = service.services.supervisor
-    actor = supervisor.actors.get(turn_id)
-    if actor is not None:
-        await actor.done
-    task = supervisor.retiring.get(turn_id)
-    if task is not None:
-        await task
 
 
 async def verified(service: Service, turn_id: str) -> None:

@@ -18,7 +18,7 @@ import gc
 from collections.abc import Mapping
 from pathlib import Path
 
-from tests.harness import Service, make_settings, sse_text, start_service, stop_service
+from tests.harness import Service, make_settings, retired, sse_text, start_service, stop_service
 from tests.upstream import Reply, ScriptedUpstream
 
 TOOLS = '''
@@ -32,17 +32,6 @@ class Tools:
 '''
 
 OURS = ("engine.", "adapters.")
-
-
-async def retired(service: Service, turn_id: str) -> None:
-    """Until the supervisor has let the turn's actor go (its retire task ran)."""
-    supervisor = service.services.supervisor
-    actor = supervisor.actors.get(turn_id)
-    if actor is not None:
-        await actor.done
-    task = supervisor.retiring.get(turn_id)
-    if task is not None:
-        await task
 
 
 async def stream(service: Service, body: Mapping[str, object]) -> tuple[str, str]:
