@@ -53,7 +53,7 @@ async def test_finished_turns_leave_none_of_their_state_to_the_cyclic_collector(
         upstream.enqueue(Reply(chunks=["warm"]))
         await retired(svc, (await stream(svc, ask))[0])
 
-        garbage = _saved()
+        garbage, _alive = _saved()
         # Streamed text in several windows.
         upstream.enqueue(Reply(chunks=[f"w{i} " for i in range(6)], delay=0.02))
         text_turn, text = await stream(svc, {**ask, "params": {}})
@@ -92,7 +92,7 @@ async def test_finished_turns_leave_none_of_their_state_to_the_cyclic_collector(
             assert (await svc.wait_status(turn_id, "completed"))["status"] == "completed"
 
         gc.collect()
-        ours = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in garbage if type(o).__module__.startswith(OURS)})
+        ours = sorted({f"{type(o).__module__}.{type(o).__qualname__}" for o in garbage if _ours(o)})
         assert ours == [], f"only the cyclic collector frees these: {ours}"
     finally:
         gc.set_debug(0)
@@ -100,9 +100,17 @@ async def test_finished_turns_leave_none_of_their_state_to_the_cyclic_collector(
         await stop_service(svc)
 
 
-def _saved() -> list[object]:
-    """From here on the collector keeps what it finds unreachable."""
+def _saved() -> tuple[list[object], list[object]]:
+    """From here on the collector keeps what it finds unreachable; and every
+    object of ours alive now, held, so that none of them can be among it (an
+    earlier test's service let go meanwhile is not this test's turns)."""
     gc.collect()
+    alive = [o for o in gc.get_objects() if _ours(o)]
     gc.set_debug(gc.DEBUG_SAVEALL)
     gc.garbage.clear()
-    return gc.garbage
+    return gc.garbage, alive
+
+
+def _ours(o: object) -> bool:
+    module = type(o).__dict__.get("__module__")
+    return isinstance(module, str) and module.startswith(OURS)
