@@ -30,7 +30,7 @@ from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import response_schema_conformance, status_code_conformance
 
 from tests.harness import Service, make_settings, start_service, stop_service
-from tests.upstream import ScriptedUpstream
+from tests.upstream import Reply, ScriptedUpstream
 
 #: A request that takes longer is a hang (the scripted upstream answers at once).
 TIMEOUT = (5.0, 15.0)
@@ -234,6 +234,22 @@ def _error_shape(response: schemathesis.Response) -> str | None:
     if not isinstance(error.get("type"), str) or not error["type"]:
         return f"error {status} has no error.type"
     return None
+
+
+async def test_a_streamed_answer_conforms_to_the_document_event_by_event(service: Service) -> None:
+    """The fuzzing found it when one of its valid chat requests streamed: a
+    validator applies a ``text/event-stream`` schema to each event of the
+    stream, and the document's said ``string``. The same checks as the
+    fuzzing's, on a streamed answer."""
+    service.upstream.enqueue(Reply(chunks=["Hel", "lo"]))
+    status, doc = await service.get("/openapi.json")
+    assert status == 200, doc
+    found = schemathesis.openapi.from_dict(doc).get_all_operations()
+    chat = next(r.ok() for r in found if isinstance(r, Ok) and (r.ok().method.upper(), r.ok().path) == ("POST", "/v1/chat/completions"))
+    case = chat.Case(body={"model": "gpt-test", "stream": True, "messages": [{"role": "user", "content": "hi"}]}, media_type="application/json")
+    fuzzer = _Fuzzer(service.url, "")
+    await asyncio.to_thread(fuzzer.with_key, case)
+    assert fuzzer.calls == 1 and not fuzzer.failures, fuzzer.failures
 
 
 async def test_nul_characters_are_a_400_on_every_backend(service: Service) -> None:

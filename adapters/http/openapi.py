@@ -52,6 +52,16 @@ def json_(model: type[BaseModel]) -> dict[str, Media]:
 SSE_CHUNKS = Media("sse", m.ChatCompletionChunk)
 SSE_RESPONSE_EVENTS = Media("sse", m.ResponseStreamEvent)
 HTML = {"text/html": Media("text")}
+#: One server-sent event of a streamed answer.
+SSE_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": (
+        "One server-sent event of the stream: its `data` is the JSON of `x-sse-data` (a chat completion stream ends with "
+        "`data: [DONE]`); `id` is the event's position, for `Last-Event-ID` on a reconnect"
+    ),
+    "properties": {"data": {"type": "string"}, "id": {"type": "string"}, "event": {"type": "string"}, "retry": {"type": "integer"}},
+    "required": ["data"],
+}
 TURN_HEADERS = ("X-Turn-Id", "X-Chat-Id")
 
 
@@ -457,8 +467,12 @@ def _content(content: dict[str, Media], refs: dict[type[BaseModel], dict[str, An
         if media.kind == "json" and media.model is not None:
             out[media_type] = {"schema": refs[media.model]}
         elif media.kind == "sse":
+            # The schema of a text/event-stream body is that of one event
+            # (its fields as an SSE parser gives them), as OpenAPI 3.2 reads a
+            # sequential media type and as validators such as schemathesis
+            # apply it: a string schema fails every event of a real stream.
             out[media_type] = {
-                "schema": {"type": "string", "description": "Server-sent events; each `data:` is the JSON of `x-sse-data`, the last is `[DONE]`."},
+                "schema": SSE_EVENT,
                 "x-sse-data": refs[media.model] if media.model is not None else {},
             }
         elif media.kind == "object":
