@@ -9,14 +9,12 @@ from typing import Any
 
 
 def vector_dirs() -> list[Path]:
-    """Where vector files are looked up: ``TURNLOG_VECTORS_DIR``, the copies in
-    ``tests/vectors/`` (what CI uses), then ``../shared/vectors`` of a checkout."""
+    """Where vector files are looked up: ``TURNLOG_VECTORS_DIR``, then ``tests/vectors/``."""
     dirs: list[Path] = []
     env = os.environ.get("TURNLOG_VECTORS_DIR")
     if env:
         dirs.append(Path(env))
     dirs.append(Path(__file__).parent / "vectors")
-    dirs.append(Path(__file__).resolve().parents[2] / "shared" / "vectors")
     return dirs
 
 
